@@ -1,0 +1,246 @@
+"""Persistent on-disk cache of *serialized executables*.
+
+A hit skips tracing, lowering and XLA compilation: the entry's bytes go straight to
+``jax.experimental.serialize_executable.deserialize_and_load``. Layout::
+
+    <dir>/<key hash>/executable.bin   pickled (serialized executable, in_tree, out_tree)
+    <dir>/<key hash>/manifest.json    readable key fields, sizes, sha256, timings
+
+An entry is written to a temporary directory and renamed into place, so readers never
+see half an entry and two processes compiling the same key both succeed (the second
+rename loses and is discarded). Anything wrong with an entry (checksum, unpickling, a
+platform refusing the executable) is a warning followed by a fresh compile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import tempfile
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import jaxlib
+
+ENGINE_VERSION = "0.1.0"
+DEFAULT_DIR = "compile_cache"
+DEFAULT_MAX_GB = 20.0
+BIN, MANIFEST = "executable.bin", "manifest.json"
+
+
+class CacheWarning(UserWarning):
+    """Something in the compile cache was unusable; aotlm compiled instead."""
+
+
+def environment_fields(mesh) -> dict:
+    """Everything about the software/hardware that makes an executable non-portable."""
+    devs = list(mesh.devices.flat)
+    return {
+        "engine": ENGINE_VERSION,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "platform": devs[0].platform,
+        "device_kind": devs[0].device_kind,
+        "device_count": jax.device_count(),
+        "process_count": jax.process_count(),
+        "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.devices.shape), "ids": [d.id for d in devs]},
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
+def entry_key(fingerprint: dict, graph_key: tuple, mesh) -> tuple[str, dict]:
+    """(hash, readable fields) for one graph of one model configuration."""
+    fields = {
+        "graph": list(graph_key),
+        "model": {k: repr(v) for k, v in sorted(fingerprint.items())},
+        "env": environment_fields(mesh),
+    }
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+    return digest, fields
+
+
+class CompileCache:
+    """Executables by key; ``directory=None`` means in-memory compilation only."""
+
+    def __init__(self, directory: str | os.PathLike | None, max_bytes: int | None = None):
+        self.dir = Path(directory) if directory is not None else None
+        gb = float(os.environ.get("AOTLM_CACHE_MAX_GB", DEFAULT_MAX_GB))
+        self.max_bytes = max_bytes if max_bytes is not None else int(gb * 2**30)
+        if self.dir is not None:
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                probe = self.dir / f".probe-{uuid.uuid4().hex}"
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as e:
+                warnings.warn(
+                    f"compile cache directory {self.dir} is not writable ({e}); compiling in memory only",
+                    CacheWarning,
+                    stacklevel=3,
+                )
+                self.dir = None
+
+    @classmethod
+    def create(cls, spec: str | os.PathLike | None | bool) -> CompileCache:
+        """``None``: ``$AOTLM_CACHE_DIR`` or ``./compile_cache``; ``False``: no disk cache."""
+        if spec is False:
+            return cls(None)
+        if spec is None or spec is True:
+            spec = os.environ.get("AOTLM_CACHE_DIR", DEFAULT_DIR)
+        return cls(spec)
+
+    # ----------------------------------------------------------------- core
+    def get_or_compile(self, fingerprint: dict, graph_key: tuple, lower, mesh) -> tuple[Any, dict]:
+        """The executable for ``graph_key``: loaded from disk, or ``lower().compile()``d and stored."""
+        digest, fields = entry_key(fingerprint, graph_key, mesh)
+        if self.dir is not None:
+            exe = self._load(digest, mesh)
+            if exe is not None:
+                return exe, {"hit": True, "entry": digest, "bytes": self._size(digest)}
+        t0 = time.perf_counter()
+        compiled = lower().compile()
+        seconds = time.perf_counter() - t0
+        size = self._store(digest, fields, compiled, seconds) if self.dir is not None else 0
+        return compiled, {"hit": False, "entry": digest, "bytes": size}
+
+    def _load(self, digest: str, mesh):
+        from jax.experimental.serialize_executable import deserialize_and_load
+
+        entry = self.dir / digest
+        if not (entry / MANIFEST).is_file():
+            return None
+        try:
+            manifest = json.loads((entry / MANIFEST).read_text())
+            blob = (entry / BIN).read_bytes()
+            if hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
+                raise ValueError("checksum mismatch (truncated or corrupt file)")
+            payload, in_tree, out_tree = pickle.loads(blob)
+        except Exception as e:
+            self._discard(digest, f"corrupt entry ({type(e).__name__}: {e})")
+            return None
+        try:
+            exe = deserialize_and_load(payload, in_tree, out_tree, execution_devices=list(mesh.devices.flat))
+        except Exception as e:  # e.g. jax#38445: XLA CPU refusing its own cached executable
+            self._discard(digest, f"the platform refused the cached executable ({type(e).__name__}: {e})")
+            return None
+        try:
+            os.utime(entry / MANIFEST)  # least-recently-used bookkeeping
+        except OSError:
+            pass
+        return exe
+
+    def _store(self, digest: str, fields: dict, compiled, seconds: float) -> int:
+        from jax.experimental.serialize_executable import serialize
+
+        try:
+            payload, in_tree, out_tree = serialize(compiled)
+            blob = pickle.dumps((payload, in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            warnings.warn(f"executable could not be serialized ({e}); not cached", CacheWarning, stacklevel=3)
+            return 0
+        manifest = {
+            "key": digest,
+            "fields": fields,
+            "created": time.time(),
+            "compile_seconds": round(seconds, 3),
+            "bytes": len(blob),
+            "sha256": hashlib.sha256(blob).hexdigest(),
+        }
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{digest}-", dir=self.dir))
+            (tmp / BIN).write_bytes(blob)
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            try:
+                os.rename(tmp, self.dir / digest)
+            except OSError:  # another process stored the same key first: keep theirs
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError as e:
+            warnings.warn(f"could not write compile cache entry in {self.dir}: {e}", CacheWarning, stacklevel=3)
+            return 0
+        self.evict()
+        return len(blob)
+
+    def _discard(self, digest: str, why: str) -> None:
+        warnings.warn(f"compile cache entry {self.dir / digest}: {why}; recompiling", CacheWarning, stacklevel=4)
+        self._remove(digest)
+
+    def _remove(self, digest: str) -> None:
+        trash = self.dir / f".trash-{digest}-{uuid.uuid4().hex}"
+        try:
+            os.rename(self.dir / digest, trash)
+        except OSError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _size(self, digest: str) -> int:
+        try:
+            return (self.dir / digest / BIN).stat().st_size
+        except OSError:
+            return 0
+
+    # ----------------------------------------------------------------- maintenance
+    def entries(self) -> list[dict]:
+        """Manifests of every complete entry, most recently used first."""
+        if self.dir is None or not self.dir.is_dir():
+            return []
+        out = []
+        for entry in self.dir.iterdir():
+            m = entry / MANIFEST
+            if entry.name.startswith(".") or not m.is_file():
+                continue
+            try:
+                manifest = json.loads(m.read_text())
+            except (OSError, json.JSONDecodeError):
+                manifest = {"key": entry.name, "bytes": 0, "corrupt": True}
+            manifest["last_used"] = m.stat().st_mtime
+            out.append(manifest)
+        return sorted(out, key=lambda e: -e["last_used"])
+
+    def verify(self) -> list[tuple[str, str]]:
+        """(key, problem) for every entry that does not load; empty when all are sound."""
+        from jax.experimental.serialize_executable import deserialize_and_load
+
+        bad = []
+        for e in self.entries():
+            entry = self.dir / e["key"]
+            try:
+                blob = (entry / BIN).read_bytes()
+                if hashlib.sha256(blob).hexdigest() != e["sha256"]:
+                    raise ValueError("checksum mismatch")
+                payload, in_tree, out_tree = pickle.loads(blob)
+                ids = e["fields"]["env"]["mesh"]["ids"]
+                devices = {d.id: d for d in jax.devices()}
+                if all(i in devices for i in ids):
+                    deserialize_and_load(payload, in_tree, out_tree, execution_devices=[devices[i] for i in ids])
+            except Exception as ex:
+                bad.append((e["key"], f"{type(ex).__name__}: {ex}"))
+        return bad
+
+    def clear(self, older_than_days: float | None = None) -> int:
+        """Remove entries (all, or those unused for ``older_than_days``); returns the count."""
+        cutoff = time.time() - older_than_days * 86400 if older_than_days is not None else None
+        n = 0
+        for e in self.entries():
+            if cutoff is None or e["last_used"] < cutoff:
+                self._remove(e["key"])
+                n += 1
+        return n
+
+    def evict(self) -> int:
+        """Drop least-recently-used entries until the cache is under ``max_bytes``."""
+        entries = self.entries()
+        total, n = sum(e.get("bytes", 0) for e in entries), 0
+        for e in reversed(entries):
+            if total <= self.max_bytes:
+                break
+            self._remove(e["key"])
+            total -= e.get("bytes", 0)
+            n += 1
+        return n

@@ -1,0 +1,306 @@
+"""``AutoModelForSampling``: a checkpoint as a set of ahead-of-time compiled bucket graphs.
+
+Lifecycle: ``from_pretrained`` reads the config, loads weights shard by shard onto the
+mesh and allocates the KV cache once; ``compile()`` lowers and compiles every bucket
+graph (or loads it from the on-disk compile cache); ``sample()`` / ``forward()`` only
+pick buckets and call executables: no tracing, no compiling.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from engine import buckets as bk
+from engine import graphs, inputs, sharding
+from engine.checkpoint import WeightReader, load_hf_config
+from engine.compile_cache import CompileCache
+from engine.sampling import GREEDY
+from models import decoder, family_for
+from models.weights import load_params
+
+AMP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+
+
+def _amp_dtype(amp: str):
+    if amp not in AMP_DTYPES:
+        raise ValueError(f"amp={amp!r} is not supported; choose one of {list(AMP_DTYPES)}")
+    return AMP_DTYPES[amp]
+
+
+class CausalLMForSampling:
+    """A causal LM compiled per bucket. Use ``AutoModelForSampling.from_pretrained``."""
+
+    model_types: tuple[str, ...] | None = None  # subclasses restrict the family
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        batch_size: int = 1,
+        n_positions: int | Sequence[int] = 128,
+        context_length_estimate: int | Sequence[int] | None = None,
+        tp_degree: int = 1,
+        amp: str = "f32",
+        compile_cache: str | os.PathLike | None | bool = None,
+        gqa: str | None = None,
+    ):
+        self.path = str(path)
+        self.hf_config = load_hf_config(path)
+        mt = self.hf_config.model_type
+        if self.model_types is not None and mt not in self.model_types:
+            raise ValueError(f"{type(self).__name__} loads {list(self.model_types)}, but {path} is {mt!r}")
+        family = family_for(mt)
+        self.cfg: decoder.ArchConfig = family.arch_config(self.hf_config)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = int(batch_size)
+        self.amp = amp
+        self.dtype = _amp_dtype(amp)
+        self.tg_buckets = bk.token_buckets(n_positions)
+        self.n_positions = max(self.tg_buckets)
+        if self.cfg.position == "learned" and self.n_positions > self.cfg.max_positions:
+            raise ValueError(
+                f"n_positions={self.n_positions} exceeds this model's {self.cfg.max_positions} learned "
+                f"positions; use n_positions <= {self.cfg.max_positions}"
+            )
+        self.ctx_buckets = bk.context_buckets(context_length_estimate, self.tg_buckets)
+        self.tp_degree = int(tp_degree)
+        self.gqa = sharding.choose_gqa(
+            self.cfg.n_heads, self.cfg.n_kv_heads, self.batch_size, self.tp_degree, gqa
+        )
+        self.mesh = sharding.make_mesh(self.tp_degree)
+        self._rules = sharding.rules(self.gqa, self.tp_degree)
+        self._repl = sharding.replicated(self.mesh)
+        self.compile_cache = CompileCache.create(compile_cache)
+        self._executables: dict[tuple, Any] = {}
+        self.compile_report: list[dict] = []
+        self.params = self._load_weights(family)
+        self.cache = self._alloc_cache()
+
+    # ------------------------------------------------------------------ loading
+    def _place(self, path: tuple, arr: np.ndarray):
+        if path[-1] in ("embed", "lm_head", "lm_head_bias") and self.tp_degree > 1:
+            axis = 0 if path[-1] == "embed" else arr.ndim - 1
+            pad = -arr.shape[axis] % self.tp_degree
+            if pad:
+                widths = [(0, 0)] * arr.ndim
+                widths[axis] = (0, pad)
+                arr = np.pad(arr, widths)
+        shard = sharding.param_sharding(self.mesh, path, arr.ndim, self._rules)
+        return jax.make_array_from_callback(arr.shape, shard, lambda idx: arr[idx])
+
+    def _load_weights(self, family) -> dict:
+        reader = WeightReader(self.path)
+        try:
+            rows = family.weight_rows(self.cfg, self.hf_config)
+            np_dtype = np.dtype(jnp.dtype(self.dtype))
+            return load_params(rows, reader, family.PREFIXES, np_dtype, self._place)
+        finally:
+            reader.close()
+
+    def _cache_specs(self) -> dict:
+        c = self.cfg
+        sh = sharding.cache_sharding(self.mesh, self.gqa, self.tp_degree)
+        kv = jax.ShapeDtypeStruct(
+            (self.batch_size, self.n_positions, c.n_kv_heads, c.head_dim), self.dtype, sharding=sh["kv"]
+        )
+        pos = jax.ShapeDtypeStruct((self.batch_size, self.n_positions), jnp.int32, sharding=sh["pos"])
+        return {"k": [kv] * c.n_layers, "v": [kv] * c.n_layers, "pos": pos}
+
+    def _alloc_cache(self) -> dict:
+        """Allocate the static KV cache once, directly in its sharded layout."""
+        specs = self._cache_specs()
+        zeros = lambda s: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding)
+        return {
+            "k": [zeros(s) for s in specs["k"]],
+            "v": [zeros(s) for s in specs["v"]],
+            "pos": jax.device_put(np.full(specs["pos"].shape, -1, np.int32), specs["pos"].sharding),
+        }
+
+    # ------------------------------------------------------------------ compiling
+    def graph_keys(self) -> list[tuple]:
+        keys = [("prefill", c, w) for c, w in bk.prefill_graph_shapes(self.ctx_buckets, self.tg_buckets)]
+        return keys + [("decode", w) for w in self.tg_buckets]
+
+    def _abstract(self, tree):
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
+
+    def _lower(self, key: tuple):
+        p, cache = self._abstract(self.params), self._cache_specs()
+        b = self.batch_size
+        if key[0] == "prefill":
+            _, c, w = key
+            fn = jax.jit(functools.partial(graphs.prefill, self.cfg, w, GREEDY), donate_argnums=(1,))
+            tok = jax.ShapeDtypeStruct((b, c), jnp.int32, sharding=self._repl)
+            scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._repl)
+            return fn.lower(p, cache, tok, tok, scalar, scalar)
+        _, w = key
+        fn = jax.jit(functools.partial(graphs.decode, self.cfg, w, GREEDY), donate_argnums=(1, 2))
+        return fn.lower(p, cache, graphs.state_spec(b, self.n_positions, self._repl))
+
+    def fingerprint(self) -> dict:
+        """Everything besides the graph key that changes an executable (compile-cache key)."""
+        return {
+            "arch": self.cfg,
+            "batch_size": self.batch_size,
+            "n_positions": self.n_positions,
+            "amp": self.amp,
+            "tp_degree": self.tp_degree,
+            "gqa": self.gqa,
+            "selector": GREEDY,
+            "param_tree": self._abstract(self.params),
+        }
+
+    def _executable(self, key: tuple):
+        exe = self._executables.get(key)
+        if exe is None:
+            t0 = time.perf_counter()
+            exe, info = self.compile_cache.get_or_compile(
+                self.fingerprint(), key, lambda: self._lower(key), self.mesh
+            )
+            info.update(graph=key[0], bucket=key[1:], seconds=time.perf_counter() - t0)
+            self.compile_report.append(info)
+            self._executables[key] = exe
+        return exe
+
+    def compile(self) -> CausalLMForSampling:
+        """Ahead of time: lower + compile (or load from the cache) every bucket graph now."""
+        for key in self.graph_keys():
+            self._executable(key)
+        return self
+
+    # ------------------------------------------------------------------ running
+    def _put(self, x: np.ndarray):
+        return jax.device_put(x, self._repl)
+
+    def _prepare(self, input_ids, attention_mask, start_ids):
+        ids = inputs.token_ids(input_ids, self.cfg.vocab_size)
+        mask = inputs.prompt_mask(ids, attention_mask, start_ids)
+        n = ids.shape[0]
+        if n > self.batch_size:
+            raise ValueError(
+                f"{n} prompts given but the model was compiled for batch_size={self.batch_size}; "
+                "split the batch or load with a larger batch_size"
+            )
+        if n < self.batch_size:  # pad the batch with copies of row 0, trimmed on return
+            extra = self.batch_size - n
+            ids = np.concatenate([ids, np.repeat(ids[:1], extra, 0)])
+            mask = np.concatenate([mask, np.repeat(mask[:1], extra, 0)])
+        return ids, mask, n
+
+    def _encode(self, ids: np.ndarray, mask: np.ndarray):
+        """Run every prefill step of the prompt; returns (logits, first token) of the last step."""
+        p_len = ids.shape[1]
+        positions = np.where(mask > 0, np.cumsum(mask, 1) - 1, -1).astype(np.int32)
+        out = None
+        for step in bk.prefill_plan(p_len, self.ctx_buckets, self.tg_buckets):
+            end = step.start + step.n_real
+            tok = np.zeros((self.batch_size, step.bucket), np.int32)
+            pos = np.full((self.batch_size, step.bucket), -1, np.int32)
+            tok[:, : step.n_real] = ids[:, step.start : end]
+            pos[:, : step.n_real] = positions[:, step.start : end]
+            exe = self._executable(("prefill", step.bucket, step.width))
+            out = exe(
+                self.params,
+                self.cache,
+                self._put(tok),
+                self._put(pos),
+                self._put(np.int32(step.start)),
+                self._put(np.int32(step.n_real - 1)),
+            )
+            self.cache = out[2]
+        return out[0], out[1], positions
+
+    def forward(self, input_ids, attention_mask=None) -> np.ndarray:
+        """Float32 logits ``[batch, vocab]`` of the last prompt position."""
+        ids, mask, n = self._prepare(input_ids, attention_mask, None)
+        logits, _, _ = self._encode(ids, mask)
+        return np.asarray(logits)[:n]
+
+    def sample(
+        self,
+        input_ids,
+        max_new_tokens: int | None = None,
+        sequence_length: int | None = None,
+        attention_mask=None,
+        start_ids=None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+    ) -> np.ndarray:
+        """Greedy generation: ``[batch, prompt_len + new]`` (prompt as given, then new tokens).
+
+        ``sequence_length`` (total length, transformers-neuronx style) or ``max_new_tokens``
+        bound the output; neither means "up to n_positions". Generation stops early when every
+        row has produced an eos id; finished rows are filled with ``pad_token_id`` (default:
+        the first eos id), and the output is trimmed to the longest row, as transformers does.
+        """
+        ids, mask, n = self._prepare(input_ids, attention_mask, start_ids)
+        p_len = ids.shape[1]
+        new = self._n_new(p_len, max_new_tokens, sequence_length)
+        eos = inputs.eos_ids(eos_token_id, graphs.MAX_EOS)
+        pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos[0] >= 0 else 0)
+        _, first, positions = self._encode(ids, mask)
+        first = np.asarray(first)
+        out = np.zeros((self.batch_size, self.n_positions), np.int32)
+        out[:, p_len] = first
+        done = np.isin(first, eos[eos >= 0])
+        stop, idx = p_len + new - 1, p_len
+        if idx < stop and not done.all():
+            state = {
+                "tok": first,
+                "pos": positions.max(1) + 1,
+                "done": done,
+                "out": out,
+                "idx": np.int32(idx),
+                "stop": np.int32(stop),
+                "eos": eos,
+                "pad": np.int32(pad),
+            }
+            state = {k: self._put(np.asarray(v)) for k, v in state.items()}
+            while idx < stop and not done.all():
+                exe = self._executable(("decode", bk.decode_bucket(self.tg_buckets, idx)))
+                self.cache, state = exe(self.params, self.cache, state)
+                idx, done = int(state["idx"]), np.asarray(state["done"])
+            out = np.asarray(state["out"])
+        n_gen = idx - p_len + 1
+        return np.concatenate([ids[:n], out[:n, p_len : p_len + n_gen]], axis=1)
+
+    def _n_new(self, p_len: int, max_new_tokens: int | None, sequence_length: int | None) -> int:
+        if max_new_tokens is not None and sequence_length is not None:
+            raise ValueError("give max_new_tokens or sequence_length, not both")
+        if sequence_length is not None:
+            max_new_tokens = int(sequence_length) - p_len
+        if max_new_tokens is None:
+            max_new_tokens = self.n_positions - p_len
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1 (prompt has {p_len} tokens), got {max_new_tokens}")
+        if p_len + max_new_tokens > self.n_positions:
+            raise ValueError(
+                f"prompt ({p_len} tokens) + max_new_tokens ({max_new_tokens}) = {p_len + max_new_tokens} "
+                f"exceeds n_positions={self.n_positions}; shorten the request or load the model with "
+                f"n_positions >= {p_len + max_new_tokens}"
+            )
+        return int(max_new_tokens)
+
+
+class AutoModelForSampling(CausalLMForSampling):
+    """Picks the family from ``config.model_type``."""
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **kwargs) -> CausalLMForSampling:
+        return cls(path, **kwargs)
+
+
+class GPT2ForSampling(AutoModelForSampling):
+    model_types = ("gpt2",)
+
+
+class LlamaForSampling(AutoModelForSampling):
+    model_types = ("llama",)

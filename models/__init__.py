@@ -1,0 +1,30 @@
+"""Model families: ``model_type`` -> module with ``arch_config``, ``weight_rows``, ``PREFIXES``."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+_FAMILIES = ("gpt2", "llama")
+
+
+def _registry() -> dict[str, ModuleType]:
+    reg: dict[str, ModuleType] = {}
+    for fam in _FAMILIES:
+        mod = importlib.import_module(f"models.{fam}")
+        for mt in mod.MODEL_TYPES:
+            reg[mt] = mod
+    return reg
+
+
+def supported_model_types() -> list[str]:
+    return sorted(_registry())
+
+
+def family_for(model_type: str) -> ModuleType:
+    reg = _registry()
+    if model_type not in reg:
+        raise ValueError(
+            f"unknown architecture model_type={model_type!r}; aotlm supports: {', '.join(sorted(reg))}"
+        )
+    return reg[model_type]

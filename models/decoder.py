@@ -1,0 +1,165 @@
+"""The decoder-only transformer every family is an instance of.
+
+A family file (``gpt2.py``, ``llama.py`` ...) turns a transformers config into an
+``ArchConfig`` (static: frozen and hashable, so it can be a ``jax.jit`` static argument)
+and lists its HF weight names; the maths lives here and in ``layers.py``:
+
+    x_0 = embed(tokens) * embed_scale (+ pos_embed(positions))
+    pre-norm:       x += attn(norm1(x));  x += mlp(norm2(x))
+    parallel:       x += attn(norm1(x)) + mlp(norm2(x) or norm1(x))
+    post-norm:      x = norm1(x + attn(x)); x = norm2(x + mlp(x))
+    logits = norm_f(x) @ W_out
+
+Parameters are a pytree: ``{"embed", ["pos_embed"], "layers": [per-layer dict], ...}``.
+Per-layer dicts (not stacked arrays) keep every weight a whole buffer, so no graph ever
+slices (and copies) weights in the decode hot path. Optional weights (biases, extra
+norms) are simply absent from the dict; the code checks presence, which is static.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+
+from models import layers as L
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """Static description of an architecture: everything a graph's shape/maths depends on."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_positions: int
+    norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
+    norm_eps: float = 1e-5
+    norm_offset: float = 0.0  # Gemma: x * (1 + w)
+    act: str = "silu"
+    gated_mlp: bool = True
+    position: str = "rope"  # "rope" | "learned" | "alibi"
+    inv_freq: tuple[float, ...] = ()
+    rope_interleaved: bool = False
+    learned_pos_offset: int = 0  # OPT stores positions shifted by 2
+    parallel_residual: bool = False
+    shared_input_norm: bool = False  # parallel residual fed by norm1 only (GPT-J, Falcon)
+    post_norm: bool = False  # OPT with do_layer_norm_before=False
+    attn_scale: float | None = None  # default 1/sqrt(head_dim)
+    embed_scale: float = 1.0
+    tie_embeddings: bool = True
+    sliding_window: int | None = None
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
+    qk_norm: bool = False
+    n_experts: int = 0
+    experts_per_token: int = 0
+    alibi: tuple[float, ...] = ()
+    extra: tuple[tuple[str, object], ...] = field(default=())  # family-specific statics
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else self.head_dim**-0.5
+
+
+def embed(cfg: ArchConfig, params, tokens, positions):
+    x = jnp.take(params["embed"], tokens, axis=0)
+    if cfg.embed_scale != 1.0:
+        x = x * jnp.asarray(cfg.embed_scale, x.dtype)
+    if "proj_in" in params:  # OPT-350m: word_embed_proj_dim != hidden_size
+        x = L.dense(x, params["proj_in"])
+    if cfg.position == "learned":
+        pos = jnp.clip(positions, 0, cfg.max_positions - 1) + cfg.learned_pos_offset
+        x = x + jnp.take(params["pos_embed"], pos, axis=0).astype(x.dtype)
+    return x
+
+
+def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi_bias):
+    """Self-attention of one layer; returns the output and the updated (k, v) cache."""
+    q = L.dense(x, p["wq"], p.get("bq"))  # [B,T,H,Dh]
+    k = L.dense(x, p["wk"], p.get("bk"))  # [B,T,K,Dh]
+    v = L.dense(x, p["wv"], p.get("bv"))
+    if cfg.qk_norm:
+        q = L.rms_norm(q, p["q_norm_scale"], cfg.norm_eps, cfg.norm_offset)
+        k = L.rms_norm(k, p["k_norm_scale"], cfg.norm_eps, cfg.norm_offset)
+    if cfg.position == "rope":
+        q = L.apply_rotary(q, positions, cfg.inv_freq, cfg.rope_interleaved)
+        k = L.apply_rotary(k, positions, cfg.inv_freq, cfg.rope_interleaved)
+    ck, cv = kv
+    ck = L.update_cache(ck, k, write_idx)
+    cv = L.update_cache(cv, v, write_idx)
+    width = mask.shape[-1]
+    o = L.attend(q, ck[:, :width], cv[:, :width], mask, cfg.scale, alibi_bias, cfg.attn_softcap)
+    return L.dense_in(o, p["wo"], p.get("bo")), (ck, cv)
+
+
+def feed_forward(cfg: ArchConfig, p, x):
+    if cfg.n_experts:
+        from models.moe import moe_mlp
+
+        return moe_mlp(cfg, p, x)
+    return L.mlp(x, p, cfg.act, cfg.gated_mlp)
+
+
+def layer(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi_bias):
+    n = lambda y, name: L.norm(cfg.norm, y, p, name, cfg.norm_eps, cfg.norm_offset)
+    if cfg.post_norm:
+        a, kv = attention_block(cfg, p, x, positions, kv, write_idx, mask, alibi_bias)
+        x = n(x + a, "ln1")
+        return n(x + feed_forward(cfg, p, x), "ln2"), kv
+    h = n(x, "ln1")
+    a, kv = attention_block(cfg, p, h, positions, kv, write_idx, mask, alibi_bias)
+    if cfg.parallel_residual:
+        m_in = h if cfg.shared_input_norm else n(x, "ln2")
+        return x + a + feed_forward(cfg, p, m_in), kv
+    x = x + a
+    return x + feed_forward(cfg, p, n(x, "ln2")), kv
+
+
+def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width: int):
+    """Run ``tokens [B,T]`` at cache slots ``write_idx .. write_idx+T-1``.
+
+    ``positions [B,T]`` are the tokens' model positions (``-1`` marks padding, whose
+    slot stays invisible to every query). ``width`` (static) is how many cache slots the
+    queries attend to. Returns final-normed hidden states ``[B,T,D]`` and the new cache.
+    """
+    t = tokens.shape[1]
+    kv_pos = jax.lax.dynamic_update_slice(cache["pos"], positions.astype(jnp.int32), (0, write_idx))
+    pos = jnp.maximum(positions, 0)
+    mask = L.attention_mask(kv_pos, write_idx, t, width, cfg.sliding_window)
+    bias = None
+    if cfg.position == "alibi":
+        slopes = jnp.asarray(cfg.alibi, jnp.float32)
+        key_pos = jnp.maximum(kv_pos[:, :width], 0).astype(jnp.float32)
+        bias = slopes[None, :, None, None] * key_pos[:, None, None, :]  # [B,H,1,W]
+    x = embed(cfg, params, tokens, pos)
+    new_k, new_v = [], []
+    for i, p in enumerate(params["layers"]):
+        x, (ck, cv) = layer(cfg, p, x, pos, (cache["k"][i], cache["v"][i]), write_idx, mask, bias)
+        new_k.append(ck)
+        new_v.append(cv)
+    if "final_norm_scale" in params:
+        x = L.norm(cfg.norm, x, params, "final_norm", cfg.norm_eps, cfg.norm_offset)
+    if "proj_out" in params:
+        x = L.dense(x, params["proj_out"])
+    return x, {"k": new_k, "v": new_v, "pos": kv_pos}
+
+
+def logits(cfg: ArchConfig, params, h):
+    """``h [..., D]`` -> float32 logits ``[..., vocab]`` (padding columns removed)."""
+    if "lm_head" in params:
+        out = jnp.dot(h, params["lm_head"], preferred_element_type=jnp.float32)
+    else:
+        out = jnp.dot(h, params["embed"].T, preferred_element_type=jnp.float32)
+    if "lm_head_bias" in params:
+        out = out + params["lm_head_bias"].astype(jnp.float32)
+    out = out[..., : cfg.vocab_size]
+    if cfg.logit_softcap is not None:
+        out = jnp.tanh(out / cfg.logit_softcap) * cfg.logit_softcap
+    return out

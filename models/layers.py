@@ -1,0 +1,182 @@
+"""Shared building blocks: norms, activations, rotary / ALiBi positions, cached attention, MLPs.
+
+Every family in ``models/`` is assembled from these; no family has its own attention.
+Shapes: ``B`` batch, ``T`` query tokens of this call, ``S`` cache slots, ``W`` attended
+slots (the bucket width, static), ``H`` query heads, ``K`` kv heads, ``Dh`` head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
+
+
+# --------------------------------------------------------------------------- norms
+def layer_norm(x, scale, bias, eps):
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.square(xf - mean).mean(-1, keepdims=True)
+    y = (xf - mean) * lax.rsqrt(var + eps)
+    y = y * scale.astype(jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def rms_norm(x, scale, eps, offset=0.0):
+    """RMSNorm; ``offset=1`` gives Gemma's ``x * (1 + w)``."""
+    xf = x.astype(jnp.float32)
+    y = xf * lax.rsqrt(jnp.square(xf).mean(-1, keepdims=True) + eps)
+    return (y * (offset + scale.astype(jnp.float32))).astype(x.dtype)
+
+
+def norm(kind: str, x, p: dict, prefix: str, eps: float, offset: float = 0.0):
+    """Apply the norm whose params are ``p[prefix + '_scale']`` (and ``_bias``)."""
+    if kind == "layernorm":
+        return layer_norm(x, p[prefix + "_scale"], p.get(prefix + "_bias"), eps)
+    if kind == "rmsnorm":
+        return rms_norm(x, p[prefix + "_scale"], eps, offset)
+    raise ValueError(f"unknown norm kind {kind!r}")
+
+
+# --------------------------------------------------------------------------- activations
+def activation(name: str, x):
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_tanh"):
+        return jax.nn.gelu(x, approximate=True)
+    if name == "gelu":
+        return jax.nn.gelu(x, approximate=False)
+    if name in ("silu", "swish"):
+        return jax.nn.silu(x)
+    if name == "relu":
+        return jax.nn.relu(x)
+    raise ValueError(f"unsupported activation {name!r}")
+
+
+# --------------------------------------------------------------------------- rotary
+def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict | None) -> tuple[float, ...]:
+    """Inverse frequencies (host side, static) for the HF rope types aotlm supports."""
+    inv = 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
+    rtype = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if rtype == "default":
+        pass
+    elif rtype == "linear":
+        inv = inv / float(scaling["factor"])
+    elif rtype == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        low_wl, high_wl = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+        inv = np.where(medium, smoothed, scaled)
+    else:
+        raise ValueError(
+            f"rope_type {rtype!r} is not supported (supported: default, linear, llama3); "
+            "dynamic scaling changes with sequence length and cannot be a static graph"
+        )
+    return tuple(float(v) for v in inv.astype(np.float32))
+
+
+def apply_rotary(x, positions, inv_freq: tuple[float, ...], interleaved: bool = False):
+    """Rotate the first ``2*len(inv_freq)`` dims of ``x [B,T,H,Dh]`` by ``positions [B,T]``.
+
+    ``interleaved`` pairs dims (0,1),(2,3)... (GPT-J); otherwise halves (GPT-NeoX/Llama).
+    """
+    rot = 2 * len(inv_freq)
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    cos = jnp.cos(freqs)[:, :, None, :]
+    sin = jnp.sin(freqs)[:, :, None, :]
+    xr, xp = x[..., :rot].astype(jnp.float32), x[..., rot:]
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        out = jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(xr.shape)
+    else:
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+        out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return jnp.concatenate([out.astype(x.dtype), xp], axis=-1) if rot < x.shape[-1] else out.astype(x.dtype)
+
+
+# --------------------------------------------------------------------------- alibi
+def alibi_slopes(n_heads: int) -> tuple[float, ...]:
+    """ALiBi head slopes for any head count (BLOOM / MPT / the ALiBi paper)."""
+    closest = 2 ** math.floor(math.log2(n_heads))
+    base = 2.0 ** (-(2.0 ** -(math.log2(closest) - 3)))
+    slopes = [base ** (i + 1) for i in range(closest)]
+    if closest != n_heads:
+        extra = 2.0 ** (-(2.0 ** -(math.log2(2 * closest) - 3)))
+        slopes += [extra ** (2 * i + 1) for i in range(n_heads - closest)]
+    return tuple(slopes)
+
+
+# --------------------------------------------------------------------------- attention
+def update_cache(cache_layer, new, write_idx):
+    """Write ``new [B,T,K,Dh]`` into ``cache_layer [B,S,K,Dh]`` at slot ``write_idx``."""
+    return lax.dynamic_update_slice(cache_layer, new.astype(cache_layer.dtype), (0, write_idx, 0, 0))
+
+
+def attention_mask(kv_pos, write_idx, n_query: int, width: int, sliding_window: int | None):
+    """``[B,T,W]`` bool: query ``t`` (cache slot ``write_idx+t``) may see key slot ``j``.
+
+    A key is visible when its slot holds a real token (``kv_pos >= 0``), it is not in the
+    query's future, and (with a sliding window) it is within the window, counted in slots
+    as transformers does.
+    """
+    q_slot = write_idx + jnp.arange(n_query, dtype=jnp.int32)[:, None]
+    k_slot = jnp.arange(width, dtype=jnp.int32)[None, :]
+    ok = k_slot <= q_slot
+    if sliding_window is not None:
+        ok &= k_slot > q_slot - sliding_window
+    return ok[None] & (kv_pos[:, None, :width] >= 0)
+
+
+def attend(q, keys, values, mask, scale: float, bias=None, softcap: float | None = None):
+    """Grouped-query attention of ``q [B,T,H,Dh]`` over ``keys/values [B,W,K,Dh]``.
+
+    ``bias`` (ALiBi) is ``[B,H,T,W]``-broadcastable. Scores and softmax run in float32.
+    """
+    b, t, h, dh = q.shape
+    k_heads = keys.shape[2]
+    g = h // k_heads
+    qg = q.reshape(b, t, k_heads, g, dh)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, keys, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        s = jnp.tanh(s / softcap) * softcap
+    if bias is not None:
+        s = s + bias.reshape(b, k_heads, g, t, -1)
+    s = jnp.where(mask[:, None, None], s, NEG_INF)
+    p = jax.nn.softmax(s, axis=-1).astype(values.dtype)
+    o = jnp.einsum("bkgts,bskd->btkgd", p, values, preferred_element_type=jnp.float32)
+    return o.reshape(b, t, h, dh).astype(q.dtype)
+
+
+# --------------------------------------------------------------------------- dense helpers
+def dense(x, w, b=None):
+    """``x [..., D] @ w [D, ...]`` (+ bias), accumulating in float32."""
+    y = jnp.tensordot(x, w, axes=1)
+    if b is not None:
+        y = y + b
+    return y.astype(x.dtype)
+
+
+def dense_in(x, w, b=None):
+    """Contract the trailing two dims of ``x [B,T,H,Dh]`` with ``w [H,Dh,D]``."""
+    y = jnp.tensordot(x, w, axes=2)
+    if b is not None:
+        y = y + b
+    return y.astype(x.dtype)
+
+
+def mlp(x, p: dict, act: str, gated: bool):
+    """``down(act(gate(x)) * up(x))`` when gated (SwiGLU), else ``down(act(up(x)))``."""
+    up = dense(x, p["w_up"], p.get("b_up"))
+    hidden = activation(act, dense(x, p["w_gate"], p.get("b_gate"))) * up if gated else activation(act, up)
+    return dense(hidden, p["w_down"], p.get("b_down"))

@@ -1,0 +1,134 @@
+"""HF weight-name tables and the generic loader that applies them.
+
+A family lists ``Row``s: which HF tensor fills which parameter(s), through which small
+layout transform. The loader reads tensors one at a time (memory-mapped), converts
+them to the compute dtype on the host and hands each finished parameter to ``place``
+(which puts it on its device(s), sharded), so host memory never holds the whole model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.checkpoint import CheckpointError, WeightReader
+
+Path = tuple  # ("embed",) or ("layers", 3, "wq")
+
+# Logical axes of every parameter leaf name, declared once. ``engine.sharding`` maps
+# logical axes onto the mesh (Megatron layout: heads / mlp / vocab split over "tp").
+LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
+    "embed": ("vocab", "embed"),
+    "pos_embed": (None, "embed"),
+    "lm_head": ("embed", "vocab"),
+    "lm_head_bias": ("vocab",),
+    "proj_in": (None, "embed"),
+    "proj_out": ("embed", None),
+    "wq": ("embed", "heads", None),
+    "wk": ("embed", "kv_heads", None),
+    "wv": ("embed", "kv_heads", None),
+    "bq": ("heads", None),
+    "bk": ("kv_heads", None),
+    "bv": ("kv_heads", None),
+    "wo": ("heads", None, "embed"),
+    "bo": ("embed",),
+    "w_up": ("embed", "mlp"),
+    "w_gate": ("embed", "mlp"),
+    "b_up": ("mlp",),
+    "b_gate": ("mlp",),
+    "w_down": ("mlp", "embed"),
+    "b_down": ("embed",),
+    "router": ("embed", None),
+    "e_up": ("experts", "embed", "mlp"),
+    "e_gate": ("experts", "embed", "mlp"),
+    "e_down": ("experts", "mlp", "embed"),
+}
+
+
+def logical_axes(path: Path, ndim: int) -> tuple[str | None, ...]:
+    """Logical axes of a parameter (norm scales and other small leaves: replicated)."""
+    axes = LOGICAL_AXES.get(path[-1], (None,) * ndim)
+    if len(axes) != ndim:
+        raise ValueError(f"parameter {path} has {ndim} dims but its logical axes are {axes}")
+    return axes
+
+
+@dataclass(frozen=True)
+class Row:
+    """HF tensor ``hf`` -> parameter(s) ``targets`` via ``fn(array) -> array | tuple``."""
+
+    targets: tuple[Path, ...]
+    hf: str
+    fn: Callable[[np.ndarray], np.ndarray | tuple[np.ndarray, ...]] = lambda a: a
+    optional: bool = False
+
+
+def row(target: Path | Sequence[Path], hf: str, fn=None, optional: bool = False) -> Row:
+    targets = tuple(target) if isinstance(target[0], tuple) else (tuple(target),)
+    return Row(targets, hf, fn if fn is not None else (lambda a: a), optional)
+
+
+# ---- common layout transforms (HF stores torch Linear weights as [out, in])
+def linear_t(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a.T)
+
+
+def heads_in(n_heads: int, head_dim: int, transpose: bool = True):
+    """[out=H*Dh, in=D] (or [D, H*Dh] if not transpose) -> [D, H, Dh]."""
+    return lambda a: np.ascontiguousarray((a.T if transpose else a).reshape(-1, n_heads, head_dim))
+
+
+def heads_out(n_heads: int, head_dim: int, transpose: bool = True):
+    """[out=D, in=H*Dh] (or [H*Dh, D]) -> [H, Dh, D]."""
+    return lambda a: np.ascontiguousarray((a.T if transpose else a).reshape(n_heads, head_dim, -1))
+
+
+def bias_heads(n_heads: int, head_dim: int):
+    return lambda a: a.reshape(n_heads, head_dim)
+
+
+def _resolve(reader: WeightReader, name: str, prefixes: Sequence[str]) -> str | None:
+    for pre in prefixes:
+        if pre + name in reader:
+            return pre + name
+    return None
+
+
+def load_params(
+    rows: Sequence[Row],
+    reader: WeightReader,
+    prefixes: Sequence[str],
+    dtype,
+    place: Callable[[Path, np.ndarray], object],
+) -> dict:
+    """Fill the params pytree from ``rows``; ``place(path, array)`` returns the leaf."""
+    params: dict = {}
+    for r in rows:
+        name = _resolve(reader, r.hf, prefixes)
+        if name is None:
+            if r.optional:
+                continue
+            raise CheckpointError(
+                f"tensor {r.hf!r} (tried prefixes {list(prefixes)}) is missing from the checkpoint "
+                f"in {reader.path}; the checkpoint is incomplete or not of this architecture"
+            )
+        out = r.fn(reader.get(name))
+        outs = out if isinstance(out, tuple) else (out,)
+        if len(outs) != len(r.targets):
+            raise ValueError(f"row for {r.hf} produced {len(outs)} arrays for {len(r.targets)} targets")
+        for path, arr in zip(r.targets, outs, strict=True):
+            arr = np.asarray(arr)
+            if arr.dtype.kind == "f":
+                arr = arr.astype(dtype)
+            _set(params, path, place(path, arr))
+    params["layers"] = [params["layers"][i] for i in sorted(params.get("layers", {}))]
+    return params
+
+
+def _set(tree: dict, path: Path, value) -> None:
+    node = tree
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
