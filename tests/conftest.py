@@ -1,0 +1,32 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from conformance import make_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ckpt_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="session")
+def gpt2_path(ckpt_dir):
+    import transformers
+
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=101, n_positions=256)
+    return make_checkpoint(ckpt_dir / "gpt2", cfg)
+
+
+@pytest.fixture(scope="session")
+def llama_path(ckpt_dir):
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        num_hidden_layers=2, vocab_size=101, max_position_embeddings=256,
+    )
+    return make_checkpoint(ckpt_dir / "llama", cfg)
