@@ -66,6 +66,58 @@ def entry_key(fingerprint: dict, graph_key: tuple, mesh) -> tuple[str, dict]:
     return digest, fields
 
 
+class EntryError(RuntimeError):
+    """An entry that cannot be read, verified, loaded or written."""
+
+
+def read_entry(entry: Path, mesh):
+    """Load one entry's executable onto ``mesh``'s devices; ``EntryError`` on any problem."""
+    from jax.experimental.serialize_executable import deserialize_and_load
+
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        blob = (entry / BIN).read_bytes()
+        if hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
+            raise ValueError("checksum mismatch (truncated or corrupt file)")
+        payload, in_tree, out_tree = pickle.loads(blob)
+    except Exception as e:
+        raise EntryError(f"corrupt entry ({type(e).__name__}: {e})") from e
+    try:
+        return deserialize_and_load(payload, in_tree, out_tree, execution_devices=list(mesh.devices.flat))
+    except Exception as e:  # e.g. jax#38445: XLA CPU refusing its own cached executable
+        raise EntryError(f"the platform refused the cached executable ({type(e).__name__}: {e})") from e
+
+
+def write_entry(directory: Path, digest: str, fields: dict, compiled, seconds: float) -> int:
+    """Serialize ``compiled`` as ``directory/digest`` atomically; returns its size in bytes."""
+    from jax.experimental.serialize_executable import serialize
+
+    try:
+        payload, in_tree, out_tree = serialize(compiled)
+        blob = pickle.dumps((payload, in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        raise EntryError(f"the executable could not be serialized ({e})") from e
+    manifest = {
+        "key": digest,
+        "fields": fields,
+        "created": time.time(),
+        "compile_seconds": round(seconds, 3),
+        "bytes": len(blob),
+        "sha256": hashlib.sha256(blob).hexdigest(),
+    }
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{digest}-", dir=directory))
+        (tmp / BIN).write_bytes(blob)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        try:
+            os.rename(tmp, directory / digest)
+        except OSError:  # another process stored the same key first: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        raise EntryError(f"could not write compile cache entry in {directory}: {e}") from e
+    return len(blob)
+
+
 class CompileCache:
     """Executables by key; ``directory=None`` means in-memory compilation only."""
 
@@ -111,61 +163,27 @@ class CompileCache:
         return compiled, {"hit": False, "entry": digest, "bytes": size}
 
     def _load(self, digest: str, mesh):
-        from jax.experimental.serialize_executable import deserialize_and_load
-
-        entry = self.dir / digest
-        if not (entry / MANIFEST).is_file():
+        if not (self.dir / digest / MANIFEST).is_file():
             return None
         try:
-            manifest = json.loads((entry / MANIFEST).read_text())
-            blob = (entry / BIN).read_bytes()
-            if hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
-                raise ValueError("checksum mismatch (truncated or corrupt file)")
-            payload, in_tree, out_tree = pickle.loads(blob)
-        except Exception as e:
-            self._discard(digest, f"corrupt entry ({type(e).__name__}: {e})")
+            exe = read_entry(self.dir / digest, mesh)
+        except EntryError as e:
+            self._discard(digest, str(e))
             return None
         try:
-            exe = deserialize_and_load(payload, in_tree, out_tree, execution_devices=list(mesh.devices.flat))
-        except Exception as e:  # e.g. jax#38445: XLA CPU refusing its own cached executable
-            self._discard(digest, f"the platform refused the cached executable ({type(e).__name__}: {e})")
-            return None
-        try:
-            os.utime(entry / MANIFEST)  # least-recently-used bookkeeping
+            os.utime(self.dir / digest / MANIFEST)  # least-recently-used bookkeeping
         except OSError:
             pass
         return exe
 
     def _store(self, digest: str, fields: dict, compiled, seconds: float) -> int:
-        from jax.experimental.serialize_executable import serialize
-
         try:
-            payload, in_tree, out_tree = serialize(compiled)
-            blob = pickle.dumps((payload, in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as e:
-            warnings.warn(f"executable could not be serialized ({e}); not cached", CacheWarning, stacklevel=3)
-            return 0
-        manifest = {
-            "key": digest,
-            "fields": fields,
-            "created": time.time(),
-            "compile_seconds": round(seconds, 3),
-            "bytes": len(blob),
-            "sha256": hashlib.sha256(blob).hexdigest(),
-        }
-        try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{digest}-", dir=self.dir))
-            (tmp / BIN).write_bytes(blob)
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            try:
-                os.rename(tmp, self.dir / digest)
-            except OSError:  # another process stored the same key first: keep theirs
-                shutil.rmtree(tmp, ignore_errors=True)
-        except OSError as e:
-            warnings.warn(f"could not write compile cache entry in {self.dir}: {e}", CacheWarning, stacklevel=3)
+            size = write_entry(self.dir, digest, fields, compiled, seconds)
+        except EntryError as e:
+            warnings.warn(f"not cached: {e}", CacheWarning, stacklevel=3)
             return 0
         self.evict()
-        return len(blob)
+        return size
 
     def _discard(self, digest: str, why: str) -> None:
         warnings.warn(f"compile cache entry {self.dir / digest}: {why}; recompiling", CacheWarning, stacklevel=4)
@@ -205,22 +223,18 @@ class CompileCache:
 
     def verify(self) -> list[tuple[str, str]]:
         """(key, problem) for every entry that does not load; empty when all are sound."""
-        from jax.experimental.serialize_executable import deserialize_and_load
+        from jax.sharding import Mesh
 
+        devices = {d.id: d for d in jax.devices()}
         bad = []
         for e in self.entries():
-            entry = self.dir / e["key"]
             try:
-                blob = (entry / BIN).read_bytes()
-                if hashlib.sha256(blob).hexdigest() != e["sha256"]:
-                    raise ValueError("checksum mismatch")
-                payload, in_tree, out_tree = pickle.loads(blob)
                 ids = e["fields"]["env"]["mesh"]["ids"]
-                devices = {d.id: d for d in jax.devices()}
-                if all(i in devices for i in ids):
-                    deserialize_and_load(payload, in_tree, out_tree, execution_devices=[devices[i] for i in ids])
-            except Exception as ex:
-                bad.append((e["key"], f"{type(ex).__name__}: {ex}"))
+                if not all(i in devices for i in ids):
+                    continue  # built for devices this process does not have
+                read_entry(self.dir / e["key"], Mesh([devices[i] for i in ids], ("tp",)))
+            except (EntryError, KeyError) as ex:
+                bad.append((e["key"], str(ex)))
         return bad
 
     def clear(self, older_than_days: float | None = None) -> int:

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from engine import artifacts
 from engine import buckets as bk
 from engine import graphs, inputs, sharding
 from engine.checkpoint import WeightReader, load_hf_config
@@ -76,6 +77,7 @@ class CausalLMForSampling:
             self.cfg.n_heads, self.cfg.n_kv_heads, self.batch_size, self.tp_degree, gqa
         )
         self.mesh = sharding.make_mesh(self.tp_degree)
+        self._kv_rep = sharding.kv_replication(self.cfg.n_kv_heads, self.tp_degree, self.gqa)
         self._rules = sharding.rules(self.gqa, self.tp_degree)
         self._repl = sharding.replicated(self.mesh)
         self.compile_cache = CompileCache.create(compile_cache)
@@ -86,13 +88,8 @@ class CausalLMForSampling:
 
     # ------------------------------------------------------------------ loading
     def _place(self, path: tuple, arr: np.ndarray):
-        if path[-1] in ("embed", "lm_head", "lm_head_bias") and self.tp_degree > 1:
-            axis = 0 if path[-1] == "embed" else arr.ndim - 1
-            pad = -arr.shape[axis] % self.tp_degree
-            if pad:
-                widths = [(0, 0)] * arr.ndim
-                widths[axis] = (0, pad)
-                arr = np.pad(arr, widths)
+        """Pad / repeat for the mesh on the host, then copy each device only its own shard."""
+        arr = sharding.prepare_param(path, arr, self.tp_degree, self.gqa, self.cfg.n_kv_heads)
         shard = sharding.param_sharding(self.mesh, path, arr.ndim, self._rules)
         return jax.make_array_from_callback(arr.shape, shard, lambda idx: arr[idx])
 
@@ -109,7 +106,9 @@ class CausalLMForSampling:
         c = self.cfg
         sh = sharding.cache_sharding(self.mesh, self.gqa, self.tp_degree)
         kv = jax.ShapeDtypeStruct(
-            (self.batch_size, self.n_positions, c.n_kv_heads, c.head_dim), self.dtype, sharding=sh["kv"]
+            (self.batch_size, self.n_positions, c.n_kv_heads * self._kv_rep, c.head_dim),
+            self.dtype,
+            sharding=sh["kv"],
         )
         pos = jax.ShapeDtypeStruct((self.batch_size, self.n_positions), jnp.int32, sharding=sh["pos"])
         return {"k": [kv] * c.n_layers, "v": [kv] * c.n_layers, "pos": pos}
@@ -117,11 +116,11 @@ class CausalLMForSampling:
     def _alloc_cache(self) -> dict:
         """Allocate the static KV cache once, directly in its sharded layout."""
         specs = self._cache_specs()
-        zeros = lambda s: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding)
+        zeros = lambda s: sharding.zeros(s.shape, s.dtype, s.sharding)
         return {
             "k": [zeros(s) for s in specs["k"]],
             "v": [zeros(s) for s in specs["v"]],
-            "pos": jax.device_put(np.full(specs["pos"].shape, -1, np.int32), specs["pos"].sharding),
+            "pos": sharding.zeros(specs["pos"].shape, np.int32, specs["pos"].sharding, fill=-1),
         }
 
     # ------------------------------------------------------------------ compiling
@@ -137,13 +136,25 @@ class CausalLMForSampling:
         b = self.batch_size
         if key[0] == "prefill":
             _, c, w = key
-            fn = jax.jit(functools.partial(graphs.prefill, self.cfg, w, GREEDY), donate_argnums=(1,))
+            out = (self._repl, self._repl, self._shardings(cache))  # pinned: outputs feed the next call
+            fn = jax.jit(
+                functools.partial(graphs.prefill, self.cfg, w, GREEDY), donate_argnums=(1,), out_shardings=out
+            )
             tok = jax.ShapeDtypeStruct((b, c), jnp.int32, sharding=self._repl)
             scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._repl)
             return fn.lower(p, cache, tok, tok, scalar, scalar)
         _, w = key
-        fn = jax.jit(functools.partial(graphs.decode, self.cfg, w, GREEDY), donate_argnums=(1, 2))
-        return fn.lower(p, cache, graphs.state_spec(b, self.n_positions, self._repl))
+        state = graphs.state_spec(b, self.n_positions, self._repl)
+        out = (self._shardings(cache), self._shardings(state))
+        fn = jax.jit(
+            functools.partial(graphs.decode, self.cfg, w, GREEDY), donate_argnums=(1, 2), out_shardings=out
+        )
+        return fn.lower(p, cache, state)
+
+    @staticmethod
+    def _shardings(specs):
+        """Output shardings = input shardings: XLA may otherwise pick a layout the next call rejects."""
+        return jax.tree.map(lambda s: s.sharding, specs)
 
     def fingerprint(self) -> dict:
         """Everything besides the graph key that changes an executable (compile-cache key)."""
@@ -170,15 +181,31 @@ class CausalLMForSampling:
             self._executables[key] = exe
         return exe
 
+    def compile_graph(self, key: tuple):
+        """Compile (or load from the cache) one graph, e.g. ``("decode", 128)``."""
+        if key not in self.graph_keys():
+            raise ValueError(f"{key} is not one of this model's graphs: {self.graph_keys()}")
+        return self._executable(key)
+
     def compile(self) -> CausalLMForSampling:
         """Ahead of time: lower + compile (or load from the cache) every bucket graph now."""
         for key in self.graph_keys():
             self._executable(key)
         return self
 
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write every compiled graph + a manifest to ``directory`` (relocatable)."""
+        self.compile()
+        artifacts.save(self, directory)
+
+    def load(self, directory: str | os.PathLike) -> CausalLMForSampling:
+        """Load graphs saved by ``save`` (zero compilations); refuses artifacts of another config."""
+        self._executables.update(artifacts.load(self, directory))
+        return self
+
     # ------------------------------------------------------------------ running
     def _put(self, x: np.ndarray):
-        return jax.device_put(x, self._repl)
+        return sharding.put(x, self._repl)
 
     def _prepare(self, input_ids, attention_mask, start_ids):
         ids = inputs.token_ids(input_ids, self.cfg.vocab_size)
@@ -222,7 +249,7 @@ class CausalLMForSampling:
         """Float32 logits ``[batch, vocab]`` of the last prompt position."""
         ids, mask, n = self._prepare(input_ids, attention_mask, None)
         logits, _, _ = self._encode(ids, mask)
-        return np.asarray(logits)[:n]
+        return sharding.fetch(logits)[:n]
 
     def sample(
         self,
@@ -247,7 +274,7 @@ class CausalLMForSampling:
         eos = inputs.eos_ids(eos_token_id, graphs.MAX_EOS)
         pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos[0] >= 0 else 0)
         _, first, positions = self._encode(ids, mask)
-        first = np.asarray(first)
+        first = sharding.fetch(first)
         out = np.zeros((self.batch_size, self.n_positions), np.int32)
         out[:, p_len] = first
         done = np.isin(first, eos[eos >= 0])
@@ -267,8 +294,8 @@ class CausalLMForSampling:
             while idx < stop and not done.all():
                 exe = self._executable(("decode", bk.decode_bucket(self.tg_buckets, idx)))
                 self.cache, state = exe(self.params, self.cache, state)
-                idx, done = int(state["idx"]), np.asarray(state["done"])
-            out = np.asarray(state["out"])
+                idx, done = int(sharding.fetch(state["idx"])), sharding.fetch(state["done"])
+            out = sharding.fetch(state["out"])
         n_gen = idx - p_len + 1
         return np.concatenate([ids[:n], out[:n, p_len : p_len + n_gen]], axis=1)
 

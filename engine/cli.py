@@ -1,0 +1,235 @@
+"""``aotlm <command>``: the single command-line entry point.
+
+    aotlm demo                      make a tiny checkpoint, compile it, sample from it
+    aotlm make-tiny DIR             write the tiny random GPT-2 checkpoint
+    aotlm compile CHECKPOINT ...    compile every bucket ahead of time into the cache
+    aotlm sample CHECKPOINT ...     greedy generation from token ids
+    aotlm cache list|verify|clear   inspect and maintain the compile cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="HF checkpoint directory (config.json + safetensors)")
+    p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1)")
+    p.add_argument("--n-positions", type=_int_list, default=None, help="token-generation buckets, e.g. 64,128")
+    p.add_argument("--context-length-estimate", type=_int_list, default=None, help="context buckets, e.g. 16,32")
+    p.add_argument("--tp-degree", type=int, default=None, help="tensor-parallel degree (default 1)")
+    p.add_argument("--gqa", default=None, help="shard-over-heads | replicated-heads | shard-over-batch")
+    p.add_argument("--amp", default=None, choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
+    p.add_argument("--cache-dir", default=None, help="compile cache dir (default $AOTLM_CACHE_DIR or ./compile_cache)")
+    p.add_argument("--config", default=None, help="JSON file with any of the options above (flags win)")
+
+
+def _model_kwargs(args) -> dict:
+    keys = ("batch_size", "n_positions", "context_length_estimate", "tp_degree", "gqa", "amp")
+    kw: dict = {}
+    if args.config:
+        try:
+            loaded = json.loads(open(args.config).read())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"aotlm: cannot read --config {args.config}: {e}") from e
+        unknown = set(loaded) - set(keys)
+        if unknown:
+            raise SystemExit(f"aotlm: unknown keys in {args.config}: {sorted(unknown)}; allowed: {list(keys)}")
+        kw.update(loaded)
+    for k in keys:
+        v = getattr(args, k)
+        if v is not None:
+            kw[k] = v
+    for k in ("n_positions", "context_length_estimate"):
+        if isinstance(kw.get(k), list) and len(kw[k]) == 1 and k == "n_positions":
+            kw[k] = kw[k][0]
+    kw["compile_cache"] = args.cache_dir
+    return kw
+
+
+def _table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
+    cells = [list(map(str, header))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
+    return "\n".join([fmt(cells[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells[1:]])
+
+
+def _gb(n: float) -> str:
+    return f"{n / 2**30:.3f} GB"
+
+
+def cmd_compile(args) -> int:
+    from engine import AutoModelForSampling
+
+    kw = _model_kwargs(args)
+    if args.dry_run or args.device_memory_gb is not None:
+        from engine.memory import check_fits, plan_for_checkpoint
+
+        plan = plan_for_checkpoint(args.checkpoint, **{k: v for k, v in kw.items() if k != "compile_cache"})
+        print(f"memory plan per device (tp={plan['tp_degree']}, gqa={plan['gqa']}, amp={plan['amp']}):")
+        print(f"  weights {_gb(plan['weight_bytes_per_device'])}  kv cache {_gb(plan['kv_bytes_per_device'])}  "
+              f"total {_gb(plan['total_bytes_per_device'])}")
+        if args.device_memory_gb is not None:
+            check_fits(plan, args.device_memory_gb)
+        if args.dry_run:
+            rows = [(g[0], "x".join(map(str, g[1:])), plan["batch_size"]) for g in plan["graphs"]]
+            print(_table(rows, ("graph", "bucket", "batch")))
+            print(f"{len(plan['graphs'])} graphs would be compiled (dry run: nothing compiled)")
+            return 0
+    t0 = time.perf_counter()
+    model = AutoModelForSampling.from_pretrained(args.checkpoint, **kw)
+    t_load = time.perf_counter() - t0
+    keys = model.graph_keys()
+    for i, key in enumerate(keys, 1):
+        t = time.perf_counter()
+        model.compile_graph(key)
+        info = model.compile_report[-1]
+        print(f"[{i}/{len(keys)}] {key[0]} {'x'.join(map(str, key[1:]))}: "
+              f"{'hit' if info['hit'] else 'compiled'} in {time.perf_counter() - t:.2f}s", file=sys.stderr)
+    rows = [
+        (r["graph"], "x".join(map(str, r["bucket"])), model.batch_size, f"{r['seconds']:.2f}",
+         "hit" if r["hit"] else "miss", f"{r['bytes'] / 1024:.0f} KB")
+        for r in model.compile_report
+    ]
+    print(_table(rows, ("graph", "bucket", "batch", "compile s", "cache", "size")))
+    total = sum(r["seconds"] for r in model.compile_report)
+    hits = sum(r["hit"] for r in model.compile_report)
+    where = model.compile_cache.dir or "memory only"
+    print(f"total: {len(rows)} graphs ({hits} from cache) in {total:.2f}s; weights loaded in {t_load:.2f}s; "
+          f"cache: {where}")
+    return 0
+
+
+def cmd_sample(args) -> int:
+    from engine import AutoModelForSampling
+
+    model = AutoModelForSampling.from_pretrained(args.checkpoint, **_model_kwargs(args))
+    ids = np.asarray([_int_list(p) for p in args.prompt_ids])
+    t0 = time.perf_counter()
+    out = model.sample(ids, max_new_tokens=args.max_new_tokens, eos_token_id=args.eos_token_id)
+    dt = time.perf_counter() - t0
+    for row in out:
+        print(",".join(map(str, row.tolist())))
+    print(f"{out.shape[0]} x {out.shape[1] - ids.shape[1]} new tokens in {dt:.2f}s (incl. any compile)",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from engine import AutoModelForSampling
+    from engine.tiny import make_tiny_gpt2
+
+    path = make_tiny_gpt2(args.dir)
+    print(f"checkpoint: {path} (tiny random-init GPT-2, made by aotlm)")
+    t0 = time.perf_counter()
+    model = AutoModelForSampling.from_pretrained(
+        path, batch_size=2, n_positions=[64, 128], context_length_estimate=[16, 32], compile_cache=args.cache_dir
+    )
+    model.compile()
+    hits = sum(r["hit"] for r in model.compile_report)
+    print(f"compiled {len(model.compile_report)} graphs ({hits} from the cache) in {time.perf_counter() - t0:.2f}s")
+    prompts = np.asarray([[5, 17, 42, 99, 7, 3, 250, 11], [1, 2, 3, 4, 5, 6, 7, 8]])
+    t0 = time.perf_counter()
+    out = model.sample(prompts, max_new_tokens=48)
+    dt = time.perf_counter() - t0
+    for row in out:
+        print("tokens:", " ".join(map(str, row.tolist())))
+    print(f"generated 2 x 48 tokens in {dt * 1000:.0f} ms ({2 * 48 / dt:.0f} tok/s)")
+    return 0
+
+
+def cmd_make_tiny(args) -> int:
+    from engine.tiny import make_tiny_gpt2
+
+    print(make_tiny_gpt2(args.dir))
+    return 0
+
+
+def cmd_cache(args) -> int:
+    from engine.compile_cache import CompileCache
+
+    cache = CompileCache.create(args.cache_dir)
+    if cache.dir is None:
+        raise SystemExit("aotlm: the compile cache directory is not usable")
+    if args.action == "list":
+        entries = cache.entries()
+        rows = []
+        for e in entries:
+            f = e.get("fields", {})
+            arch = f.get("model", {}).get("arch", "")
+            mt = arch.split("model_type='")[1].split("'")[0] if "model_type='" in arch else "?"
+            rows.append((e["key"][:12], mt, " ".join(map(str, f.get("graph", []))),
+                         f.get("model", {}).get("batch_size", "?"), f.get("model", {}).get("amp", "?"),
+                         f.get("model", {}).get("tp_degree", "?"), f"{e.get('bytes', 0) / 1024:.0f} KB",
+                         time.strftime("%Y-%m-%d %H:%M", time.localtime(e["last_used"]))))
+        print(_table(rows, ("key", "model", "graph", "batch", "amp", "tp", "size", "last used")))
+        print(f"{len(entries)} entries, {sum(e.get('bytes', 0) for e in entries) / 2**20:.1f} MB in {cache.dir}")
+    elif args.action == "verify":
+        bad = cache.verify()
+        for key, why in bad:
+            print(f"CORRUPT {key}: {why}")
+        print(f"{len(cache.entries())} entries checked, {len(bad)} corrupt")
+        return 1 if bad else 0
+    elif args.action == "clear":
+        n = cache.clear(args.older_than)
+        print(f"removed {n} entries from {cache.dir}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="aotlm", description="ahead-of-time compiled HF causal LMs on JAX")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="make a tiny checkpoint, compile and sample from it")
+    p.add_argument("--dir", default="tiny-gpt2")
+    p.add_argument("--cache-dir", default=None)
+    p.set_defaults(fn=cmd_demo)
+    p = sub.add_parser("make-tiny", help="write the tiny random-init GPT-2 checkpoint")
+    p.add_argument("dir")
+    p.set_defaults(fn=cmd_make_tiny)
+    p = sub.add_parser("compile", help="compile every bucket graph into the compile cache")
+    _add_model_args(p)
+    p.add_argument("--dry-run", action="store_true", help="print graphs and memory plan, compile nothing")
+    p.add_argument("--device-memory-gb", type=float, default=None, help="fail if weights + KV cache do not fit")
+    p.set_defaults(fn=cmd_compile)
+    p = sub.add_parser("sample", help="greedy generation from comma-separated token ids")
+    _add_model_args(p)
+    p.add_argument("--prompt-ids", action="append", required=True, help="e.g. 1,2,3 (repeat for a batch)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--eos-token-id", type=int, default=None)
+    p.set_defaults(fn=cmd_sample)
+    p = sub.add_parser("cache", help="inspect or maintain the compile cache")
+    p.add_argument("action", choices=["list", "verify", "clear"])
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="clear: only entries unused this long")
+    p.set_defaults(fn=cmd_cache)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args = build_parser().parse_args(argv)
+    from engine.checkpoint import CheckpointError
+
+    try:
+        return args.fn(args)
+    except (ValueError, TypeError, CheckpointError) as e:
+        print(f"aotlm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The on-disk compile cache: warm starts in new processes compile nothing; it survives damage."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+CHILD = str(Path(__file__).parent / "cache_child.py")
+
+
+def run_child(*args, check=True):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    p = subprocess.run([sys.executable, CHILD, *map(str, args)], capture_output=True, text=True, env=env,
+                       timeout=600)
+    if not check:
+        return p
+    if p.returncode != 0:
+        raise AssertionError(f"child failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+NO_WORK = {"backend": 0, "lowering": 0, "tracing": 0}
+
+
+@pytest.fixture(scope="module")
+def warm(llama_path, tmp_path_factory):
+    """One cold run filling a cache; returns (cache dir, result)."""
+    cache = tmp_path_factory.mktemp("cache")
+    return cache, run_child(llama_path, cache)
+
+
+def test_new_process_warm_start_compiles_and_lowers_nothing(warm, llama_path, tmp_path):
+    cache, cold = warm
+    n = len(cold["graphs"])
+    assert cold["counts"]["backend"] == n and not any(cold["hits"])
+    hot = run_child(llama_path, cache)
+    assert hot["counts"] == NO_WORK, hot["counts"]
+    assert all(hot["hits"]) and hot["tokens"] == cold["tokens"]
+    moved = tmp_path / "elsewhere" / "ckpt"  # same checkpoint in another directory: still a hit
+    shutil.copytree(llama_path, moved)
+    again = run_child(moved, cache)
+    assert again["counts"] == NO_WORK and again["tokens"] == cold["tokens"]
+
+
+def test_changed_bucket_or_amp_recompiles_only_affected(warm, llama_path):
+    cache, cold = warm
+    r = run_child(llama_path, cache, "--n-positions", "48,64")  # bucket 32 -> 48; 64 stays the largest
+    changed = {tuple(g) for g, hit in zip(r["graphs"], r["hits"], strict=True) if not hit}
+    assert changed == {("decode", 48), ("prefill", 16, 48)}, changed
+    r = run_child(llama_path, cache, "--amp", "bf16")
+    assert not any(r["hits"])
+
+
+def test_corrupt_entry_warns_recompiles_and_stays_correct(warm, llama_path, tmp_path):
+    cache, cold = warm
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy)
+    entries = [e for e in copy.iterdir() if (e / "executable.bin").exists()]
+    blob = entries[0] / "executable.bin"
+    blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])  # truncate one entry
+    (entries[1] / "executable.bin").write_bytes(b"garbage")
+    r = run_child(llama_path, copy)
+    assert r["tokens"] == cold["tokens"]
+    assert sum(not h for h in r["hits"]) == 2
+    assert sum("corrupt entry" in w for w in r["warnings"]) == 2
+    fixed = run_child(llama_path, copy)  # the bad entries were replaced by fresh ones
+    assert all(fixed["hits"]) and fixed["counts"] == NO_WORK
+
+
+def test_concurrent_compiles_of_same_key_both_succeed(llama_path, tmp_path):
+    cache = tmp_path / "shared"
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(lambda _: run_child(llama_path, cache), range(2))
+    assert a["tokens"] == b["tokens"]
+    entries = [e for e in cache.iterdir() if not e.name.startswith(".")]
+    assert len(entries) == len(a["graphs"])
+    assert not [e for e in cache.iterdir() if e.name.startswith(".tmp")]
+    r = run_child(llama_path, cache)
+    assert all(r["hits"]) and r["counts"] == NO_WORK
+
+
+def test_save_move_load_compiles_nothing(llama_path, tmp_path):
+    saved = tmp_path / "a" / "compiled"
+    first = run_child(llama_path, "none", "--save", saved)
+    moved = tmp_path / "b" / "moved"
+    moved.parent.mkdir()
+    shutil.move(saved, moved)
+    r = run_child(llama_path, "none", "--load", moved)
+    assert r["counts"] == NO_WORK and r["tokens"] == first["tokens"]
+    bad = run_child(llama_path, "none", "--load", moved, "--amp", "bf16", check=False)
+    assert bad.returncode != 0
+    assert "built for another configuration" in bad.stderr and "amp: saved 'f32', this model 'bf16'" in bad.stderr
+
+
+def test_unwritable_cache_dir_falls_back_to_memory(llama_path, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    r = run_child(llama_path, blocker / "cache")
+    assert any("not writable" in w for w in r["warnings"])
+    assert len(r["tokens"]) == 2
