@@ -1,10 +1,10 @@
 """``aotlm <command>``: the single command-line entry point.
 
-    aotlm demo                      make a tiny checkpoint, compile it, sample from it
-    aotlm make-tiny DIR             write the tiny random GPT-2 checkpoint
-    aotlm compile CHECKPOINT ...    compile every bucket ahead of time into the cache
-    aotlm sample CHECKPOINT ...     greedy generation from token ids
-    aotlm cache list|verify|clear   inspect and maintain the compile cache
+aotlm demo                      make a tiny checkpoint, compile it, sample from it
+aotlm make-tiny DIR             write the tiny random GPT-2 checkpoint
+aotlm compile CHECKPOINT ...    compile every bucket ahead of time into the cache
+aotlm sample CHECKPOINT ...     greedy generation from token ids
+aotlm cache list|verify|clear   inspect and maintain the compile cache
 """
 
 from __future__ import annotations
@@ -29,12 +29,18 @@ def _int_list(text: str) -> list[int]:
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1)")
-    p.add_argument("--n-positions", type=_int_list, default=None, help="token-generation buckets, e.g. 64,128")
-    p.add_argument("--context-length-estimate", type=_int_list, default=None, help="context buckets, e.g. 16,32")
+    p.add_argument(
+        "--n-positions", type=_int_list, default=None, help="token-generation buckets, e.g. 64,128"
+    )
+    p.add_argument(
+        "--context-length-estimate", type=_int_list, default=None, help="context buckets, e.g. 16,32"
+    )
     p.add_argument("--tp-degree", type=int, default=None, help="tensor-parallel degree (default 1)")
     p.add_argument("--gqa", default=None, help="shard-over-heads | replicated-heads | shard-over-batch")
     p.add_argument("--amp", default=None, choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
-    p.add_argument("--cache-dir", default=None, help="compile cache dir (default $AOTLM_CACHE_DIR or ./compile_cache)")
+    p.add_argument(
+        "--cache-dir", default=None, help="compile cache dir (default $AOTLM_CACHE_DIR or ./compile_cache)"
+    )
     p.add_argument("--config", default=None, help="JSON file with any of the options above (flags win)")
 
 
@@ -48,7 +54,9 @@ def _model_kwargs(args) -> dict:
             raise SystemExit(f"aotlm: cannot read --config {args.config}: {e}") from e
         unknown = set(loaded) - set(keys)
         if unknown:
-            raise SystemExit(f"aotlm: unknown keys in {args.config}: {sorted(unknown)}; allowed: {list(keys)}")
+            raise SystemExit(
+                f"aotlm: unknown keys in {args.config}: {sorted(unknown)}; allowed: {list(keys)}"
+            )
         kw.update(loaded)
     for k in keys:
         v = getattr(args, k)
@@ -81,8 +89,10 @@ def cmd_compile(args) -> int:
 
         plan = plan_for_checkpoint(args.checkpoint, **{k: v for k, v in kw.items() if k != "compile_cache"})
         print(f"memory plan per device (tp={plan['tp_degree']}, gqa={plan['gqa']}, amp={plan['amp']}):")
-        print(f"  weights {_gb(plan['weight_bytes_per_device'])}  kv cache {_gb(plan['kv_bytes_per_device'])}  "
-              f"total {_gb(plan['total_bytes_per_device'])}")
+        print(
+            f"  weights {_gb(plan['weight_bytes_per_device'])}  kv cache {_gb(plan['kv_bytes_per_device'])}  "
+            f"total {_gb(plan['total_bytes_per_device'])}"
+        )
         if args.device_memory_gb is not None:
             check_fits(plan, args.device_memory_gb)
         if args.dry_run:
@@ -98,19 +108,30 @@ def cmd_compile(args) -> int:
         t = time.perf_counter()
         model.compile_graph(key)
         info = model.compile_report[-1]
-        print(f"[{i}/{len(keys)}] {key[0]} {'x'.join(map(str, key[1:]))}: "
-              f"{'hit' if info['hit'] else 'compiled'} in {time.perf_counter() - t:.2f}s", file=sys.stderr)
+        print(
+            f"[{i}/{len(keys)}] {key[0]} {'x'.join(map(str, key[1:]))}: "
+            f"{'hit' if info['hit'] else 'compiled'} in {time.perf_counter() - t:.2f}s",
+            file=sys.stderr,
+        )
     rows = [
-        (r["graph"], "x".join(map(str, r["bucket"])), model.batch_size, f"{r['seconds']:.2f}",
-         "hit" if r["hit"] else "miss", f"{r['bytes'] / 1024:.0f} KB")
+        (
+            r["graph"],
+            "x".join(map(str, r["bucket"])),
+            model.batch_size,
+            f"{r['seconds']:.2f}",
+            "hit" if r["hit"] else "miss",
+            f"{r['bytes'] / 1024:.0f} KB",
+        )
         for r in model.compile_report
     ]
     print(_table(rows, ("graph", "bucket", "batch", "compile s", "cache", "size")))
     total = sum(r["seconds"] for r in model.compile_report)
     hits = sum(r["hit"] for r in model.compile_report)
     where = model.compile_cache.dir or "memory only"
-    print(f"total: {len(rows)} graphs ({hits} from cache) in {total:.2f}s; weights loaded in {t_load:.2f}s; "
-          f"cache: {where}")
+    print(
+        f"total: {len(rows)} graphs ({hits} from cache) in {total:.2f}s; weights loaded in {t_load:.2f}s; "
+        f"cache: {where}"
+    )
     return 0
 
 
@@ -124,8 +145,10 @@ def cmd_sample(args) -> int:
     dt = time.perf_counter() - t0
     for row in out:
         print(",".join(map(str, row.tolist())))
-    print(f"{out.shape[0]} x {out.shape[1] - ids.shape[1]} new tokens in {dt:.2f}s (incl. any compile)",
-          file=sys.stderr)
+    print(
+        f"{out.shape[0]} x {out.shape[1] - ids.shape[1]} new tokens in {dt:.2f}s (incl. any compile)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -137,11 +160,17 @@ def cmd_demo(args) -> int:
     print(f"checkpoint: {path} (tiny random-init GPT-2, made by aotlm)")
     t0 = time.perf_counter()
     model = AutoModelForSampling.from_pretrained(
-        path, batch_size=2, n_positions=[64, 128], context_length_estimate=[16, 32], compile_cache=args.cache_dir
+        path,
+        batch_size=2,
+        n_positions=[64, 128],
+        context_length_estimate=[16, 32],
+        compile_cache=args.cache_dir,
     )
+    t_load, t0 = time.perf_counter() - t0, time.perf_counter()
     model.compile()
     hits = sum(r["hit"] for r in model.compile_report)
-    print(f"compiled {len(model.compile_report)} graphs ({hits} from the cache) in {time.perf_counter() - t0:.2f}s")
+    n, dt = len(model.compile_report), time.perf_counter() - t0
+    print(f"weights loaded in {t_load:.2f}s; {n} graphs ready in {dt:.2f}s ({hits} from the cache)")
     prompts = np.asarray([[5, 17, 42, 99, 7, 3, 250, 11], [1, 2, 3, 4, 5, 6, 7, 8]])
     t0 = time.perf_counter()
     out = model.sample(prompts, max_new_tokens=48)
@@ -172,12 +201,22 @@ def cmd_cache(args) -> int:
             f = e.get("fields", {})
             arch = f.get("model", {}).get("arch", "")
             mt = arch.split("model_type='")[1].split("'")[0] if "model_type='" in arch else "?"
-            rows.append((e["key"][:12], mt, " ".join(map(str, f.get("graph", []))),
-                         f.get("model", {}).get("batch_size", "?"), f.get("model", {}).get("amp", "?"),
-                         f.get("model", {}).get("tp_degree", "?"), f"{e.get('bytes', 0) / 1024:.0f} KB",
-                         time.strftime("%Y-%m-%d %H:%M", time.localtime(e["last_used"]))))
+            rows.append(
+                (
+                    e["key"][:12],
+                    mt,
+                    " ".join(map(str, f.get("graph", []))),
+                    f.get("model", {}).get("batch_size", "?"),
+                    f.get("model", {}).get("amp", "?"),
+                    f.get("model", {}).get("tp_degree", "?"),
+                    f"{e.get('bytes', 0) / 1024:.0f} KB",
+                    time.strftime("%Y-%m-%d %H:%M", time.localtime(e["last_used"])),
+                )
+            )
         print(_table(rows, ("key", "model", "graph", "batch", "amp", "tp", "size", "last used")))
-        print(f"{len(entries)} entries, {sum(e.get('bytes', 0) for e in entries) / 2**20:.1f} MB in {cache.dir}")
+        print(
+            f"{len(entries)} entries, {sum(e.get('bytes', 0) for e in entries) / 2**20:.1f} MB in {cache.dir}"
+        )
     elif args.action == "verify":
         bad = cache.verify()
         for key, why in bad:
@@ -203,7 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile every bucket graph into the compile cache")
     _add_model_args(p)
     p.add_argument("--dry-run", action="store_true", help="print graphs and memory plan, compile nothing")
-    p.add_argument("--device-memory-gb", type=float, default=None, help="fail if weights + KV cache do not fit")
+    p.add_argument(
+        "--device-memory-gb", type=float, default=None, help="fail if weights + KV cache do not fit"
+    )
     p.set_defaults(fn=cmd_compile)
     p = sub.add_parser("sample", help="greedy generation from comma-separated token ids")
     _add_model_args(p)
@@ -214,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cache", help="inspect or maintain the compile cache")
     p.add_argument("action", choices=["list", "verify", "clear"])
     p.add_argument("--cache-dir", default=None)
-    p.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="clear: only entries unused this long")
+    p.add_argument(
+        "--older-than", type=float, default=None, metavar="DAYS", help="clear: only entries unused this long"
+    )
     p.set_defaults(fn=cmd_cache)
     return ap
 

@@ -50,7 +50,11 @@ def environment_fields(mesh) -> dict:
         "device_kind": devs[0].device_kind,
         "device_count": jax.device_count(),
         "process_count": jax.process_count(),
-        "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.devices.shape), "ids": [d.id for d in devs]},
+        "mesh": {
+            "axes": list(mesh.axis_names),
+            "shape": list(mesh.devices.shape),
+            "ids": [d.id for d in devs],
+        },
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
 
@@ -186,7 +190,9 @@ class CompileCache:
         return size
 
     def _discard(self, digest: str, why: str) -> None:
-        warnings.warn(f"compile cache entry {self.dir / digest}: {why}; recompiling", CacheWarning, stacklevel=4)
+        warnings.warn(
+            f"compile cache entry {self.dir / digest}: {why}; recompiling", CacheWarning, stacklevel=4
+        )
         self._remove(digest)
 
     def _remove(self, digest: str) -> None:

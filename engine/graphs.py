@@ -28,7 +28,9 @@ def prefill(cfg, width: int, select, params, cache, tokens, positions, start, la
     Returns the float32 logits of chunk position ``last`` (the last real prompt token),
     the token the selector picks from them, and the updated cache.
     """
-    h, cache = decoder.forward(cfg, params, cache, tokens, positions, start, width)
+    # a (C, C) graph always starts at slot 0 (see buckets.prefill_plan): no earlier slots to read
+    old_width = 0 if width == tokens.shape[1] else width
+    h, cache = decoder.forward(cfg, params, cache, tokens, positions, start, old_width)
     h_last = lax.dynamic_index_in_dim(h, last, axis=1, keepdims=False)
     lg = decoder.logits(cfg, params, h_last)
     return lg, select(lg, None), cache

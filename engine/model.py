@@ -18,9 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engine import artifacts
+from engine import artifacts, graphs, inputs, sharding
 from engine import buckets as bk
-from engine import graphs, inputs, sharding
 from engine.checkpoint import WeightReader, load_hf_config
 from engine.compile_cache import CompileCache
 from engine.sampling import GREEDY
@@ -105,13 +104,11 @@ class CausalLMForSampling:
     def _cache_specs(self) -> dict:
         c = self.cfg
         sh = sharding.cache_sharding(self.mesh, self.gqa, self.tp_degree)
-        kv = jax.ShapeDtypeStruct(
-            (self.batch_size, self.n_positions, c.n_kv_heads * self._kv_rep, c.head_dim),
-            self.dtype,
-            sharding=sh["kv"],
-        )
-        pos = jax.ShapeDtypeStruct((self.batch_size, self.n_positions), jnp.int32, sharding=sh["pos"])
-        return {"k": [kv] * c.n_layers, "v": [kv] * c.n_layers, "pos": pos}
+        b, kh, s, dh = self.batch_size, c.n_kv_heads * self._kv_rep, self.n_positions, c.head_dim
+        k = jax.ShapeDtypeStruct((b, kh, s, dh), self.dtype, sharding=sh["kv"])
+        v = jax.ShapeDtypeStruct((b, kh, dh, s), self.dtype, sharding=sh["kv"])  # values: slots last
+        pos = jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=sh["pos"])
+        return {"k": [k] * c.n_layers, "v": [v] * c.n_layers, "pos": pos}
 
     def _alloc_cache(self) -> dict:
         """Allocate the static KV cache once, directly in its sharded layout."""

@@ -31,19 +31,34 @@ def make_tiny_gpt2(path: str | os.PathLike, seed: int = 0, **overrides) -> Path:
     for i in range(n_layer):
         h = f"transformer.h.{i}."
         t |= {
-            h + "ln_1.weight": 1 + w(d), h + "ln_1.bias": w(d),
-            h + "attn.c_attn.weight": w(d, 3 * d), h + "attn.c_attn.bias": w(3 * d),
-            h + "attn.c_proj.weight": w(d, d), h + "attn.c_proj.bias": w(d),
-            h + "ln_2.weight": 1 + w(d), h + "ln_2.bias": w(d),
-            h + "mlp.c_fc.weight": w(d, 4 * d), h + "mlp.c_fc.bias": w(4 * d),
-            h + "mlp.c_proj.weight": w(4 * d, d), h + "mlp.c_proj.bias": w(d),
+            h + "ln_1.weight": 1 + w(d),
+            h + "ln_1.bias": w(d),
+            h + "attn.c_attn.weight": w(d, 3 * d),
+            h + "attn.c_attn.bias": w(3 * d),
+            h + "attn.c_proj.weight": w(d, d),
+            h + "attn.c_proj.bias": w(d),
+            h + "ln_2.weight": 1 + w(d),
+            h + "ln_2.bias": w(d),
+            h + "mlp.c_fc.weight": w(d, 4 * d),
+            h + "mlp.c_fc.bias": w(4 * d),
+            h + "mlp.c_proj.weight": w(4 * d, d),
+            h + "mlp.c_proj.bias": w(d),
         }
     t |= {"transformer.ln_f.weight": 1 + w(d), "transformer.ln_f.bias": w(d)}
     config = {
-        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": v, "n_positions": p,
-        "n_embd": d, "n_layer": n_layer, "n_head": spec["n_head"], "n_inner": None,
-        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "bos_token_id": v - 1,
-        "eos_token_id": v - 1, "tie_word_embeddings": True,
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": v,
+        "n_positions": p,
+        "n_embd": d,
+        "n_layer": n_layer,
+        "n_head": spec["n_head"],
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "bos_token_id": v - 1,
+        "eos_token_id": v - 1,
+        "tie_word_embeddings": True,
     }
     tmp = path.with_name(path.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,21 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-_FAMILIES = ("gpt2", "llama")
+_FAMILIES = (
+    "gpt2",
+    "llama",
+    "mixtral",
+    "qwen",
+    "gemma",
+    "phi3",
+    "gptj",
+    "gpt_neox",
+    "opt",
+    "bloom",
+    "mpt",
+    "falcon",
+    "gpt_bigcode",
+)
 
 
 def _registry() -> dict[str, ModuleType]:

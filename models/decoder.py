@@ -55,9 +55,14 @@ class ArchConfig:
     embed_scale: float = 1.0
     tie_embeddings: bool = True
     sliding_window: int | None = None
+    # per-layer sliding windows (None = global layer), e.g. Gemma2 local/global alternation or
+    # Qwen2 max_window_layers; empty = every layer uses ``sliding_window``. A tuple (not a
+    # traced array) because each window is baked into that layer's mask in the compiled graph.
+    layer_windows: tuple[int | None, ...] = ()
     attn_softcap: float | None = None
     logit_softcap: float | None = None
     qk_norm: bool = False
+    clip_qkv: float | None = None  # clamp q/k/v projections to [-c, c] (MPT attn_config.clip_qkv)
     n_experts: int = 0
     experts_per_token: int = 0
     alibi: tuple[float, ...] = ()
@@ -67,6 +72,10 @@ class ArchConfig:
     def scale(self) -> float:
         return self.attn_scale if self.attn_scale is not None else self.head_dim**-0.5
 
+    def window(self, layer: int) -> int | None:
+        """Sliding window of ``layer`` (static: it shapes the layer's attention mask)."""
+        return self.layer_windows[layer] if self.layer_windows else self.sliding_window
+
 
 def embed(cfg: ArchConfig, params, tokens, positions):
     x = jnp.take(params["embed"], tokens, axis=0)
@@ -74,6 +83,8 @@ def embed(cfg: ArchConfig, params, tokens, positions):
         x = x * jnp.asarray(cfg.embed_scale, x.dtype)
     if "proj_in" in params:  # OPT-350m: word_embed_proj_dim != hidden_size
         x = L.dense(x, params["proj_in"])
+    if "embed_norm_scale" in params:  # BLOOM: word_embeddings_layernorm
+        x = L.norm(cfg.norm, x, params, "embed_norm", cfg.norm_eps, cfg.norm_offset)
     if cfg.position == "learned":
         pos = jnp.clip(positions, 0, cfg.max_positions - 1) + cfg.learned_pos_offset
         x = x + jnp.take(params["pos_embed"], pos, axis=0).astype(x.dtype)
@@ -85,6 +96,8 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
     q = L.dense(x, p["wq"], p.get("bq"))  # [B,T,H,Dh]
     k = L.dense(x, p["wk"], p.get("bk"))  # [B,T,K,Dh]
     v = L.dense(x, p["wv"], p.get("bv"))
+    if cfg.clip_qkv is not None:  # MPT / DBRX attn_config.clip_qkv (elementwise, so per q/k/v)
+        q, k, v = (jnp.clip(y, -cfg.clip_qkv, cfg.clip_qkv) for y in (q, k, v))
     if cfg.qk_norm:
         q = L.rms_norm(q, p["q_norm_scale"], cfg.norm_eps, cfg.norm_offset)
         k = L.rms_norm(k, p["k_norm_scale"], cfg.norm_eps, cfg.norm_offset)
@@ -92,11 +105,13 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
         q = L.apply_rotary(q, positions, cfg.inv_freq, cfg.rope_interleaved)
         k = L.apply_rotary(k, positions, cfg.inv_freq, cfg.rope_interleaved)
     ck, cv = kv
-    ck = L.update_cache(ck, k, write_idx)
-    cv = L.update_cache(cv, v, write_idx)
-    width = mask.shape[-1]
-    o = L.attend(q, ck[:, :width], cv[:, :width], mask, cfg.scale, alibi_bias, cfg.attn_softcap)
-    return L.dense_in(o, p["wo"], p.get("bo")), (ck, cv)
+    (m_old, m_new), (b_old, b_new) = mask, alibi_bias or (None, None)
+    segments = [(jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1)), m_new, b_new)]
+    if m_old is not None:
+        width = m_old.shape[-1]
+        segments.insert(0, (ck[:, :, :width], cv[..., :width], m_old, b_old))
+    o = L.attend(q, segments, cfg.scale, cfg.attn_softcap)
+    return L.dense_in(o, p["wo"], p.get("bo")), L.update_cache(ck, cv, k, v, write_idx)
 
 
 def feed_forward(cfg: ArchConfig, p, x):
@@ -115,11 +130,16 @@ def layer(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi_bias):
         return n(x + feed_forward(cfg, p, x), "ln2"), kv
     h = n(x, "ln1")
     a, kv = attention_block(cfg, p, h, positions, kv, write_idx, mask, alibi_bias)
+    if "ln1_post_scale" in p:  # Gemma2: norm on the attention output before the residual add
+        a = n(a, "ln1_post")
     if cfg.parallel_residual:
         m_in = h if cfg.shared_input_norm else n(x, "ln2")
         return x + a + feed_forward(cfg, p, m_in), kv
     x = x + a
-    return x + feed_forward(cfg, p, n(x, "ln2")), kv
+    m = feed_forward(cfg, p, n(x, "ln2"))
+    if "ln2_post_scale" in p:  # Gemma2: norm on the MLP output before the residual add
+        m = n(m, "ln2_post")
+    return x + m, kv
 
 
 def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width: int):
@@ -127,21 +147,24 @@ def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width:
 
     ``positions [B,T]`` are the tokens' model positions (``-1`` marks padding, whose
     slot stays invisible to every query). ``width`` (static) is how many cache slots the
-    queries attend to. Returns final-normed hidden states ``[B,T,D]`` and the new cache.
+    queries attend to besides their own tokens (0: none, for a prompt starting at slot 0).
+    Returns final-normed hidden states ``[B,T,D]`` and the new cache.
     """
-    t = tokens.shape[1]
-    kv_pos = jax.lax.dynamic_update_slice(cache["pos"], positions.astype(jnp.int32), (0, write_idx))
+    positions = positions.astype(jnp.int32)
+    kv_pos = jax.lax.dynamic_update_slice(cache["pos"], positions, (0, write_idx))
     pos = jnp.maximum(positions, 0)
-    mask = L.attention_mask(kv_pos, write_idx, t, width, cfg.sliding_window)
+    windows = {cfg.window(i) for i in range(cfg.n_layers)}  # one mask per distinct window
+    masks = {w: L.attention_mask(cache["pos"], positions, write_idx, width, w) for w in windows}
     bias = None
-    if cfg.position == "alibi":
-        slopes = jnp.asarray(cfg.alibi, jnp.float32)
-        key_pos = jnp.maximum(kv_pos[:, :width], 0).astype(jnp.float32)
-        bias = slopes[None, :, None, None] * key_pos[:, None, None, :]  # [B,H,1,W]
+    if cfg.position == "alibi":  # slope * key position, per segment: [B,H,1,W] and [B,H,1,T]
+        slopes = jnp.asarray(cfg.alibi, jnp.float32)[None, :, None, None]
+        key_bias = lambda kp: slopes * jnp.maximum(kp, 0).astype(jnp.float32)[:, None, None, :]
+        bias = (key_bias(cache["pos"][:, :width]) if width else None, key_bias(positions))
     x = embed(cfg, params, tokens, pos)
     new_k, new_v = [], []
     for i, p in enumerate(params["layers"]):
-        x, (ck, cv) = layer(cfg, p, x, pos, (cache["k"][i], cache["v"][i]), write_idx, mask, bias)
+        kv = (cache["k"][i], cache["v"][i])
+        x, (ck, cv) = layer(cfg, p, x, pos, kv, write_idx, masks[cfg.window(i)], bias)
         new_k.append(ck)
         new_v.append(cv)
     if "final_norm_scale" in params:
@@ -156,7 +179,10 @@ def logits(cfg: ArchConfig, params, h):
     if "lm_head" in params:
         out = jnp.dot(h, params["lm_head"], preferred_element_type=jnp.float32)
     else:
-        out = jnp.dot(h, params["embed"].T, preferred_element_type=jnp.float32)
+        # contract with the embedding's own D axis: `embed.T` made XLA copy the whole table per step
+        out = jax.lax.dot_general(
+            h, params["embed"], (((h.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
     if "lm_head_bias" in params:
         out = out + params["lm_head_bias"].astype(jnp.float32)
     out = out[..., : cfg.vocab_size]

@@ -118,43 +118,74 @@ def alibi_slopes(n_heads: int) -> tuple[float, ...]:
 
 
 # --------------------------------------------------------------------------- attention
-def update_cache(cache_layer, new, write_idx):
-    """Write ``new [B,T,K,Dh]`` into ``cache_layer [B,S,K,Dh]`` at slot ``write_idx``."""
-    return lax.dynamic_update_slice(cache_layer, new.astype(cache_layer.dtype), (0, write_idx, 0, 0))
+def update_cache(cache_k, cache_v, k, v, write_idx):
+    """Write ``k, v [B,T,K,Dh]`` at slot ``write_idx`` of ``cache_k [B,K,S,Dh]``, ``cache_v [B,K,Dh,S]``.
 
-
-def attention_mask(kv_pos, write_idx, n_query: int, width: int, sliding_window: int | None):
-    """``[B,T,W]`` bool: query ``t`` (cache slot ``write_idx+t``) may see key slot ``j``.
-
-    A key is visible when its slot holds a real token (``kv_pos >= 0``), it is not in the
-    query's future, and (with a sliding window) it is within the window, counted in slots
-    as transformers does.
+    These are the operand layouts XLA's CPU dot wants (contracting dim last: ``Dh`` for
+    ``q.k``, slots for ``p.v``); any other layout made XLA transpose-copy the whole cache in
+    every layer of every decode step.
     """
-    q_slot = write_idx + jnp.arange(n_query, dtype=jnp.int32)[:, None]
-    k_slot = jnp.arange(width, dtype=jnp.int32)[None, :]
-    ok = k_slot <= q_slot
+    k = jnp.swapaxes(k, 1, 2).astype(cache_k.dtype)
+    v = jnp.transpose(v, (0, 2, 3, 1)).astype(cache_v.dtype)
+    return (
+        lax.dynamic_update_slice(cache_k, k, (0, 0, write_idx, 0)),
+        lax.dynamic_update_slice(cache_v, v, (0, 0, 0, write_idx)),
+    )
+
+
+def attention_mask(kv_pos, positions, write_idx, width: int, sliding_window: int | None):
+    """Visibility masks of the two key segments a call attends to.
+
+    Returns ``(old [B,T,W] | None, new [B,T,T])``: ``old`` covers the cache slots
+    ``0..width-1`` written by earlier calls (only slots ``< write_idx`` holding a real token,
+    ``kv_pos >= 0``), ``new`` the call's own tokens (causal, padding ``positions < 0``
+    hidden). With a sliding window, keys more than ``window - 1`` slots behind the query are
+    hidden, counted in slots as transformers does. ``width == 0`` means no old segment.
+    """
+    t = positions.shape[1]
+    q_slot = write_idx + jnp.arange(t, dtype=jnp.int32)[:, None]
+    q_idx = jnp.arange(t, dtype=jnp.int32)
+    new = q_idx[None, :] <= q_idx[:, None]
     if sliding_window is not None:
-        ok &= k_slot > q_slot - sliding_window
-    return ok[None] & (kv_pos[:, None, :width] >= 0)
+        new &= q_idx[None, :] > q_idx[:, None] - sliding_window
+    new = new[None] & (positions[:, None, :] >= 0)
+    if width == 0:
+        return None, new
+    k_slot = jnp.arange(width, dtype=jnp.int32)[None, :]
+    old = k_slot < write_idx
+    if sliding_window is not None:
+        old &= k_slot > q_slot - sliding_window
+    return old[None] & (kv_pos[:, None, :width] >= 0), new
 
 
-def attend(q, keys, values, mask, scale: float, bias=None, softcap: float | None = None):
-    """Grouped-query attention of ``q [B,T,H,Dh]`` over ``keys/values [B,W,K,Dh]``.
+def attend(q, segments, scale: float, softcap: float | None = None):
+    """Grouped-query attention of ``q [B,T,H,Dh]`` over key/value segments, one softmax.
 
-    ``bias`` (ALiBi) is ``[B,H,T,W]``-broadcastable. Scores and softmax run in float32.
+    Each segment is ``(keys [B,K,W,Dh], values [B,K,Dh,W], mask [B,T,W], bias | None)``
+    with ``bias`` (ALiBi) ``[B,H,1|T,W]``. Attending to the old cache and to the call's
+    own new keys as two segments means the cache is only written, never read back, in the
+    same step, so XLA updates it in place (reading the updated cache made it copy the
+    cache every step). Scores and softmax run in float32.
     """
     b, t, h, dh = q.shape
-    k_heads = keys.shape[2]
+    k_heads = segments[0][0].shape[1]
     g = h // k_heads
     qg = q.reshape(b, t, k_heads, g, dh)
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, keys, preferred_element_type=jnp.float32) * scale
-    if softcap is not None:
-        s = jnp.tanh(s / softcap) * softcap
-    if bias is not None:
-        s = s + bias.reshape(b, k_heads, g, t, -1)
-    s = jnp.where(mask[:, None, None], s, NEG_INF)
-    p = jax.nn.softmax(s, axis=-1).astype(values.dtype)
-    o = jnp.einsum("bkgts,bskd->btkgd", p, values, preferred_element_type=jnp.float32)
+    scores = []
+    for keys, _, mask, bias in segments:
+        s = jnp.einsum("btkgd,bksd->bkgts", qg, keys, preferred_element_type=jnp.float32) * scale
+        if softcap is not None:
+            s = jnp.tanh(s / softcap) * softcap
+        if bias is not None:
+            s = s + bias.reshape(b, k_heads, g, bias.shape[-2], bias.shape[-1])
+        scores.append(jnp.where(mask[:, None, None], s, NEG_INF))
+    p = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
+    o, start = 0.0, 0
+    for (_, values, _, _), s in zip(segments, scores, strict=True):
+        w = s.shape[-1]
+        pw = p[..., start : start + w].astype(values.dtype)
+        o = o + jnp.einsum("bkgts,bkds->btkgd", pw, values, preferred_element_type=jnp.float32)
+        start += w
     return o.reshape(b, t, h, dh).astype(q.dtype)
 
 

@@ -1,5 +1,8 @@
-"""Llama family (also Mistral / Qwen2-style configs): RMSNorm, rotary positions (incl. llama3
-``rope_scaling``), grouped-query attention, SwiGLU MLP."""
+"""Llama family (also Mistral: Llama + a sliding window on every layer): RMSNorm, rotary
+positions (incl. llama3 ``rope_scaling``), grouped-query attention, SwiGLU MLP.
+
+Other llama-like families (Mixtral, Qwen2/3, Gemma, Phi-3) call ``arch_config(hf, **overrides)``
+and filter / extend ``weight_rows``."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from models.decoder import ArchConfig
 from models.layers import rope_inv_freq
 from models.weights import bias_heads, heads_in, heads_out, linear_t, row
 
-MODEL_TYPES = ("llama",)
+MODEL_TYPES = ("llama", "mistral")
 PREFIXES = ("model.", "")
 
 
@@ -17,6 +20,25 @@ def rope_params(hf) -> tuple[float, dict | None]:
     theta = rp.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
     scaling = rp if rp.get("rope_type", "default") != "default" else getattr(hf, "rope_scaling", None)
     return float(theta), scaling
+
+
+def sliding_windows(hf, per_layer: bool = False) -> dict:
+    """``sliding_window`` / ``layer_windows`` ArchConfig fields for ``hf``.
+
+    ``per_layer``: honour ``hf.layer_types`` (Qwen2/3, Gemma2); Mistral, Mixtral and Phi-3
+    apply ``hf.sliding_window`` to every layer and ignore ``layer_types``.
+    """
+    sw = getattr(hf, "sliding_window", None)
+    types = getattr(hf, "layer_types", None) if per_layer else None
+    if sw is None or not types:
+        return {"sliding_window": sw}
+    unknown = set(types) - {"sliding_attention", "full_attention"}
+    if unknown:
+        raise ValueError(f"layer_types {sorted(unknown)} are not supported (sliding / full attention only)")
+    windows = tuple(int(sw) if t == "sliding_attention" else None for t in types)
+    if len(set(windows)) == 1:  # uniform: a single window (or none) for every layer
+        return {"sliding_window": windows[0]}
+    return {"sliding_window": int(sw), "layer_windows": windows}
 
 
 def arch_config(hf, **overrides) -> ArchConfig:
@@ -36,11 +58,12 @@ def arch_config(hf, **overrides) -> ArchConfig:
         max_positions=hf.max_position_embeddings,
         norm="rmsnorm",
         norm_eps=hf.rms_norm_eps,
-        act=hf.hidden_act,
+        act=getattr(hf, "hidden_act", None) or getattr(hf, "hidden_activation", None),  # Gemma2: the latter
         gated_mlp=True,
         position="rope",
         inv_freq=rope_inv_freq(rot, theta, scaling),
         tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        **sliding_windows(hf),
     )
     kw.update(overrides)
     return ArchConfig(**kw)

@@ -63,11 +63,14 @@ class Row:
     hf: str
     fn: Callable[[np.ndarray], np.ndarray | tuple[np.ndarray, ...]] = lambda a: a
     optional: bool = False
+    more: tuple[str, ...] = ()  # further HF tensors, passed as ``fn(hf, *more)`` (MoE expert stacks)
 
 
-def row(target: Path | Sequence[Path], hf: str, fn=None, optional: bool = False) -> Row:
+def row(
+    target: Path | Sequence[Path], hf: str, fn=None, optional: bool = False, more: Sequence[str] = ()
+) -> Row:
     targets = tuple(target) if isinstance(target[0], tuple) else (tuple(target),)
-    return Row(targets, hf, fn if fn is not None else (lambda a: a), optional)
+    return Row(targets, hf, fn if fn is not None else (lambda a: a), optional, tuple(more))
 
 
 # ---- common layout transforms (HF stores torch Linear weights as [out, in])
@@ -89,6 +92,29 @@ def bias_heads(n_heads: int, head_dim: int):
     return lambda a: a.reshape(n_heads, head_dim)
 
 
+def split_qkv(n_heads: int, n_kv_heads: int, head_dim: int, grouped: bool):
+    """A fused q/k/v ``Linear`` weight ``[out, D]`` (or bias ``[out]``) -> ``(q, k, v)`` in aotlm layout.
+
+    ``grouped``: ``out`` is ``[K, H/K + 2, Dh]``, each kv head's query heads then its k and v
+    (GPT-NeoX, BLOOM, SantaCoder MHA, Falcon: with ``K == H`` this is per-head ``q, k, v``).
+    Otherwise ``out`` is ``[q heads | k heads | v heads]`` (MPT, Falcon-7B / SantaCoder MQA).
+    """
+    g = n_heads // n_kv_heads
+
+    def fn(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        w = a if a.ndim == 1 else a.T  # [..., out]
+        lead = w.shape[:-1]
+        if grouped:
+            w = w.reshape(*lead, n_kv_heads, g + 2, head_dim)
+            q, k, v = w[..., :g, :].reshape(*lead, n_heads, head_dim), w[..., g, :], w[..., g + 1, :]
+        else:
+            q, k, v = np.split(w, [n_heads * head_dim, (n_heads + n_kv_heads) * head_dim], axis=-1)
+            q, k, v = (x.reshape(*lead, -1, head_dim) for x in (q, k, v))
+        return tuple(np.ascontiguousarray(x) for x in (q, k, v))
+
+    return fn
+
+
 def _resolve(reader: WeightReader, name: str, prefixes: Sequence[str]) -> str | None:
     for pre in prefixes:
         if pre + name in reader:
@@ -107,14 +133,16 @@ def load_params(
     params: dict = {}
     for r in rows:
         name = _resolve(reader, r.hf, prefixes)
-        if name is None:
+        extra = [_resolve(reader, m, prefixes) for m in r.more]
+        if name is None or None in extra:
             if r.optional:
                 continue
+            missing = r.hf if name is None else r.more[extra.index(None)]
             raise CheckpointError(
-                f"tensor {r.hf!r} (tried prefixes {list(prefixes)}) is missing from the checkpoint "
+                f"tensor {missing!r} (tried prefixes {list(prefixes)}) is missing from the checkpoint "
                 f"in {reader.path}; the checkpoint is incomplete or not of this architecture"
             )
-        out = r.fn(reader.get(name))
+        out = r.fn(reader.get(name), *(reader.get(m) for m in extra))
         outs = out if isinstance(out, tuple) else (out,)
         if len(outs) != len(r.targets):
             raise ValueError(f"row for {r.hf} produced {len(outs)} arrays for {len(r.targets)} targets")

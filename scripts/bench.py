@@ -44,8 +44,13 @@ def bench_aotlm(path, b, args, ids):
 
     t0 = time.perf_counter()
     model = AutoModelForSampling.from_pretrained(
-        path, batch_size=b, n_positions=args.prompt + args.new, context_length_estimate=args.prompt,
-        amp=args.amp, tp_degree=args.tp, compile_cache=False,
+        path,
+        batch_size=b,
+        n_positions=args.prompt + args.new,
+        context_length_estimate=args.prompt,
+        amp=args.amp,
+        tp_degree=args.tp,
+        compile_cache=False,
     )
     t_load = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -66,8 +71,9 @@ def bench_hf(path, b, args, ids):
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     x = torch.tensor(ids)
     mask = torch.ones_like(x)
-    kw = dict(max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False, attention_mask=mask,
-              pad_token_id=0)
+    kw = dict(
+        max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False, attention_mask=mask, pad_token_id=0
+    )
     with torch.inference_mode():
         model.generate(x, **kw)  # warm-up
         prefill = timed(lambda: model(x, attention_mask=mask), args.runs)
@@ -89,8 +95,11 @@ def main() -> int:
     path = args.checkpoint or make_tiny_gpt2(
         "/tmp/aotlm-bench/gpt2-small", vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12
     )
-    print(f"checkpoint {path}; prompt {args.prompt}, {args.new} new tokens, {args.amp}, tp={args.tp}, "
-          f"median of {args.runs}", flush=True)
+    print(
+        f"checkpoint {path}; prompt {args.prompt}, {args.new} new tokens, {args.amp}, tp={args.tp}, "
+        f"median of {args.runs}",
+        flush=True,
+    )
     rows = []
     rng = np.random.default_rng(0)
     for b in args.batch:
@@ -102,8 +111,13 @@ def main() -> int:
             h_pre, h_tot, h_out = bench_hf(path, b, args, ids)
             h_dec = b * (args.new - 1) / (h_tot - h_pre)
             same = float((a_out == h_out).all(axis=1).mean()) if a_out.shape == h_out.shape else 0.0
-            row |= {"hf prefill ms": h_pre * 1e3, "hf decode tok/s": h_dec,
-                    "decode ratio": a_dec / h_dec, "prefill ratio": h_pre / a_pre, "rows equal": same}
+            row |= {
+                "hf prefill ms": h_pre * 1e3,
+                "hf decode tok/s": h_dec,
+                "decode ratio": a_dec / h_dec,
+                "prefill ratio": h_pre / a_pre,
+                "rows equal": same,
+            }
         rows.append(row)
         print(row, file=sys.stderr, flush=True)
     cols = list(rows[0])

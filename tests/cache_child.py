@@ -29,8 +29,12 @@ cache = False if a.cache_dir == "none" else a.cache_dir
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     model = AutoModelForSampling.from_pretrained(
-        a.checkpoint, batch_size=2, n_positions=[int(x) for x in a.n_positions.split(",")],
-        context_length_estimate=[16], amp=a.amp, compile_cache=cache,
+        a.checkpoint,
+        batch_size=2,
+        n_positions=[int(x) for x in a.n_positions.split(",")],
+        context_length_estimate=[16],
+        amp=a.amp,
+        compile_cache=cache,
     )
     with count_compiles() as c:
         if a.load:
@@ -40,10 +44,14 @@ with warnings.catch_warnings(record=True) as caught:
         tokens = model.sample(ids, max_new_tokens=30)
     if a.save:
         model.save(a.save)
-print(json.dumps({
-    "counts": c,
-    "tokens": tokens.tolist(),
-    "hits": [r["hit"] for r in model.compile_report],
-    "graphs": [[r["graph"], *r["bucket"]] for r in model.compile_report],
-    "warnings": [str(w.message) for w in caught],
-}))
+print(
+    json.dumps(
+        {
+            "counts": c,
+            "tokens": tokens.tolist(),
+            "hits": [r["hit"] for r in model.compile_report],
+            "graphs": [[r["graph"], *r["bucket"]] for r in model.compile_report],
+            "warnings": [str(w.message) for w in caught],
+        }
+    )
+)

@@ -59,8 +59,13 @@ def hf_generate(model, ids: np.ndarray, new: int, mask: np.ndarray | None = None
     kw = {"attention_mask": torch.tensor(mask)}
     with torch.no_grad():
         out = model.generate(
-            torch.tensor(ids), max_new_tokens=new, min_new_tokens=None, do_sample=False,
-            eos_token_id=eos, pad_token_id=pad, **kw,
+            torch.tensor(ids),
+            max_new_tokens=new,
+            min_new_tokens=None,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            **kw,
         )
     return out.numpy()
 
@@ -102,8 +107,14 @@ def check_conformance(
     eos = ref.config.eos_token_id
     eos = eos if isinstance(eos, int) and eos < vocab else None
     model = AutoModelForSampling.from_pretrained(
-        path, batch_size=3, n_positions=list(n_positions), context_length_estimate=list(ctx),
-        amp=amp, tp_degree=tp_degree, compile_cache=False, **load_kw,
+        path,
+        batch_size=3,
+        n_positions=list(n_positions),
+        context_length_estimate=list(ctx),
+        amp=amp,
+        tp_degree=tp_degree,
+        compile_cache=False,
+        **load_kw,
     )
     ids = rng.integers(0, vocab, (1, 12))
     got = model.forward(ids)

@@ -26,7 +26,12 @@ def llama_path(ckpt_dir):
     import transformers
 
     cfg = transformers.LlamaConfig(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-        num_hidden_layers=2, vocab_size=101, max_position_embeddings=256,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        vocab_size=101,
+        max_position_embeddings=256,
     )
     return make_checkpoint(ckpt_dir / "llama", cfg)

@@ -15,8 +15,9 @@ CHILD = str(Path(__file__).parent / "cache_child.py")
 
 def run_child(*args, check=True):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    p = subprocess.run([sys.executable, CHILD, *map(str, args)], capture_output=True, text=True, env=env,
-                       timeout=600)
+    p = subprocess.run(
+        [sys.executable, CHILD, *map(str, args)], capture_output=True, text=True, env=env, timeout=600
+    )
     if not check:
         return p
     if p.returncode != 0:
@@ -94,7 +95,10 @@ def test_save_move_load_compiles_nothing(llama_path, tmp_path):
     assert r["counts"] == NO_WORK and r["tokens"] == first["tokens"]
     bad = run_child(llama_path, "none", "--load", moved, "--amp", "bf16", check=False)
     assert bad.returncode != 0
-    assert "built for another configuration" in bad.stderr and "amp: saved 'f32', this model 'bf16'" in bad.stderr
+    assert (
+        "built for another configuration" in bad.stderr
+        and "amp: saved 'f32', this model 'bf16'" in bad.stderr
+    )
 
 
 def test_unwritable_cache_dir_falls_back_to_memory(llama_path, tmp_path):

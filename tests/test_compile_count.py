@@ -9,13 +9,22 @@ from engine import AutoModelForSampling
 def test_each_graph_compiles_once_and_sample_compiles_nothing(llama_path):
     with count_compiles() as load:
         model = AutoModelForSampling.from_pretrained(
-            llama_path, batch_size=2, n_positions=[32, 64], context_length_estimate=[8, 16],
+            llama_path,
+            batch_size=2,
+            n_positions=[32, 64],
+            context_length_estimate=[8, 16],
             compile_cache=False,
         )
     assert load["backend"] == 0, "loading weights and allocating the KV cache must not compile"
     keys = model.graph_keys()
-    assert keys == [("prefill", 8, 8), ("prefill", 16, 16), ("prefill", 16, 32), ("prefill", 16, 64),
-                    ("decode", 32), ("decode", 64)]
+    assert keys == [
+        ("prefill", 8, 8),
+        ("prefill", 16, 16),
+        ("prefill", 16, 32),
+        ("prefill", 16, 64),
+        ("decode", 32),
+        ("decode", 64),
+    ]
     with count_compiles() as c:
         model.compile()
     assert c["backend"] == len(keys)

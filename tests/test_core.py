@@ -25,10 +25,19 @@ def test_llama_gqa_conformance(llama_path):
 
 def test_llama3_rope_scaling_conformance(ckpt_dir):
     cfg = transformers.LlamaConfig(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-        num_hidden_layers=2, vocab_size=101, max_position_embeddings=256, rope_theta=500000.0,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        vocab_size=101,
+        max_position_embeddings=256,
+        rope_theta=500000.0,
         rope_scaling={
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
             "original_max_position_embeddings": 32,
         },
     )
@@ -83,7 +92,7 @@ def test_eos_stops_rows_and_pads_like_transformers(gpt2_path):
     out = model.sample(ids, max_new_tokens=20, attention_mask=mask, eos_token_id=eos, pad_token_id=0)
     exp = hf_generate(ref, ids, 20, mask=mask, eos=eos, pad=0)
     np.testing.assert_array_equal(out, exp)
-    row0 = out[0, ids.shape[1]:]
+    row0 = out[0, ids.shape[1] :]
     first = int(np.argmax(row0 == eos))
     assert (row0[first + 1 :] == 0).all()
 
