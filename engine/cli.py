@@ -42,9 +42,16 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--cache-dir", default=None, help="compile cache dir (default $AOTLM_CACHE_DIR or ./compile_cache)"
     )
     p.add_argument("--config", default=None, help="JSON file with any of the options above (flags win)")
+    p.add_argument("--coordinator", default=None, help="multi-host: host:port of process 0")
+    p.add_argument("--num-processes", type=int, default=None, help="multi-host: process count")
+    p.add_argument("--process-id", type=int, default=None, help="multi-host: this process's rank")
 
 
 def _model_kwargs(args) -> dict:
+    from engine import distributed
+
+    # joins a multi-host run when flags or $AOTLM_* say so; a no-op for one process
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     keys = ("batch_size", "n_positions", "context_length_estimate", "tp_degree", "gqa", "amp")
     kw: dict = {}
     if args.config:
@@ -85,14 +92,10 @@ def cmd_compile(args) -> int:
 
     kw = _model_kwargs(args)
     if args.dry_run or args.device_memory_gb is not None:
-        from engine.memory import check_fits, plan_for_checkpoint
+        from engine.memory import check_fits, format_plan, plan_for_checkpoint
 
         plan = plan_for_checkpoint(args.checkpoint, **{k: v for k, v in kw.items() if k != "compile_cache"})
-        print(f"memory plan per device (tp={plan['tp_degree']}, gqa={plan['gqa']}, amp={plan['amp']}):")
-        print(
-            f"  weights {_gb(plan['weight_bytes_per_device'])}  kv cache {_gb(plan['kv_bytes_per_device'])}  "
-            f"total {_gb(plan['total_bytes_per_device'])}"
-        )
+        print(format_plan(plan))
         if args.device_memory_gb is not None:
             check_fits(plan, args.device_memory_gb)
         if args.dry_run:
@@ -269,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return args.fn(args)
-    except (ValueError, TypeError, CheckpointError) as e:
+    except (ValueError, TypeError, CheckpointError) as e:  # includes MemoryPlanError
         print(f"aotlm {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -154,3 +154,27 @@ def format_plan(plan: dict) -> str:
         f"{g(plan['total_bytes_per_device'])} (whole model: weights {g(plan['weights_bytes'])}, "
         f"KV cache {g(plan['kv_cache_bytes'])})"
     )
+
+
+def plan_for_checkpoint(
+    path,
+    batch_size: int = 1,
+    n_positions=128,
+    context_length_estimate=None,
+    tp_degree: int = 1,
+    gqa: str | None = None,
+    amp: str = "f32",
+) -> dict:
+    """The memory plan plus the list of graphs for a checkpoint, from its config.json only."""
+    from engine import buckets as bk
+    from engine.checkpoint import load_hf_config
+    from models import family_for
+
+    hf = load_hf_config(path)
+    cfg = family_for(hf.model_type).arch_config(hf)
+    tg = bk.token_buckets(n_positions)
+    ctx = bk.context_buckets(context_length_estimate, tg)
+    plan = memory_plan(cfg, batch_size, max(tg), amp, tp_degree, gqa)
+    plan["graphs"] = [("prefill", c, w) for c, w in bk.prefill_graph_shapes(ctx, tg)]
+    plan["graphs"] += [("decode", w) for w in tg]
+    return plan

@@ -70,3 +70,11 @@ def make_tiny_gpt2(path: str | os.PathLike, seed: int = 0, **overrides) -> Path:
         shutil.rmtree(path)
     os.replace(tmp, path)
     return path
+
+
+GPT2_SMALL = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+
+
+def make_gpt2_small(path: str | os.PathLike = "/tmp/aotlm-bench/gpt2-small") -> Path:
+    """A random-init GPT-2-small (124M) checkpoint for benchmarks (real size, random weights)."""
+    return make_tiny_gpt2(path, **GPT2_SMALL)

@@ -4,7 +4,8 @@
     python scripts/bench.py --batch 1 --runs 5 --amp bf16
     python scripts/bench.py --tp 2               # 2 forced CPU devices (set before jax import)
 
-Decode tokens/s = batch * (new - 1) / (generate time - prefill time), medians over runs.
+Decode tokens/s = batch * (new - 1) / (generate time - prefill time), medians over runs; aotlm
+and transformers calls are interleaved round-robin so machine noise hits both alike.
 The machine is shared and noisy: read the ratio column, not the absolute figures.
 """
 
@@ -30,16 +31,18 @@ def parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def timed(fn, runs: int) -> float:
-    times = []
+def interleaved(fns: dict, runs: int) -> dict:
+    """Median seconds of each callable, run round-robin so machine noise hits all alike."""
+    times: dict = {k: [] for k in fns}
     for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
-def bench_aotlm(path, b, args, ids):
+def load_aotlm(path, b, args):
     from engine import AutoModelForSampling
 
     t0 = time.perf_counter()
@@ -55,15 +58,10 @@ def bench_aotlm(path, b, args, ids):
     t_load = time.perf_counter() - t0
     t0 = time.perf_counter()
     model.compile()
-    t_compile = time.perf_counter() - t0
-    model.sample(ids, max_new_tokens=args.new)  # warm-up
-    prefill = timed(lambda: model.forward(ids), args.runs)
-    total = timed(lambda: model.sample(ids, max_new_tokens=args.new), args.runs)
-    out = model.sample(ids, max_new_tokens=args.new)
-    return prefill, total, {"load s": t_load, "compile s": t_compile}, out
+    return model, {"load s": t_load, "compile s": time.perf_counter() - t0}
 
 
-def bench_hf(path, b, args, ids):
+def hf_callables(path, args, ids):
     import torch
     import transformers
 
@@ -74,12 +72,44 @@ def bench_hf(path, b, args, ids):
     kw = dict(
         max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False, attention_mask=mask, pad_token_id=0
     )
-    with torch.inference_mode():
-        model.generate(x, **kw)  # warm-up
-        prefill = timed(lambda: model(x, attention_mask=mask), args.runs)
-        total = timed(lambda: model.generate(x, **kw), args.runs)
-        out = model.generate(x, **kw).numpy()
-    return prefill, total, out
+
+    def prefill():
+        with torch.inference_mode():
+            model(x, attention_mask=mask)
+
+    def generate():
+        with torch.inference_mode():
+            return model.generate(x, **kw).numpy()
+
+    return prefill, generate
+
+
+def bench_batch(path, b: int, args, ids) -> dict:
+    model, extra = load_aotlm(path, b, args)
+    fns = {
+        "a_pre": lambda: model.forward(ids),
+        "a_tot": lambda: model.sample(ids, max_new_tokens=args.new),
+    }
+    if not args.no_hf:
+        h_prefill, h_generate = hf_callables(path, args, ids)
+        fns |= {"h_pre": h_prefill, "h_tot": h_generate}
+    for fn in fns.values():  # warm-up
+        fn()
+    t = interleaved(fns, args.runs)
+    a_dec = b * (args.new - 1) / (t["a_tot"] - t["a_pre"])
+    row = {"batch": b, "aotlm prefill ms": t["a_pre"] * 1e3, "aotlm decode tok/s": a_dec, **extra}
+    if not args.no_hf:
+        h_dec = b * (args.new - 1) / (t["h_tot"] - t["h_pre"])
+        a_out, h_out = model.sample(ids, max_new_tokens=args.new), h_generate()
+        same = float((a_out == h_out).all(axis=1).mean()) if a_out.shape == h_out.shape else 0.0
+        row |= {
+            "hf prefill ms": t["h_pre"] * 1e3,
+            "hf decode tok/s": h_dec,
+            "decode ratio": a_dec / h_dec,
+            "prefill ratio": t["h_pre"] / t["a_pre"],
+            "rows equal": same,
+        }
+    return row
 
 
 def main() -> int:
@@ -90,11 +120,9 @@ def main() -> int:
         )
     import numpy as np
 
-    from engine.tiny import make_tiny_gpt2
+    from engine.tiny import make_gpt2_small
 
-    path = args.checkpoint or make_tiny_gpt2(
-        "/tmp/aotlm-bench/gpt2-small", vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12
-    )
+    path = args.checkpoint or make_gpt2_small()
     print(
         f"checkpoint {path}; prompt {args.prompt}, {args.new} new tokens, {args.amp}, tp={args.tp}, "
         f"median of {args.runs}",
@@ -103,23 +131,8 @@ def main() -> int:
     rows = []
     rng = np.random.default_rng(0)
     for b in args.batch:
-        ids = rng.integers(0, 50000, (b, args.prompt))
-        a_pre, a_tot, extra, a_out = bench_aotlm(path, b, args, ids)
-        a_dec = b * (args.new - 1) / (a_tot - a_pre)
-        row = {"batch": b, "aotlm prefill ms": a_pre * 1e3, "aotlm decode tok/s": a_dec, **extra}
-        if not args.no_hf:
-            h_pre, h_tot, h_out = bench_hf(path, b, args, ids)
-            h_dec = b * (args.new - 1) / (h_tot - h_pre)
-            same = float((a_out == h_out).all(axis=1).mean()) if a_out.shape == h_out.shape else 0.0
-            row |= {
-                "hf prefill ms": h_pre * 1e3,
-                "hf decode tok/s": h_dec,
-                "decode ratio": a_dec / h_dec,
-                "prefill ratio": h_pre / a_pre,
-                "rows equal": same,
-            }
-        rows.append(row)
-        print(row, file=sys.stderr, flush=True)
+        rows.append(bench_batch(path, b, args, rng.integers(0, 50000, (b, args.prompt))))
+        print(rows[-1], file=sys.stderr, flush=True)
     cols = list(rows[0])
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

@@ -1,0 +1,62 @@
+"""The `aotlm` command line: compile (table, cache hits, dry run, memory check), sample, cache tools."""
+
+import json
+
+import pytest
+
+from engine.cli import main
+from engine.tiny import make_tiny_gpt2
+
+SHAPE = ["--batch-size", "2", "--n-positions", "32,64", "--context-length-estimate", "8,16"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_gpt2(tmp_path_factory.mktemp("tiny") / "ckpt", vocab_size=97, n_embd=32, n_layer=2)
+
+
+def test_compile_then_hits_and_cache_tools(tiny, tmp_path, capsys):
+    cache = str(tmp_path / "cache")
+    assert main(["compile", str(tiny), *SHAPE, "--cache-dir", cache]) == 0
+    out = capsys.readouterr().out
+    assert "graph" in out and "compile s" in out and out.count("miss") == 6
+    assert "total: 6 graphs (0 from cache)" in out
+    assert main(["compile", str(tiny), *SHAPE, "--cache-dir", cache]) == 0
+    assert "total: 6 graphs (6 from cache)" in capsys.readouterr().out
+    assert main(["cache", "list", "--cache-dir", cache]) == 0
+    listing = capsys.readouterr().out
+    assert "6 entries" in listing and "decode 64" in listing and "gpt2" in listing
+    assert main(["cache", "verify", "--cache-dir", cache]) == 0
+    assert "6 entries checked, 0 corrupt" in capsys.readouterr().out
+    victim = next(p for p in (tmp_path / "cache").iterdir() if (p / "executable.bin").exists())
+    (victim / "executable.bin").write_bytes(b"broken")
+    assert main(["cache", "verify", "--cache-dir", cache]) == 1
+    assert "1 corrupt" in capsys.readouterr().out
+    assert main(["cache", "clear", "--older-than", "1", "--cache-dir", cache]) == 0
+    assert "removed 0 entries" in capsys.readouterr().out
+    assert main(["cache", "clear", "--cache-dir", cache]) == 0
+    assert "removed 6 entries" in capsys.readouterr().out
+
+
+def test_config_file_dry_run_and_memory_check(tiny, tmp_path, capsys):
+    cfg = tmp_path / "buckets.json"
+    cfg.write_text(json.dumps({"batch_size": 2, "n_positions": [32, 64], "context_length_estimate": [8, 16]}))
+    assert main(["compile", str(tiny), "--config", str(cfg), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "6 graphs would be compiled" in out and "prefill  16x64" in out and "KV cache" in out
+    assert main(["compile", str(tiny), "--config", str(cfg), "--device-memory-gb", "0.0001"]) == 2
+    assert "GiB per device" in capsys.readouterr().err
+    cfg.write_text(json.dumps({"batch": 2}))
+    with pytest.raises(SystemExit, match="unknown keys"):
+        main(["compile", str(tiny), "--config", str(cfg)])
+
+
+def test_sample_prints_rows_and_reports_bad_input(tiny, tmp_path, capsys):
+    args = ["sample", str(tiny), *SHAPE, "--cache-dir", str(tmp_path / "c")]
+    assert main([*args, "--prompt-ids", "1,2,3", "--prompt-ids", "4,5,6", "--max-new-tokens", "5"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert len(rows) == 2 and [len(r.split(",")) for r in rows] == [8, 8]
+    assert main([*args, "--prompt-ids", "1,2,300"]) == 2
+    assert "not a valid token id" in capsys.readouterr().err
+    assert main([*args, "--prompt-ids", "1,2", "--max-new-tokens", "100"]) == 2
+    assert "exceeds n_positions=64" in capsys.readouterr().err
