@@ -32,6 +32,8 @@ def config_fields(model) -> dict:
         amp=model.amp,
         tp_degree=model.tp_degree,
         gqa=model.gqa,
+        quant=repr(model.quant),
+        fuse_qkv=model.fuse_qkv,
     )
     fields.update({f"env.{k}": v for k, v in environment_fields(model.mesh).items()})
     return json.loads(json.dumps(fields))  # tuples -> lists, as they come back from disk

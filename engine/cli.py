@@ -38,6 +38,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-degree", type=int, default=None, help="tensor-parallel degree (default 1)")
     p.add_argument("--gqa", default=None, help="shard-over-heads | replicated-heads | shard-over-batch")
     p.add_argument("--amp", default=None, choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
+    p.add_argument("--quant", default=None, choices=["int8"], help="int8 weight storage (per-channel scales)")
+    p.add_argument("--fuse-qkv", action="store_true", default=None, help="one q/k/v and one gate/up matmul")
     p.add_argument(
         "--cache-dir", default=None, help="compile cache dir (default $AOTLM_CACHE_DIR or ./compile_cache)"
     )
@@ -52,7 +54,16 @@ def _model_kwargs(args) -> dict:
 
     # joins a multi-host run when flags or $AOTLM_* say so; a no-op for one process
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-    keys = ("batch_size", "n_positions", "context_length_estimate", "tp_degree", "gqa", "amp")
+    keys = (
+        "batch_size",
+        "n_positions",
+        "context_length_estimate",
+        "tp_degree",
+        "gqa",
+        "amp",
+        "quant",
+        "fuse_qkv",
+    )
     kw: dict = {}
     if args.config:
         try:
@@ -94,7 +105,8 @@ def cmd_compile(args) -> int:
     if args.dry_run or args.device_memory_gb is not None:
         from engine.memory import check_fits, format_plan, plan_for_checkpoint
 
-        plan = plan_for_checkpoint(args.checkpoint, **{k: v for k, v in kw.items() if k != "compile_cache"})
+        skip = ("compile_cache", "quant", "fuse_qkv")  # the plan counts weights at the amp dtype
+        plan = plan_for_checkpoint(args.checkpoint, **{k: v for k, v in kw.items() if k not in skip})
         print(format_plan(plan))
         if args.device_memory_gb is not None:
             check_fits(plan, args.device_memory_gb)

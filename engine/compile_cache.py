@@ -14,6 +14,7 @@ platform refusing the executable) is a warning followed by a fresh compile.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -39,11 +40,23 @@ class CacheWarning(UserWarning):
     """Something in the compile cache was unusable; aotlm compiled instead."""
 
 
+@functools.cache
+def source_hash() -> str:
+    """Hash of the engine and model source: a code change never reuses stale executables."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent.parent
+    for pkg in ("engine", "models"):
+        for f in sorted((root / pkg).glob("*.py")):
+            h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def environment_fields(mesh) -> dict:
     """Everything about the software/hardware that makes an executable non-portable."""
     devs = list(mesh.devices.flat)
     return {
         "engine": ENGINE_VERSION,
+        "source": source_hash(),
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "platform": devs[0].platform,

@@ -24,6 +24,7 @@ from engine.checkpoint import WeightReader, load_hf_config
 from engine.compile_cache import CompileCache
 from engine.sampling import GREEDY
 from models import decoder, family_for
+from models.quant import ParamRewriter, QuantizationConfig, quant_config
 from models.weights import load_params
 
 AMP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
@@ -50,6 +51,8 @@ class CausalLMForSampling:
         amp: str = "f32",
         compile_cache: str | os.PathLike | None | bool = None,
         gqa: str | None = None,
+        quant: str | QuantizationConfig | None = None,
+        fuse_qkv: bool = False,
     ):
         self.path = str(path)
         self.hf_config = load_hf_config(path)
@@ -63,6 +66,10 @@ class CausalLMForSampling:
         self.batch_size = int(batch_size)
         self.amp = amp
         self.dtype = _amp_dtype(amp)
+        # weight storage (models/quant.py): int8 + per-channel scales, fused q/k/v and gate/up.
+        # Both change the params pytree, hence the compile-cache fingerprint (``param_tree``).
+        self.quant = quant_config(quant)
+        self.fuse_qkv = bool(fuse_qkv)
         self.tg_buckets = bk.token_buckets(n_positions)
         self.n_positions = max(self.tg_buckets)
         if self.cfg.position == "learned" and self.n_positions > self.cfg.max_positions:
@@ -97,7 +104,8 @@ class CausalLMForSampling:
         try:
             rows = family.weight_rows(self.cfg, self.hf_config)
             np_dtype = np.dtype(jnp.dtype(self.dtype))
-            return load_params(rows, reader, family.PREFIXES, np_dtype, self._place)
+            rewriter = ParamRewriter(self.quant, self.fuse_qkv) if self.quant or self.fuse_qkv else None
+            return load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter)
         finally:
             reader.close()
 
@@ -164,6 +172,7 @@ class CausalLMForSampling:
             "gqa": self.gqa,
             "selector": GREEDY,
             "param_tree": self._abstract(self.params),
+            "cache_tree": self._cache_specs(),
         }
 
     def _executable(self, key: tuple):

@@ -33,11 +33,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from models.quant import regroup_qkv
 from models.weights import logical_axes
 
 TP = "tp"
 GQA_STRATEGIES = ("shard-over-heads", "replicated-heads", "shard-over-batch")
-KV_LEAVES = ("wk", "wv", "bk", "bv")  # parameters with a kv-heads axis (repeated by replicated-heads)
+KV_LEAVES = ("wk", "wv", "bk", "bv", "wk_scale", "wv_scale")  # kv-heads axis (repeated by replicated-heads)
+FUSED_KV_LEAVES = ("wqkv", "bqkv", "wqkv_scale")  # fused q/k/v: [.., K, G+2, Dh], regrouped instead
 PADDED_AXES = ("vocab", "mlp")  # logical axes zero-padded to a multiple of tp
 
 
@@ -143,6 +145,8 @@ def prepare_param(path: tuple, arr: np.ndarray, tp: int, strategy: str, n_kv_hea
     r = kv_replication(n_kv_heads, tp, strategy)
     if r > 1 and path[-1] in KV_LEAVES:
         arr = np.repeat(arr, r, axis=axes.index("kv_heads"))
+    if r > 1 and path[-1] in FUSED_KV_LEAVES:  # each group: G/r query heads + a copy of its k, v
+        arr = regroup_qkv(arr, axes.index("kv_heads"), r)
     widths = [(0, -n % tp if a in PADDED_AXES else 0) for a, n in zip(axes, arr.shape, strict=True)]
     if any(w for _, w in widths):
         arr = np.pad(arr, widths)
@@ -154,11 +158,14 @@ def prepared_shape(path: tuple, shape: tuple, tp: int, strategy: str, n_kv_heads
     if tp == 1:
         return tuple(shape)
     axes = logical_axes(path, len(shape))
-    r = kv_replication(n_kv_heads, tp, strategy) if path[-1] in KV_LEAVES else 1
+    r = kv_replication(n_kv_heads, tp, strategy) if path[-1] in KV_LEAVES + FUSED_KV_LEAVES else 1
     out = []
     for a, n in zip(axes, shape, strict=True):
         n = n * r if a == "kv_heads" else n
         out.append(n + (-n % tp if a in PADDED_AXES else 0))
+    if r > 1 and path[-1] in FUSED_KV_LEAVES:  # [.., K*r, (G+2) -> G/r + 2, Dh]
+        i = axes.index("kv_heads") + 1
+        out[i] = (out[i] - 2) // r + 2
     return tuple(out)
 
 

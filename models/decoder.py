@@ -93,9 +93,7 @@ def embed(cfg: ArchConfig, params, tokens, positions):
 
 def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi_bias):
     """Self-attention of one layer; returns the output and the updated (k, v) cache."""
-    q = L.dense(x, p["wq"], p.get("bq"))  # [B,T,H,Dh]
-    k = L.dense(x, p["wk"], p.get("bk"))  # [B,T,K,Dh]
-    v = L.dense(x, p["wv"], p.get("bv"))
+    q, k, v = L.project_qkv(x, p)  # [B,T,H,Dh], [B,T,K,Dh], [B,T,K,Dh]
     if cfg.clip_qkv is not None:  # MPT / DBRX attn_config.clip_qkv (elementwise, so per q/k/v)
         q, k, v = (jnp.clip(y, -cfg.clip_qkv, cfg.clip_qkv) for y in (q, k, v))
     if cfg.qk_norm:
@@ -111,7 +109,14 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
         width = m_old.shape[-1]
         segments.insert(0, (ck[:, :, :width], cv[..., :width], m_old, b_old))
     o = L.attend(q, segments, cfg.scale, cfg.attn_softcap)
-    return L.dense_in(o, p["wo"], p.get("bo")), L.update_cache(ck, cv, k, v, write_idx)
+    # Make the cache write depend on the attention output so that it is scheduled after the
+    # cache read: otherwise XLA may write first and must then copy the whole cache layer every
+    # step to keep the read correct (optimization_barrier is removed too early on CPU). The
+    # dependency is elementwise on each kv head's first query head: local under any sharding.
+    b, t, kh, dh = k.shape
+    zero = jnp.zeros((), k.dtype) * o.reshape(b, t, kh, -1, dh)[:, :, :, 0, :].astype(k.dtype)
+    k, v = k + zero, v + zero
+    return L.dense_in(o, p["wo"], p.get("bo"), p.get("wo_scale")), L.update_cache(ck, cv, k, v, write_idx)
 
 
 def feed_forward(cfg: ArchConfig, p, x):
@@ -176,7 +181,10 @@ def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width:
 
 def logits(cfg: ArchConfig, params, h):
     """``h [..., D]`` -> float32 logits ``[..., vocab]`` (padding columns removed)."""
-    if "lm_head" in params:
+    if "lm_head_scale" in params:  # int8 lm_head (models/quant.py)
+        out = jnp.dot(h, params["lm_head"].astype(h.dtype), preferred_element_type=jnp.float32)
+        out = out * params["lm_head_scale"].astype(jnp.float32)
+    elif "lm_head" in params:
         out = jnp.dot(h, params["lm_head"], preferred_element_type=jnp.float32)
     else:
         # contract with the embedding's own D axis: `embed.T` made XLA copy the whole table per step

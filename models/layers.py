@@ -190,24 +190,61 @@ def attend(q, segments, scale: float, softcap: float | None = None):
 
 
 # --------------------------------------------------------------------------- dense helpers
-def dense(x, w, b=None):
-    """``x [..., D] @ w [D, ...]`` (+ bias), accumulating in float32."""
-    y = jnp.tensordot(x, w, axes=1)
+def dense(x, w, b=None, scale=None, axes: int = 1):
+    """``x [..., D] @ w [D, ...]`` (+ bias), accumulating in float32.
+
+    ``scale`` (int8 weights, ``models/quant.py``): ``w`` is converted to ``x``'s dtype (the
+    dequant dtype) and the per-output-channel scale multiplies the float32 product, which
+    equals ``x @ (w * scale)`` because the scale is constant along the contracted dims.
+    """
+    if scale is not None:
+        y = jnp.tensordot(x, w.astype(x.dtype), axes=axes, preferred_element_type=jnp.float32)
+        y = y * scale.astype(jnp.float32)
+    else:
+        y = jnp.tensordot(x, w, axes=axes)
     if b is not None:
         y = y + b
     return y.astype(x.dtype)
 
 
-def dense_in(x, w, b=None):
+def dense_in(x, w, b=None, scale=None):
     """Contract the trailing two dims of ``x [B,T,H,Dh]`` with ``w [H,Dh,D]``."""
-    y = jnp.tensordot(x, w, axes=2)
-    if b is not None:
-        y = y + b
-    return y.astype(x.dtype)
+    return dense(x, w, b, scale, axes=2)
+
+
+def _add_bias(y, b):
+    return y if b is None else (y + b).astype(y.dtype)
+
+
+def project_qkv(x, p: dict):
+    """q ``[B,T,H,Dh]``, k, v ``[B,T,K,Dh]`` from ``x [B,T,D]``: three matmuls, or one with ``wqkv``.
+
+    The fused ``wqkv [D, K, G+2, Dh]`` holds per kv head its ``G`` query heads then its k and v
+    (``models.quant.fuse_qkv_heads``); the local ``K`` / ``G`` come from the (possibly sharded or
+    regrouped) weight's shape.
+    """
+    if "wqkv" not in p:
+        return tuple(
+            dense(x, p[w], p.get(b), p.get(w + "_scale"))
+            for w, b in (("wq", "bq"), ("wk", "bk"), ("wv", "bv"))
+        )
+    qkv = dense(x, p["wqkv"], p.get("bqkv"), p.get("wqkv_scale"))  # [B,T,K,G+2,Dh]
+    g = qkv.shape[-2] - 2
+    q = qkv[..., :g, :].reshape(*qkv.shape[:-3], -1, qkv.shape[-1])
+    q, k, v = q, qkv[..., g, :], qkv[..., g + 1, :]
+    return _add_bias(q, p.get("bq")), _add_bias(k, p.get("bk")), _add_bias(v, p.get("bv"))
 
 
 def mlp(x, p: dict, act: str, gated: bool):
-    """``down(act(gate(x)) * up(x))`` when gated (SwiGLU), else ``down(act(up(x)))``."""
-    up = dense(x, p["w_up"], p.get("b_up"))
-    hidden = activation(act, dense(x, p["w_gate"], p.get("b_gate"))) * up if gated else activation(act, up)
-    return dense(hidden, p["w_down"], p.get("b_down"))
+    """``down(act(gate(x)) * up(x))`` when gated (SwiGLU), else ``down(act(up(x)))``.
+
+    With ``w_gu [D, 2, F]`` (``fuse_qkv``) gate and up are one matmul.
+    """
+    if "w_gu" in p:
+        gu = dense(x, p["w_gu"], p.get("b_gu"), p.get("w_gu_scale"))  # [B,T,2,F]
+        gate, up = _add_bias(gu[..., 0, :], p.get("b_gate")), _add_bias(gu[..., 1, :], p.get("b_up"))
+    else:
+        up = dense(x, p["w_up"], p.get("b_up"), p.get("w_up_scale"))
+        gate = dense(x, p["w_gate"], p.get("b_gate"), p.get("w_gate_scale")) if gated else None
+    hidden = activation(act, gate) * up if gated else activation(act, up)
+    return dense(hidden, p["w_down"], p.get("b_down"), p.get("w_down_scale"))

@@ -44,7 +44,39 @@ LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     "e_up": ("experts", "embed", "mlp"),
     "e_gate": ("experts", "embed", "mlp"),
     "e_down": ("experts", "mlp", "embed"),
+    # fused forms (``fuse_qkv``, see models/quant.py): the kv-heads / mlp axis stays the sharded one
+    "wqkv": ("embed", "kv_heads", None, None),
+    "bqkv": ("kv_heads", None, None),
+    "w_gu": ("embed", None, "mlp"),
+    "b_gu": (None, "mlp"),
+    "e_gu": ("experts", "embed", None, "mlp"),
 }
+
+# Contracted (input) axes of every matrix int8 quantization applies to (models/quant.py). Its
+# per-output-channel scale ``<name>_scale`` has the weight's other axes, so it shards with it.
+CONTRACT_AXES: dict[str, tuple[int, ...]] = {
+    "wq": (0,),
+    "wk": (0,),
+    "wv": (0,),
+    "wqkv": (0,),
+    "wo": (0, 1),
+    "w_up": (0,),
+    "w_gate": (0,),
+    "w_gu": (0,),
+    "w_down": (0,),
+    "e_up": (1,),
+    "e_gate": (1,),
+    "e_gu": (1,),
+    "e_down": (1,),
+    "lm_head": (0,),
+}
+QUANT_SCALES = {f"{n}_scale": n for n in CONTRACT_AXES}  # scale leaf -> its weight
+LOGICAL_AXES.update(
+    {
+        s: tuple(a for i, a in enumerate(LOGICAL_AXES[n]) if i not in CONTRACT_AXES[n])
+        for s, n in QUANT_SCALES.items()
+    }
+)
 
 
 def logical_axes(path: Path, ndim: int) -> tuple[str | None, ...]:
@@ -128,9 +160,21 @@ def load_params(
     prefixes: Sequence[str],
     dtype,
     place: Callable[[Path, np.ndarray], object],
+    rewriter=None,
 ) -> dict:
-    """Fill the params pytree from ``rows``; ``place(path, array)`` returns the leaf."""
+    """Fill the params pytree from ``rows``; ``place(path, array)`` returns the leaf.
+
+    ``rewriter`` (optional, ``models.quant.ParamRewriter``): host-side rewrite of each finished
+    parameter into the leaves actually placed (int8 + scale, fused q/k/v); quantization scales
+    stay float32.
+    """
     params: dict = {}
+
+    def put(path: Path, arr: np.ndarray) -> None:
+        if arr.dtype.kind == "f" and path[-1] not in QUANT_SCALES:
+            arr = arr.astype(dtype)
+        _set(params, path, place(path, arr))
+
     for r in rows:
         name = _resolve(reader, r.hf, prefixes)
         extra = [_resolve(reader, m, prefixes) for m in r.more]
@@ -148,9 +192,10 @@ def load_params(
             raise ValueError(f"row for {r.hf} produced {len(outs)} arrays for {len(r.targets)} targets")
         for path, arr in zip(r.targets, outs, strict=True):
             arr = np.asarray(arr)
-            if arr.dtype.kind == "f":
-                arr = arr.astype(dtype)
-            _set(params, path, place(path, arr))
+            for p, a in rewriter.rewrite(path, arr) if rewriter is not None else [(path, arr)]:
+                put(p, a)
+    for p, a in rewriter.finish() if rewriter is not None else []:
+        put(p, a)
     params["layers"] = [params["layers"][i] for i in sorted(params.get("layers", {}))]
     return params
 

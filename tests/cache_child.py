@@ -50,6 +50,7 @@ print(
             "counts": c,
             "tokens": tokens.tolist(),
             "hits": [r["hit"] for r in model.compile_report],
+            "entries": [r["entry"] for r in model.compile_report],
             "graphs": [[r["graph"], *r["bucket"]] for r in model.compile_report],
             "warnings": [str(w.message) for w in caught],
         }

@@ -61,7 +61,7 @@ def test_corrupt_entry_warns_recompiles_and_stays_correct(warm, llama_path, tmp_
     cache, cold = warm
     copy = tmp_path / "cache"
     shutil.copytree(cache, copy)
-    entries = [e for e in copy.iterdir() if (e / "executable.bin").exists()]
+    entries = [copy / digest for digest in cold["entries"]]  # entries this configuration uses
     blob = entries[0] / "executable.bin"
     blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])  # truncate one entry
     (entries[1] / "executable.bin").write_bytes(b"garbage")

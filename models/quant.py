@@ -1,0 +1,155 @@
+"""Weight-storage options applied on the host while loading: int8 weights and fused projections.
+
+Both are rewrites of finished parameters (after a family's HF-name table, before sharding), so
+no family needs code of its own: they act on the generic leaf names every family produces.
+
+* ``QuantizationConfig(quant_dtype="s8")`` (transformers-neuronx semantics): every big matrix
+  (``CONTRACT_AXES`` in ``models.weights``: q/k/v/o, MLP, MoE experts, untied ``lm_head``, and
+  their fused forms) is stored as int8 plus a per-output-channel scale
+  ``max|w| / 127`` over its input (contracted) dims, leaf ``<name>_scale``. Inside the graph
+  the int8 weight is converted to the compute (amp) dtype -- the dequant dtype -- and the scale
+  is applied to the float32-accumulated product, which equals ``x @ (q * scale)`` since the
+  scale is constant along the contracted dims. The embedding (and a tied lm_head, which is the
+  embedding), norms, biases and the MoE router stay in the amp dtype.
+* ``fuse_qkv``: ``wq/wk/wv`` become one ``wqkv [D, K, G+2, Dh]`` (per kv head: its ``G = H/K``
+  query heads, then its k and v), so one matmul per layer computes q, k and v; the kv-heads axis
+  is the sharded one, so every device keeps its query heads with the k/v they read. Gate and up
+  become ``w_gu [D, 2, F]`` (MoE: ``e_gu [E, D, 2, F]``). Biases fuse the same way; a bias set
+  that is only partly present stays unfused and is added after the fused matmul.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.weights import CONTRACT_AXES, Path
+
+QUANT_DTYPES = ("s8", "int8")
+
+# fused leaf -> (its parts in order, the axis of the new "part" axis in the fused array)
+FUSED = {
+    "w_gu": (("w_gate", "w_up"), 1),  # [D, 2, F]
+    "b_gu": (("b_gate", "b_up"), 0),  # [2, F]
+    "e_gu": (("e_gate", "e_up"), 2),  # [E, D, 2, F]
+    "wqkv": (("wq", "wk", "wv"), 1),  # [D, K, G+2, Dh] (grouped, see fuse_qkv_heads)
+    "bqkv": (("bq", "bk", "bv"), 0),  # [K, G+2, Dh]
+}
+_PART_OF = {part: fused for fused, (parts, _) in FUSED.items() for part in parts}
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """Weight quantization (transformers-neuronx ``QuantizationConfig`` subset).
+
+    ``quant_dtype``: storage dtype, ``"s8"`` (int8, symmetric, per output channel).
+    The dequant dtype is always the model's amp dtype. ``lm_head``: also quantize an untied
+    lm_head (a tied one is the embedding, which is never quantized).
+    """
+
+    quant_dtype: str = "s8"
+    lm_head: bool = True
+
+    def __post_init__(self):
+        if self.quant_dtype not in QUANT_DTYPES:
+            raise ValueError(
+                f"quant_dtype={self.quant_dtype!r} is not supported; choose one of {QUANT_DTYPES}"
+            )
+
+
+def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig | None:
+    """``None`` | ``"int8"`` / ``"s8"`` | a ``QuantizationConfig`` -> config (or None)."""
+    if quant is None or isinstance(quant, QuantizationConfig):
+        return quant
+    if isinstance(quant, str) and quant in QUANT_DTYPES:
+        return QuantizationConfig(quant_dtype=quant)
+    raise ValueError(f"quant={quant!r} is not supported; use None, 'int8' or a QuantizationConfig")
+
+
+def quantize_int8(w: np.ndarray, contract: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8: ``q = round(w / s)``, ``s = max|w| / 127`` over the ``contract`` axes.
+
+    Returns ``(q int8 of w's shape, s float32 of w's shape without the contract axes)``; an
+    all-zero channel (e.g. tp padding) gets scale 0.
+    """
+    w = np.asarray(w, np.float32)
+    amax = np.max(np.abs(w), axis=contract, keepdims=True)
+    scale = amax / 127.0
+    safe = np.where(scale > 0, scale, 1.0)
+    q = np.clip(np.rint(w / safe), -127, 127).astype(np.int8)
+    return q, np.squeeze(scale, axis=contract).astype(np.float32)
+
+
+def fuse_qkv_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, head_axis: int) -> np.ndarray:
+    """``q [.., H, Dh]``, ``k/v [.., K, Dh]`` (heads at ``head_axis``) -> ``[.., K, H/K + 2, Dh]``.
+
+    Query head ``h`` reads kv head ``h // (H/K)`` (transformers' ``repeat_kv``), so group ``k``
+    holds query heads ``k*G .. k*G+G-1`` and then kv head ``k``'s key and value.
+    """
+    n_kv = k.shape[head_axis]
+    g = q.shape[head_axis] // n_kv
+    qg = q.reshape(*q.shape[:head_axis], n_kv, g, *q.shape[head_axis + 1 :])
+    kv = [np.expand_dims(a, head_axis + 1) for a in (k, v)]
+    return np.ascontiguousarray(np.concatenate([qg, *kv], axis=head_axis + 1))
+
+
+def regroup_qkv(fused: np.ndarray, kv_axis: int, r: int) -> np.ndarray:
+    """Repeat every kv head of a fused ``[.., K, G+2, Dh]`` ``r`` times -> ``[.., K*r, G/r+2, Dh]``.
+
+    The fused form of ``replicated-heads`` (``engine.sharding``): new group ``k*r + j`` holds
+    query heads ``(k*r + j)*G/r ..`` and a copy of kv head ``k``.
+    """
+    if r == 1:
+        return fused
+    g = fused.shape[kv_axis + 1] - 2
+    if g % r:
+        raise ValueError(f"cannot regroup {g} query heads per kv head into {r} replicas")
+    take = lambda sl: fused[(slice(None),) * (kv_axis + 1) + (sl,)]
+    q = take(slice(0, g))
+    q = q.reshape(*q.shape[:kv_axis], q.shape[kv_axis] * r, g // r, *q.shape[kv_axis + 2 :])
+    k, v = (np.repeat(take(slice(i, i + 1)), r, axis=kv_axis) for i in (g, g + 1))
+    return np.ascontiguousarray(np.concatenate([q, k, v], axis=kv_axis + 1))
+
+
+class ParamRewriter:
+    """Host-side rewrite of loaded parameters: fusion (``fuse_qkv``) then int8 quantization.
+
+    ``rewrite(path, arr)`` returns the ``(path, array)`` pairs to place now (a part of a fused
+    weight is held until its siblings arrive); ``finish()`` returns whatever is still held
+    (bias sets that were only partly present), unfused.
+    """
+
+    def __init__(self, quant: QuantizationConfig | None = None, fuse_qkv: bool = False):
+        self.quant = quant
+        self.fuse_qkv = fuse_qkv
+        self._held: dict[tuple, dict[str, np.ndarray]] = {}
+
+    def rewrite(self, path: Path, arr: np.ndarray) -> list[tuple[Path, np.ndarray]]:
+        fused = _PART_OF.get(path[-1]) if self.fuse_qkv else None
+        if fused is None:
+            return self._quantize(path, arr)
+        parts, axis = FUSED[fused]
+        held = self._held.setdefault((*path[:-1], fused), {})
+        held[path[-1]] = arr
+        if len(held) < len(parts):
+            return []
+        del self._held[(*path[:-1], fused)]
+        arrs = [held[p] for p in parts]
+        out = fuse_qkv_heads(*arrs, axis) if fused in ("wqkv", "bqkv") else np.stack(arrs, axis=axis)
+        return self._quantize((*path[:-1], fused), out)
+
+    def finish(self) -> list[tuple[Path, np.ndarray]]:
+        out = []
+        for key, held in self._held.items():
+            for name, arr in held.items():
+                out += self._quantize((*key[:-1], name), arr)
+        self._held.clear()
+        return out
+
+    def _quantize(self, path: Path, arr: np.ndarray) -> list[tuple[Path, np.ndarray]]:
+        name = path[-1]
+        if self.quant is None or name not in CONTRACT_AXES or (name == "lm_head" and not self.quant.lm_head):
+            return [(path, arr)]
+        q, scale = quantize_int8(arr, CONTRACT_AXES[name])
+        return [(path, q), ((*path[:-1], f"{name}_scale"), scale)]
