@@ -166,13 +166,20 @@ class CompileCache:
         return cls(spec)
 
     # ----------------------------------------------------------------- core
+    def lookup(self, fingerprint: dict, graph_key: tuple, mesh) -> tuple[Any, dict] | None:
+        """The cached executable for ``graph_key`` and its info, or ``None`` on a miss."""
+        if self.dir is None:
+            return None
+        digest, _ = entry_key(fingerprint, graph_key, mesh)
+        exe = self._load(digest, mesh)
+        return None if exe is None else (exe, {"hit": True, "entry": digest, "bytes": self._size(digest)})
+
     def get_or_compile(self, fingerprint: dict, graph_key: tuple, lower, mesh) -> tuple[Any, dict]:
         """The executable for ``graph_key``: loaded from disk, or ``lower().compile()``d and stored."""
+        found = self.lookup(fingerprint, graph_key, mesh)
+        if found is not None:
+            return found
         digest, fields = entry_key(fingerprint, graph_key, mesh)
-        if self.dir is not None:
-            exe = self._load(digest, mesh)
-            if exe is not None:
-                return exe, {"hit": True, "entry": digest, "bytes": self._size(digest)}
         t0 = time.perf_counter()
         compiled = lower().compile()
         seconds = time.perf_counter() - t0
