@@ -107,3 +107,35 @@ def test_unwritable_cache_dir_falls_back_to_memory(llama_path, tmp_path):
     r = run_child(llama_path, blocker / "cache")
     assert any("not writable" in w for w in r["warnings"])
     assert len(r["tokens"]) == 2
+
+
+def test_lru_eviction_and_refused_executable_fall_back(gpt2_path, tmp_path, monkeypatch):
+    """Size limit evicts least-recently-used entries; an executable the platform refuses recompiles."""
+    import warnings
+
+    import numpy as np
+
+    from engine import AutoModelForSampling, compile_cache
+
+    kw = dict(n_positions=32, context_length_estimate=[8, 16], compile_cache=str(tmp_path / "c"))
+    model = AutoModelForSampling.from_pretrained(gpt2_path, **kw).compile()
+    want = model.sample(np.arange(1, 6)[None], max_new_tokens=4)
+    cache = model.compile_cache
+    entries = cache.entries()
+    assert len(entries) == len(model.graph_keys())
+    oldest = entries[-1]["key"]
+    cache.max_bytes = sum(e["bytes"] for e in entries) - 1
+    assert cache.evict() == 1 and oldest not in {e["key"] for e in cache.entries()}
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("executable built for another CPU")  # what jax#38445 looks like
+
+    monkeypatch.setattr("jax.experimental.serialize_executable.deserialize_and_load", refuse)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = AutoModelForSampling.from_pretrained(gpt2_path, **kw).compile()
+    assert not any(r["hit"] for r in again.compile_report)
+    assert any(
+        issubclass(w.category, compile_cache.CacheWarning) and "refused" in str(w.message) for w in caught
+    )
+    np.testing.assert_array_equal(again.sample(np.arange(1, 6)[None], max_new_tokens=4), want)
