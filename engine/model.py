@@ -89,6 +89,7 @@ class CausalLMForSampling:
         self._repl = sharding.replicated(self.mesh)
         self.compile_cache = CompileCache.create(compile_cache)
         self._executables: dict[tuple, Any] = {}
+        self._fingerprint: dict | None = None
         self.compile_report: list[dict] = []
         self.params = self._load_weights(family)
         self.cache = self._alloc_cache()
@@ -163,7 +164,15 @@ class CausalLMForSampling:
         return jax.tree.map(lambda s: s.sharding, specs)
 
     def fingerprint(self) -> dict:
-        """Everything besides the graph key that changes an executable (compile-cache key)."""
+        """Everything besides the graph key that changes an executable (compile-cache key).
+
+        Fixed once the model is built, so it is computed once, not once per graph.
+        """
+        if self._fingerprint is None:
+            self._fingerprint = self._compute_fingerprint()
+        return self._fingerprint
+
+    def _compute_fingerprint(self) -> dict:
         return {
             "arch": self.cfg,
             "batch_size": self.batch_size,
@@ -176,6 +185,13 @@ class CausalLMForSampling:
             "cache_tree": self._cache_specs(),
         }
 
+    def _keep(self, key: tuple, exe, info: dict, seconds: float):
+        """Remember a ready executable and report how it was obtained."""
+        info.update(graph=key[0], bucket=key[1:], seconds=seconds)
+        self.compile_report.append(info)
+        self._executables[key] = exe
+        return exe
+
     def _executable(self, key: tuple):
         exe = self._executables.get(key)
         if exe is None:
@@ -183,9 +199,7 @@ class CausalLMForSampling:
             exe, info = self.compile_cache.get_or_compile(
                 self.fingerprint(), key, lambda: self._lower(key), self.mesh
             )
-            info.update(graph=key[0], bucket=key[1:], seconds=time.perf_counter() - t0)
-            self.compile_report.append(info)
-            self._executables[key] = exe
+            exe = self._keep(key, exe, info, time.perf_counter() - t0)
         return exe
 
     def compile_graph(self, key: tuple):
@@ -211,10 +225,7 @@ class CausalLMForSampling:
             with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
                 for key, found, seconds in pool.map(load, todo):
                     if found is not None:
-                        exe, info = found
-                        info.update(graph=key[0], bucket=key[1:], seconds=seconds)
-                        self.compile_report.append(info)
-                        self._executables[key] = exe
+                        self._keep(key, *found, seconds)
         for key in self.graph_keys():
             self._executable(key)
         return self
