@@ -1,15 +1,31 @@
-"""aotlm runtime: buckets, KV cache, compile + cache, sharding, sampling, generation, CLI.
+"""aotlm: ahead-of-time compiled Hugging Face causal LMs on JAX.
 
-The public classes are imported lazily so that ``models`` can import small engine
-modules (``engine.checkpoint``) without pulling in the whole runtime (no import cycle).
+The installed package ``aotlm`` is the repository's ``engine/`` folder and ``aotlm.models``
+its ``models/`` folder (see ``pyproject.toml``). Public names are imported lazily, so that
+``aotlm.models`` can import small runtime modules (``aotlm.checkpoint``) without pulling in
+the whole runtime (no import cycle) and ``import aotlm`` stays cheap.
 """
 
-__all__ = ["AutoModelForSampling", "CausalLMForSampling", "GPT2ForSampling", "LlamaForSampling"]
+from __future__ import annotations
+
+import importlib
+
+# public name -> module (inside aotlm) that defines it
+_EXPORTS = {
+    "AutoModelForSampling": "model",
+    "CausalLMForSampling": "model",
+    "GPT2ForSampling": "model",
+    "LlamaForSampling": "model",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    if name in __all__:
-        from engine import model
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"aotlm.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'aotlm' has no attribute {name!r}")
 
-        return getattr(model, name)
-    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -15,7 +15,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from engine.compile_cache import EntryError, entry_key, environment_fields, read_entry, write_entry
+from aotlm.compile_cache import EntryError, entry_key, environment_fields, read_entry, write_entry
 
 MANIFEST = "aotlm_model.json"
 FORMAT = 1

@@ -26,7 +26,7 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1)")
     p.add_argument(
@@ -49,8 +49,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--process-id", type=int, default=None, help="multi-host: this process's rank")
 
 
-def _model_kwargs(args) -> dict:
-    from engine import distributed
+def model_kwargs(args) -> dict:
+    from aotlm import distributed
 
     # joins a multi-host run when flags or $AOTLM_* say so; a no-op for one process
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
@@ -87,7 +87,7 @@ def _model_kwargs(args) -> dict:
     return kw
 
 
-def _table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
+def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
     cells = [list(map(str, header))] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
@@ -99,11 +99,11 @@ def _gb(n: float) -> str:
 
 
 def cmd_compile(args) -> int:
-    from engine import AutoModelForSampling
+    from aotlm import AutoModelForSampling
 
-    kw = _model_kwargs(args)
+    kw = model_kwargs(args)
     if args.dry_run or args.device_memory_gb is not None:
-        from engine.memory import check_fits, format_plan, plan_for_checkpoint
+        from aotlm.memory import check_fits, format_plan, plan_for_checkpoint
 
         skip = ("compile_cache", "quant", "fuse_qkv")  # the plan counts weights at the amp dtype
         plan = plan_for_checkpoint(args.checkpoint, **{k: v for k, v in kw.items() if k not in skip})
@@ -112,7 +112,7 @@ def cmd_compile(args) -> int:
             check_fits(plan, args.device_memory_gb)
         if args.dry_run:
             rows = [(g[0], "x".join(map(str, g[1:])), plan["batch_size"]) for g in plan["graphs"]]
-            print(_table(rows, ("graph", "bucket", "batch")))
+            print(table(rows, ("graph", "bucket", "batch")))
             print(f"{len(plan['graphs'])} graphs would be compiled (dry run: nothing compiled)")
             return 0
     t0 = time.perf_counter()
@@ -139,7 +139,7 @@ def cmd_compile(args) -> int:
         )
         for r in model.compile_report
     ]
-    print(_table(rows, ("graph", "bucket", "batch", "compile s", "cache", "size")))
+    print(table(rows, ("graph", "bucket", "batch", "compile s", "cache", "size")))
     total = sum(r["seconds"] for r in model.compile_report)
     hits = sum(r["hit"] for r in model.compile_report)
     where = model.compile_cache.dir or "memory only"
@@ -151,9 +151,9 @@ def cmd_compile(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from engine import AutoModelForSampling
+    from aotlm import AutoModelForSampling
 
-    model = AutoModelForSampling.from_pretrained(args.checkpoint, **_model_kwargs(args))
+    model = AutoModelForSampling.from_pretrained(args.checkpoint, **model_kwargs(args))
     ids = np.asarray([_int_list(p) for p in args.prompt_ids])
     t0 = time.perf_counter()
     out = model.sample(ids, max_new_tokens=args.max_new_tokens, eos_token_id=args.eos_token_id)
@@ -168,8 +168,8 @@ def cmd_sample(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from engine import AutoModelForSampling
-    from engine.tiny import make_tiny_gpt2
+    from aotlm import AutoModelForSampling
+    from aotlm.tiny import make_tiny_gpt2
 
     path = make_tiny_gpt2(args.dir)
     print(f"checkpoint: {path} (tiny random-init GPT-2, made by aotlm)")
@@ -197,14 +197,14 @@ def cmd_demo(args) -> int:
 
 
 def cmd_make_tiny(args) -> int:
-    from engine.tiny import make_tiny_gpt2
+    from aotlm.tiny import make_tiny_gpt2
 
     print(make_tiny_gpt2(args.dir))
     return 0
 
 
 def cmd_cache(args) -> int:
-    from engine.compile_cache import CompileCache
+    from aotlm.compile_cache import CompileCache
 
     cache = CompileCache.create(args.cache_dir)
     if cache.dir is None:
@@ -228,7 +228,7 @@ def cmd_cache(args) -> int:
                     time.strftime("%Y-%m-%d %H:%M", time.localtime(e["last_used"])),
                 )
             )
-        print(_table(rows, ("key", "model", "graph", "batch", "amp", "tp", "size", "last used")))
+        print(table(rows, ("key", "model", "graph", "batch", "amp", "tp", "size", "last used")))
         print(
             f"{len(entries)} entries, {sum(e.get('bytes', 0) for e in entries) / 2**20:.1f} MB in {cache.dir}"
         )
@@ -244,9 +244,17 @@ def cmd_cache(args) -> int:
     return 0
 
 
+# Front-end commands live in their own modules, each with ``register(subparsers)``.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
     ap = argparse.ArgumentParser(prog="aotlm", description="ahead-of-time compiled HF causal LMs on JAX")
     sub = ap.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     p = sub.add_parser("demo", help="make a tiny checkpoint, compile and sample from it")
     p.add_argument("--dir", default="tiny-gpt2")
     p.add_argument("--cache-dir", default=None)
@@ -255,14 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.set_defaults(fn=cmd_make_tiny)
     p = sub.add_parser("compile", help="compile every bucket graph into the compile cache")
-    _add_model_args(p)
+    add_model_args(p)
     p.add_argument("--dry-run", action="store_true", help="print graphs and memory plan, compile nothing")
     p.add_argument(
         "--device-memory-gb", type=float, default=None, help="fail if weights + KV cache do not fit"
     )
     p.set_defaults(fn=cmd_compile)
     p = sub.add_parser("sample", help="greedy generation from comma-separated token ids")
-    _add_model_args(p)
+    add_model_args(p)
     p.add_argument("--prompt-ids", action="append", required=True, help="e.g. 1,2,3 (repeat for a batch)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--eos-token-id", type=int, default=None)
@@ -280,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
-    from engine.checkpoint import CheckpointError
+    from aotlm.checkpoint import CheckpointError
 
     try:
         return args.fn(args)

@@ -43,11 +43,12 @@ class CacheWarning(UserWarning):
 @functools.cache
 def source_hash() -> str:
     """Hash of the engine and model source: a code change never reuses stale executables."""
+    import aotlm.models
+
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parent.parent
-    for pkg in ("engine", "models"):
-        for f in sorted((root / pkg).glob("*.py")):
-            h.update(f.name.encode() + f.read_bytes())
+    for root in (Path(__file__).resolve().parent, Path(aotlm.models.__file__).resolve().parent):
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode() + f.read_bytes())
     return h.hexdigest()[:16]
 
 

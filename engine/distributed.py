@@ -75,7 +75,7 @@ def initialize(
     except RuntimeError as e:
         if "before any JAX" in str(e) or "must be called before" in str(e):
             raise RuntimeError(
-                "engine.distributed.initialize() must run before any JAX computation or device query in "
+                "aotlm.distributed.initialize() must run before any JAX computation or device query in "
                 "this process (call it first, before loading a model)"
             ) from e
         raise

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from models import decoder
+from aotlm.models import decoder
 
 MAX_EOS = 8  # eos ids are a fixed-size traced array, padded with -1
 

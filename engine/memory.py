@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from engine import sharding
-from models.decoder import ArchConfig
+from aotlm import sharding
+from aotlm.models.decoder import ArchConfig
 
 AMP_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 GIB = 2**30
@@ -166,9 +166,9 @@ def plan_for_checkpoint(
     amp: str = "f32",
 ) -> dict:
     """The memory plan plus the list of graphs for a checkpoint, from its config.json only."""
-    from engine import buckets as bk
-    from engine.checkpoint import load_hf_config
-    from models import family_for
+    from aotlm import buckets as bk
+    from aotlm.checkpoint import load_hf_config
+    from aotlm.models import family_for
 
     hf = load_hf_config(path)
     cfg = family_for(hf.model_type).arch_config(hf)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,16 +20,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engine import artifacts, graphs, inputs, sharding
-from engine import buckets as bk
-from engine.checkpoint import WeightReader, load_hf_config
-from engine.compile_cache import CompileCache
-from engine.sampling import GREEDY
-from models import decoder, family_for
-from models.quant import ParamRewriter, QuantizationConfig, quant_config
-from models.weights import load_params
+from aotlm import artifacts, graphs, inputs, sharding
+from aotlm import buckets as bk
+from aotlm.checkpoint import WeightReader, load_hf_config
+from aotlm.compile_cache import CompileCache
+from aotlm.models import decoder, family_for
+from aotlm.models.quant import ParamRewriter, QuantizationConfig, quant_config
+from aotlm.models.weights import load_params
+from aotlm.sampling import GREEDY
 
 AMP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+
+
+def _locked(method):
+    """Run ``method`` holding the model's lock for the whole request.
+
+    A model owns one KV cache (donated to and replaced by every graph call) and one table of
+    executables, so two requests on one object must not interleave: the lock serializes them
+    (streamed requests hold it until their last token). Each model object has its own lock,
+    so a second model (another batch size, another checkpoint) runs concurrently.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 def _amp_dtype(amp: str):
@@ -55,6 +73,7 @@ class CausalLMForSampling:
         quant: str | QuantizationConfig | None = None,
         fuse_qkv: bool = False,
     ):
+        self._lock = threading.RLock()
         self.path = str(path)
         self.hf_config = load_hf_config(path)
         mt = self.hf_config.model_type
@@ -202,12 +221,14 @@ class CausalLMForSampling:
             exe = self._keep(key, exe, info, time.perf_counter() - t0)
         return exe
 
+    @_locked
     def compile_graph(self, key: tuple):
         """Compile (or load from the cache) one graph, e.g. ``("decode", 128)``."""
         if key not in self.graph_keys():
             raise ValueError(f"{key} is not one of this model's graphs: {self.graph_keys()}")
         return self._executable(key)
 
+    @_locked
     def compile(self) -> CausalLMForSampling:
         """Ahead of time: lower + compile (or load from the cache) every bucket graph now.
 
@@ -230,11 +251,13 @@ class CausalLMForSampling:
             self._executable(key)
         return self
 
+    @_locked
     def save(self, directory: str | os.PathLike) -> None:
         """Write every compiled graph + a manifest to ``directory`` (relocatable)."""
         self.compile()
         artifacts.save(self, directory)
 
+    @_locked
     def load(self, directory: str | os.PathLike) -> CausalLMForSampling:
         """Load graphs saved by ``save`` (zero compilations); refuses artifacts of another config."""
         self._executables.update(artifacts.load(self, directory))
@@ -282,12 +305,14 @@ class CausalLMForSampling:
             self.cache = out[2]
         return out[0], out[1], positions
 
+    @_locked
     def forward(self, input_ids, attention_mask=None) -> np.ndarray:
         """Float32 logits ``[batch, vocab]`` of the last prompt position."""
         ids, mask, n = self._prepare(input_ids, attention_mask, None)
         logits, _, _ = self._encode(ids, mask)
         return sharding.fetch(logits)[:n]
 
+    @_locked
     def sample(
         self,
         input_ids,

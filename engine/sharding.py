@@ -1,6 +1,6 @@
 """Device mesh, GQA strategy and the logical-axis -> mesh-axis rules (Megatron tensor parallelism).
 
-Every parameter declares its logical axes once (``models.weights.LOGICAL_AXES``); this
+Every parameter declares its logical axes once (``aotlm.models.weights.LOGICAL_AXES``); this
 module only decides which logical axis goes on the ``"tp"`` mesh axis. XLA's SPMD
 partitioner then inserts the collectives implied by the shardings, so model code stays
 free of communication calls. Layout (checked in the compiled HLO by ``tests/test_tp.py``):
@@ -33,8 +33,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from models.quant import regroup_qkv
-from models.weights import logical_axes
+from aotlm.models.quant import regroup_qkv
+from aotlm.models.weights import logical_axes
 
 TP = "tp"
 GQA_STRATEGIES = ("shard-over-heads", "replicated-heads", "shard-over-batch")
@@ -46,7 +46,7 @@ PADDED_AXES = ("vocab", "mlp")  # logical axes zero-padded to a multiple of tp
 def make_mesh(tp_degree: int) -> Mesh:
     """A 1-D ``("tp",)`` mesh over the first ``tp_degree`` devices of the *global* device list.
 
-    In a multi-process run (``engine.distributed.initialize``) the mesh must span every
+    In a multi-process run (``aotlm.distributed.initialize``) the mesh must span every
     process, so ``tp_degree`` must equal the global device count there.
     """
     if tp_degree < 1:

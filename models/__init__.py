@@ -25,7 +25,7 @@ _FAMILIES = (
 def _registry() -> dict[str, ModuleType]:
     reg: dict[str, ModuleType] = {}
     for fam in _FAMILIES:
-        mod = importlib.import_module(f"models.{fam}")
+        mod = importlib.import_module(f"aotlm.models.{fam}")
         for mt in mod.MODEL_TYPES:
             reg[mt] = mod
     return reg

@@ -3,9 +3,9 @@ embeddings, fused ``query_key_value`` laid out per head as ``[q, k, v]``, tanh-G
 
 from __future__ import annotations
 
-from models.decoder import ArchConfig
-from models.layers import alibi_slopes
-from models.weights import Row, heads_out, linear_t, row, split_qkv
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.layers import alibi_slopes
+from aotlm.models.weights import Row, heads_out, linear_t, row, split_qkv
 
 MODEL_TYPES = ("bloom",)
 PREFIXES = ("transformer.", "")

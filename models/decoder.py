@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 
-from models import layers as L
+from aotlm.models import layers as L
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
 
 def feed_forward(cfg: ArchConfig, p, x):
     if cfg.n_experts:
-        from models.moe import moe_mlp
+        from aotlm.models.moe import moe_mlp
 
         return moe_mlp(cfg, p, x)
     return L.mlp(x, p, cfg.act, cfg.gated_mlp)

@@ -6,10 +6,10 @@ parallel from two norms ``ln_attn`` / ``ln_mlp`` (40B / 180B), or sequential (RW
 
 from __future__ import annotations
 
-from models.decoder import ArchConfig
-from models.layers import alibi_slopes, rope_inv_freq
-from models.llama import rope_params
-from models.weights import Row, heads_out, linear_t, row, split_qkv
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.layers import alibi_slopes, rope_inv_freq
+from aotlm.models.llama import rope_params
+from aotlm.models.weights import Row, heads_out, linear_t, row, split_qkv
 
 MODEL_TYPES = ("falcon",)
 PREFIXES = ("transformer.", "")

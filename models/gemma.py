@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from models import llama
-from models.decoder import ArchConfig
-from models.weights import row
+from aotlm.models import llama
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.weights import row
 
 MODEL_TYPES = ("gemma", "gemma2")
 PREFIXES = llama.PREFIXES

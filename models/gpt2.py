@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.decoder import ArchConfig
-from models.weights import bias_heads, heads_in, heads_out, row
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.weights import bias_heads, heads_in, heads_out, row
 
 MODEL_TYPES = ("gpt2",)
 PREFIXES = ("transformer.", "")

@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from models.decoder import ArchConfig
-from models.weights import Row, heads_out, linear_t, row, split_qkv
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.weights import Row, heads_out, linear_t, row, split_qkv
 
 MODEL_TYPES = ("gpt_bigcode",)
 PREFIXES = ("transformer.", "")

@@ -4,10 +4,10 @@ residual with two input norms (or sequential with ``use_parallel_residual=False`
 
 from __future__ import annotations
 
-from models.decoder import ArchConfig
-from models.layers import rope_inv_freq
-from models.llama import rope_params
-from models.weights import Row, heads_out, linear_t, row, split_qkv
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.layers import rope_inv_freq
+from aotlm.models.llama import rope_params
+from aotlm.models.weights import Row, heads_out, linear_t, row, split_qkv
 
 MODEL_TYPES = ("gpt_neox",)
 PREFIXES = ("gpt_neox.", "")

@@ -220,7 +220,7 @@ def project_qkv(x, p: dict):
     """q ``[B,T,H,Dh]``, k, v ``[B,T,K,Dh]`` from ``x [B,T,D]``: three matmuls, or one with ``wqkv``.
 
     The fused ``wqkv [D, K, G+2, Dh]`` holds per kv head its ``G`` query heads then its k and v
-    (``models.quant.fuse_qkv_heads``); the local ``K`` / ``G`` come from the (possibly sharded or
+    (``aotlm.models.quant.fuse_qkv_heads``); the local ``K`` / ``G`` come from the (possibly sharded or
     regrouped) weight's shape.
     """
     if "wqkv" not in p:

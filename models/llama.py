@@ -6,9 +6,9 @@ and filter / extend ``weight_rows``."""
 
 from __future__ import annotations
 
-from models.decoder import ArchConfig
-from models.layers import rope_inv_freq
-from models.weights import bias_heads, heads_in, heads_out, linear_t, row
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.layers import rope_inv_freq
+from aotlm.models.weights import bias_heads, heads_in, heads_out, linear_t, row
 
 MODEL_TYPES = ("llama", "mistral")
 PREFIXES = ("model.", "")

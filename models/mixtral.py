@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from models import llama
-from models.decoder import ArchConfig
-from models.weights import linear_t, row
+from aotlm.models import llama
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.weights import linear_t, row
 
 MODEL_TYPES = ("mixtral",)
 PREFIXES = llama.PREFIXES

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from models import layers as L
+from aotlm.models import layers as L
 
 if TYPE_CHECKING:
-    from models.decoder import ArchConfig
+    from aotlm.models.decoder import ArchConfig
 
 
 def routing_weights(logits: jax.Array, top_k: int) -> jax.Array:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from models.decoder import ArchConfig
-from models.weights import Row, heads_out, linear_t, row, split_qkv
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.weights import Row, heads_out, linear_t, row, split_qkv
 
 MODEL_TYPES = ("mpt",)
 PREFIXES = ("transformer.", "")

@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from models.decoder import ArchConfig
-from models.weights import Row, bias_heads, heads_in, heads_out, linear_t, row
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.weights import Row, bias_heads, heads_in, heads_out, linear_t, row
 
 MODEL_TYPES = ("opt",)
 PREFIXES = ("model.decoder.", "decoder.", "model.", "")

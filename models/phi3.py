@@ -7,10 +7,10 @@ at run time, which a static-shape graph cannot do: it is rejected with an error.
 
 from __future__ import annotations
 
-from models import llama
-from models.decoder import ArchConfig
-from models.layers import rope_inv_freq
-from models.weights import linear_t, row, split_qkv
+from aotlm.models import llama
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.layers import rope_inv_freq
+from aotlm.models.weights import linear_t, row, split_qkv
 
 MODEL_TYPES = ("phi3",)
 PREFIXES = llama.PREFIXES

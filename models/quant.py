@@ -4,7 +4,7 @@ Both are rewrites of finished parameters (after a family's HF-name table, before
 no family needs code of its own: they act on the generic leaf names every family produces.
 
 * ``QuantizationConfig(quant_dtype="s8")`` (transformers-neuronx semantics): every big matrix
-  (``CONTRACT_AXES`` in ``models.weights``: q/k/v/o, MLP, MoE experts, untied ``lm_head``, and
+  (``CONTRACT_AXES`` in ``aotlm.models.weights``: q/k/v/o, MLP, MoE experts, untied ``lm_head``, and
   their fused forms) is stored as int8 plus a per-output-channel scale
   ``max|w| / 127`` over its input (contracted) dims, leaf ``<name>_scale``. Inside the graph
   the int8 weight is converted to the compute (amp) dtype -- the dequant dtype -- and the scale
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.weights import CONTRACT_AXES, Path
+from aotlm.models.weights import CONTRACT_AXES, Path
 
 QUANT_DTYPES = ("s8", "int8")
 
@@ -97,7 +97,7 @@ def fuse_qkv_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, head_axis: int) 
 def regroup_qkv(fused: np.ndarray, kv_axis: int, r: int) -> np.ndarray:
     """Repeat every kv head of a fused ``[.., K, G+2, Dh]`` ``r`` times -> ``[.., K*r, G/r+2, Dh]``.
 
-    The fused form of ``replicated-heads`` (``engine.sharding``): new group ``k*r + j`` holds
+    The fused form of ``replicated-heads`` (``aotlm.sharding``): new group ``k*r + j`` holds
     query heads ``(k*r + j)*G/r ..`` and a copy of kv head ``k``.
     """
     if r == 1:

@@ -8,9 +8,9 @@
 
 from __future__ import annotations
 
-from models import llama
-from models.decoder import ArchConfig
-from models.weights import row
+from aotlm.models import llama
+from aotlm.models.decoder import ArchConfig
+from aotlm.models.weights import row
 
 MODEL_TYPES = ("qwen2", "qwen3")
 PREFIXES = llama.PREFIXES

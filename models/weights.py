@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.checkpoint import CheckpointError, WeightReader
+from aotlm.checkpoint import CheckpointError, WeightReader
 
 Path = tuple  # ("embed",) or ("layers", 3, "wq")
 
-# Logical axes of every parameter leaf name, declared once. ``engine.sharding`` maps
+# Logical axes of every parameter leaf name, declared once. ``aotlm.sharding`` maps
 # logical axes onto the mesh (Megatron layout: heads / mlp / vocab split over "tp").
 LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     "embed": ("vocab", "embed"),
@@ -164,7 +164,7 @@ def load_params(
 ) -> dict:
     """Fill the params pytree from ``rows``; ``place(path, array)`` returns the leaf.
 
-    ``rewriter`` (optional, ``models.quant.ParamRewriter``): host-side rewrite of each finished
+    ``rewriter`` (optional, ``aotlm.models.quant.ParamRewriter``): host-side rewrite of each finished
     parameter into the leaves actually placed (int8 + scale, fused q/k/v); quantization scales
     stay float32.
     """

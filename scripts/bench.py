@@ -43,7 +43,7 @@ def interleaved(fns: dict, runs: int) -> dict:
 
 
 def load_aotlm(path, b, args):
-    from engine import AutoModelForSampling
+    from aotlm import AutoModelForSampling
 
     t0 = time.perf_counter()
     model = AutoModelForSampling.from_pretrained(
@@ -120,7 +120,7 @@ def main() -> int:
         )
     import numpy as np
 
-    from engine.tiny import make_gpt2_small
+    from aotlm.tiny import make_gpt2_small
 
     path = args.checkpoint or make_gpt2_small()
     print(

@@ -21,7 +21,7 @@ WARM = r"""
 import json, sys, time
 import numpy as np
 t0 = time.perf_counter()
-from engine import AutoModelForSampling
+from aotlm import AutoModelForSampling
 path, cache, npos, ctx = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 t_import = time.perf_counter() - t0
 t0 = time.perf_counter()
@@ -43,12 +43,12 @@ def main() -> int:
     ap.add_argument("--n-positions", default="256,512,1024")
     ap.add_argument("--context-length-estimate", default="32,64,128,256")
     args = ap.parse_args()
-    from engine.tiny import make_gpt2_small
+    from aotlm.tiny import make_gpt2_small
 
     path = args.checkpoint or str(make_gpt2_small())
     cache = tempfile.mkdtemp(prefix="aotlm-bench-cache-")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    cmd = [sys.executable, "-m", "engine.cli", "compile", path, "--batch-size", "1"]
+    cmd = [sys.executable, "-m", "aotlm.cli", "compile", path, "--batch-size", "1"]
     cmd += ["--n-positions", args.n_positions, "--context-length-estimate", args.context_length_estimate]
     t0 = time.perf_counter()
     cold = subprocess.run(cmd + ["--cache-dir", cache], capture_output=True, text=True, env=env)

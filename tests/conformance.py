@@ -100,7 +100,7 @@ def check_conformance(
        with the same ``attention_mask``.
     Returns the aotlm model (compiled) for further checks.
     """
-    from engine import AutoModelForSampling
+    from aotlm import AutoModelForSampling
 
     rng = np.random.default_rng(1)
     ref = hf_model(path)

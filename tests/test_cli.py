@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from engine.cli import main
-from engine.tiny import make_tiny_gpt2
+from aotlm.cli import main
+from aotlm.tiny import make_tiny_gpt2
 
 SHAPE = ["--batch-size", "2", "--n-positions", "32,64", "--context-length-estimate", "8,16"]
 

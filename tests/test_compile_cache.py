@@ -115,7 +115,7 @@ def test_lru_eviction_and_refused_executable_fall_back(gpt2_path, tmp_path, monk
 
     import numpy as np
 
-    from engine import AutoModelForSampling, compile_cache
+    from aotlm import AutoModelForSampling, compile_cache
 
     kw = dict(n_positions=32, context_length_estimate=[8, 16], compile_cache=str(tmp_path / "c"))
     model = AutoModelForSampling.from_pretrained(gpt2_path, **kw).compile()

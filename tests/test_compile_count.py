@@ -3,7 +3,7 @@
 import numpy as np
 from compile_counter import count_compiles
 
-from engine import AutoModelForSampling
+from aotlm import AutoModelForSampling
 
 
 def test_each_graph_compiles_once_and_sample_compiles_nothing(llama_path):

@@ -12,7 +12,7 @@ from conformance import (
     make_checkpoint,
 )
 
-from engine import AutoModelForSampling, GPT2ForSampling, LlamaForSampling
+from aotlm import AutoModelForSampling, GPT2ForSampling, LlamaForSampling
 
 
 def test_gpt2_conformance(gpt2_path):

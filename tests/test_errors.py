@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from engine import AutoModelForSampling
-from engine.checkpoint import CheckpointError
+from aotlm import AutoModelForSampling
+from aotlm.checkpoint import CheckpointError
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import torch
 import transformers
 from conformance import check_conformance, hf_model, left_padded_batch
 
-from engine import AutoModelForSampling
+from aotlm import AutoModelForSampling
 
 V = 101  # vocab not a multiple of 8
 SCALE = 4.0  # weights x4: sharper attention, so a wrong rotary / ALiBi detail moves logits by >1e-3
@@ -217,8 +217,8 @@ def test_mpt_alibi_slopes_match_transformers(n_heads, bias_max):
     against transformers' own ``build_mpt_alibi_tensor``; for bias_max 8 they equal BLOOM's."""
     from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
-    from models.layers import alibi_slopes
-    from models.mpt import mpt_alibi_slopes
+    from aotlm.models.layers import alibi_slopes
+    from aotlm.models.mpt import mpt_alibi_slopes
 
     want = build_mpt_alibi_tensor(n_heads, 2, bias_max)[:, 0, 0].neg().numpy()  # slope * (0 - 1)
     np.testing.assert_allclose(mpt_alibi_slopes(n_heads, bias_max), want, rtol=1e-6)
@@ -227,7 +227,7 @@ def test_mpt_alibi_slopes_match_transformers(n_heads, bias_max):
 
 
 def test_unsupported_variants_are_rejected():
-    from models import family_for
+    from aotlm.models import family_for
 
     bad = [
         T.MptConfig(d_model=32, n_heads=4, n_layers=1, attn_config={"qk_ln": True}),

@@ -12,7 +12,7 @@ import pytest
 import transformers
 from conformance import check_conformance, hf_generate, hf_last_logits, hf_model, make_checkpoint
 
-from models import family_for
+from aotlm.models import family_for
 
 V = 101
 TINY = dict(vocab_size=V, num_hidden_layers=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
@@ -66,7 +66,7 @@ def test_moe_routing_matches_transformers_router():
     import torch
     from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
 
-    from models.moe import routing_weights
+    from aotlm.models.moe import routing_weights
 
     cfg = transformers.MixtralConfig(hidden_size=16, num_local_experts=8, num_experts_per_tok=2)
     router = MixtralTopKRouter(cfg)
@@ -184,7 +184,7 @@ def test_phi3_longrope_is_rejected():
 
 
 def test_registry_lists_new_families():
-    from models import supported_model_types
+    from aotlm.models import supported_model_types
 
     for mt in ("mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"):
         assert mt in supported_model_types()

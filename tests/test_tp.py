@@ -20,7 +20,7 @@ import pytest
 import transformers
 from conformance import make_checkpoint
 
-from engine import AutoModelForSampling, distributed, memory, sharding
+from aotlm import AutoModelForSampling, distributed, memory, sharding
 
 WORKER = str(Path(__file__).parent / "tp_worker.py")
 BATCH = 8
@@ -261,7 +261,7 @@ def test_memory_plan_and_check_fits():
         vocab_size=128256,
         max_position_embeddings=8192,
     )
-    from models import family_for
+    from aotlm.models import family_for
 
     arch = family_for("llama").arch_config(cfg)  # Llama-3-8B shapes, no weights needed
     p1 = memory.memory_plan(arch, batch_size=4, n_positions=4096, amp="bf16", tp=1)

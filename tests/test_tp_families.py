@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from tpf_worker import CASES, TP
 
-from engine import sharding
-from models import supported_model_types
+from aotlm import sharding
+from aotlm.models import supported_model_types
 
 WORKER = str(Path(__file__).parent / "tpf_worker.py")
 

@@ -31,11 +31,11 @@ import torch
 import transformers
 from conformance import hf_model
 
-from engine import AutoModelForSampling, sharding
-from engine.compile_cache import entry_key
-from models import decoder
-from models.quant import QuantizationConfig, fuse_qkv_heads, quantize_int8, regroup_qkv
-from models.weights import CONTRACT_AXES
+from aotlm import AutoModelForSampling, sharding
+from aotlm.compile_cache import entry_key
+from aotlm.models import decoder
+from aotlm.models.quant import QuantizationConfig, fuse_qkv_heads, quantize_int8, regroup_qkv
+from aotlm.models.weights import CONTRACT_AXES
 
 T = transformers
 V, N_POS, NEW = 101, 32, 16
@@ -295,7 +295,7 @@ FAMILIES = {  # one tiny config per family module (1 layer: fused vs unfused is 
 
 
 def test_every_family_module_has_a_fuse_case():
-    from models import _FAMILIES
+    from aotlm.models import _FAMILIES
 
     assert {f.replace("qwen", "qwen2") for f in _FAMILIES} == set(FAMILIES)
 

@@ -173,7 +173,7 @@ def run_tp(path: Path, tp: int) -> dict:
     import jax
     import numpy as np
 
-    from engine import AutoModelForSampling, sharding
+    from aotlm import AutoModelForSampling, sharding
 
     t0 = time.perf_counter()
     m = AutoModelForSampling.from_pretrained(

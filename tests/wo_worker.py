@@ -19,7 +19,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from engine import AutoModelForSampling, sharding  # noqa: E402
+from aotlm import AutoModelForSampling, sharding  # noqa: E402
 
 N_POS, NEW = 32, 12
 
