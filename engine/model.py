@@ -22,7 +22,7 @@ import numpy as np
 
 from aotlm import artifacts, graphs, inputs, sharding
 from aotlm import buckets as bk
-from aotlm.checkpoint import WeightReader, load_hf_config
+from aotlm.checkpoint import CheckpointError, WeightReader, load_hf_config
 from aotlm.compile_cache import CompileCache
 from aotlm.models import decoder, family_for
 from aotlm.models.quant import ParamRewriter, QuantizationConfig, quant_config
@@ -80,8 +80,11 @@ class CausalLMForSampling:
         if self.model_types is not None and mt not in self.model_types:
             raise ValueError(f"{type(self).__name__} loads {list(self.model_types)}, but {path} is {mt!r}")
         family = family_for(mt)
-        self.cfg: decoder.ArchConfig = family.arch_config(self.hf_config)
-        if batch_size < 1:
+        try:
+            self.cfg: decoder.ArchConfig = family.arch_config(self.hf_config)
+        except (ArithmeticError, TypeError, KeyError, AttributeError) as e:  # e.g. n_head: 0
+            raise CheckpointError(f"{path}/config.json has unusable values ({type(e).__name__}: {e})") from e
+        if inputs.count(batch_size, "batch_size") < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = int(batch_size)
         self.amp = amp
@@ -126,7 +129,7 @@ class CausalLMForSampling:
             rows = family.weight_rows(self.cfg, self.hf_config)
             np_dtype = np.dtype(jnp.dtype(self.dtype))
             rewriter = ParamRewriter(self.quant, self.fuse_qkv) if self.quant or self.fuse_qkv else None
-            return load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter)
+            return load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
         finally:
             reader.close()
 
@@ -334,7 +337,8 @@ class CausalLMForSampling:
         p_len = ids.shape[1]
         new = self._n_new(p_len, max_new_tokens, sequence_length)
         eos = inputs.eos_ids(eos_token_id, graphs.MAX_EOS)
-        pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos[0] >= 0 else 0)
+        pad = inputs.count(pad_token_id, "pad_token_id")
+        pad = pad if pad is not None else (int(eos[0]) if eos[0] >= 0 else 0)
         _, first, positions = self._encode(ids, mask)
         first = sharding.fetch(first)
         out = np.zeros((self.batch_size, self.n_positions), np.int32)
@@ -362,6 +366,8 @@ class CausalLMForSampling:
         return np.concatenate([ids[:n], out[:n, p_len : p_len + n_gen]], axis=1)
 
     def _n_new(self, p_len: int, max_new_tokens: int | None, sequence_length: int | None) -> int:
+        max_new_tokens = inputs.count(max_new_tokens, "max_new_tokens")
+        sequence_length = inputs.count(sequence_length, "sequence_length")
         if max_new_tokens is not None and sequence_length is not None:
             raise ValueError("give max_new_tokens or sequence_length, not both")
         if sequence_length is not None:
