@@ -244,7 +244,7 @@ class CompileCache:
                 continue
             try:
                 manifest = json.loads(m.read_text())
-            except (OSError, json.JSONDecodeError):
+            except (OSError, ValueError):  # not JSON, not UTF-8 (a flipped byte)
                 manifest = {"key": entry.name, "bytes": 0, "corrupt": True}
             manifest["last_used"] = m.stat().st_mtime
             out.append(manifest)

@@ -83,7 +83,9 @@ class CausalLMForSampling:
         try:
             self.cfg: decoder.ArchConfig = family.arch_config(self.hf_config)
         except (ArithmeticError, TypeError, KeyError, AttributeError) as e:  # e.g. n_head: 0
-            raise CheckpointError(f"{path}/config.json has unusable values ({type(e).__name__}: {e})") from e
+            raise CheckpointError(
+                f"{path}/config.json has unusable values ({type(e).__name__}: {e}); fix config.json"
+            ) from e
         if inputs.count(batch_size, "batch_size") < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = int(batch_size)

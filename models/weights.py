@@ -174,7 +174,7 @@ def check_shape(path: Path, arr: np.ndarray, cfg, tensor: str, where) -> None:
     if axes is None:
         if arr.ndim == 0:
             problem = "is a scalar where a vector is expected"
-        elif path[0] == "layers" and path[-1].startswith("ln") and arr.shape != (cfg.hidden_size,):
+        elif path[-1].startswith(("ln", "final_norm")) and arr.shape != (cfg.hidden_size,):
             problem = f"has shape {arr.shape} where config.json says ({cfg.hidden_size},)"
     elif arr.ndim != len(axes):
         problem = f"has {arr.ndim} dims where {len(axes)} are expected"

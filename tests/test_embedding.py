@@ -19,7 +19,7 @@ import pytest
 
 from aotlm import AutoModelForSampling
 
-SHAPE = dict(n_positions=32, context_length_estimate=16)  # 2 graphs: prefill 16, decode 32
+SHAPE = dict(n_positions=32, context_length_estimate=32)  # 2 graphs: prefill 32, decode 32
 
 
 def _python(cwd, *args, timeout=300):
