@@ -202,8 +202,13 @@ SAMPLE_CASES = {
     "too many eos ids": (dict(eos_token_id=list(range(MAX_EOS + 1))), f"at most {MAX_EOS} eos", "pass the"),
     "float eos id": (dict(eos_token_id=2.5), "eos_token_id must be an integer", "pass an int"),
     "negative eos id": (dict(eos_token_id=-3), "eos_token_id must be >= 0", "real token ids"),
-    "float max_new_tokens": (dict(max_new_tokens=2.5), "max_new_tokens must be an integer", "pass an int"),
-    "str max_new_tokens": (dict(max_new_tokens="3"), "max_new_tokens must be an integer", "pass an int"),
+    "float max_new_tokens": (dict(max_new_tokens=2.5), "max_new_tokens must be an integer", "got 2.5"),
+    "str max_new_tokens": (dict(max_new_tokens="3"), "max_new_tokens must be an integer", "got '3'"),
+    "float sequence_length": (
+        dict(max_new_tokens=None, sequence_length=9.5),
+        "sequence_length must be an",
+        "int",
+    ),
     "float pad id": (dict(pad_token_id=1.5), "pad_token_id must be an integer", "pass an int"),
     "float start_ids": (dict(start_ids=[0.5]), "start_ids must hold integers", "integer indices"),
 }
