@@ -4,7 +4,8 @@
   still generates with aotlm, and neither ``engine`` nor ``models`` is importable from aotlm's
   installation.
 * Concurrent ``sample()`` calls on one model return exactly the sequential results (the model's
-  lock serializes requests), and a second model object is not blocked by the first one's lock.
+  lock serializes requests, a streamed one until its last token), and a second model object is
+  not blocked by the first one's lock.
 """
 
 import json
@@ -12,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -120,3 +122,34 @@ def test_second_model_is_not_blocked_by_the_first(model, sequential, gpt2_path):
         release.set()
         holder.join()
     np.testing.assert_array_equal(want2[0], sequential[1][0])  # batch 2 agrees with batch 1
+
+
+class SlowStreamer:
+    """A transformers-style streamer that takes its time, as one writing to a slow client would."""
+
+    def __init__(self):
+        self.puts, self.started, self.ended_at = [], threading.Event(), None
+
+    def put(self, value):
+        self.puts.append(np.asarray(value))
+        self.started.set()
+        time.sleep(0.05)
+
+    def end(self):
+        self.ended_at = time.perf_counter()
+
+
+def test_streamed_and_plain_requests_in_two_threads(model, sequential):
+    """The plain request waits for the whole streamed one; both come out right."""
+    streamer = SlowStreamer()
+    with ThreadPoolExecutor(2) as pool:
+        streamed = pool.submit(model.sample, [PROMPTS[2]], max_new_tokens=NEW[2], streamer=streamer)
+        assert streamer.started.wait(120)
+        plain = pool.submit(lambda: (model.sample([PROMPTS[3]], max_new_tokens=NEW[3]), time.perf_counter()))
+        np.testing.assert_array_equal(streamed.result(timeout=120), sequential[2])
+        out, finished_at = plain.result(timeout=120)
+    np.testing.assert_array_equal(out, sequential[3])
+    assert finished_at > streamer.ended_at  # the lock was held until the stream's end()
+    np.testing.assert_array_equal(streamer.puts[0], [PROMPTS[2]])  # the prompt, then the new tokens
+    new = np.concatenate([p.reshape(-1) for p in streamer.puts[1:]])
+    np.testing.assert_array_equal(new, sequential[2][0, len(PROMPTS[2]) :])

@@ -27,8 +27,9 @@ from aotlm import AutoModelForSampling
 from aotlm.checkpoint import SAFE_INDEX, CheckpointError
 from aotlm.cli import main
 from aotlm.compile_cache import CacheWarning, CompileCache
+from aotlm.graphs import MAX_EOS
 
-SHAPE = dict(n_positions=32, context_length_estimate=32)  # 2 graphs: prefill 32, decode 32
+SHAPE = dict(n_positions=32, context_length_estimate=32)  # one bucket: prefill 32, decode 32 (+ select)
 PROMPT = [[5, 17, 42, 9, 3]]
 
 
@@ -177,7 +178,6 @@ def test_spaces_non_ascii_and_symlinks(gpt2_path, model, reference, cache_dir, t
 
 
 # ---------------------------------------------------------------------------------- sample()
-MAX_EOS = 8
 SAMPLE_CASES = {
     "id >= vocab": (dict(input_ids=[[1, 101]]), r"input_ids\[0, 1\] = 101", r"in \[0, 100\]"),
     "negative id": (dict(input_ids=[[-1, 2]]), r"= -1 is not a valid token id", r"in \[0, 100\]"),
@@ -236,10 +236,10 @@ import os, signal, sys
 from pathlib import Path
 from aotlm import AutoModelForSampling
 orig, seen = Path.write_text, []
-def write_text(self, data, *a, **k):  # SIGKILL while writing the 2nd entry's manifest, half written
+def write_text(self, data, *a, **k):  # SIGKILL while writing a manifest, half written
     if self.name == "manifest.json":
         seen.append(self)
-        if len(seen) == 2:
+        if len(seen) == 1:
             with open(self, "w") as f:
                 f.write(data[: len(data) // 2])
             os.kill(os.getpid(), signal.SIGKILL)
@@ -249,8 +249,15 @@ AutoModelForSampling.from_pretrained(sys.argv[1], compile_cache=sys.argv[2], {sh
 """
 
 
-def test_process_killed_mid_compile_then_rerun(gpt2_path, reference, tmp_path):
+def _entry(model, graph: str) -> str:
+    return next(r["entry"] for r in model.compile_report if r["graph"] == graph)
+
+
+def test_process_killed_mid_compile_then_rerun(gpt2_path, model, reference, cache_dir, tmp_path):
+    """The child finds every graph cached but the prefill one, compiles it and dies writing it."""
     cache = tmp_path / "cache"
+    shutil.copytree(cache_dir, cache)
+    shutil.rmtree(cache / _entry(model, "prefill"))  # prefill: the cheapest graph to compile
     p = subprocess.run(
         [sys.executable, "-c", KILL_CHILD.format(shape=", ".join(f"{k}={v!r}" for k, v in SHAPE.items()))]
         + [str(gpt2_path), str(cache)],
@@ -261,13 +268,14 @@ def test_process_killed_mid_compile_then_rerun(gpt2_path, reference, tmp_path):
     )
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
     partial = [d for d in cache.iterdir() if d.name.startswith(".tmp-")]
-    assert len(partial) == 1 and len(CompileCache(cache).entries()) == 1  # the half entry is invisible
+    n = len(model.graph_keys())
+    assert len(partial) == 1 and len(CompileCache(cache).entries()) == n - 1  # the half entry is invisible
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)  # nothing corrupt is ever read
         m = AutoModelForSampling.from_pretrained(gpt2_path, compile_cache=cache, **SHAPE).compile()
-    assert [r["hit"] for r in m.compile_report] == [True, False]
+    assert [r["graph"] for r in m.compile_report if not r["hit"]] == ["prefill"]
     np.testing.assert_array_equal(m.sample(PROMPT, max_new_tokens=8), reference)
-    assert len(m.compile_cache.entries()) == 2
+    assert len(m.compile_cache.entries()) == n
     old = 1e9  # 2001: leftovers of killed processes are swept by `cache clear`
     os.utime(partial[0], (old, old))
     assert m.compile_cache.clear(older_than_days=10**5) == 0 and not partial[0].exists()
@@ -300,12 +308,12 @@ DAMAGE = {
 def test_damaged_cache_entry_recompiles_and_heals(gpt2_path, model, reference, cache_dir, tmp_path, case):
     cache = tmp_path / "cache"
     shutil.copytree(cache_dir, cache)
-    victim = cache / model.compile_report[-1]["entry"]  # the decode graph's entry
+    victim = cache / _entry(model, "prefill")  # prefill: the cheapest graph to recompile
     DAMAGE[case](victim)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         m = AutoModelForSampling.from_pretrained(gpt2_path, compile_cache=cache, **SHAPE).compile()
-    assert [r["hit"] for r in m.compile_report] == [True, False]
+    assert [r["graph"] for r in m.compile_report if not r["hit"]] == ["prefill"]
     assert [one_line(str(w.message)) for w in caught if w.category is CacheWarning]
     np.testing.assert_array_equal(m.sample(PROMPT, max_new_tokens=8), reference)
     again = AutoModelForSampling.from_pretrained(gpt2_path, compile_cache=cache, **SHAPE).compile()
@@ -318,11 +326,12 @@ def test_cache_tools_survive_a_damaged_manifest(model, cache_dir, tmp_path, caps
     _flip(cache / model.compile_report[0]["entry"] / "manifest.json", 0)
     cache = str(cache)
     assert main(["cache", "list", "--cache-dir", cache]) == 0
-    assert "2 entries" in capsys.readouterr().out
+    n = len(model.graph_keys())
+    assert f"{n} entries" in capsys.readouterr().out
     assert main(["cache", "verify", "--cache-dir", cache]) == 1
-    assert "2 entries checked, 1 corrupt" in capsys.readouterr().out
+    assert f"{n} entries checked, 1 corrupt" in capsys.readouterr().out
     assert main(["cache", "clear", "--cache-dir", cache]) == 0
-    assert "removed 2 entries" in capsys.readouterr().out and not os.listdir(cache)
+    assert f"removed {n} entries" in capsys.readouterr().out and not os.listdir(cache)
 
 
 @pytest.mark.parametrize("where", ["regular file", "under /proc", "/proc/self"])
