@@ -185,6 +185,10 @@ class TextGenerationPipeline:
         out = self.model.sample(ids, **call)
         seconds = time.perf_counter() - t0
         seqs = out.sequences if want_dict else out
+        if streamer is not None and timer is None:  # an engine without streaming: all at once
+            streamer.put(ids[:1])
+            streamer.put(seqs[:1, p_len:])
+            streamer.end()
         reasons = list(out.finish_reason) if want_dict else None
         gens = []
         for r, row in enumerate(seqs[: len(rows)]):

@@ -31,7 +31,9 @@ def make_tokenizer(path: Path, vocab_size: int = 320):
     return fast
 
 
-def make_text_checkpoint(path: Path, family: str = "llama", tokenizer: bool = True, scale: float = 4.0) -> Path:
+def make_text_checkpoint(
+    path: Path, family: str = "llama", tokenizer: bool = True, scale: float = 4.0
+) -> Path:
     """A tiny random model of ``family`` whose vocabulary is the tokenizer's (saved alongside)."""
     import transformers
     from conformance import make_checkpoint
@@ -58,3 +60,14 @@ def make_text_checkpoint(path: Path, family: str = "llama", tokenizer: bool = Tr
     if tokenizer:
         tok.save_pretrained(str(path))
     return path
+
+
+def shared_text_checkpoint(tmp_path_factory) -> tuple[Path, Path]:
+    """``(checkpoint, compile cache dir)`` at fixed places of the session's temp root, so the
+    test files that use it share one compile cache (subprocess runs then start warm)."""
+    root = tmp_path_factory.getbasetemp() / "text-shared"
+    return make_text_checkpoint(root / "llama"), root / "compile_cache"
+
+
+# shapes the CLI picks by default for this checkpoint with several prompts (max positions 64)
+PIPE_SHAPES = dict(batch_size=4, n_positions=64)
