@@ -35,7 +35,7 @@ def records(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def test_prompts_file_order_fields_and_output_file(shared, tmp_path):
+def test_prompts_file_order_fields_output_file_and_run_dir(shared, tmp_path):
     ckpt, cache = shared
     prompts = [
         "def fibonacci(n):",
@@ -72,35 +72,28 @@ def test_prompts_file_order_fields_and_output_file(shared, tmp_path):
     assert r["finish_reason"] in ("eos", "length") and r["timing"]["new_tokens"] <= 6
     assert r["timing"]["tokens_per_s"] > 0 and r["timing"]["prompt_tokens"] > 0
 
-    # the same with --output: nothing on stdout, the same records in the file, and the full text
-    dest = tmp_path / "out.jsonl"
-    out2 = run([*common, "--output", str(dest), "--return-full-text"])
-    assert out2.returncode == 0, out2.stderr
-    assert out2.stdout == "" and "graphs ready" in out2.stderr  # the log line on stderr
-    assert "Traceback" not in out2.stderr and "PyTorch" not in out2.stderr
-    recs2 = records(dest.read_text())
-    assert [r2["completion"] for r2 in recs2] == [r["prompt"] + r["completion"] for r in recs]
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # no temp file left
-
-
-def test_run_dir_vars_home_and_tokenizer_at_run_root(shared, tmp_path):
-    ckpt, cache = shared
+    # the same prompts from a training run (latest checkpoint in numeric order, tokenizer at the run
+    # root) named through $VARS and ~, written with --output: nothing on stdout, the same records
     home = tmp_path / "home"
     run_dir = home / "runs" / "r1"
     shutil.copytree(ckpt, run_dir / "checkpoints" / "checkpoint-10")
     os.makedirs(run_dir / "checkpoints" / "checkpoint-9")  # lexically after 10, numerically before
     for f in (run_dir / "checkpoints" / "checkpoint-10").glob("*token*"):
         shutil.move(str(f), run_dir / f.name)
-    (home / "p.jsonl").write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
-    out = run(
-        ["--model", "$RUNS/r1", "--prompts-file", "~/p.jsonl", "--output", "${OUT}/o.jsonl"]
-        + ["--max-new-tokens", "4", "--cache-dir", str(cache), "--quiet", "--batch-size", "4"],
+    shutil.move(str(pf), home / "p.jsonl")
+    out2 = run(
+        ["--model", "$RUNS/r1", "--prompts-file", "~/p.jsonl", "--output", "${OUT}/out.jsonl"]
+        + ["--max-new-tokens", "6", "--cache-dir", str(cache), "--return-full-text"],
         env={"RUNS": str(home / "runs"), "HOME": str(home), "OUT": str(tmp_path)},
     )
-    assert out.returncode == 0, out.stderr
-    (rec,) = records((tmp_path / "o.jsonl").read_text())
-    assert rec["generation"]["model"] == str(run_dir / "checkpoints" / "checkpoint-10")
-    assert rec["generation"]["tokenizer"] == str(run_dir)
+    assert out2.returncode == 0, out2.stderr
+    assert out2.stdout == "" and "graphs ready" in out2.stderr  # the log line on stderr
+    assert "Traceback" not in out2.stderr and "PyTorch" not in out2.stderr
+    recs2 = records((tmp_path / "out.jsonl").read_text())
+    assert [r2["completion"] for r2 in recs2] == [r["prompt"] + r["completion"] for r in recs]
+    assert recs2[0]["generation"]["model"] == str(run_dir / "checkpoints" / "checkpoint-10")
+    assert recs2[0]["generation"]["tokenizer"] == str(run_dir)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # no temp file left
 
 
 @pytest.mark.parametrize(
