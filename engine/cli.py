@@ -29,7 +29,12 @@ def _int_list(text: str) -> list[int]:
 def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
     """The shape options of ``compile``; ``checkpoint=False`` leaves out the positional model path."""
     if checkpoint:
-        p.add_argument("checkpoint", help="checkpoint directory, training run dir or bundled model name")
+        p.add_argument(
+            "checkpoint",
+            nargs="?",
+            default=None,
+            help="checkpoint dir, training run dir or bundled name (default: the bundled model)",
+        )
     p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1)")
     p.add_argument(
         "--n-positions", type=_int_list, default=None, help="token-generation buckets, e.g. 64,128"
@@ -56,7 +61,7 @@ def model_kwargs(args) -> dict:
 
     # joins a multi-host run when flags or $AOTLM_* say so; a no-op for one process
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-    if getattr(args, "checkpoint", None) is not None:  # a run dir, a bundled name, ~ or $VARS
+    if hasattr(args, "checkpoint"):  # a run dir, a bundled name, ~ or $VARS; none: the bundled model
         from aotlm.resolve import resolve
 
         args.checkpoint = str(resolve(args.checkpoint))

@@ -32,7 +32,6 @@ SAMPLING_FLAGS = (
     "seed",
 )
 DEFAULT_MAX_NEW_TOKENS = 64
-SHAPE_KEYS = ("batch_size", "n_positions", "context_length_estimate")
 
 
 def register(sub) -> None:
@@ -181,10 +180,7 @@ def cmd_generate(args) -> int:
     files = validate_checkpoint(args.model, args.tokenizer)
     tok = text.load_tokenizer(files.tokenizer)
     lengths = [len(r) for r in text.encode(tok, [r["prompt"] for r in records])]
-    args.model_dir = str(files.checkpoint)
-    kw = default_shapes(
-        _given(model_kwargs(args)), lengths, args.max_new_tokens, _max_positions(files.config)
-    )
+    kw = default_shapes(model_kwargs(args), lengths, args.max_new_tokens, _max_positions(files.config))
     output = _Output(args.output)
     ok = False
     try:
@@ -196,11 +192,6 @@ def cmd_generate(args) -> int:
     finally:
         output.close(ok)
     return 0
-
-
-def _given(kw: dict) -> dict:
-    """model_kwargs without the unset shape options (so defaults can be chosen here)."""
-    return {k: v for k, v in kw.items() if v is not None or k not in SHAPE_KEYS}
 
 
 def _generate(args, files, tok, kw: dict, prompts: list[str]):

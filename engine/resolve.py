@@ -95,8 +95,10 @@ def run_root(checkpoint: Path) -> Path | None:
     return parent.parent if parent.name == "checkpoints" else parent
 
 
-def resolve(path: str | os.PathLike) -> Path:
-    """The checkpoint directory a model argument names (see the module docstring)."""
+def resolve(path: str | os.PathLike | None) -> Path:
+    """The checkpoint directory a model argument names (see the module docstring); None: the default."""
+    if path is None:
+        path = default_model()
     if is_bundled_name(path):
         return bundled(os.fspath(path))
     p = expand(path)

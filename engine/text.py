@@ -199,15 +199,7 @@ def eos_ids(checkpoint: str | os.PathLike, hf_config, tokenizer) -> list[int]:
     ``generation_config.json`` first, then ``config.json``; the tokenizer's eos only when
     the checkpoint names none.
     """
-    eos = None
-    gen_file = Path(checkpoint) / "generation_config.json"
-    if gen_file.is_file():
-        import json
-
-        try:
-            eos = json.loads(gen_file.read_text()).get("eos_token_id")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            eos = None
+    eos = generation_defaults(checkpoint).get("eos_token_id")
     if eos is None:
         eos = getattr(hf_config, "eos_token_id", None)
     if eos is None and tokenizer is not None:
@@ -215,3 +207,15 @@ def eos_ids(checkpoint: str | os.PathLike, hf_config, tokenizer) -> list[int]:
     if eos is None:
         return []
     return [int(e) for e in np.atleast_1d(eos).tolist()]
+
+
+def generation_defaults(checkpoint: str | os.PathLike) -> dict:
+    """The checkpoint's ``generation_config.json`` as a dict (empty when absent or unreadable)."""
+    import json
+
+    f = Path(checkpoint) / "generation_config.json"
+    try:
+        out = json.loads(f.read_text()) if f.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return out if isinstance(out, dict) else {}

@@ -72,6 +72,7 @@ class TextGenerationPipeline:
         self.tokenizer = tokenizer
         self.progress = progress_bars
         self.eos = text.eos_ids(model.path, model.hf_config, tokenizer)
+        self.default_new = text.generation_defaults(model.path).get("max_new_tokens")
         self._sample_params = set(inspect.signature(model.sample).parameters)
 
     # ------------------------------------------------------------------ transformers-shaped call
@@ -149,8 +150,7 @@ class TextGenerationPipeline:
     def _new_tokens(self, i: int, p_len: int, asked: int | None) -> int:
         room = self.model.n_positions - p_len
         if asked is None:
-            gen_default = getattr(getattr(self.model, "generation_config", None), "max_new_tokens", None)
-            asked = min(gen_default or DEFAULT_MAX_NEW_TOKENS, room)
+            asked = min(self.default_new or DEFAULT_MAX_NEW_TOKENS, room)
             if asked < 1:
                 raise ValueError(
                     f"prompt {i} has {p_len} tokens, which fills n_positions={self.model.n_positions}; "
