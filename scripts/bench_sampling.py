@@ -54,7 +54,8 @@ def worker(args) -> None:
         compile_cache=cache,
     )
     model.compile()
-    ids = np.random.default_rng(0).integers(0, 50257, (args.batch, 128))
+    b = args.batch[0]
+    ids = np.random.default_rng(0).integers(0, 50257, (b, 128))
     res = {}
     for mode in args.modes:
         kw = MODES[mode]
@@ -66,7 +67,7 @@ def worker(args) -> None:
             t_pre = time.perf_counter() - t0
             t0 = time.perf_counter()
             model.sample(ids, max_new_tokens=128, **kw)
-            rates.append(args.batch * 127 / max(time.perf_counter() - t0 - t_pre, 1e-9))
+            rates.append(b * 127 / max(time.perf_counter() - t0 - t_pre, 1e-9))
         res[mode] = rates
     print(json.dumps(res))
 
