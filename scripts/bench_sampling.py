@@ -48,7 +48,7 @@ def worker(args) -> None:
     cache = os.path.join(args.cache_dir, args.tag)
     model = AutoModelForSampling.from_pretrained(
         args.checkpoint,
-        batch_size=args.batch,
+        batch_size=args.batch[0],
         n_positions=256,
         context_length_estimate=128,
         compile_cache=cache,
