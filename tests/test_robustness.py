@@ -87,7 +87,7 @@ def _edit_config(d, **changes):
 CHECKPOINT_CASES = {
     "missing dir": (lambda d: d / "nope", "does not exist", "check the path"),
     "a file": (lambda d: d / "config.json", "is a file", "give the checkpoint directory"),
-    "no config.json": (lambda d: (d / "config.json").unlink() or d, "config.json is missing", "needs config"),
+    "no config.json": (lambda d: (d / "config.json").unlink() or d, "no config.json", "holds config.json"),
     "invalid JSON": (lambda d: _config(d, "{not json"), "not valid JSON", "re-save"),
     "no model_type": (lambda d: _edit_config(d, model_type=None), "model_type", "fix config.json"),
     "unknown model_type": (lambda d: _edit_config(d, model_type="foo"), "`foo`", "fix config.json"),
