@@ -221,7 +221,12 @@ def _generate(args, files, tok, kw: dict, prompts: list[str]):
             sys.stdout.write(prompts[0])
             sys.stdout.flush()
     gens = pipe.generate(
-        prompts, max_new_tokens=args.max_new_tokens, stop=args.stop, streamer=streamer, **gen_kw
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        stop=args.stop,
+        streamer=streamer,
+        measure_ttft=True,
+        **gen_kw,
     )
     if streamer is not None:
         sys.stdout.write("\n")

@@ -64,6 +64,16 @@ class _Timer:
             self.inner.end()
 
 
+def _sample_params(model) -> set[str]:
+    """The keyword arguments ``model.sample`` takes (its signature plus GenerationConfig fields)."""
+    params = set(inspect.signature(model.sample).parameters)
+    try:
+        from aotlm.generation import FIELDS
+    except ImportError:  # an engine from before the sampling API: greedy only
+        return params
+    return params | FIELDS
+
+
 class TextGenerationPipeline:
     """Prompts (text) in, generated text out, over an aotlm model. Build with :func:`pipeline`."""
 
@@ -73,7 +83,7 @@ class TextGenerationPipeline:
         self.progress = progress_bars
         self.eos = text.eos_ids(model.path, model.hf_config, tokenizer)
         self.default_new = text.generation_defaults(model.path).get("max_new_tokens")
-        self._sample_params = set(inspect.signature(model.sample).parameters)
+        self._sample_params = _sample_params(model)
 
     # ------------------------------------------------------------------ transformers-shaped call
     def __call__(self, text_inputs: str | Sequence[str], return_full_text: bool = False, **kwargs):
@@ -100,9 +110,15 @@ class TextGenerationPipeline:
         skip_special_tokens: bool = True,
         clean_up_tokenization_spaces: bool | None = None,
         streamer=None,
+        measure_ttft: bool = False,
         **generation_kwargs,
     ) -> list[Generation]:
-        """Generate for every prompt; results in input order (see the module docstring)."""
+        """Generate for every prompt; results in input order (see the module docstring).
+
+        Time to first token is measured by the streamer when there is one. Without one,
+        ``measure_ttft=True`` times a separate prefill of each batch: a streamer would make the
+        decode loop run in short chunks (slower), so it is not used just to take the time.
+        """
         rows = text.encode(self.tokenizer, prompts)
         n = len(rows)
         per_prompt = {"max_new_tokens": max_new_tokens, **generation_kwargs}
@@ -118,11 +134,13 @@ class TextGenerationPipeline:
         if unknown:
             raise TypeError(
                 f"sample() of this aotlm does not take {sorted(unknown)}; supported: "
-                f"{sorted(self._sample_params - {'self', 'input_ids'})}"
+                f"{sorted(self._sample_params - {'self', 'input_ids', 'generation_kwargs'})}"
             )
         if streamer is not None and n != 1:
             raise ValueError(f"a streamer follows one prompt, got {n}")
-        decode_kw = dict(skip_special=skip_special_tokens, cleanup=clean_up_tokenization_spaces)
+        decode_kw = dict(
+            skip_special=skip_special_tokens, cleanup=clean_up_tokenization_spaces, ttft=measure_ttft
+        )
         new = [self._new_tokens(i, len(r), self._pick(max_new_tokens, i)) for i, r in enumerate(rows)]
         b = self.model.batch_size
         order = sorted(range(n), key=lambda i: len(rows[i]))  # stable: equal lengths keep input order
@@ -166,12 +184,17 @@ class TextGenerationPipeline:
             )
         return int(asked)
 
-    def _run(self, rows, new, kwargs, streamer, skip_special, cleanup) -> list[Generation]:
+    def _run(self, rows, new, kwargs, streamer, skip_special, cleanup, ttft) -> list[Generation]:
         pad = self.tokenizer.pad_token_id
         pad = int(pad) if pad is not None else (self.eos[0] if self.eos else 0)
         ids, mask = text.left_pad(rows, pad)
         p_len = ids.shape[1]
-        timer = _Timer(streamer) if "streamer" in self._sample_params else None
+        timer = _Timer(streamer) if streamer is not None and "streamer" in self._sample_params else None
+        first = None
+        if ttft and timer is None:  # the prefill alone: what a first token waits for
+            t0 = time.perf_counter()
+            self.model.forward(ids, attention_mask=mask)
+            first = time.perf_counter() - t0
         # one length for the batch unless rows differ and sample() takes per-row lengths; trimmed below
         per_row = len(set(new)) > 1 and "seed" in self._sample_params
         call = dict(kwargs, attention_mask=mask, max_new_tokens=new if per_row else max(new))
@@ -200,8 +223,9 @@ class TextGenerationPipeline:
             words = self.tokenizer.decode(
                 toks, skip_special_tokens=skip_special, clean_up_tokenization_spaces=cleanup
             )
-            ttft = timer.first if timer is not None else None
-            gens.append(Generation("", words, toks, len(rows[r]), reason, ttft, seconds))
+            gens.append(
+                Generation("", words, toks, len(rows[r]), reason, timer.first if timer else first, seconds)
+            )
         return gens
 
 
