@@ -247,7 +247,6 @@ def _generate(args, files, tok, kw: dict, prompts: list[str]):
         max_new_tokens=args.max_new_tokens,
         stop=args.stop,
         streamer=streamer,
-        measure_ttft=True,
         **gen_kw,
     )
     if streamer is not None:

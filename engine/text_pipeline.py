@@ -45,33 +45,11 @@ class Generation:
     extra: dict = field(default_factory=dict)
 
 
-class _Timer:
-    """A streamer that notes when the first generated token arrives, then forwards to ``inner``."""
-
-    def __init__(self, inner=None):
-        self.inner, self.t0, self.first = inner, time.perf_counter(), None
-        self.prompt_seen = False
-
-    def put(self, value) -> None:
-        if self.prompt_seen and self.first is None:
-            self.first = time.perf_counter() - self.t0
-        self.prompt_seen = True
-        if self.inner is not None:
-            self.inner.put(value)
-
-    def end(self) -> None:
-        if self.inner is not None:
-            self.inner.end()
-
-
 def _sample_params(model) -> set[str]:
     """The keyword arguments ``model.sample`` takes (its signature plus GenerationConfig fields)."""
-    params = set(inspect.signature(model.sample).parameters)
-    try:
-        from aotlm.generation import FIELDS
-    except ImportError:  # an engine from before the sampling API: greedy only
-        return params
-    return params | FIELDS
+    from aotlm.generation import FIELDS
+
+    return set(inspect.signature(model.sample).parameters) | FIELDS
 
 
 class TextGenerationPipeline:
@@ -110,14 +88,11 @@ class TextGenerationPipeline:
         skip_special_tokens: bool = True,
         clean_up_tokenization_spaces: bool | None = None,
         streamer=None,
-        measure_ttft: bool = False,
         **generation_kwargs,
     ) -> list[Generation]:
         """Generate for every prompt; results in input order (see the module docstring).
 
-        Time to first token is measured by the streamer when there is one. Without one,
-        ``measure_ttft=True`` times a separate prefill of each batch: a streamer would make the
-        decode loop run in short chunks (slower), so it is not used just to take the time.
+        Time to first token is measured by ``sample()`` (``GenerateOutput.time_to_first_token``).
         """
         rows = text.encode(self.tokenizer, prompts)
         n = len(rows)
@@ -138,9 +113,7 @@ class TextGenerationPipeline:
             )
         if streamer is not None and n != 1:
             raise ValueError(f"a streamer follows one prompt, got {n}")
-        decode_kw = dict(
-            skip_special=skip_special_tokens, cleanup=clean_up_tokenization_spaces, ttft=measure_ttft
-        )
+        decode_kw = dict(skip_special=skip_special_tokens, cleanup=clean_up_tokenization_spaces)
         new = [self._new_tokens(i, len(r), self._pick(max_new_tokens, i)) for i, r in enumerate(rows)]
         b = self.model.batch_size
         order = sorted(range(n), key=lambda i: len(rows[i]))  # stable: equal lengths keep input order
@@ -184,48 +157,26 @@ class TextGenerationPipeline:
             )
         return int(asked)
 
-    def _run(self, rows, new, kwargs, streamer, skip_special, cleanup, ttft) -> list[Generation]:
+    def _run(self, rows, new, kwargs, streamer, skip_special, cleanup) -> list[Generation]:
         pad = self.tokenizer.pad_token_id
         pad = int(pad) if pad is not None else (self.eos[0] if self.eos else 0)
         ids, mask = text.left_pad(rows, pad)
         p_len = ids.shape[1]
-        timer = _Timer(streamer) if streamer is not None and "streamer" in self._sample_params else None
-        first = None
-        if ttft and timer is None:  # the prefill alone: what a first token waits for
-            t0 = time.perf_counter()
-            self.model.forward(ids, attention_mask=mask)
-            first = time.perf_counter() - t0
-        # one length for the batch unless rows differ and sample() takes per-row lengths; trimmed below
-        per_row = len(set(new)) > 1 and "seed" in self._sample_params
-        call = dict(kwargs, attention_mask=mask, max_new_tokens=new if per_row else max(new))
+        call = dict(kwargs, attention_mask=mask, max_new_tokens=new, return_dict=True, streamer=streamer)
         call.update(eos_token_id=self.eos or None, pad_token_id=pad)
-        if timer is not None:
-            call["streamer"] = timer
-        want_dict = "return_dict" in self._sample_params
-        if want_dict:
-            call["return_dict"] = True
         t0 = time.perf_counter()
         out = self.model.sample(ids, **call)
         seconds = time.perf_counter() - t0
-        seqs = out.sequences if want_dict else out
-        if streamer is not None and timer is None:  # an engine without streaming: all at once
-            streamer.put(ids[:1])
-            streamer.put(seqs[:1, p_len:])
-            streamer.end()
-        reasons = list(out.finish_reason) if want_dict else None
+        seqs, first = out.sequences, out.time_to_first_token
+        reasons = list(out.finish_reason)
         gens = []
         for r, row in enumerate(seqs[: len(rows)]):
             toks = text.cut_at_eos(row[p_len : p_len + new[r]], self.eos)
-            if reasons is not None:
-                reason = reasons[r]
-            else:
-                reason = "eos" if toks and toks[-1] in self.eos else "length"
+            reason = reasons[r]
             words = self.tokenizer.decode(
                 toks, skip_special_tokens=skip_special, clean_up_tokenization_spaces=cleanup
             )
-            gens.append(
-                Generation("", words, toks, len(rows[r]), reason, timer.first if timer else first, seconds)
-            )
+            gens.append(Generation("", words, toks, len(rows[r]), reason, first, seconds))
         return gens
 
 
