@@ -18,6 +18,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # public name -> module (inside aotlm) that defines it
 _EXPORTS = {
     "AutoModelForSampling": "model",
+    "BUNDLED_MODELS": "bundled",
+    "DEFAULT_MODEL": "bundled",
+    "bundled_path": "bundled",
     "CausalLMForSampling": "model",
     "GPT2ForSampling": "model",
     "LlamaForSampling": "model",
