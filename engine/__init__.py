@@ -16,6 +16,7 @@ _EXPORTS = {
     "CausalLMForSampling": "model",
     "GPT2ForSampling": "model",
     "LlamaForSampling": "model",
+    "load_bucket_config": "bucket_config",
 }
 
 __all__ = sorted(_EXPORTS)
