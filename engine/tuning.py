@@ -15,7 +15,6 @@ compiles ``|ctx| + |tg| + #{W in tg: W > max(ctx)}`` graphs (the last are chunk 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -244,31 +243,3 @@ def optimise(
             "raise --max-graphs or --compile-budget-s"
         )
     return Choice(tuple(best[1]), tuple(best[2]), best[0])
-
-
-def brute_force(
-    cm: CostModel,
-    dist: LengthDist,
-    c_cands: Sequence[int],
-    w_cands: Sequence[int],
-    max_graphs: int | None = None,
-    compile_budget_s: float | None = None,
-) -> Choice | None:
-    """Every subset pair, scored with ``expected_s`` (the engine's own bucket rules): tests only."""
-    best = None
-    subsets = lambda xs: (s for r in range(1, len(xs) + 1) for s in itertools.combinations(xs, r))
-    for ctx in subsets(sorted(c_cands)):
-        if ctx[-1] < dist.max_prompt:
-            continue
-        for tg in subsets(sorted(w_cands)):
-            if tg[-1] < max(dist.max_total, ctx[-1]):
-                continue
-            keys = graph_keys(ctx, tg)
-            if max_graphs is not None and len(keys) > max_graphs:
-                continue
-            if compile_budget_s is not None and sum(cm.compile_s(k) for k in keys) > compile_budget_s:
-                continue
-            e = expected_s(cm, ctx, tg, dist)
-            if best is None or e < best.expected_s - 1e-12:
-                best = Choice(ctx, tg, e)
-    return best
