@@ -268,6 +268,7 @@ def plot(path: str, dist, configs: dict, rows: list[dict], cm, batch_rows: list[
     if batch_rows:
         b.plot([r["batch"] for r in batch_rows], [r["tok_s"] for r in batch_rows], "o-")
         b.set(xlabel="batch size", ylabel="generated tok/s", title="batch exploration")
+        b.set_ylim(bottom=0)
     else:
         pre = [r for r in rows if r["graph"] == "prefill" and r["c"] == r["w"]]
         xs = np.linspace(1, max(r["c"] for r in pre), 100)
