@@ -222,22 +222,27 @@ def replay(
     requests: Sequence[tuple[int, int]],
     amp: str = "f32",
     seed: int = 0,
+    batch_size: int = 1,
     log: Callable = print,
 ) -> dict[str, dict]:
-    """Run the same requests through every config, round-robin (order alternating per request)."""
+    """Run the same requests (in calls of ``batch_size``) through every config, round-robin.
+
+    The order of the configs alternates per call, so machine noise hits both alike.
+    """
     out = {}
     models = {}
+    calls = [list(requests[i : i + batch_size]) for i in range(0, len(requests), batch_size)]
     for name, (ctx, tg) in configs.items():
-        models[name], secs = load_compiled(path, ctx, tg, 1, amp)
+        models[name], secs = load_compiled(path, ctx, tg, batch_size, amp)
         out[name] = dict(graphs=len(models[name].graph_keys()), compile_s=secs, latencies=[])
         log(f"  {name}: {out[name]['graphs']} graphs compiled in {secs:.1f} s")
-        _run(models[name], [requests[0]], np.random.default_rng(seed))  # warm-up, not counted
+        _run(models[name], calls[0], np.random.default_rng(seed))  # warm-up, not counted
     names = list(models)
-    for i, req in enumerate(requests):
+    for i, reqs in enumerate(calls):
         for name in names if i % 2 == 0 else names[::-1]:
-            out[name]["latencies"].append(_run(models[name], [req], np.random.default_rng(seed + i)))
+            out[name]["latencies"].append(_run(models[name], reqs, np.random.default_rng(seed + i)))
         if (i + 1) % 10 == 0:
-            log(f"  replayed {i + 1}/{len(requests)} requests")
+            log(f"  replayed {i + 1}/{len(calls)} calls")
     return out
 
 
