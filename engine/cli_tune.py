@@ -198,7 +198,7 @@ def _replay(args, dist, configs) -> None:
     what = "per request" if b == 1 else f"per call of {b} requests"
     print(f"replay: {len(reqs)} requests from the distribution, measured end-to-end latency {what} (ms):")
     print(table(rows, ("config", "graphs", "compile s", "mean ms", "p50 ms", "p99 ms")))
-    print(f"median per-request ratio tuned/default: {sorted(paired)[len(paired) // 2]:.3f}")
+    print(f"median paired ratio tuned/default (same requests): {sorted(paired)[len(paired) // 2]:.3f}")
 
 
 def _explore(args, dist, ctx, tg) -> None:

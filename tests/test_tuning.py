@@ -9,7 +9,7 @@ import pytest
 from aotlm import AutoModelForSampling, lengths, tuning
 from aotlm.bucket_config import load_bucket_config, write_bucket_config
 from aotlm.cli import main
-from aotlm.tuning_run import _nnls, batch_candidates, fit_cost_model
+from aotlm.tuning_run import _nnls, batch_candidates, fit_cost_model, measure
 
 
 def _cost_model(rng) -> tuning.CostModel:
@@ -225,3 +225,13 @@ def test_plot_writes_a_png_or_says_why_not(tmp_path, capsys):
         assert "matplotlib is not installed" in capsys.readouterr().out
     else:
         assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_measure_fits_a_usable_cost_model(gpt2_path):
+    lines = []
+    cm, rows = measure(str(gpt2_path), [8, 16], [32], runs=1, points=2, log=lines.append)
+    assert [(r["graph"], r.get("c"), r["w"]) for r in rows] == [
+        ("prefill", 8, 8), ("prefill", 16, 16), ("prefill", 16, 32), ("decode", None, 32)
+    ]  # fmt: skip
+    assert len(lines) == 4 and all(r["compile_s"] > 0 for r in rows)
+    assert cm.prefill_s(16) > 0 and cm.token_s(32) > 0 and cm.call >= 0 and cm.compile_s(("decode", 32)) > 0
