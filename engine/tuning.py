@@ -10,7 +10,8 @@ Which graphs a request uses (engine/buckets.py): a prompt of ``P`` tokens runs t
 prefill graph of the smallest context bucket ``C >= P`` (tuned configs always have a context
 bucket covering the longest prompt, so they never chunk); the token fed at cache slot ``s`` runs
 in the decode graph of the smallest token bucket ``W > s``, one call per bucket visited. A config
-compiles ``|ctx| + |tg| + #{W in tg: W > max(ctx)}`` graphs (the last are chunk graphs).
+compiles ``|ctx| + |tg| + #{W in tg: W > max(ctx)}`` graphs (the last are chunk graphs), plus the
+one first-token selection graph every config has (its run time is the same for every config).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class CostModel:
     cp1: float = 0.0
     cd0: float = 0.0
     cd1: float = 0.0
+    cs: float = 0.0  # compile seconds of the one first-token ("select") graph every config has
 
     def prefill_s(self, c: int, w: int | None = None) -> float:
         t = self.p0 + self.p1 * c + self.p2 * c * c
@@ -53,6 +55,8 @@ class CostModel:
         return self.d0 + self.d1 * w
 
     def compile_s(self, key: tuple) -> float:
+        if key[0] == "select":
+            return self.cs
         if key[0] == "prefill":
             return self.cp0 + self.cp1 * key[1]
         return self.cd0 + self.cd1 * key[1]
@@ -70,8 +74,7 @@ class Choice:
 
 def graph_keys(ctx: Sequence[int], tg: Sequence[int]) -> list[tuple]:
     """The graphs ``CausalLMForSampling.graph_keys`` would compile for these buckets."""
-    keys = [("prefill", c, w) for c, w in bk.prefill_graph_shapes(ctx, tg)]
-    return keys + [("decode", w) for w in tg]
+    return bk.graph_keys(ctx, tg)
 
 
 def default_buckets(n_positions: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -210,8 +213,9 @@ def optimise(
         raise ValueError(f"no token-bucket candidate covers the longest request ({top_t} positions)")
     if c[-1] < top_p:
         raise ValueError(f"no context-bucket candidate covers the longest prompt ({top_p} tokens)")
-    limit = max_graphs if max_graphs is not None else len(c) + 2 * len(wl)
-    budget = float("inf") if compile_budget_s is None else float(compile_budget_s)
+    # every config also has the one first-token ("select") graph: take it off both limits
+    limit = max_graphs - 1 if max_graphs is not None else len(c) + 2 * len(wl)
+    budget = float("inf") if compile_budget_s is None else float(compile_budget_s) - cm.cs
     zero = compile_budget_s is None  # without a budget, compile time never matters: one label per state
     ctime_c = [0.0 if zero else cm.compile_s(("prefill", x, x)) for x in c]
     fc = _chains(c, _prefill_segments(cm, dist, c), [1] * len(c), ctime_c, limit, budget)

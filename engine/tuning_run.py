@@ -56,38 +56,36 @@ def _median_time(fn: Callable, runs: int) -> float:
 
 
 def _prefill_call(model, c: int, w: int):
+    """One prefill graph call, exactly as ``model._encode`` makes it."""
     b, start = model.batch_size, (0 if w == c else w - c)
     tok = model._put(np.zeros((b, c), np.int32))
     pos = model._put(np.broadcast_to(np.arange(start, start + c, dtype=np.int32), (b, c)).copy())
     exe = model._executable(("prefill", c, w))
 
     def run():
-        out = exe(
+        logits, model.cache = exe(
             model.params, model.cache, tok, pos, model._put(np.int32(start)), model._put(np.int32(c - 1))
         )
-        model.cache = out[2]
-        sharding.fetch(out[1])
+        sharding.fetch(logits)
 
     return run
 
 
 def _decode_call(model, w: int, k: int):
-    b, start = model.batch_size, max(0, w - k - 1)
+    """One decode graph call generating ``k`` tokens, with the state ``aotlm.generation.run`` builds."""
+    from aotlm import generation
+
+    b, start = model.batch_size, max(1, w - k - 1)
+    ids = np.ones((b, start), np.int32)
+    positions = np.broadcast_to(np.arange(start, dtype=np.int32), (b, start))
+    host = generation.initial_state(
+        model, ids, np.ones_like(ids), positions, b, np.full(b, start + k), generation.GenerationConfig()
+    )
+    host["limit"] = np.int32(start + k)
     exe = model._executable(("decode", w))
 
     def run():
-        st = {
-            "tok": np.zeros(b, np.int32),
-            "pos": np.full(b, start, np.int32),
-            "done": np.zeros(b, bool),
-            "out": np.zeros((b, model.n_positions), np.int32),
-            "idx": np.int32(start),
-            "stop": np.int32(start + k),
-            "eos": np.full(8, -1, np.int32),
-            "pad": np.int32(0),
-        }
-        st = {key: model._put(np.asarray(v)) for key, v in st.items()}
-        model.cache, st = exe(model.params, model.cache, st)
+        model.cache, st = exe(model.params, model.cache, model._put_tree(host))
         sharding.fetch(st["idx"])
 
     return run
@@ -128,6 +126,9 @@ def measure(
     for key in model.graph_keys():
         model.compile_graph(key)
         comp = model.compile_report[-1]["seconds"]
+        if key[0] == "select":
+            rows.append(dict(graph="select", compile_s=comp))
+            continue
         if key[0] == "prefill":
             t = _median_time(_prefill_call(model, key[1], key[2]), runs)
             rows.append(dict(graph="prefill", c=key[1], w=key[2], seconds=t, compile_s=comp))
@@ -179,6 +180,7 @@ def fit_cost_model(rows: list[dict]) -> CostModel:
         cp1=float(cp[1]),
         cd0=float(cd[0]),
         cd1=float(cd[1]),
+        cs=float(statistics.median([r["compile_s"] for r in rows if r["graph"] == "select"] or [0.0])),
     )
 
 

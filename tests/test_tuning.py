@@ -186,7 +186,8 @@ def test_bucket_config_round_trip(gpt2_path, tmp_path, capsys):
         AutoModelForSampling.from_pretrained(gpt2_path, bucket_config=str(tmp_path / "nope.json"))
     assert main(["compile", str(gpt2_path), "--config", str(cfg), "--dry-run"]) == 0
     text = capsys.readouterr().out
-    assert "4 graphs would be compiled" in text and "24x40" in text  # 12x12, 24x24, chunk 24x40, decode 40
+    # 12x12, 24x24, chunk 24x40, first-token select, decode 40
+    assert "5 graphs would be compiled" in text and "24x40" in text
 
 
 def test_tune_cli_bad_inputs_exit_2(gpt2_path, tmp_path, capsys):
@@ -230,7 +231,7 @@ def test_plot_writes_a_png_or_says_why_not(tmp_path, capsys):
 def test_measure_fits_a_usable_cost_model(gpt2_path):
     lines = []
     cm, rows = measure(str(gpt2_path), [8, 16], [32], runs=1, points=2, log=lines.append)
-    assert [(r["graph"], r.get("c"), r["w"]) for r in rows] == [
+    assert [(r["graph"], r.get("c"), r["w"]) for r in rows if r["graph"] != "select"] == [
         ("prefill", 8, 8), ("prefill", 16, 16), ("prefill", 16, 32), ("decode", None, 32)
     ]  # fmt: skip
     assert len(lines) == 4 and all(r["compile_s"] > 0 for r in rows)
