@@ -161,7 +161,7 @@ def weight_files(checkpoint: Path) -> tuple[Path, ...]:
 
 
 def validate_checkpoint(
-    path: str | os.PathLike, tokenizer: str | os.PathLike | None = None, require_tokenizer: bool = True
+    path: str | os.PathLike | None, tokenizer: str | os.PathLike | None = None, require_tokenizer: bool = True
 ) -> CheckpointFiles:
     """Resolve ``path`` and check config, weights and tokenizer exist, without loading weights.
 
@@ -182,7 +182,7 @@ def validate_checkpoint(
         root = run_root(ckpt)
         where = f"{ckpt}" + (f" or the run root {root}" if root else "")
         raise CheckpointError(f"no tokenizer found in {where}; pass --tokenizer DIR (tokenizer=DIR)")
-    original = None if is_bundled_name(path) else expand(path)
+    original = None if path is None or is_bundled_name(path) else expand(path)
     run = original if original is not None and original != ckpt else None
     return CheckpointFiles(ckpt, cfg, weights, tok, run, model_type)
 
