@@ -28,6 +28,7 @@ _EXPORTS = {
     "TextGenerationPipeline": "text_pipeline",
     "TextStreamer": "text",
     "validate_checkpoint": "resolve",
+    "load_bucket_config": "bucket_config",
 }
 
 __all__ = sorted(_EXPORTS)
