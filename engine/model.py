@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aotlm import artifacts, graphs, inputs, sharding
+from aotlm import artifacts, broadcast, extensions, graphs, inputs, sharding
 from aotlm import buckets as bk
 from aotlm.checkpoint import WeightReader, load_hf_config
 from aotlm.compile_cache import CompileCache
@@ -72,6 +72,9 @@ class CausalLMForSampling:
         gqa: str | None = None,
         quant: str | QuantizationConfig | None = None,
         fuse_qkv: bool = False,
+        prompt_batch_size: int | None = None,
+        num_beams: int = 1,
+        speculation_length: int | Sequence[int] | None = None,
     ):
         self._lock = threading.RLock()
         self.path = str(path)
@@ -112,6 +115,7 @@ class CausalLMForSampling:
         self.compile_report: list[dict] = []
         self.params = self._load_weights(family)
         self.cache = self._alloc_cache()
+        extensions.configure(self, prompt_batch_size, num_beams, speculation_length)
 
     # ------------------------------------------------------------------ loading
     def _place(self, path: tuple, arr: np.ndarray):
@@ -152,12 +156,14 @@ class CausalLMForSampling:
     # ------------------------------------------------------------------ compiling
     def graph_keys(self) -> list[tuple]:
         keys = [("prefill", c, w) for c, w in bk.prefill_graph_shapes(self.ctx_buckets, self.tg_buckets)]
-        return keys + [("decode", w) for w in self.tg_buckets]
+        return keys + [("decode", w) for w in self.tg_buckets] + extensions.graph_keys(self)
 
     def _abstract(self, tree):
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
     def _lower(self, key: tuple):
+        if key[0] in extensions.KINDS:  # beam search, speculative decoding, broadcasting
+            return extensions.lower(self, key)
         p, cache = self._abstract(self.params), self._cache_specs()
         b = self.batch_size
         if key[0] == "prefill":
@@ -282,6 +288,7 @@ class CausalLMForSampling:
             mask = np.concatenate([mask, np.repeat(mask[:1], extra, 0)])
         return ids, mask, n
 
+    @broadcast.encoder
     def _encode(self, ids: np.ndarray, mask: np.ndarray):
         """Run every prefill step of the prompt; returns (logits, first token) of the last step."""
         p_len = ids.shape[1]
@@ -312,6 +319,7 @@ class CausalLMForSampling:
         logits, _, _ = self._encode(ids, mask)
         return sharding.fetch(logits)[:n]
 
+    @extensions.routed
     @_locked
     def sample(
         self,

@@ -1,0 +1,5 @@
+"""Speculative decoding (work in progress)."""
+
+
+def graph_keys(model) -> list[tuple]:
+    return []
