@@ -176,7 +176,9 @@ def lower(model, key: tuple):
     st = state_spec(model, nb)
     st_sh = model._shardings(st)
     if key[0] == "beam_init":
-        logits = jax.ShapeDtypeStruct((model.batch_size, model.cfg.vocab_size), jnp.float32, sharding=model._repl)
+        logits = jax.ShapeDtypeStruct(
+            (model.batch_size, model.cfg.vocab_size), jnp.float32, sharding=model._repl
+        )
         fn = jax.jit(functools.partial(init_graph, nb), donate_argnums=(1,), out_shardings=st_sh)
         return fn.lower(logits, st)
     p, cache = model._abstract(model.params), model._cache_specs()
@@ -309,7 +311,9 @@ def sample(model, call: dict, num_beams: int, num_return_sequences: int, length_
     pad = call.pop("pad_token_id", None)
     for name, default in _DEFAULTS.items():
         if name in call and call.pop(name) != default:
-            raise ValueError(f"{name} is not supported with num_beams > 1 (beam search here is HF's plain beam search)")
+            raise ValueError(
+                f"{name} is not supported with num_beams > 1 (beam search here is HF's plain beam search)"
+            )
     unknown = set(call) - _KNOWN
     if unknown:
         raise ValueError(f"{sorted(unknown)} not supported with num_beams > 1")

@@ -31,7 +31,9 @@ def graph_keys(model) -> list[tuple]:
     keys = [("gather",)]
     pb = getattr(model, "prompt_batch_size", None)
     if pb:
-        keys += [("bprefill", pb, c, w) for c, w in bk.prefill_graph_shapes(model.ctx_buckets, model.tg_buckets)]
+        keys += [
+            ("bprefill", pb, c, w) for c, w in bk.prefill_graph_shapes(model.ctx_buckets, model.tg_buckets)
+        ]
     return keys
 
 
@@ -89,7 +91,14 @@ def _encode_rows(model, ids: np.ndarray, mask: np.ndarray, rows: int):
         pos[:, : step.n_real] = positions[:, step.start : end]
         exe = model._executable(("bprefill", rows, step.bucket, step.width))
         put = model._put
-        out = exe(model.params, model.cache, put(tok), put(pos), put(np.int32(step.start)), put(np.int32(step.n_real - 1)))
+        out = exe(
+            model.params,
+            model.cache,
+            put(tok),
+            put(pos),
+            put(np.int32(step.start)),
+            put(np.int32(step.n_real - 1)),
+        )
         model.cache = out[-1]
     return (*out[:-1], positions)
 

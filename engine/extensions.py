@@ -48,7 +48,9 @@ PER_ROW = (
 def configure(model, prompt_batch_size=None, num_beams: int = 1, speculation_length=None) -> None:
     """Validate and store the construction options that add graphs."""
     if prompt_batch_size is not None and not 1 <= int(prompt_batch_size) <= model.batch_size:
-        raise ValueError(f"prompt_batch_size must be in [1, batch_size={model.batch_size}], got {prompt_batch_size}")
+        raise ValueError(
+            f"prompt_batch_size must be in [1, batch_size={model.batch_size}], got {prompt_batch_size}"
+        )
     if not isinstance(num_beams, int) or num_beams < 1:
         raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
     if num_beams > 1 and model.batch_size % num_beams:
@@ -137,7 +139,12 @@ def routed(sample):
         speculation_length: int | None = None,
         **kwargs,
     ):
-        if draft_model is None and speculation_length is None and num_beams == 1 and num_return_sequences == 1:
+        if (
+            draft_model is None
+            and speculation_length is None
+            and num_beams == 1
+            and num_return_sequences == 1
+        ):
             return sample(model, *args, **kwargs)
         named = {k: v for k, v in kwargs.items() if k in sig.parameters}
         bound = sig.bind_partial(model, *args, **named).arguments
@@ -157,7 +164,9 @@ def routed(sample):
             if num_beams > 1:
                 from aotlm import beam
 
-                return beam.sample(model, call, num_beams, num_return_sequences, length_penalty, early_stopping)
+                return beam.sample(
+                    model, call, num_beams, num_return_sequences, length_penalty, early_stopping
+                )
             return return_sequences(model, sample, call, num_return_sequences)
 
     return wrapper
