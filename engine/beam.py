@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 from aotlm import buckets as bk
-from aotlm import broadcast, inputs, sharding
+from aotlm import inputs, sharding
 from aotlm.models import decoder
 
 MAX_EOS = 3  # eos ids honoured by beam search (static: sets the candidate width)

@@ -24,7 +24,6 @@ from jax import lax
 
 from aotlm import buckets as bk
 from aotlm import graphs, sharding
-from aotlm.models import decoder
 
 
 def graph_keys(model) -> list[tuple]:
