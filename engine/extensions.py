@@ -108,8 +108,8 @@ def return_sequences(model, sample, args: dict, r: int):
     if n * r > model.batch_size:
         raise ValueError(
             f"{n} prompt(s) x num_return_sequences={r} = {n * r} rows exceed the compiled batch_size="
-            f"{model.batch_size}; compiled batch = runtime batch x num_return_sequences x num_beams: load the "
-            "model with a larger batch_size"
+            f"{model.batch_size}; compiled batch = runtime batch x num_return_sequences x num_beams: "
+            "load the model with a larger batch_size"
         )
     for name in PER_ROW:
         if name in args:

@@ -212,8 +212,9 @@ class SpeculativeGenerator:
         s = min(t.n_positions, d.n_positions)
         if plen + new + k - 1 > s:
             raise ValueError(
-                f"prompt ({plen}) + max_new_tokens ({new}) + speculation_length ({k}) - 1 = {plen + new + k - 1} "
-                f"exceeds n_positions={s} (the verify call writes k+1 slots); shorten the request or raise n_positions"
+                f"prompt ({plen}) + max_new_tokens ({new}) + speculation_length ({k}) - 1 = "
+                f"{plen + new + k - 1} exceeds n_positions={s} (a verify call writes k+1 slots); "
+                "shorten the request or raise n_positions"
             )
         eos = inputs.eos_ids(eos_token_id, MAX_EOS)
         eos_set = {int(e) for e in eos if e >= 0}
