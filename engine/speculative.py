@@ -228,7 +228,7 @@ class SpeculativeGenerator:
         done[n:] = True
         last, pos = first.copy(), (positions.max(1) + 1).astype(np.int32)
         idx, prev_idx, keep = plen, plen, np.zeros(b, np.int32)
-        rounds = proposed = accepted = 0
+        rounds = proposed = accepted = uneven = 0
         put = t._put
         while not done.all():
             st = {
@@ -254,6 +254,7 @@ class SpeculativeGenerator:
             rem = np.array([new - len(g) for g in gen])
             if idx + c.max() + max(0, int((rem - c)[live].max())) + k <= s:
                 keep = c  # every row keeps all it accepted (holes where it kept fewer)
+                uneven += int(len(set(c[live].tolist())) > 1)
             else:
                 keep = np.where(live, c[live].min(), 0)  # aligned rows: no holes
             for r in np.nonzero(live)[0]:
@@ -271,6 +272,8 @@ class SpeculativeGenerator:
             "proposed": proposed,
             "accepted": accepted,
             "acceptance": accepted / proposed if proposed else 0.0,
+            "uneven_rounds": uneven,  # rounds where rows kept different numbers of tokens
+            "slots": idx - plen,
         }
         width = max(len(g) for g in gen[:n])
         out = np.full((n, width), pad, np.int64)
