@@ -16,6 +16,8 @@ _EXPORTS = {
     "CausalLMForSampling": "model",
     "GPT2ForSampling": "model",
     "LlamaForSampling": "model",
+    "HuggingFaceGenerationModelAdapter": "hf_adapter",
+    "SpeculativeGenerator": "speculative",
 }
 
 __all__ = sorted(_EXPORTS)
