@@ -37,7 +37,7 @@ import numpy as np
 from jax import lax
 
 from aotlm import buckets as bk
-from aotlm import inputs, sharding
+from aotlm import generation, inputs, sampling, sharding
 from aotlm.models import decoder
 
 MAX_EOS = 8
@@ -61,40 +61,105 @@ def rollback(cache, prev_idx, keep, k: int):
     return dict(cache, pos=lax.dynamic_update_slice(cache["pos"], chunk, (0, prev_idx)))
 
 
+SP_KEYS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "seed")
+DRAFT, ACCEPT, RESIDUAL = 0, 1, 2  # random streams: uniform(seed, position, round * 4 + stream)
+
+
+def _logprobs(logits, sp):
+    """Processed log-probs ``[..., V]`` (HF warpers, per row) for logits ``[B, ..., V]``."""
+    shape = logits.shape
+    reps = 1 if len(shape) == 2 else shape[1]
+    flat = {k: jnp.repeat(sp[k], reps) for k in SP_KEYS}
+    return sampling.sort_free_logprobs(logits.reshape(-1, shape[-1]), flat).reshape(shape).astype(jnp.float32)
+
+
+def _u(sp, position, rnd, stream):
+    return sampling.uniform(sp["seed"], position, rnd * 4 + stream)
+
+
 def draft_graph(cfg, k: int, width: int, params, cache, st):
-    """``k`` greedy proposals ``[B, k]`` (``k + 1`` steps: the last writes ``dk``'s keys)."""
+    """``k`` proposals ``[B, k]`` and their log-probs ``[B, k, V]`` (``k + 1`` steps: the last only
+    writes ``dk``'s keys). Greedy rows propose the argmax; sampled rows draw from the draft's
+    processed distribution (same warpers as the target)."""
     cache = rollback(cache, st["prev_idx"], st["keep"], k)
-    b = st["last"].shape[0]
+    sp, b, v = st["sp"], st["last"].shape[0], cfg.vocab_size
+    samp = sampling.sampled_rows(sp)
 
     def body(j, carry):
-        cache, tok, out = carry
+        cache, tok, out, logq = carry
         h, cache = decoder.forward(
             cfg, params, cache, tok[:, None], (st["pos"] + j)[:, None], st["idx"] + j, width
         )
-        nxt = jnp.argmax(decoder.logits(cfg, params, h[:, 0]), -1).astype(jnp.int32)
-        out = lax.dynamic_update_slice(out, nxt[:, None], (0, jnp.minimum(j, k - 1)))
-        out = jnp.where(j < k, out, carry[2])
-        return cache, nxt, out
+        lg = decoder.logits(cfg, params, h[:, 0])
+        lq = _logprobs(lg, sp)
+        drawn = sampling.draw(jnp.exp(lq), _u(sp, st["pos"] + j + 1, st["rnd"], DRAFT))
+        nxt = jnp.where(samp, drawn, jnp.argmax(lg, -1)).astype(jnp.int32)
+        jj = jnp.minimum(j, k - 1)
+        keep_old = j >= k
+        out = jnp.where(keep_old, out, lax.dynamic_update_slice(out, nxt[:, None], (0, jj)))
+        logq = jnp.where(keep_old, logq, lax.dynamic_update_slice(logq, lq[:, None], (0, jj, 0)))
+        return cache, nxt, out, logq
 
-    cache, _, drafts = lax.fori_loop(0, k + 1, body, (cache, st["last"], jnp.zeros((b, k), jnp.int32)))
-    return cache, drafts
+    init = (cache, st["last"], jnp.zeros((b, k), jnp.int32), jnp.zeros((b, k, v), jnp.float32))
+    cache, _, drafts, logq = lax.fori_loop(0, k + 1, body, init)
+    return cache, drafts, logq
 
 
-def verify_graph(cfg, k: int, width: int, params, cache, st, drafts):
-    """The target's greedy tokens ``t [B, k+1]`` after ``[last, drafts]`` and acceptance ``a [B]``."""
+def verify_graph(cfg, k: int, width: int, params, cache, st, drafts, logq):
+    """Tokens ``t [B, k+1]`` and acceptance ``a [B]`` for ``[last, drafts]``.
+
+    Greedy rows: ``t`` = the target's argmax at each position, ``a`` = leading ``d_j == t_{j-1}``.
+    Sampled rows: the standard rule (Leviathan et al., Chen et al.): accept ``d_j`` with
+    probability ``min(1, p(d_j) / q(d_j))``; at the first rejection draw from
+    ``norm(max(0, p - q))``; after ``k`` acceptances draw a bonus token from ``p``. Each
+    committed token then follows the target's processed distribution exactly.
+    """
     cache = rollback(cache, st["prev_idx"], st["keep"], k)
+    sp = st["sp"]
     tokens = jnp.concatenate([st["last"][:, None], drafts], 1)
     positions = st["pos"][:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
     h, cache = decoder.forward(cfg, params, cache, tokens, positions, st["idx"], width)
-    t = jnp.argmax(decoder.logits(cfg, params, h), -1).astype(jnp.int32)
-    a = jnp.sum(jnp.cumprod((drafts == t[:, :k]).astype(jnp.int32), 1), 1)
+    lg = decoder.logits(cfg, params, h)
+    t_g = jnp.argmax(lg, -1).astype(jnp.int32)
+    a_g = jnp.sum(jnp.cumprod((drafts == t_g[:, :k]).astype(jnp.int32), 1), 1)
+    samp = sampling.sampled_rows(sp)
+
+    def sampled(_):
+        logp = _logprobs(lg, sp)  # [B, k+1, V]
+        pd = jnp.take_along_axis(logp[:, :k], drafts[..., None], 2)[..., 0]
+        qd = jnp.take_along_axis(logq, drafts[..., None], 2)[..., 0]
+        u = jax.vmap(lambda j: _u(sp, positions[:, j] + 1, st["rnd"], ACCEPT), out_axes=1)(jnp.arange(k))
+        ok = u < jnp.exp(jnp.minimum(pd - qd, 0.0))
+        a = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), 1), 1)
+        p_a = jnp.exp(jnp.take_along_axis(logp, a[:, None, None], 1)[:, 0])
+        q_pad = jnp.concatenate([jnp.exp(logq), jnp.zeros_like(p_a)[:, None]], 1)  # bonus: q = 0
+        resid = jnp.maximum(p_a - jnp.take_along_axis(q_pad, a[:, None, None], 1)[:, 0], 0.0)
+        resid = jnp.where(jnp.sum(resid, -1, keepdims=True) > 0, resid, p_a)
+        pos_a = jnp.take_along_axis(positions, a[:, None], 1)[:, 0] + 1
+        corr = sampling.draw(resid, _u(sp, pos_a, st["rnd"], RESIDUAL))
+        j = jnp.arange(k + 1)[None, :]
+        d_pad = jnp.concatenate([drafts, drafts[:, :1]], 1)
+        return jnp.where(j < a[:, None], d_pad, corr[:, None]).astype(jnp.int32), a
+
+    t_s, a_s = lax.cond(jnp.any(samp), sampled, lambda _: (t_g, a_g), None)
+    t = jnp.where(samp[:, None], t_s, t_g)
+    a = jnp.where(samp, a_s, a_g)
     return cache, t, a.astype(jnp.int32)
 
 
 def _state_spec(model):
     rep, b = model._repl, model.batch_size
-    s = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)
-    return {"last": s((b,)), "pos": s((b,)), "idx": s(()), "prev_idx": s(()), "keep": s((b,))}
+    s = lambda shape, dt=jnp.int32: jax.ShapeDtypeStruct(shape, dt, sharding=rep)
+    sp = {
+        "do_sample": s((b,), jnp.bool_),
+        "temperature": s((b,), jnp.float32),
+        "top_k": s((b,), jnp.int32),
+        "top_p": s((b,), jnp.float32),
+        "min_p": s((b,), jnp.float32),
+        "seed": s((b,), jnp.uint32),
+    }
+    st = {"last": s((b,)), "pos": s((b,)), "idx": s(()), "prev_idx": s(()), "keep": s((b,)), "rnd": s(())}
+    return dict(st, sp=sp)
 
 
 def lower(model, key: tuple):
@@ -105,16 +170,18 @@ def lower(model, key: tuple):
         fn = jax.jit(
             functools.partial(draft_graph, model.cfg, k, w),
             donate_argnums=(1,),
-            out_shardings=(cache_sh, rep),
+            out_shardings=(cache_sh, rep, rep),
         )
         return fn.lower(p, cache, st)
-    drafts = jax.ShapeDtypeStruct((model.batch_size, k), jnp.int32, sharding=rep)
+    b, v = model.batch_size, model.cfg.vocab_size
+    drafts = jax.ShapeDtypeStruct((b, k), jnp.int32, sharding=rep)
+    logq = jax.ShapeDtypeStruct((b, k, v), jnp.float32, sharding=rep)
     fn = jax.jit(
         functools.partial(verify_graph, model.cfg, k, w),
         donate_argnums=(1,),
         out_shardings=(cache_sh, rep, rep),
     )
-    return fn.lower(p, cache, st, drafts)
+    return fn.lower(p, cache, st, drafts, logq)
 
 
 # ------------------------------------------------------------------------------ host side
@@ -174,7 +241,7 @@ class SpeculativeGenerator:
         keys = self.graph_keys()
         for model, extra in ((self.target, keys["target"]), (self.draft, keys["draft"])):
             with model._lock:
-                for key in [k for k in model.graph_keys() if k[0] == "prefill"] + extra:
+                for key in [k for k in model.graph_keys() if k[0] in ("prefill", "select")] + extra:
                     model._executable(key)
         return self
 
@@ -187,7 +254,13 @@ class SpeculativeGenerator:
         start_ids=None,
         eos_token_id=None,
         pad_token_id=None,
+        **sampling_kwargs,
     ) -> np.ndarray:
+        """Greedy by default; ``do_sample=True`` with ``temperature``, ``top_k``, ``top_p``,
+        ``min_p``, ``seed`` (one value or one per row) samples from the target's distribution."""
+        unknown = set(sampling_kwargs) - set(SP_KEYS)
+        if unknown:
+            raise ValueError(f"{sorted(unknown)} not supported with speculative decoding")
         t, d = self.target, self.draft
         with t._lock, d._lock:
             return self._generate(
@@ -198,10 +271,11 @@ class SpeculativeGenerator:
                 start_ids,
                 eos_token_id,
                 pad_token_id,
+                sampling_kwargs,
             )
 
     def _generate(
-        self, input_ids, max_new_tokens, sequence_length, attention_mask, start_ids, eos_token_id, pad
+        self, input_ids, max_new_tokens, sequence_length, attention_mask, start_ids, eos_token_id, pad, skw
     ):
         from aotlm.beam import new_tokens
 
@@ -219,17 +293,20 @@ class SpeculativeGenerator:
         eos = inputs.eos_ids(eos_token_id, MAX_EOS)
         eos_set = {int(e) for e in eos if e >= 0}
         pad = pad if pad is not None else (int(eos[0]) if eos[0] >= 0 else 0)
-        t_out = t._encode(ids, mask)
+        cfg = generation.GenerationConfig(**skw)
+        sp = {key: v for key, v in generation.sampling_params(cfg, n, b).items() if key in SP_KEYS}
+        logits, positions = t._encode(ids, mask)
         d._encode(ids, mask)
-        first = np.argmax(sharding.fetch(t_out[0]), -1).astype(np.int32)
-        positions = t_out[-1]
+        # the first token: the target's own select graph (same token as target.sample, same seed)
+        state = generation.initial_state(t, ids, mask, positions, n, np.full(b, plen + new - 1), cfg)
+        first = sharding.fetch(t._executable(("select",))(logits, t._put_tree(state))["tok"]).astype(np.int32)
         gen = [[int(x)] for x in first]
         done = np.array([(int(x) in eos_set) or new == 1 for x in first])
         done[n:] = True
         last, pos = first.copy(), (positions.max(1) + 1).astype(np.int32)
         idx, prev_idx, keep = plen, plen, np.zeros(b, np.int32)
         rounds = proposed = accepted = uneven = 0
-        put = t._put
+        put_tree = t._put_tree
         while not done.all():
             st = {
                 "last": last,
@@ -237,14 +314,14 @@ class SpeculativeGenerator:
                 "idx": np.int32(idx),
                 "prev_idx": np.int32(prev_idx),
                 "keep": keep,
+                "rnd": np.int32(rounds),
+                "sp": sp,
             }
-            dst = {key: d._put(np.asarray(v)) for key, v in st.items()}
-            d.cache, drafts = d._executable(("spec_draft", k, bk.decode_bucket(d.tg_buckets, idx + k)))(
-                d.params, d.cache, dst
+            d.cache, drafts, logq = d._executable(("spec_draft", k, bk.decode_bucket(d.tg_buckets, idx + k)))(
+                d.params, d.cache, d._put_tree(st)
             )
-            tst = {key: put(np.asarray(v)) for key, v in st.items()}
             exe = t._executable(("spec_verify", k, bk.decode_bucket(t.tg_buckets, idx + k)))
-            t.cache, tok, acc = exe(t.params, t.cache, tst, drafts)
+            t.cache, tok, acc = exe(t.params, t.cache, put_tree(st), drafts, logq)
             tok, acc = sharding.fetch(tok), sharding.fetch(acc)
             live = ~done
             rounds += 1
@@ -303,13 +380,11 @@ def sample_with_draft(target, draft, k, call: dict):
             "pad_token_id",
         )
     }
-    if unsupported.get("do_sample"):
-        raise ValueError(
-            "do_sample with draft_model is not supported yet; speculative decoding here is greedy"
-        )
-    unsupported.pop("do_sample", None)
+    for key in SP_KEYS:
+        unsupported.pop(key, None)
     if unsupported:
         raise ValueError(f"{sorted(unsupported)} not supported with draft_model")
+    call.pop("return_dict", None)
     out = gen.generate(**call)
     target.last_speculative_stats = gen.stats
     return out
