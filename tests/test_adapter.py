@@ -63,6 +63,19 @@ def test_adapter_equals_generate(adapter, gpt2_path):
     assert type(greedy).__name__ == "GenerateDecoderOnlyOutput"
 
 
+def test_adapter_sampling_is_seeded(adapter):
+    ids = torch.tensor([[3, 14, 15, 92]])
+
+    def run():
+        torch.manual_seed(0)
+        return adapter.generate(ids, max_new_tokens=8, do_sample=True, top_k=20, num_return_sequences=3)
+
+    a, b = run(), run()
+    assert a.shape == (3, 12)
+    torch.testing.assert_close(a, b)  # torch.manual_seed reproduces the adapter's draws
+    assert len({tuple(r.tolist()) for r in a}) > 1
+
+
 def test_adapter_batch_rule(adapter):
     ids = torch.ones((3, 4), dtype=torch.int64)
     with pytest.raises(ValueError, match="compiled batch"):

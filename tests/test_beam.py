@@ -98,6 +98,22 @@ def test_num_return_sequences_one_prefill_and_same_rows(gpt2_beam):
     assert [k for k in calls if "prefill" in k[0]] == [("prefill", 32, 32)]
     assert out.shape == (8, ids.shape[1] + 10)
     np.testing.assert_array_equal(out, want)
+    # sampled: copy j of prompt i gets seed + j; equal to the unbroadcast request with those seeds
+    with count_compiles() as c:
+        out = model.sample(
+            ids, max_new_tokens=10, attention_mask=mask, num_return_sequences=4, do_sample=True, seed=7
+        )
+    assert c["backend"] == 0
+    seeds = [7, 8, 9, 10] * 2
+    want = model.sample(
+        np.repeat(ids, 4, 0),
+        max_new_tokens=10,
+        attention_mask=np.repeat(mask, 4, 0),
+        do_sample=True,
+        seed=seeds,
+    )
+    np.testing.assert_array_equal(out, want)
+    assert len({tuple(r) for r in out[:4]}) > 1, "the copies of a prompt should differ"
 
 
 def test_beam_errors(gpt2_path):
