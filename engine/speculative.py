@@ -91,9 +91,14 @@ def draft_graph(cfg, k: int, width: int, params, cache, st):
             cfg, params, cache, tok[:, None], (st["pos"] + j)[:, None], st["idx"] + j, width
         )
         lg = decoder.logits(cfg, params, h[:, 0])
-        lq = _logprobs(lg, sp)
-        drawn = sampling.draw(jnp.exp(lq), _u(sp, st["pos"] + j + 1, st["rnd"], DRAFT))
-        nxt = jnp.where(samp, drawn, jnp.argmax(lg, -1)).astype(jnp.int32)
+        greedy = jnp.argmax(lg, -1).astype(jnp.int32)
+
+        def sampled():  # only when some row samples: greedy rounds skip the warpers
+            lq = _logprobs(lg, sp)
+            drawn = sampling.draw(jnp.exp(lq), _u(sp, st["pos"] + j + 1, st["rnd"], DRAFT))
+            return lq, jnp.where(samp, drawn, greedy).astype(jnp.int32)
+
+        lq, nxt = lax.cond(jnp.any(samp), sampled, lambda: (jnp.zeros_like(lg), greedy))
         jj = jnp.minimum(j, k - 1)
         keep_old = j >= k
         out = jnp.where(keep_old, out, lax.dynamic_update_slice(out, nxt[:, None], (0, jj)))
