@@ -24,6 +24,8 @@ _EXPORTS = {
     "CausalLMForSampling": "model",
     "GPT2ForSampling": "model",
     "LlamaForSampling": "model",
+    "HuggingFaceGenerationModelAdapter": "hf_adapter",
+    "SpeculativeGenerator": "speculative",
     "pipeline": "text_pipeline",
     "TextGenerationPipeline": "text_pipeline",
     "TextStreamer": "text",

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aotlm import artifacts, generation, graphs, inputs, sampling, sharding
+from aotlm import artifacts, broadcast, extensions, generation, graphs, inputs, sampling, sharding
 from aotlm import buckets as bk
 from aotlm.checkpoint import CheckpointError, WeightReader, load_hf_config
 from aotlm.compile_cache import CompileCache
@@ -72,6 +72,9 @@ class CausalLMForSampling:
         quant: str | QuantizationConfig | None = None,
         fuse_qkv: bool = False,
         bucket_config: str | os.PathLike | dict | None = None,
+        prompt_batch_size: int | None = None,
+        num_beams: int = 1,
+        speculation_length: int | Sequence[int] | None = None,
     ):
         # bucket_config: a tuner-written JSON (or dict) of n_positions / context_length_estimate /
         # batch_size; explicitly passed arguments win over it (aotlm/bucket_config.py)
@@ -131,6 +134,7 @@ class CausalLMForSampling:
         self.compile_report: list[dict] = []
         self.params = self._load_weights(family)
         self.cache = self._alloc_cache()
+        extensions.configure(self, prompt_batch_size, num_beams, speculation_length)
 
     # ------------------------------------------------------------------ loading
     def _place(self, path: tuple, arr: np.ndarray):
@@ -172,12 +176,14 @@ class CausalLMForSampling:
 
     # ------------------------------------------------------------------ compiling
     def graph_keys(self) -> list[tuple]:
-        return bk.graph_keys(self.ctx_buckets, self.tg_buckets)
+        return bk.graph_keys(self.ctx_buckets, self.tg_buckets) + extensions.graph_keys(self)
 
     def _abstract(self, tree):
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
     def _lower(self, key: tuple):
+        if key[0] in extensions.KINDS:  # beam search, speculative decoding, broadcasting
+            return extensions.lower(self, key)
         p, cache = self._abstract(self.params), self._cache_specs()
         b, rep = self.batch_size, self._repl
         state = graphs.state_spec(b, self.n_positions, self.cfg.vocab_size, rep)
@@ -316,6 +322,7 @@ class CausalLMForSampling:
             mask = np.concatenate([mask, np.repeat(mask[:1], extra, 0)])
         return ids, mask, n
 
+    @broadcast.encoder
     def _encode(self, ids: np.ndarray, mask: np.ndarray):
         """Run every prefill step of the prompt; returns (logits of its last token, positions)."""
         p_len = ids.shape[1]
@@ -345,6 +352,7 @@ class CausalLMForSampling:
         logits, _ = self._encode(ids, mask)
         return sharding.fetch(logits)[:n]
 
+    @extensions.routed
     @_locked
     def sample(
         self,
