@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aotlm import artifacts, graphs, inputs, sharding
+from aotlm import artifacts, graphs, inputs, kernels, sharding
 from aotlm import buckets as bk
 from aotlm.checkpoint import WeightReader, load_hf_config
 from aotlm.compile_cache import CompileCache
@@ -125,8 +125,12 @@ class CausalLMForSampling:
         try:
             rows = family.weight_rows(self.cfg, self.hf_config)
             np_dtype = np.dtype(jnp.dtype(self.dtype))
-            rewriter = ParamRewriter(self.quant, self.fuse_qkv) if self.quant or self.fuse_qkv else None
-            return load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter)
+            view = self.quant is not None and kernels.enabled()  # int8 embedding copy for a tied lm_head
+            rewriter = ParamRewriter(self.quant, self.fuse_qkv, view) if self.quant or self.fuse_qkv else None
+            params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter)
+            if "lm_head" in params:  # untied: the int8 embedding copy is not needed
+                params.pop("embed_q", None), params.pop("embed_q_scale", None)
+            return params
         finally:
             reader.close()
 
@@ -158,6 +162,10 @@ class CausalLMForSampling:
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
     def _lower(self, key: tuple):
+        with kernels.mesh_context(self.mesh, self._rules):  # kernel calls shard_map over this mesh
+            return self._lower_graph(key)
+
+    def _lower_graph(self, key: tuple):
         p, cache = self._abstract(self.params), self._cache_specs()
         b = self.batch_size
         if key[0] == "prefill":
