@@ -54,7 +54,9 @@ def cpu_model() -> str:
         return "unknown CPU"
     name = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "?")
     flags = next((ln.split(":", 1)[1].split() for ln in info if ln.startswith("flags")), [])
-    simd = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
+    simd = [
+        f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags
+    ]
     return f"{name}, {os.cpu_count()} cores, {' '.join(simd)}"
 
 
@@ -225,8 +227,14 @@ def main() -> int:
     rows = []
     rng = np.random.default_rng(0)
     for b in args.batch:
-        rows += bench_batch(path, b, args, rng.integers(0, 50000, (b, args.prompt)), bw)
-        print(rows[-1], file=sys.stderr, flush=True)
+        new = bench_batch(path, b, args, rng.integers(0, 50000, (b, args.prompt)), bw)
+        for r in new:  # as each batch finishes: a long run cut short still reports
+            print(
+                {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()},
+                file=sys.stderr,
+                flush=True,
+            )
+        rows += new
     cols = list(rows[0])
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

@@ -98,7 +98,10 @@ def llama_cpp_runner(ckpt: Path, work: Path, outtype: str, ids, new: int):
         raise Skip("batch > 1 needs llama.cpp's batched API (not driven here)")
     write_byte_vocab(ckpt, 50257)
     llm = llama_cpp.Llama(
-        str(gguf_path(ckpt, work, outtype)), n_ctx=len(ids[0]) + new + 8, n_threads=os.cpu_count(), verbose=False
+        str(gguf_path(ckpt, work, outtype)),
+        n_ctx=len(ids[0]) + new + 8,
+        n_threads=os.cpu_count(),
+        verbose=False,
     )
     prompt = [int(i) for i in ids[0]]
 

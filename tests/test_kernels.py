@@ -162,7 +162,7 @@ def test_warm_start_with_kernels_compiles_nothing(llama_path, tmp_path):
             "--amp",
             "bf16",
             "--n-positions",
-            "32",
+            "64",
         ],
         capture_output=True,
         text=True,
