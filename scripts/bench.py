@@ -186,6 +186,7 @@ def plot(rows: list[dict], out: str, title: str) -> None:
         import matplotlib
 
         matplotlib.use("Agg")
+        import matplotlib.ticker
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
@@ -196,6 +197,7 @@ def plot(rows: list[dict], out: str, title: str) -> None:
         ax.plot(*zip(*pts, strict=True), marker="o", label=eng)
     ax.set(xlabel="batch", ylabel="decode tokens/s", title=title, xscale="log", yscale="log")
     ax.set_xticks(sorted({r["batch"] for r in rows}), labels=sorted({str(r["batch"]) for r in rows}))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
