@@ -186,8 +186,8 @@ def plot(rows: list[dict], out: str, title: str) -> None:
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.ticker
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return
