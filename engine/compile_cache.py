@@ -30,6 +30,8 @@ from typing import Any
 import jax
 import jaxlib
 
+from aotlm import kernels
+
 ENGINE_VERSION = "0.1.0"
 DEFAULT_DIR = "compile_cache"
 DEFAULT_MAX_GB = 20.0
@@ -70,6 +72,7 @@ def environment_fields(mesh) -> dict:
             "ids": [d.id for d in devs],
         },
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "kernels": kernels.cache_tag(),  # graphs with / without the FFI kernels, and their build
     }
 
 
@@ -92,6 +95,7 @@ def read_entry(entry: Path, mesh):
     """Load one entry's executable onto ``mesh``'s devices; ``EntryError`` on any problem."""
     from jax.experimental.serialize_executable import deserialize_and_load
 
+    kernels.ensure_registered()  # the executable may call the kernels' FFI targets
     try:
         manifest = json.loads((entry / MANIFEST).read_text())
         blob = (entry / BIN).read_bytes()

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aotlm import artifacts, broadcast, extensions, generation, graphs, inputs, sampling, sharding
+from aotlm import artifacts, broadcast, extensions, generation, graphs, inputs, kernels, sampling, sharding
 from aotlm import buckets as bk
 from aotlm.checkpoint import CheckpointError, WeightReader, load_hf_config
 from aotlm.compile_cache import CompileCache
@@ -150,8 +150,12 @@ class CausalLMForSampling:
 
             rows = bar(family.weight_rows(self.cfg, self.hf_config), "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
-            rewriter = ParamRewriter(self.quant, self.fuse_qkv) if self.quant or self.fuse_qkv else None
-            return load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
+            view = self.quant is not None and kernels.enabled()  # int8 embedding copy for a tied lm_head
+            rewriter = ParamRewriter(self.quant, self.fuse_qkv, view) if self.quant or self.fuse_qkv else None
+            params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
+            if "lm_head" in params:  # untied: the int8 embedding copy is not needed
+                params.pop("embed_q", None), params.pop("embed_q_scale", None)
+            return params
         finally:
             reader.close()
 
@@ -182,8 +186,12 @@ class CausalLMForSampling:
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
     def _lower(self, key: tuple):
-        if key[0] in extensions.KINDS:  # beam search, speculative decoding, broadcasting
-            return extensions.lower(self, key)
+        with kernels.mesh_context(self.mesh, self._rules):  # kernel calls shard_map over this mesh
+            if key[0] in extensions.KINDS:  # beam search, speculative decoding, broadcasting
+                return extensions.lower(self, key)
+            return self._lower_graph(key)
+
+    def _lower_graph(self, key: tuple):
         p, cache = self._abstract(self.params), self._cache_specs()
         b, rep = self.batch_size, self._repl
         state = graphs.state_spec(b, self.n_positions, self.cfg.vocab_size, rep)

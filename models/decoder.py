@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 
+from aotlm import kernels
 from aotlm.models import layers as L
 
 
@@ -82,7 +83,7 @@ def embed(cfg: ArchConfig, params, tokens, positions):
     if cfg.embed_scale != 1.0:
         x = x * jnp.asarray(cfg.embed_scale, x.dtype)
     if "proj_in" in params:  # OPT-350m: word_embed_proj_dim != hidden_size
-        x = L.dense(x, params["proj_in"])
+        x = L.dense(x, params["proj_in"], name="proj_in")
     if "embed_norm_scale" in params:  # BLOOM: word_embeddings_layernorm
         x = L.norm(cfg.norm, x, params, "embed_norm", cfg.norm_eps, cfg.norm_offset)
     if cfg.position == "learned":
@@ -116,7 +117,9 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
     b, t, kh, dh = k.shape
     zero = jnp.zeros((), k.dtype) * o.reshape(b, t, kh, -1, dh)[:, :, :, 0, :].astype(k.dtype)
     k, v = k + zero, v + zero
-    return L.dense_in(o, p["wo"], p.get("bo"), p.get("wo_scale")), L.update_cache(ck, cv, k, v, write_idx)
+    return L.dense_in(o, p["wo"], p.get("bo"), p.get("wo_scale"), name="wo"), L.update_cache(
+        ck, cv, k, v, write_idx
+    )
 
 
 def feed_forward(cfg: ArchConfig, p, x):
@@ -175,16 +178,32 @@ def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width:
     if "final_norm_scale" in params:
         x = L.norm(cfg.norm, x, params, "final_norm", cfg.norm_eps, cfg.norm_offset)
     if "proj_out" in params:
-        x = L.dense(x, params["proj_out"])
+        x = L.dense(x, params["proj_out"], name="proj_out")
     return x, {"k": new_k, "v": new_v, "pos": kv_pos}
 
 
 def logits(cfg: ArchConfig, params, h):
-    """``h [..., D]`` -> float32 logits ``[..., vocab]`` (padding columns removed)."""
-    if "lm_head_scale" in params:  # int8 lm_head (models/quant.py)
+    """``h [..., D]`` -> float32 logits ``[..., vocab]`` (padding columns removed).
+
+    With low-precision weights and few rows the CPU kernels (``aotlm.kernels``) take the
+    matmul; ``h`` goes in as float32 so the logits come out float32. Under int8 weights a tied
+    lm_head reads ``embed_q`` (an int8 copy of the embedding rows, ``models/quant.py``).
+    """
+    hf = h.astype(jnp.float32)
+    tied = "lm_head" not in params
+    w, scale, name = (
+        (params["lm_head"], params.get("lm_head_scale"), "lm_head")
+        if not tied
+        else (params["embed_q"], params["embed_q_scale"], "embed_q")
+        if "embed_q" in params
+        else (params["embed"], None, "embed")
+    )
+    if kernels.supported(hf, w, 1, name):
+        out = kernels.matmul(hf, w, scale, name=name, nt=tied)
+    elif "lm_head_scale" in params:  # int8 lm_head (models/quant.py)
         out = jnp.dot(h, params["lm_head"].astype(h.dtype), preferred_element_type=jnp.float32)
         out = out * params["lm_head_scale"].astype(jnp.float32)
-    elif "lm_head" in params:
+    elif not tied:
         out = jnp.dot(h, params["lm_head"], preferred_element_type=jnp.float32)
     else:
         # contract with the embedding's own D axis: `embed.T` made XLA copy the whole table per step

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from aotlm import kernels
+
 NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
 
 
@@ -190,14 +192,19 @@ def attend(q, segments, scale: float, softcap: float | None = None):
 
 
 # --------------------------------------------------------------------------- dense helpers
-def dense(x, w, b=None, scale=None, axes: int = 1):
+def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None):
     """``x [..., D] @ w [D, ...]`` (+ bias), accumulating in float32.
 
     ``scale`` (int8 weights, ``models/quant.py``): ``w`` is converted to ``x``'s dtype (the
     dequant dtype) and the per-output-channel scale multiplies the float32 product, which
     equals ``x @ (w * scale)`` because the scale is constant along the contracted dims.
+    Low-precision weights (int8 / bf16 / f16) with few rows (decode) go to the CPU kernels
+    (``aotlm.kernels``), which read the stored bytes instead of converting the whole matrix;
+    ``name`` (the weight's leaf name) gives them its sharding under tensor parallelism.
     """
-    if scale is not None:
+    if kernels.supported(x, w, axes, name):
+        y = kernels.matmul(x, w, scale, axes, name)
+    elif scale is not None:
         y = jnp.tensordot(x, w.astype(x.dtype), axes=axes, preferred_element_type=jnp.float32)
         y = y * scale.astype(jnp.float32)
     else:
@@ -207,9 +214,9 @@ def dense(x, w, b=None, scale=None, axes: int = 1):
     return y.astype(x.dtype)
 
 
-def dense_in(x, w, b=None, scale=None):
+def dense_in(x, w, b=None, scale=None, name: str | None = None):
     """Contract the trailing two dims of ``x [B,T,H,Dh]`` with ``w [H,Dh,D]``."""
-    return dense(x, w, b, scale, axes=2)
+    return dense(x, w, b, scale, axes=2, name=name)
 
 
 def _add_bias(y, b):
@@ -225,10 +232,10 @@ def project_qkv(x, p: dict):
     """
     if "wqkv" not in p:
         return tuple(
-            dense(x, p[w], p.get(b), p.get(w + "_scale"))
+            dense(x, p[w], p.get(b), p.get(w + "_scale"), name=w)
             for w, b in (("wq", "bq"), ("wk", "bk"), ("wv", "bv"))
         )
-    qkv = dense(x, p["wqkv"], p.get("bqkv"), p.get("wqkv_scale"))  # [B,T,K,G+2,Dh]
+    qkv = dense(x, p["wqkv"], p.get("bqkv"), p.get("wqkv_scale"), name="wqkv")  # [B,T,K,G+2,Dh]
     g = qkv.shape[-2] - 2
     q = qkv[..., :g, :].reshape(*qkv.shape[:-3], -1, qkv.shape[-1])
     q, k, v = q, qkv[..., g, :], qkv[..., g + 1, :]
@@ -241,10 +248,10 @@ def mlp(x, p: dict, act: str, gated: bool):
     With ``w_gu [D, 2, F]`` (``fuse_qkv``) gate and up are one matmul.
     """
     if "w_gu" in p:
-        gu = dense(x, p["w_gu"], p.get("b_gu"), p.get("w_gu_scale"))  # [B,T,2,F]
+        gu = dense(x, p["w_gu"], p.get("b_gu"), p.get("w_gu_scale"), name="w_gu")  # [B,T,2,F]
         gate, up = _add_bias(gu[..., 0, :], p.get("b_gate")), _add_bias(gu[..., 1, :], p.get("b_up"))
     else:
-        up = dense(x, p["w_up"], p.get("b_up"), p.get("w_up_scale"))
-        gate = dense(x, p["w_gate"], p.get("b_gate"), p.get("w_gate_scale")) if gated else None
+        up = dense(x, p["w_up"], p.get("b_up"), p.get("w_up_scale"), name="w_up")
+        gate = dense(x, p["w_gate"], p.get("b_gate"), p.get("w_gate_scale"), name="w_gate") if gated else None
     hidden = activation(act, gate) * up if gated else activation(act, up)
-    return dense(hidden, p["w_down"], p.get("b_down"), p.get("w_down_scale"))
+    return dense(hidden, p["w_down"], p.get("b_down"), p.get("w_down_scale"), name="w_down")

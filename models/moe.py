@@ -45,7 +45,7 @@ def _expert_dense(spec: str, x: jax.Array, p: dict, name: str) -> jax.Array:
 
 def moe_mlp(cfg: ArchConfig, p: dict, x: jax.Array) -> jax.Array:
     """Top-``cfg.experts_per_token`` of ``cfg.n_experts`` gated MLP experts on ``x [B,T,D]``."""
-    weights = routing_weights(L.dense(x, p["router"]), cfg.experts_per_token)  # [B,T,E]
+    weights = routing_weights(L.dense(x, p["router"], name="router"), cfg.experts_per_token)  # [B,T,E]
     if "e_gu" in p:  # fused gate+up [E,D,2,F]: one einsum
         gu = _expert_dense("btd,edcf->btecf", x, p, "e_gu")
         gate, up = gu[..., 0, :], gu[..., 1, :]

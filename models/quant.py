@@ -9,8 +9,11 @@ no family needs code of its own: they act on the generic leaf names every family
   ``max|w| / 127`` over its input (contracted) dims, leaf ``<name>_scale``. Inside the graph
   the int8 weight is converted to the compute (amp) dtype -- the dequant dtype -- and the scale
   is applied to the float32-accumulated product, which equals ``x @ (q * scale)`` since the
-  scale is constant along the contracted dims. The embedding (and a tied lm_head, which is the
-  embedding), norms, biases and the MoE router stay in the amp dtype.
+  scale is constant along the contracted dims. The embedding, norms, biases and the MoE router
+  stay in the amp dtype. With the CPU kernels (``embed_view``) a tied lm_head gets its own int8
+  copy of the embedding, ``embed_q [V, D]`` + ``embed_q_scale [V]`` (per vocab row): the logits
+  matmul reads every embedding row per token (31% of GPT-2-small's bytes), the lookup only B rows.
+  It costs 1/4 (f32) or 1/2 (bf16) of the embedding's memory; an untied model drops it.
 * ``fuse_qkv``: ``wq/wk/wv`` become one ``wqkv [D, K, G+2, Dh]`` (per kv head: its ``G = H/K``
   query heads, then its k and v), so one matmul per layer computes q, k and v; the kv-heads axis
   is the sharded one, so every device keeps its query heads with the k/v they read. Gate and up
@@ -120,8 +123,11 @@ class ParamRewriter:
     (bias sets that were only partly present), unfused.
     """
 
-    def __init__(self, quant: QuantizationConfig | None = None, fuse_qkv: bool = False):
+    def __init__(
+        self, quant: QuantizationConfig | None = None, fuse_qkv: bool = False, embed_view: bool = False
+    ):
         self.quant = quant
+        self.embed_view = embed_view
         self.fuse_qkv = fuse_qkv
         self._held: dict[tuple, dict[str, np.ndarray]] = {}
 
@@ -149,6 +155,9 @@ class ParamRewriter:
 
     def _quantize(self, path: Path, arr: np.ndarray) -> list[tuple[Path, np.ndarray]]:
         name = path[-1]
+        if name == "embed" and self.quant is not None and self.quant.lm_head and self.embed_view:
+            q, scale = quantize_int8(arr, (1,))  # per vocab row: the logits' output channel
+            return [(path, arr), ((*path[:-1], "embed_q"), q), ((*path[:-1], "embed_q_scale"), scale)]
         if self.quant is None or name not in CONTRACT_AXES or (name == "lm_head" and not self.quant.lm_head):
             return [(path, arr)]
         q, scale = quantize_int8(arr, CONTRACT_AXES[name])

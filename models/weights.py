@@ -24,6 +24,8 @@ LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     "pos_embed": (None, "embed"),
     "lm_head": ("embed", "vocab"),
     "lm_head_bias": ("vocab",),
+    "embed_q": ("vocab", "embed"),  # int8 copy of the embedding for a tied lm_head (models/quant.py)
+    "embed_q_scale": ("vocab",),
     "proj_in": (None, "embed"),
     "proj_out": ("embed", None),
     "wq": ("embed", "heads", None),

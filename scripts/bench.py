@@ -1,12 +1,17 @@
-"""Side-by-side decode/prefill speed: aotlm vs transformers PyTorch eager, same checkpoint.
+"""Decode/prefill speed of aotlm (f32 / bf16 / int8) against its peers, one run, same checkpoint.
 
-    python scripts/bench.py                      # GPT-2-small (124M, random init), batch 1 and 8
-    python scripts/bench.py --batch 1 --runs 5 --amp bf16
-    python scripts/bench.py --tp 2               # 2 forced CPU devices (set before jax import)
+    python scripts/bench.py                       # GPT-2-small (124M, random init), batch 1 and 8
+    python scripts/bench.py --batch 1 --runs 5 --modes f32 int8
+    python scripts/bench.py --tp 2 --peers        # aotlm only, 2 forced CPU devices
+    pip install -e '.[bench]'                     # peers: CTranslate2, llama-cpp-python, matplotlib
 
-Decode tokens/s = batch * (new - 1) / (generate time - prefill time), medians over runs; aotlm
-and transformers calls are interleaved round-robin so machine noise hits both alike.
-The machine is shared and noisy: read the ratio column, not the absolute figures.
+Rows: aotlm modes, transformers eager fp32, CTranslate2 float32/int8, llama.cpp f32/f16/q8_0
+(a peer that is not installed is skipped with the reason). Decode tokens/s =
+batch * (new - 1) / (generate time - prefill time), medians over runs, all engines called
+round-robin so machine noise hits them alike. Roofline: decode reads every weight once per
+step, so a step cannot beat (weight bytes read per step) / (read bandwidth measured in this
+run); "roofline %" is the row's share of that. The machine is shared and noisy: compare rows
+of one run, not runs.
 """
 
 from __future__ import annotations
@@ -16,6 +21,15 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
+
+MODES = {  # aotlm mode -> from_pretrained kwargs
+    "f32": {},
+    "bf16": {"amp": "bf16"},
+    "int8": {"quant": "int8"},
+    "int8+bf16": {"quant": "int8", "amp": "bf16"},
+}
+PEERS = ["hf", "ct2-float32", "ct2-int8", "llama-f32", "llama-f16", "llama-q8_0"]
 
 
 def parse() -> argparse.Namespace:
@@ -24,54 +38,78 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--amp", default="f32", choices=["f32", "bf16", "f16"])
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--peers", nargs="*", default=PEERS, choices=PEERS, help="none: aotlm only")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--no-hf", action="store_true", help="skip the transformers side")
+    ap.add_argument("--work", default="/tmp/aotlm-bench", help="converted peer models, compile cache")
+    ap.add_argument("--plot", default=None, help="PNG path: tokens/s vs batch per engine (matplotlib)")
     return ap.parse_args()
 
 
-def interleaved(fns: dict, runs: int) -> dict:
-    """Median seconds of each callable, run round-robin so machine noise hits all alike."""
-    times: dict = {k: [] for k in fns}
+def cpu_model() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown CPU"
+    name = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "?")
+    flags = next((ln.split(":", 1)[1].split() for ln in info if ln.startswith("flags")), [])
+    simd = [
+        f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags
+    ]
+    return f"{name}, {os.cpu_count()} cores, {' '.join(simd)}"
+
+
+def read_bandwidth(gib: float = 0.5, runs: int = 7) -> float:
+    """GB/s of a streaming read (XLA ``jnp.sum`` over ``gib`` GiB of f32), median of runs."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((int(gib * 2**28),), jnp.float32)
+    f = jax.jit(jnp.sum)
+    f(x).block_until_ready()
+    ts = []
     for _ in range(runs):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+        t0 = time.perf_counter()
+        f(x).block_until_ready()
+        ts.append(time.perf_counter() - t0)
+    return x.nbytes / statistics.median(ts) / 1e9
 
 
-def load_aotlm(path, b, args):
+def step_bytes(params) -> int:
+    """Weight bytes one decode step reads: all params but the rows-only lookups (positions; the
+    embedding itself when the logits read its int8 copy)."""
+    import jax
+
+    skip = {"pos_embed"} | ({"embed"} if "embed_q" in params else set())
+    leaves = [v for k, v in params.items() if k not in skip and k != "layers"]
+    return sum(a.nbytes for a in jax.tree.leaves([leaves, params["layers"]]))
+
+
+def aotlm_engine(path, b: int, mode: str, args, ids):
     from aotlm import AutoModelForSampling
 
-    t0 = time.perf_counter()
     model = AutoModelForSampling.from_pretrained(
         path,
         batch_size=b,
         n_positions=args.prompt + args.new,
         context_length_estimate=args.prompt,
-        amp=args.amp,
         tp_degree=args.tp,
-        compile_cache=False,
-    )
-    t_load = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    model.compile()
-    return model, {"load s": t_load, "compile s": time.perf_counter() - t0}
+        compile_cache=str(Path(args.work) / "compile_cache"),
+        **MODES[mode],
+    ).compile()
+    gen = lambda: model.sample(ids, max_new_tokens=args.new)
+    return (lambda: model.forward(ids)), gen, step_bytes(model.params)
 
 
-def hf_callables(path, args, ids):
+def hf_engine(path, ids, new: int):
     import torch
     import transformers
 
-    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[args.amp]
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     x = torch.tensor(ids)
     mask = torch.ones_like(x)
-    kw = dict(
-        max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False, attention_mask=mask, pad_token_id=0
-    )
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, attention_mask=mask, pad_token_id=0)
 
     def prefill():
         with torch.inference_mode():
@@ -79,65 +117,133 @@ def hf_callables(path, args, ids):
 
     def generate():
         with torch.inference_mode():
-            return model.generate(x, **kw).numpy()
+            return model.generate(x, **kw)
 
-    return prefill, generate
+    return prefill, generate, sum(p.numel() * 4 for n, p in model.named_parameters() if "wpe" not in n)
 
 
-def bench_batch(path, b: int, args, ids) -> dict:
-    model, extra = load_aotlm(path, b, args)
-    fns = {
-        "a_pre": lambda: model.forward(ids),
-        "a_tot": lambda: model.sample(ids, max_new_tokens=args.new),
-    }
-    if not args.no_hf:
-        h_prefill, h_generate = hf_callables(path, args, ids)
-        fns |= {"h_pre": h_prefill, "h_tot": h_generate}
-    for fn in fns.values():  # warm-up
-        fn()
-    t = interleaved(fns, args.runs)
-    a_dec = b * (args.new - 1) / (t["a_tot"] - t["a_pre"])
-    row = {"batch": b, "aotlm prefill ms": t["a_pre"] * 1e3, "aotlm decode tok/s": a_dec, **extra}
-    if not args.no_hf:
-        h_dec = b * (args.new - 1) / (t["h_tot"] - t["h_pre"])
-        a_out, h_out = model.sample(ids, max_new_tokens=args.new), h_generate()
-        same = float((a_out == h_out).all(axis=1).mean()) if a_out.shape == h_out.shape else 0.0
-        row |= {
-            "hf prefill ms": t["h_pre"] * 1e3,
-            "hf decode tok/s": h_dec,
-            "decode ratio": a_dec / h_dec,
-            "prefill ratio": t["h_pre"] / t["a_pre"],
-            "rows equal": same,
-        }
-    return row
+def peer_engine(peer: str, path: Path, ids, args, f32_bytes: int):
+    """(prefill, generate, bytes per step) of one peer; ``Skip`` when it cannot run."""
+    from bench_peers import ctranslate2_runner, llama_cpp_runner
+
+    work = Path(args.work)
+    if peer == "hf":
+        return hf_engine(path, ids, args.new)
+    kind, dt = peer.split("-")
+    per_weight = {"float32": 4, "f32": 4, "f16": 2, "int8": 1, "q8_0": 34 / 32}[dt]
+    if kind == "ct2":
+        pre, gen = ctranslate2_runner(path, work, dt, ids, args.new)
+    else:
+        pre, gen = llama_cpp_runner(path, work, dt, ids, args.new)
+    return pre, gen, int(f32_bytes / 4 * per_weight)
+
+
+def bench_batch(path, b: int, args, ids, bw: float) -> list[dict]:
+    engines, skipped = {}, []
+    for mode in args.modes:
+        engines[f"aotlm {mode}"] = aotlm_engine(path, b, mode, args, ids)
+    f32_bytes = engines["aotlm f32"][2] if "aotlm f32" in engines else 4 * 124_000_000
+    for peer in args.peers:
+        try:
+            engines[peer] = peer_engine(peer, Path(path), ids, args, f32_bytes)
+        except Exception as e:  # bench_peers.Skip, or a peer failing to convert/load
+            skipped.append(f"{peer}: {e}")
+    for s in skipped:
+        print(f"[batch {b}] skipped {s}", file=sys.stderr, flush=True)
+    for pre, _, _ in engines.values():  # warm-up (graphs are compiled already; keep it short)
+        pre()
+    times = {k: ([], []) for k in engines}
+    for _ in range(args.runs):
+        for k, (pre, gen, _) in engines.items():
+            for i, fn in enumerate((pre, gen)):
+                t0 = time.perf_counter()
+                fn()
+                times[k][i].append(time.perf_counter() - t0)
+    rows = []
+    for k, (_, _, nbytes) in engines.items():
+        t_pre, t_gen = (statistics.median(t) for t in times[k])
+        dec = b * (args.new - 1) / (t_gen - t_pre)
+        roof = bw * 1e9 / nbytes * b
+        rows.append(
+            {
+                "engine": k,
+                "batch": b,
+                "prefill ms": t_pre * 1e3,
+                "decode tok/s": dec,
+                "MB/step": nbytes / 1e6,
+                "roofline tok/s": roof,
+                "roofline %": 100 * dec / roof,
+            }
+        )
+    base = next((r["decode tok/s"] for r in rows if r["engine"] == "aotlm f32"), None)
+    for r in rows:
+        r["vs aotlm f32"] = r["decode tok/s"] / base if base else float("nan")
+    return rows
+
+
+def plot(rows: list[dict], out: str, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for eng in dict.fromkeys(r["engine"] for r in rows):
+        pts = sorted((r["batch"], r["decode tok/s"]) for r in rows if r["engine"] == eng)
+        ax.plot(*zip(*pts, strict=True), marker="o", label=eng)
+    ax.set(xlabel="batch", ylabel="decode tokens/s", title=title, xscale="log", yscale="log")
+    ax.set_xticks(sorted({r["batch"] for r in rows}), labels=sorted({str(r["batch"]) for r in rows}))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"plot: {out}")
 
 
 def main() -> int:
     args = parse()
     if args.tp > 1:
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.tp}"
-        )
+        flag = f" --xla_force_host_platform_device_count={args.tp}"
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + flag
+    sys.path.insert(0, str(Path(__file__).parent))
     import numpy as np
 
+    from aotlm import kernels
     from aotlm.tiny import make_gpt2_small
 
-    path = args.checkpoint or make_gpt2_small()
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    path = args.checkpoint or make_gpt2_small(Path(args.work) / "gpt2-small")
+    bw = read_bandwidth()
+    print(f"CPU: {cpu_model()}")
     print(
-        f"checkpoint {path}; prompt {args.prompt}, {args.new} new tokens, {args.amp}, tp={args.tp}, "
-        f"median of {args.runs}",
+        f"checkpoint {path}; prompt {args.prompt}, {args.new} new tokens, greedy, tp={args.tp}, median of "
+        f"{args.runs}; aotlm kernels: {kernels.cache_tag()} ({kernels.threads()} threads); "
+        f"read bandwidth {bw:.1f} GB/s",
         flush=True,
     )
     rows = []
     rng = np.random.default_rng(0)
     for b in args.batch:
-        rows.append(bench_batch(path, b, args, rng.integers(0, 50000, (b, args.prompt))))
-        print(rows[-1], file=sys.stderr, flush=True)
+        new = bench_batch(path, b, args, rng.integers(0, 50000, (b, args.prompt)), bw)
+        for r in new:  # as each batch finishes: a long run cut short still reports
+            print(
+                {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()},
+                file=sys.stderr,
+                flush=True,
+            )
+        rows += new
     cols = list(rows[0])
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    if args.plot:
+        plot(rows, args.plot, f"GPT-2-small decode, {cpu_model().split(',')[0]}, bw {bw:.0f} GB/s")
     return 0
 
 

@@ -1,0 +1,96 @@
+"""JAX side of the kernels: the ``ffi_call``s, and ``shard_map`` over the ``"tp"`` mesh.
+
+A custom call is opaque to XLA's SPMD partitioner, so under tensor parallelism each matmul is
+wrapped in ``jax.shard_map`` with the weight's own partition spec (``aotlm.sharding`` rules of
+its leaf name): column-parallel weights give an output sharded like the weight's output dims,
+row-parallel ones (contracted dims sharded) a partial product summed with ``psum`` -- the
+same collectives XLA inserts for its own dot. The mesh and rules are known while a graph is
+traced (``mesh_context``, set by the model around lowering).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from aotlm import kernels
+
+W_DTYPES = (jnp.int8, jnp.bfloat16, jnp.float16)
+X_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+_ctx = threading.local()
+
+
+@contextlib.contextmanager
+def mesh_context(mesh, rules: dict):
+    """Tell kernel calls traced inside this block the mesh and logical-axis rules of the params."""
+    old = getattr(_ctx, "value", None)
+    _ctx.value = (mesh, rules)
+    try:
+        yield
+    finally:
+        _ctx.value = old
+
+
+def supported(x, w, axes: int = 1, name: str | None = None) -> bool:
+    """Static check (shapes/dtypes only): can ``matmul`` take this product?"""
+    if jnp.dtype(w.dtype) not in W_DTYPES or jnp.dtype(x.dtype) not in X_DTYPES:
+        return False
+    rows = math.prod(x.shape[: x.ndim - axes])
+    if not 1 <= rows <= kernels.MAX_ROWS or not kernels.enabled():
+        return False
+    ctx = getattr(_ctx, "value", None)
+    return ctx is None or ctx[0].size == 1 or name is not None
+
+
+def _call(x, w, scale, axes: int, nt: bool):
+    """The kernel on local arrays: ``x [..., *K] @ w [*K, *N]`` (or ``w [N, K]`` when ``nt``)."""
+    kernels.ensure_registered()
+    lead = x.shape[: x.ndim - axes]
+    k = math.prod(x.shape[x.ndim - axes :])
+    x2 = x.reshape(-1, k)
+    if nt:
+        w2, tail = w, (w.shape[0],)
+    else:
+        w2, tail = w.reshape(k, -1), w.shape[axes:]
+    s = scale.reshape(-1) if scale is not None else jnp.zeros((0,), jnp.float32)
+    target = "aotlm_wmm_nt" if nt else "aotlm_wmm_nn"
+    out = jax.ShapeDtypeStruct((x2.shape[0], w2.shape[0] if nt else w2.shape[1]), x.dtype)
+    y = jax.ffi.ffi_call(target, out)(x2, w2, s.astype(jnp.float32))
+    return y.reshape(*lead, *tail)
+
+
+def matmul(x, w, scale=None, axes: int = 1, name: str | None = None, nt: bool = False):
+    """``x @ w`` (times ``scale`` per output channel) in ``x``'s dtype, f32 accumulation.
+
+    ``nt``: ``w`` is ``[N, K]`` (embedding rows) instead of ``[K, N]``. ``name`` is the
+    weight's leaf name, which gives its sharding under tensor parallelism.
+    """
+    ctx = getattr(_ctx, "value", None)
+    if ctx is None or ctx[0].size == 1:
+        return _call(x, w, scale, axes, nt)
+    from aotlm import sharding
+
+    mesh, rules = ctx
+    wspec = tuple(sharding.param_spec((name,), w.ndim, rules)) + (None,) * w.ndim
+    wspec = wspec[: w.ndim]
+    contract, outs = (wspec[1:], wspec[:1]) if nt else (wspec[:axes], wspec[axes:])
+    lead = (None,) * (x.ndim - axes)
+    x_spec, out_spec = P(*lead, *contract), P(*lead, *outs)
+    s_spec = P(*outs)
+    partial = any(a is not None for a in contract)
+
+    def local(xl, wl, sl):
+        y = _call(xl, wl, sl, axes, nt)
+        return jax.lax.psum(y, sharding.TP) if partial else y
+
+    if scale is None:
+        fn = lambda xl, wl: local(xl, wl, None)
+        return jax.shard_map(fn, mesh=mesh, in_specs=(x_spec, P(*wspec)), out_specs=out_spec)(x, w)
+    return jax.shard_map(local, mesh=mesh, in_specs=(x_spec, P(*wspec), s_spec), out_specs=out_spec)(
+        x, w, scale
+    )

@@ -1,0 +1,114 @@
+"""Peers for ``scripts/bench.py``: the same checkpoint converted for CTranslate2 and llama.cpp.
+
+Each runner returns ``(prefill(), generate())`` callables for one batch of prompt ids, or raises
+``Skip`` with the reason (peer not installed, conversion failed) so the bench goes on without it.
+Both converters want a tokenizer: ``write_byte_vocab`` gives the random checkpoint a GPT-2-style
+byte-level BPE (256 byte symbols, 50000 pair merges, ``<|endoftext|>``) covering every id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+class Skip(Exception):
+    """This peer cannot run here; the message says why."""
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's byte -> printable unicode table (``bytes_to_unicode``)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs, strict=True))]
+
+
+def write_byte_vocab(path: Path, vocab_size: int) -> list[str]:
+    """Write ``vocab.json`` / ``merges.txt`` / tokenizer configs; returns the token of every id."""
+    base = _byte_symbols()
+    n_merges = vocab_size - 1 - len(base)
+    merges = [(base[i // 256], base[i % 256]) for i in range(n_merges)]
+    tokens = base + [a + b for a, b in merges] + ["<|endoftext|>"]
+    if not (path / "vocab.json").is_file():
+        (path / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
+        (path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+        cfg = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024}
+        (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+        eos = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
+        (path / "special_tokens_map.json").write_text(json.dumps(eos))
+    return tokens
+
+
+# ------------------------------------------------------------------ CTranslate2
+def ctranslate2_runner(ckpt: Path, work: Path, quant: str, ids, new: int):
+    try:
+        import ctranslate2
+        from ctranslate2.converters import TransformersConverter
+    except ImportError:
+        raise Skip("ctranslate2 not installed (pip install -e '.[bench]')") from None
+    tokens = write_byte_vocab(ckpt, 50257)
+    out = work / f"ct2-{quant}"
+    if not (out / "model.bin").is_file():
+        TransformersConverter(str(ckpt)).convert(str(out), quantization=quant, force=True)
+    threads = os.cpu_count() or 1
+    gen = ctranslate2.Generator(str(out), device="cpu", compute_type=quant, intra_threads=threads)
+    prompts = [[tokens[i] for i in row] for row in ids]
+    kw = dict(include_prompt_in_result=False, sampling_topk=1, end_token=[], max_batch_size=len(prompts))
+
+    def prefill():
+        gen.generate_batch(prompts, max_length=1, min_length=1, **kw)
+
+    def generate():
+        gen.generate_batch(prompts, max_length=new, min_length=new, **kw)
+
+    return prefill, generate
+
+
+# ------------------------------------------------------------------ llama.cpp
+def gguf_path(ckpt: Path, work: Path, outtype: str) -> Path:
+    """Convert with llama.cpp's ``convert_hf_to_gguf.py`` (shipped with llama-cpp-python's sources)."""
+    out = work / f"model-{outtype}.gguf"
+    if out.is_file():
+        return out
+    script = os.environ.get("LLAMA_CPP_CONVERT")
+    if not script or not Path(script).is_file():
+        raise Skip("set LLAMA_CPP_CONVERT to llama.cpp's convert_hf_to_gguf.py to convert the checkpoint")
+    cmd = [sys.executable, script, str(ckpt), "--outfile", str(out), "--outtype", outtype]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        raise Skip(f"gguf conversion failed: {p.stderr.strip()[-300:]}")
+    return out
+
+
+def llama_cpp_runner(ckpt: Path, work: Path, outtype: str, ids, new: int):
+    try:
+        import llama_cpp
+    except ImportError:
+        raise Skip("llama-cpp-python not installed (pip install -e '.[bench]'; builds from source)") from None
+    if len(ids) > 1:
+        raise Skip("batch > 1 needs llama.cpp's batched API (not driven here)")
+    write_byte_vocab(ckpt, 50257)
+    llm = llama_cpp.Llama(
+        str(gguf_path(ckpt, work, outtype)),
+        n_ctx=len(ids[0]) + new + 8,
+        n_threads=os.cpu_count(),
+        verbose=False,
+    )
+    prompt = [int(i) for i in ids[0]]
+
+    def run(n):
+        llm.reset()
+        llm.eval(prompt)
+        for _ in range(n - 1):
+            llm.eval([int(llm.scores[llm.n_tokens - 1].argmax())])
+
+    return (lambda: run(1)), (lambda: run(new))

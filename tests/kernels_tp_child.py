@@ -1,0 +1,50 @@
+"""Child of tests/test_kernels.py: kernel matmuls on 2 forced CPU devices, sharded like the params.
+
+Prints JSON ``{"devices": n, "cases": {name: [relative error, kernel call in compiled HLO]}}``.
+"""
+
+import json
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from aotlm import kernels, sharding
+
+mesh = sharding.make_mesh(2)
+rules = sharding.rules("shard-over-heads", 2)
+rng = np.random.default_rng(0)
+cases = {  # name: (leaf name, x shape, w shape, axes, nt, with scale)
+    "column w_up": ("w_up", (3, 1, 40), (40, 58), 1, False, True),  # N = 58: 29 columns per device
+    "row w_down": ("w_down", (5, 1, 58), (58, 40), 1, False, True),  # contracted dim sharded: psum
+    "row wo (dense_in)": ("wo", (2, 1, 4, 9), (4, 9, 21), 2, False, False),
+    "vocab embed_q (nt)": ("embed_q", (8, 33), (102, 33), 1, True, True),
+}
+out = {}
+for case, (name, xs, ws, axes, nt, with_scale) in cases.items():
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (
+        rng.integers(-127, 128, ws).astype(np.int8)
+        if with_scale
+        else rng.standard_normal(ws).astype("bfloat16")
+    )
+    n_out = ws[:1] if nt else ws[axes:]
+    s = (rng.random(n_out).astype(np.float32) / 100) if with_scale else None
+    put = lambda a, leaf: sharding.put(a, sharding.param_sharding(mesh, (leaf,), a.ndim, rules))
+    wd = put(w, name)
+    sd = put(s, name + "_scale") if s is not None else None
+    xd = sharding.put(x, sharding.replicated(mesh))
+    fn = jax.jit(lambda x, w, s, name=name, axes=axes, nt=nt: kernels.matmul(x, w, s, axes, name, nt))
+    with kernels.mesh_context(mesh, rules):
+        compiled = fn.lower(xd, wd, sd).compile()
+    y = np.asarray(sharding.fetch(compiled(xd, wd, sd)), np.float64)
+    k = int(np.prod(ws[1:] if nt else ws[:axes]))
+    w64 = np.asarray(w, np.float64)
+    w64 = w64.reshape(ws[0], k).T if nt else w64.reshape(k, -1)
+    ref = np.asarray(x, np.float64).reshape(-1, k) @ w64
+    if s is not None:
+        ref = ref * s.reshape(-1)
+    err = float(np.abs(y.reshape(ref.shape) - ref).max() / np.abs(ref).max())
+    assert isinstance(wd.sharding, NamedSharding)
+    out[case] = [err, "aotlm_wmm" in compiled.as_text()]
+print(json.dumps({"devices": jax.device_count(), "cases": out}))

@@ -1,0 +1,179 @@
+"""The CPU matmul kernels (``aotlm.kernels``): NumPy reference, tp shards, fallback, warm start.
+
+Shapes are deliberately odd (K, N not multiples of the 8-lane vector or the 32-column tile) and
+cover every row count 1..8 plus one above the 8-row register block. The reference is float64
+NumPy on the same (rounded) inputs, so the only error left is f32 accumulation and the rounding
+of the output to x's dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_weight_options import PROMPTS, _llama, _save
+
+from aotlm import AutoModelForSampling, kernels
+
+pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="aotlm kernels unavailable on this machine")
+HERE = Path(__file__).parent
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 8e-3, jnp.float16: 1e-3}  # relative to max|y|
+
+
+def _weights(rng, shape, wdt):
+    if wdt == jnp.int8:
+        return rng.integers(-127, 128, shape).astype(np.int8)
+    return np.asarray(jnp.asarray(rng.standard_normal(shape), wdt))
+
+
+def _check(y, x, w, s, nt: bool, axes: int, xdt):
+    k = int(np.prod(w.shape[1:] if nt else w.shape[:axes]))
+    x64 = np.asarray(x, np.float64).reshape(-1, k)
+    w64 = np.asarray(w, np.float64)
+    w64 = w64.reshape(-1, k).T if nt else w64.reshape(k, -1)
+    ref = x64 @ w64
+    if s is not None:
+        ref = ref * np.asarray(s, np.float64).reshape(-1)
+    got = np.asarray(y, np.float64).reshape(ref.shape)
+    assert y.dtype == xdt
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err <= TOL[xdt], f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("wdt", [jnp.int8, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("nt", [False, True], ids=["KxN", "NxK"])
+def test_kernel_matches_numpy_on_odd_shapes(wdt, nt):
+    rng = np.random.default_rng(0)
+    f = jax.jit(kernels.matmul, static_argnames=("axes", "name", "nt"))
+    for m, kk, n in [(1, 37, 29), (2, 100, 77), (3, 13, 1000), (4, 768, 45), (5, 9, 8), (6, 65, 131)] + [
+        (7, 40, 33),
+        (8, 33, 300),
+        (13, 24, 70),
+    ]:
+        for xdt in (jnp.float32, jnp.bfloat16):
+            x = jnp.asarray(rng.standard_normal((m, kk)), xdt)
+            w = _weights(rng, (n, kk) if nt else (kk, n), wdt)
+            s = rng.random(n).astype(np.float32) / 100 if wdt == jnp.int8 else None
+            _check(f(x, w, s, nt=nt), x, w, s, nt, 1, xdt)
+
+
+def test_kernel_multi_dim_contraction_and_outputs():
+    """``dense_in``: x [B,T,H,Dh] . w [H,Dh,D]; fused qkv: w [D,K,G+2,Dh] with a [K,G+2,Dh] scale."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((2, 1, 3, 7)), jnp.float32)
+    w = _weights(rng, (3, 7, 19), jnp.int8)
+    s = rng.random(19).astype(np.float32)
+    y = jax.jit(lambda x, w, s: kernels.matmul(x, w, s, axes=2))(x, w, s)
+    assert y.shape == (2, 1, 19)
+    _check(y, x, w, s, False, 2, jnp.float32)
+    x = jnp.asarray(rng.standard_normal((3, 1, 11)), jnp.bfloat16)
+    w = _weights(rng, (11, 2, 5, 3), jnp.int8)
+    s = rng.random((2, 5, 3)).astype(np.float32)
+    y = jax.jit(lambda x, w, s: kernels.matmul(x, w, s))(x, w, s)
+    assert y.shape == (3, 1, 2, 5, 3)
+    _check(y, x, w, s, False, 1, jnp.bfloat16)
+
+
+def test_kernel_inside_while_loop_and_layers_dense():
+    from aotlm.models import layers as L
+
+    rng = np.random.default_rng(2)
+    w = _weights(rng, (24, 24), jnp.int8)
+    s = rng.random(24).astype(np.float32) / 50
+
+    def loop(x):
+        return jax.lax.fori_loop(0, 3, lambda i, x: jnp.tanh(L.dense(x, w, None, s, name="w_up")), x)
+
+    x = rng.standard_normal((2, 24)).astype(np.float32)
+    compiled = jax.jit(loop).lower(x).compile()
+    assert "aotlm_wmm_nn" in compiled.as_text()
+    ref = x.astype(np.float64)
+    for _ in range(3):
+        ref = np.tanh(ref @ (w.astype(np.float64) * s))
+    np.testing.assert_allclose(np.asarray(compiled(x)), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_tensor_parallel_shards_in_subprocess(tmp_path):
+    """Column-, row- and vocab-parallel weights on 2 forced devices: each device runs its shard."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", TF_CPP_MIN_LOG_LEVEL="2")
+    p = subprocess.run(
+        [sys.executable, str(HERE / "kernels_tp_child.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 2
+    for case, (err, in_hlo) in out["cases"].items():
+        assert in_hlo, f"{case}: no kernel call in the compiled graph"
+        assert err <= 1e-5, f"{case}: relative error {err:.2e}"
+
+
+# ------------------------------------------------------------------ model level
+def _sample(path, monkeypatch, on: bool, **kw):
+    monkeypatch.setenv("AOTLM_KERNELS", "1" if on else "0")
+    m = AutoModelForSampling.from_pretrained(
+        path, batch_size=2, n_positions=32, context_length_estimate=32, compile_cache=False, **kw
+    )
+    m.compile()
+    texts = [exe.as_text() for exe in m._executables.values()]
+    return m.forward(PROMPTS), m.sample(PROMPTS, max_new_tokens=16), any("aotlm_wmm" in t for t in texts), m
+
+
+@pytest.mark.parametrize("kw", [{"quant": "int8"}, {"amp": "bf16"}, {"quant": "int8", "amp": "bf16"}])
+def test_forced_fallback_gives_identical_greedy_tokens(ckpt_dir, monkeypatch, kw):
+    """The peaked checkpoint of test_weight_options (top-1 margins >= 20% of max|logit|)."""
+    path = _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)
+    lg_on, tok_on, used_on, _ = _sample(path, monkeypatch, True, **kw)
+    lg_off, tok_off, used_off, _ = _sample(path, monkeypatch, False, **kw)
+    assert used_on and not used_off
+    np.testing.assert_array_equal(tok_on, tok_off)
+    assert np.abs(lg_on - lg_off).max() <= 1e-2 * np.abs(lg_off).max()
+
+
+def test_tied_int8_lm_head_view(gpt2_path, monkeypatch):
+    """GPT-2 ties lm_head to the embedding: under int8 the logits read an int8 copy of it."""
+    lg32 = _sample(gpt2_path, monkeypatch, False)[0]
+    lg8, _, used, m = _sample(gpt2_path, monkeypatch, True, quant="int8")
+    assert used and m.params["embed_q"].dtype == np.int8 and m.params["embed_q_scale"].shape == (101,)
+    assert np.abs(lg8 - lg32).max() <= 1e-2 * np.abs(lg32).max()
+    lg_off, _, _, m_off = _sample(gpt2_path, monkeypatch, False, quant="int8")
+    assert "embed_q" not in m_off.params  # no kernels: no copy (XLA reads the embedding itself)
+
+
+def test_warm_start_with_kernels_compiles_nothing(llama_path, tmp_path):
+    """bf16 weights put kernel calls in every graph; a new process loads them from the cache."""
+    child = str(HERE / "cache_child.py")
+    run = lambda: subprocess.run(
+        [
+            sys.executable,
+            child,
+            str(llama_path),
+            str(tmp_path / "cc"),
+            "--amp",
+            "bf16",
+            "--n-positions",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", AOTLM_KERNELS="1"),
+        timeout=600,
+    )
+    cold, warm = run(), run()
+    assert cold.returncode == 0 and warm.returncode == 0, (cold.stderr + warm.stderr)[-3000:]
+    cold, warm = (json.loads(p.stdout.strip().splitlines()[-1]) for p in (cold, warm))
+    assert not any(cold["hits"]) and all(warm["hits"])
+    assert warm["counts"] == {"backend": 0, "lowering": 0, "tracing": 0}
+    assert warm["tokens"] == cold["tokens"]
+    manifest = json.loads(next((tmp_path / "cc").glob("*/manifest.json")).read_text())
+    assert manifest["fields"]["env"]["kernels"] == kernels.cache_tag() != "off"
