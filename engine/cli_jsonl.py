@@ -1,0 +1,5 @@
+"""stub"""
+
+
+def register(sub) -> None:
+    pass
