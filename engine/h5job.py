@@ -211,6 +211,9 @@ def run(model, job: H5Job, out_dir: Path, steps: list[int]) -> list[Path]:
     import h5py
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    for step in steps:  # leftovers of a kill mid-write (never under a final name); own steps only
+        for stale in out_dir.glob(f".predictions_{step}.npz.tmp-*"):
+            stale.unlink(missing_ok=True)
     written = []
     with h5py.File(job.data_file, "r") as f:
         ds = _dataset(f, job)
