@@ -99,7 +99,9 @@ def merged_generation(defaults: dict, block, where: str) -> dict:
         raise ValueError(f"{where}: 'generation' must be an object, got {type(block).__name__}")
     unknown = sorted(set(block) - GEN_FIELDS)
     if unknown:
-        raise ValueError(f"{where}: unknown field(s) {unknown} in 'generation'; allowed: {sorted(GEN_FIELDS)}")
+        raise ValueError(
+            f"{where}: unknown field(s) {unknown} in 'generation'; allowed: {sorted(GEN_FIELDS)}"
+        )
     gen = {**GEN_DEFAULTS, **defaults, **{k: v for k, v in block.items() if k != "greedy"}}
     if "greedy" in block:
         if not isinstance(block["greedy"], bool):
@@ -122,7 +124,9 @@ def model_spec(rec: dict, cli: dict, where: str) -> tuple[str, str | None, str]:
     elif isinstance(m, dict):
         unknown = sorted(set(m) - MODEL_FIELDS)
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {unknown} in 'model'; allowed: {sorted(MODEL_FIELDS)}")
+            raise ValueError(
+                f"{where}: unknown field(s) {unknown} in 'model'; allowed: {sorted(MODEL_FIELDS)}"
+            )
         if "checkpoint" in m and "output_dir" in m:
             raise ValueError(f"{where}: give 'checkpoint' or 'output_dir' in 'model', not both")
         path = m.get("checkpoint", m.get("output_dir", path))
@@ -212,8 +216,12 @@ def prepare(groups: list[Group], cli: dict, path: str) -> None:
                 raise ValueError(f"{where}: the prompt tokenizes to no tokens")
             bad = [t for t in r.prompt_ids if not 0 <= t < g.vocab_size]
             if bad:
-                raise ValueError(f"{where}: token id {bad[0]} is outside the model's vocabulary ({g.vocab_size})")
-            r.stop_ids = [list(tok(s, add_special_tokens=False)["input_ids"]) for s in r.gen["stop_sequences"]]
+                raise ValueError(
+                    f"{where}: token id {bad[0]} is outside the model's vocabulary ({g.vocab_size})"
+                )
+            r.stop_ids = [
+                list(tok(s, add_special_tokens=False)["input_ids"]) for s in r.gen["stop_sequences"]
+            ]
             total = len(r.prompt_ids) + r.gen["max_new_tokens"]
             if total > need:
                 need, need_line = total, r.line

@@ -131,8 +131,13 @@ def cmd_run(args) -> int:
             print(",".join(map(str, rec["prompt_ids"] + res.tokens)))
     log.info(
         "%d prompts in %.2fs (load %.2fs); %d graphs from %s; this process: %s",
-        len(items), time.perf_counter() - t1, t1 - t0, len(model.graph_keys()), args.artifacts, counter,
-    )  # fmt: skip
+        len(items),
+        time.perf_counter() - t1,
+        t1 - t0,
+        len(model.graph_keys()),
+        args.artifacts,
+        counter,
+    )
     return 0
 
 

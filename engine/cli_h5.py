@@ -43,8 +43,13 @@ def cmd_run_h5(args) -> int:
     )
     log.info(
         "%s: %d samples x %d tokens, batch_size %d -> %d steps; n_positions %s",
-        job.data_file, job.num_samples, job.max_seq_len, job.batch_size, job.num_batches, n_positions,
-    )  # fmt: skip
+        job.data_file,
+        job.num_samples,
+        job.max_seq_len,
+        job.batch_size,
+        job.num_batches,
+        n_positions,
+    )
     if args.compile_only or args.device_memory_gb is not None:
         from aotlm.memory import check_fits, format_plan, plan_for_checkpoint
 

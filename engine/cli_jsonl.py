@@ -39,6 +39,11 @@ def cmd_batch_generate(args) -> int:
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if os.path.exists(args.output) and os.path.getsize(args.output) and not (args.resume or args.overwrite):
+        if not args.dry_run:
+            raise ValueError(
+                f"{args.output} exists; pass --resume to continue it or --overwrite to replace it"
+            )
     cli = _cli_defaults(args)
     merged = batch_plan.merged_generation(cli["generation"], {}, "command-line defaults")
     cli["generation"] = {k: v for k, v in merged.items() if k in cli["generation"]}
@@ -46,9 +51,6 @@ def cmd_batch_generate(args) -> int:
     groups = batch_plan.group(records)
     batch_plan.prepare(groups, cli, args.input)
     mine = batch_plan.select_shard(groups, args.shard)
-    if os.path.exists(args.output) and os.path.getsize(args.output) and not (args.resume or args.overwrite):
-        if not args.dry_run:
-            raise ValueError(f"{args.output} exists; pass --resume to continue it or --overwrite to replace it")
     lines, ids = batch.done_keys(args.output) if args.resume else (set(), set())
     todo = {id(g): sum(not batch.is_done(r, lines, ids) for r in g.records) for g in mine}
     opts = {
@@ -69,7 +71,8 @@ def cmd_batch_generate(args) -> int:
         os.remove(args.output)
     t0 = time.perf_counter()
     written, errors = batch.run(mine, opts, args.output, args.resume)
-    print(f"{written} records written to {args.output} in {time.perf_counter() - t0:.2f}s ({errors} with errors)")
+    dt = time.perf_counter() - t0
+    print(f"{written} records written to {args.output} in {dt:.2f}s ({errors} with errors)")
     return 0
 
 
@@ -83,7 +86,9 @@ def cmd_batch_merge(args) -> int:
         if "input_line" not in r:
             raise ValueError("a record without 'input_line': merge only batch-generate outputs")
         if r["input_line"] in seen:
-            raise ValueError(f"input line {r['input_line']} appears twice; were the shards run with one input?")
+            raise ValueError(
+                f"input line {r['input_line']} appears twice; were the shards run with one input?"
+            )
         seen[r["input_line"]] = r
     atomic_write_jsonl(args.output, [seen[k] for k in sorted(seen)])
     print(f"{len(seen)} records from {len(args.inputs)} files written to {args.output}")
@@ -92,10 +97,16 @@ def cmd_batch_merge(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("batch-generate", help="JSONL of prompts -> JSONL of completions, models grouped")
-    p.add_argument("--input", required=True, help="JSONL: one {'prompt': ..., 'model': ..., 'generation': ...}")
-    p.add_argument("--output", required=True, help="JSONL output (appended per batch, input order at the end)")
+    p.add_argument(
+        "--input", required=True, help="JSONL: one {'prompt': ..., 'model': ..., 'generation': ...}"
+    )
+    p.add_argument(
+        "--output", required=True, help="JSONL output (appended per batch, input order at the end)"
+    )
     p.add_argument("--model", default=None, help="default checkpoint (or run dir) for records without one")
-    p.add_argument("--tokenizer", default=None, help="default tokenizer dir (default: next to the checkpoint)")
+    p.add_argument(
+        "--tokenizer", default=None, help="default tokenizer dir (default: next to the checkpoint)"
+    )
     p.add_argument("--dtype", default=None, help="default dtype: float32 | bfloat16 | float16")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 32")
     p.add_argument("--do-sample", action="store_true", help="sample (default greedy)")
@@ -108,7 +119,9 @@ def register(sub) -> None:
     p.add_argument("--return-full-text", action="store_true")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--batch-size", type=int, default=4, help="compiled batch size (default 4)")
-    p.add_argument("--n-positions", type=_ints, default=None, help="KV-cache buckets (default: from the prompts)")
+    p.add_argument(
+        "--n-positions", type=_ints, default=None, help="KV-cache buckets (default: from the prompts)"
+    )
     p.add_argument("--context-length-estimate", type=_ints, default=None)
     p.add_argument("--tp-degree", type=int, default=1)
     p.add_argument("--cache-dir", default=None)

