@@ -66,8 +66,12 @@ def plan_rows(groups: list[Group], opts: dict, todo: dict) -> list[tuple]:
     out = []
     for k, g in enumerate(groups, 1):
         ckpt, amp, _ = g.key
-        status = graph_status(g, opts)
-        cached = sum(c for _, c in status)
+        try:
+            status = graph_status(g, opts)
+            cached = sum(c for _, c in status)
+            graphs = f"{len(status) - cached} compile, {cached} cached"
+        except Exception as e:  # the plan must not fail where the run would not
+            status, graphs = [], f"unknown ({type(e).__name__})"
         mem = plan_for_checkpoint(
             ckpt,
             batch_size=opts["batch_size"],
@@ -87,7 +91,7 @@ def plan_rows(groups: list[Group], opts: dict, todo: dict) -> list[tuple]:
                 f"{n}/{len(g.records)}",
                 -(-n // opts["batch_size"]),
                 f"ctx {','.join(map(str, ctx))} / tok {','.join(buckets)}",
-                f"{len(status) - cached} compile, {cached} cached",
+                graphs,
                 _size(mem["total_bytes_per_device"]),
             )
         )

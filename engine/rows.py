@@ -11,6 +11,7 @@ whether the device loop stopped the row early or ran on.
 from __future__ import annotations
 
 import inspect
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -118,6 +119,8 @@ def _generate_batch(model, prompts, limits, sampling, stop_sequences, eos) -> li
         vals = [s.get(key, GREEDY_DEFAULTS[key]) for s in sampling]
         if all(v == GREEDY_DEFAULTS[key] for v in vals):
             continue
+        if key == "seed":  # rows without a seed get a fresh one when their companions have one
+            vals = [random.randrange(2**31) if v is None else int(v) for v in vals]
         if not sampler_accepts(model, key):
             raise ValueError(f"{key} is not supported by this aotlm version's sampler (greedy only)")
         kw[key] = _per_row(vals, key, n)
