@@ -128,6 +128,12 @@ def prefill_graph_shapes(
     return tuple(sorted(shapes))
 
 
+def graph_keys(ctx_buckets: Sequence[int], tg_buckets: Sequence[int]) -> list[tuple]:
+    """Every graph a model compiles: prefill ``(C, W)`` shapes, first-token selection, decode ``W``."""
+    keys: list[tuple] = [("prefill", c, w) for c, w in prefill_graph_shapes(ctx_buckets, tg_buckets)]
+    return keys + [("select",)] + [("decode", w) for w in tg_buckets]
+
+
 def decode_bucket(tg_buckets: Sequence[int], slot: int) -> int:
     """The decode graph used to feed the token at cache slot ``slot``."""
     w = smallest_fitting(tg_buckets, slot + 1)

@@ -175,6 +175,5 @@ def plan_for_checkpoint(
     tg = bk.token_buckets(n_positions)
     ctx = bk.context_buckets(context_length_estimate, tg)
     plan = memory_plan(cfg, batch_size, max(tg), amp, tp_degree, gqa)
-    plan["graphs"] = [("prefill", c, w) for c, w in bk.prefill_graph_shapes(ctx, tg)]
-    plan["graphs"] += [("decode", w) for w in tg]
+    plan["graphs"] = bk.graph_keys(ctx, tg)
     return plan

@@ -20,14 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aotlm import artifacts, graphs, inputs, sharding
+from aotlm import artifacts, generation, graphs, inputs, sampling, sharding
 from aotlm import buckets as bk
 from aotlm.checkpoint import WeightReader, load_hf_config
 from aotlm.compile_cache import CompileCache
 from aotlm.models import decoder, family_for
 from aotlm.models.quant import ParamRewriter, QuantizationConfig, quant_config
 from aotlm.models.weights import load_params
-from aotlm.sampling import GREEDY
 
 AMP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 
@@ -151,30 +150,31 @@ class CausalLMForSampling:
 
     # ------------------------------------------------------------------ compiling
     def graph_keys(self) -> list[tuple]:
-        keys = [("prefill", c, w) for c, w in bk.prefill_graph_shapes(self.ctx_buckets, self.tg_buckets)]
-        return keys + [("decode", w) for w in self.tg_buckets]
+        return bk.graph_keys(self.ctx_buckets, self.tg_buckets)
 
     def _abstract(self, tree):
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
     def _lower(self, key: tuple):
         p, cache = self._abstract(self.params), self._cache_specs()
-        b = self.batch_size
+        b, rep = self.batch_size, self._repl
+        state = graphs.state_spec(b, self.n_positions, self.cfg.vocab_size, rep)
+        logits = jax.ShapeDtypeStruct((b, self.cfg.vocab_size), jnp.float32, sharding=rep)
         if key[0] == "prefill":
             _, c, w = key
-            out = (self._repl, self._repl, self._shardings(cache))  # pinned: outputs feed the next call
+            out = (rep, self._shardings(cache))  # pinned: outputs feed the next call
             fn = jax.jit(
-                functools.partial(graphs.prefill, self.cfg, w, GREEDY), donate_argnums=(1,), out_shardings=out
+                functools.partial(graphs.prefill, self.cfg, w), donate_argnums=(1,), out_shardings=out
             )
-            tok = jax.ShapeDtypeStruct((b, c), jnp.int32, sharding=self._repl)
-            scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._repl)
+            tok = jax.ShapeDtypeStruct((b, c), jnp.int32, sharding=rep)
+            scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
             return fn.lower(p, cache, tok, tok, scalar, scalar)
+        if key[0] == "select":
+            fn = jax.jit(graphs.select_first, donate_argnums=(1,), out_shardings=self._shardings(state))
+            return fn.lower(logits, state)
         _, w = key
-        state = graphs.state_spec(b, self.n_positions, self._repl)
         out = (self._shardings(cache), self._shardings(state))
-        fn = jax.jit(
-            functools.partial(graphs.decode, self.cfg, w, GREEDY), donate_argnums=(1, 2), out_shardings=out
-        )
+        fn = jax.jit(functools.partial(graphs.decode, self.cfg, w), donate_argnums=(1, 2), out_shardings=out)
         return fn.lower(p, cache, state)
 
     @staticmethod
@@ -199,7 +199,14 @@ class CausalLMForSampling:
             "amp": self.amp,
             "tp_degree": self.tp_degree,
             "gqa": self.gqa,
-            "selector": GREEDY,
+            "generation": (
+                graphs.MAX_EOS,
+                graphs.MAX_STOPS,
+                graphs.MAX_STOP_LEN,
+                sampling.NGRAM_MAX,
+                sampling.TOP_LOGPROBS_MAX,
+                sampling.TOPK_WIDTH,
+            ),
             "param_tree": self._abstract(self.params),
             "cache_tree": self._cache_specs(),
         }
@@ -267,6 +274,9 @@ class CausalLMForSampling:
     def _put(self, x: np.ndarray):
         return sharding.put(x, self._repl)
 
+    def _put_tree(self, tree):
+        return jax.tree.map(lambda x: self._put(np.asarray(x)), tree)
+
     def _prepare(self, input_ids, attention_mask, start_ids):
         ids = inputs.token_ids(input_ids, self.cfg.vocab_size)
         mask = inputs.prompt_mask(ids, attention_mask, start_ids)
@@ -283,10 +293,10 @@ class CausalLMForSampling:
         return ids, mask, n
 
     def _encode(self, ids: np.ndarray, mask: np.ndarray):
-        """Run every prefill step of the prompt; returns (logits, first token) of the last step."""
+        """Run every prefill step of the prompt; returns (logits of its last token, positions)."""
         p_len = ids.shape[1]
         positions = np.where(mask > 0, np.cumsum(mask, 1) - 1, -1).astype(np.int32)
-        out = None
+        logits = None
         for step in bk.prefill_plan(p_len, self.ctx_buckets, self.tg_buckets):
             end = step.start + step.n_real
             tok = np.zeros((self.batch_size, step.bucket), np.int32)
@@ -294,7 +304,7 @@ class CausalLMForSampling:
             tok[:, : step.n_real] = ids[:, step.start : end]
             pos[:, : step.n_real] = positions[:, step.start : end]
             exe = self._executable(("prefill", step.bucket, step.width))
-            out = exe(
+            logits, self.cache = exe(
                 self.params,
                 self.cache,
                 self._put(tok),
@@ -302,81 +312,87 @@ class CausalLMForSampling:
                 self._put(np.int32(step.start)),
                 self._put(np.int32(step.n_real - 1)),
             )
-            self.cache = out[2]
-        return out[0], out[1], positions
+        return logits, positions
 
     @_locked
     def forward(self, input_ids, attention_mask=None) -> np.ndarray:
         """Float32 logits ``[batch, vocab]`` of the last prompt position."""
         ids, mask, n = self._prepare(input_ids, attention_mask, None)
-        logits, _, _ = self._encode(ids, mask)
+        logits, _ = self._encode(ids, mask)
         return sharding.fetch(logits)[:n]
 
     @_locked
     def sample(
         self,
         input_ids,
-        max_new_tokens: int | None = None,
+        max_new_tokens: int | Sequence[int] | None = None,
         sequence_length: int | None = None,
         attention_mask=None,
         start_ids=None,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
-    ) -> np.ndarray:
-        """Greedy generation: ``[batch, prompt_len + new]`` (prompt as given, then new tokens).
+        *,
+        generation_config: generation.GenerationConfig | None = None,
+        streamer=None,
+        stopping_criteria=None,
+        return_dict: bool = False,
+        **generation_kwargs,
+    ) -> np.ndarray | generation.GenerateOutput:
+        """Generate: ``[batch, prompt_len + new]`` (prompt as given, then new tokens), or a
+        ``GenerateOutput`` with ``return_dict=True``.
 
-        ``sequence_length`` (total length, transformers-neuronx style) or ``max_new_tokens``
-        bound the output; neither means "up to n_positions". Generation stops early when every
-        row has produced an eos id; finished rows are filled with ``pad_token_id`` (default:
-        the first eos id), and the output is trimmed to the longest row, as transformers does.
+        Greedy by default. ``generation_kwargs`` are ``GenerationConfig`` fields with HF names
+        (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``,
+        ``no_repeat_ngram_size``, ``seed``, ``stop_sequences``, ``top_logprobs``); each sampling
+        value and ``max_new_tokens`` may be one value or one per row. They override
+        ``generation_config``. ``sequence_length`` (total length, transformers-neuronx style)
+        or ``max_new_tokens`` bound the output; neither means "up to n_positions". A row stops
+        at an eos id, at a stop sequence (kept in the output) or at its length; finished rows
+        are filled with ``pad_token_id`` (default: the first eos id) and the output is trimmed
+        to the longest row, as transformers does. ``streamer`` (HF ``BaseStreamer``: ``put``
+        gets the prompt, then the new tokens) and ``stopping_criteria`` (HF ``StoppingCriteria``)
+        make the decode loop run in chunks of ``generation.STREAM_CHUNK`` tokens.
         """
+        cfg = generation_config or generation.GenerationConfig()
+        unknown = set(generation_kwargs) - generation.FIELDS
+        if unknown:
+            raise TypeError(
+                f"sample() got unknown generation arguments {sorted(unknown)}; "
+                f"known: {sorted(generation.FIELDS)}"
+            )
+        given = dict(eos_token_id=eos_token_id, pad_token_id=pad_token_id, max_new_tokens=max_new_tokens)
+        cfg = cfg.replace(**{k: v for k, v in given.items() if v is not None}, **generation_kwargs)
+        if not isinstance(cfg.top_logprobs, int) or not 0 <= cfg.top_logprobs <= sampling.TOP_LOGPROBS_MAX:
+            raise ValueError(f"top_logprobs must be an int in [0, {sampling.TOP_LOGPROBS_MAX}]")
+        generation.check_streamer(streamer)
+        criteria = generation.criteria_list(stopping_criteria)
         ids, mask, n = self._prepare(input_ids, attention_mask, start_ids)
-        p_len = ids.shape[1]
-        new = self._n_new(p_len, max_new_tokens, sequence_length)
-        eos = inputs.eos_ids(eos_token_id, graphs.MAX_EOS)
-        pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos[0] >= 0 else 0)
-        _, first, positions = self._encode(ids, mask)
-        first = sharding.fetch(first)
-        out = np.zeros((self.batch_size, self.n_positions), np.int32)
-        out[:, p_len] = first
-        done = np.isin(first, eos[eos >= 0])
-        stop, idx = p_len + new - 1, p_len
-        if idx < stop and not done.all():
-            state = {
-                "tok": first,
-                "pos": positions.max(1) + 1,
-                "done": done,
-                "out": out,
-                "idx": np.int32(idx),
-                "stop": np.int32(stop),
-                "eos": eos,
-                "pad": np.int32(pad),
-            }
-            state = {k: self._put(np.asarray(v)) for k, v in state.items()}
-            while idx < stop and not done.all():
-                exe = self._executable(("decode", bk.decode_bucket(self.tg_buckets, idx)))
-                self.cache, state = exe(self.params, self.cache, state)
-                idx, done = int(sharding.fetch(state["idx"])), sharding.fetch(state["done"])
-            out = sharding.fetch(state["out"])
-        n_gen = idx - p_len + 1
-        return np.concatenate([ids[:n], out[:n, p_len : p_len + n_gen]], axis=1)
+        new = self._n_new(ids.shape[1], n, cfg.max_new_tokens, sequence_length)
+        cfg = cfg.replace(max_new_tokens=None)
+        generation.sampling_params(cfg, n, self.batch_size)  # validate before any device work
+        generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
+        want = bool(return_dict or cfg.top_logprobs)
+        return generation.run(self, ids, mask, n, new, cfg, streamer, criteria, want)
 
-    def _n_new(self, p_len: int, max_new_tokens: int | None, sequence_length: int | None) -> int:
+    def _n_new(self, p_len: int, n: int, max_new_tokens, sequence_length: int | None) -> np.ndarray:
+        """Per-row new-token budgets ``[n]`` (one value may serve every row)."""
         if max_new_tokens is not None and sequence_length is not None:
             raise ValueError("give max_new_tokens or sequence_length, not both")
         if sequence_length is not None:
             max_new_tokens = int(sequence_length) - p_len
         if max_new_tokens is None:
             max_new_tokens = self.n_positions - p_len
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1 (prompt has {p_len} tokens), got {max_new_tokens}")
-        if p_len + max_new_tokens > self.n_positions:
+        new = generation._per_row(max_new_tokens, "max_new_tokens", n, np.int64)
+        if (new < 1).any():
+            raise ValueError(f"max_new_tokens must be >= 1 (prompt has {p_len} tokens), got {new.min()}")
+        top = int(new.max())
+        if p_len + top > self.n_positions:
             raise ValueError(
-                f"prompt ({p_len} tokens) + max_new_tokens ({max_new_tokens}) = {p_len + max_new_tokens} "
+                f"prompt ({p_len} tokens) + max_new_tokens ({top}) = {p_len + top} "
                 f"exceeds n_positions={self.n_positions}; shorten the request or load the model with "
-                f"n_positions >= {p_len + max_new_tokens}"
+                f"n_positions >= {p_len + top}"
             )
-        return int(max_new_tokens)
+        return new.astype(np.int32)
 
 
 class AutoModelForSampling(CausalLMForSampling):

@@ -1,27 +1,314 @@
-"""In-graph token selection.
+"""In-graph token selection with transformers' logits-processor semantics.
 
-A selector is a frozen (hashable) dataclass: it is a ``jax.jit`` static argument, so the
-same selector object never retraces, and it is called inside the compiled prefill and
-decode graphs as ``selector(logits [B, V] float32, state) -> tokens [B] int32``. ``state``
-is the decode state dict (``None`` inside prefill); per-row sampling parameters will be
-traced arrays in that state so that new values never recompile.
+Everything here runs inside the compiled graphs. The sampling parameters are **traced**
+per-row arrays (``params``: ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``,
+``repetition_penalty``, ``ngram``, ``seed``), so new values never recompile and one batch
+mixes greedy and sampled rows. The only static numbers are the array widths below.
+
+Order (as ``generate``): repetition penalty, no-repeat-ngram, then for sampled rows
+temperature, top-k, top-p, min-p. Greedy rows take the argmax of the penalized scores.
+
+Sampling never sorts the vocabulary (a 50k sort costs ~16 ms per row on XLA:CPU):
+
+* top-k and min-p are value thresholds (the k-th largest value comes from ``lax.top_k``
+  with a small static width; larger k bisect on counts);
+* top-p is exact **rejection sampling**: draw a token from the candidates with one uniform
+  (inverse CDF over vocabulary blocks); accept it when the probability mass ranked above it
+  is below ``top_p`` (ranked by value; among equal values the lower index ranks higher, as a
+  stable sort would: torch's unstable sort breaks such ties arbitrarily, so at an exact tie
+  on the boundary HF keeps the same number of tokens, not always the same ones); otherwise
+  only tokens ranked above it stay candidates and we draw again. The accepted token follows
+  exactly the top-p distribution; the expected number of rounds is about ``1 / top_p``, and
+  each rejection removes at least one token, so it ends.
+
+Randomness: each draw's uniform is a hash of (seed, position, round) (``uniform``), so a
+row's tokens depend only on its seed and positions, not on its batch companions or chunking.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import jax
 import jax.numpy as jnp
+from jax import lax
+
+TOPK_WIDTH = 64  # static width of the lax.top_k used for top_k <= 64 (larger k bisect)
+NGRAM_MAX = 8  # largest no_repeat_ngram_size (static: the window of the n-gram match)
+TOP_LOGPROBS_MAX = 5  # widest top_logprobs (static: the output buffer width)
+_BLOCK = 256  # vocabulary block of the inverse-CDF draw
+NEG = -jnp.inf
 
 
-@dataclass(frozen=True)
-class Greedy:
-    """argmax, first index on ties (as torch.argmax and transformers greedy search)."""
-
-    name: str = "greedy"
-
-    def __call__(self, logits, state=None):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+def sortable(x):
+    """float32 -> int32 with the same order (for bisection over exact float values)."""
+    b = lax.bitcast_convert_type(x, jnp.int32)
+    return jnp.where(b < 0, b ^ jnp.int32(0x7FFFFFFF), b)
 
 
-GREEDY = Greedy()
+# --------------------------------------------------------------------------- penalties
+def repetition_penalty(scores, penalty, seen):
+    """HF RepetitionPenaltyLogitsProcessor over the tokens in ``seen [B,V]`` (prompt + generated)."""
+    pen = penalty[:, None]
+    hit = seen & (pen != 1.0)
+    return jnp.where(hit, jnp.where(scores < 0, scores * pen, scores / pen), scores)
+
+
+def ngram_bans(out, slot, n):
+    """``[B,V]``-shaped list of banned tokens as ``(rows, tokens)`` for no_repeat_ngram_size ``n [B]``.
+
+    ``out [B,S]`` is the sequence by cache slot (``-1`` = padding / empty), ``slot`` the slot
+    of the newest token. Every window ``j..j+n-1`` inside the history whose first ``n-1``
+    tokens equal the last ``n-1`` tokens bans its last token (HF NoRepeatNGramLogitsProcessor).
+    """
+    b, s = out.shape
+    j = jnp.arange(s, dtype=jnp.int32)[None, :]
+    nn = n[:, None]
+    outp = jnp.concatenate([out, jnp.full((b, NGRAM_MAX), -3, out.dtype)], axis=1)
+
+    def offset(o, match):  # offset o of the window matters when o < n-1
+        want = jnp.take_along_axis(out, jnp.clip(slot - nn + 2 + o, 0, s - 1), axis=1)
+        here = lax.dynamic_slice_in_dim(outp, o, s, axis=1)
+        return match & ((o >= nn - 1) | (here == want))
+
+    match = lax.fori_loop(0, NGRAM_MAX - 1, offset, (nn > 0) & (j + nn - 1 <= slot))
+    banned = jnp.take_along_axis(outp, jnp.clip(j + nn - 1, 0, s + NGRAM_MAX - 1), axis=1)
+    return match & (banned >= 0), banned
+
+
+def penalize(scores, params, seen, out, slot):
+    """Repetition penalty and n-gram bans; each only computed when some row uses it."""
+    scores = lax.cond(
+        jnp.any(params["repetition_penalty"] != 1.0),
+        lambda s: repetition_penalty(s, params["repetition_penalty"], seen),
+        lambda s: s,
+        scores,
+    )
+
+    def ban(s):
+        ok, tok = ngram_bans(out, slot, params["ngram"])
+        rows = jnp.broadcast_to(jnp.arange(s.shape[0])[:, None], tok.shape)
+        tok = jnp.where(ok, tok, s.shape[1])  # out of range -> dropped
+        return s.at[rows, tok].set(NEG, mode="drop")
+
+    return lax.cond(jnp.any(params["ngram"] > 0), ban, lambda s: s, scores)
+
+
+# --------------------------------------------------------------------------- warpers
+def bisect_largest(t, score, target):
+    """Per row, the largest value ``x`` of ``t [B,V]`` with ``score(t >= x) >= target``.
+
+    ``score(mask) -> [B]`` must grow with the mask (a count, a mass). 32 halvings of the
+    order-preserving int keys give the exact value; a compact loop (small graph).
+    """
+    keys = sortable(t)
+    lo, hi = jnp.min(keys, -1), jnp.max(keys, -1)
+
+    def body(_, c):
+        lo, hi = c
+        mid = (lo >> 1) + (hi >> 1) + ((lo | hi) & 1)  # ceil((lo + hi) / 2) without overflow
+        ok = score(keys >= mid[:, None]) >= target
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
+
+    lo, _ = lax.fori_loop(0, 32, body, (lo, hi))
+    return jnp.min(jnp.where(keys >= lo[:, None], t, jnp.inf), -1)  # the value whose key is lo
+
+
+def kth_largest(t, k):
+    """Per-row k-th largest value of ``t [B,V]`` for ``k [B] >= 1`` (exact)."""
+    width = min(TOPK_WIDTH, t.shape[-1])
+    small = lambda: jnp.take_along_axis(lax.top_k(t, width)[0], jnp.clip(k - 1, 0, width - 1)[:, None], 1)[
+        :, 0
+    ]
+    count = lambda m: jnp.sum(m, -1)
+    return lax.cond(jnp.any(k > width), lambda: bisect_largest(t, count, k), small)
+
+
+def warp(scores, params):
+    """Temperature-scaled scores ``t`` and the value masks of top-k and min-p."""
+    temp = jnp.where(params["temperature"] > 0, params["temperature"], 1.0)
+    t = scores / temp[:, None]
+    v = t.shape[-1]
+    k = params["top_k"]
+    use_k = (k > 0) & (k < v)
+    kth = lax.cond(jnp.any(use_k), lambda: kth_largest(t, jnp.maximum(k, 1)), lambda: jnp.full(k.shape, NEG))
+    keep_k = t >= jnp.where(use_k, kth, NEG)[:, None]
+    # min-p comes after top-k/top-p in HF, but the max token survives both, so its ratio test
+    # p_i < min_p * p_max  <=>  t_i - t_max < log(min_p) is unchanged
+    m = jnp.max(jnp.where(keep_k, t, NEG), -1, keepdims=True)
+    p_min = params["min_p"]
+    log_min = jnp.log(jnp.where(p_min > 0, p_min, 1.0))[:, None]
+    return t, keep_k, (p_min <= 0)[:, None] | (t - m >= log_min)
+
+
+def mass_above(q, t, c):
+    """Mass of ``q`` ranked above token ``c [B]``: larger value, or equal value and lower index."""
+    tc = jnp.take_along_axis(t, c[:, None], 1)
+    idx = jnp.arange(t.shape[-1], dtype=jnp.int32)[None, :]
+    above = (t > tc) | ((t == tc) & (idx < c[:, None]))
+    return jnp.sum(jnp.where(above, q, 0.0), -1)
+
+
+def top_p_mask(t, q, limit):
+    """Tokens whose mass ranked above them is below ``limit [B]`` (HF's top-p set), without a sort.
+
+    The boundary value is the largest ``x`` with ``mass(t >= x) >= limit``; of the tokens tied
+    at it, the lowest-index ones are kept while the mass above them stays below ``limit``.
+    """
+    x = bisect_largest(t, lambda m: jnp.sum(jnp.where(m, q, 0.0), -1), limit)[:, None]
+    above = jnp.sum(jnp.where(t > x, q, 0.0), -1, keepdims=True)
+    tie = t == x
+    q_tie = jnp.max(jnp.where(tie, q, 0.0), -1, keepdims=True)
+    n_keep = jnp.ceil((limit[:, None] - above) / jnp.maximum(q_tie, 1e-38))
+    rank = jnp.cumsum(tie.astype(jnp.int32), -1) - 1
+    return (t > x) | (tie & (rank < jnp.maximum(n_keep, 1)))
+
+
+def draw(w, u):
+    """Index ``i`` with ``P(i) = w_i / sum(w)`` for ``u`` uniform in [0, 1): inverse CDF by blocks."""
+    b, v = w.shape
+    nb = -(-v // _BLOCK)
+    wb = jnp.pad(w, ((0, 0), (0, nb * _BLOCK - v))).reshape(b, nb, _BLOCK)
+    sums = wb.sum(-1)
+    cb = jnp.cumsum(sums, -1)
+    x = u * cb[:, -1]
+    blk = jnp.sum(cb <= x[:, None], -1)
+    last_blk = jnp.max(jnp.where(sums > 0, jnp.arange(nb)[None], 0), -1)  # rounding never lands
+    blk = jnp.where(blk > last_blk, last_blk, blk)  # past the last block holding mass
+    prev = jnp.take_along_axis(jnp.pad(cb, ((0, 0), (1, 0))), blk[:, None], 1)[:, 0]
+    row = jnp.take_along_axis(wb, blk[:, None, None], 1)[:, 0]
+    j = jnp.sum(jnp.cumsum(row, -1) + prev[:, None] <= x[:, None], -1)
+    last_pos = jnp.max(jnp.where(row > 0, jnp.arange(_BLOCK)[None], 0), -1)
+    return (blk * _BLOCK + jnp.minimum(j, last_pos)).astype(jnp.int32)
+
+
+def _mix(x):
+    """murmur3's 32-bit finalizer: a cheap, well-mixing bijection of uint32."""
+    x = (x ^ (x >> 16)) * jnp.uint32(0x85EBCA6B)
+    x = (x ^ (x >> 13)) * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def uniform(seed, position, rnd):
+    """A uniform in [0, 1) from (seed, position, round): a counter-based hash, not a PRNG state.
+
+    It depends on nothing else (batch row, companions, bucket, chunk), and is a few integer
+    ops in the graph (threefry's key handling made the sampler graph several times larger).
+    """
+    x = _mix(seed.astype(jnp.uint32) ^ jnp.uint32(0x9E3779B9))
+    x = _mix(x ^ position.astype(jnp.uint32))
+    x = _mix(x ^ (jnp.uint32(rnd) * jnp.uint32(0x27D4EB2F) + jnp.uint32(0x165667B1)))
+    return (x >> 8).astype(jnp.float32) * (1.0 / (1 << 24))
+
+
+def sample_rows(t, keep_k, keep_m, params, position):
+    """One token per row from the top-k / top-p / min-p distribution of ``t`` (no sort)."""
+    m = jnp.max(jnp.where(keep_k, t, NEG), -1, keepdims=True)
+    q = jnp.where(keep_k, jnp.exp(t - m), 0.0)  # unnormalized top-k distribution
+    top_p = params["top_p"]
+    limit = top_p * jnp.sum(q, -1)
+    idx = jnp.arange(t.shape[-1], dtype=jnp.int32)[None, :]
+
+    def body(c):
+        pv, pi, acc, tok, rnd = c
+        allowed = keep_m & ((t > pv[:, None]) | ((t == pv[:, None]) & (idx < pi[:, None])))
+        c_new = draw(jnp.where(allowed, q, 0.0), uniform(params["seed"], position, rnd))
+        ok = (top_p >= 1.0) | (mass_above(q, t, c_new) < limit)
+        new = ~acc
+        tok = jnp.where(new, c_new, tok)
+        tc = jnp.take_along_axis(t, c_new[:, None], 1)[:, 0]
+        pv = jnp.where(new & ~ok, tc, pv)
+        pi = jnp.where(new & ~ok, c_new, pi)
+        return pv, pi, acc | ok, tok, rnd + 1
+
+    b = t.shape[0]
+    big = jnp.full((b,), t.shape[-1], jnp.int32)  # pivot (-inf, V): every finite token is allowed
+    init = (jnp.full((b,), NEG), big, ~sampled_rows(params), jnp.zeros((b,), jnp.int32), 0)
+    return lax.while_loop(lambda c: ~jnp.all(c[2]), body, init)[3]
+
+
+def sampled_rows(params):
+    return params["do_sample"] & (params["temperature"] > 0)
+
+
+# --------------------------------------------------------------------------- exact reference
+def processed_logprobs(scores, params):
+    """Log-probabilities of the distribution a row draws from, with HF's masks (-inf), exactly.
+
+    ``scores`` are penalized. Greedy rows get ``log_softmax(scores)``. Uses full sorts, so it
+    is for tests, log-probs of top-p rows and callers that need whole distributions.
+    """
+    v = scores.shape[-1]
+    temp = jnp.where(params["temperature"] > 0, params["temperature"], 1.0)
+    t = scores / temp[:, None]
+    k = params["top_k"]
+    desc = -jnp.sort(-t, axis=-1)
+    kth = jnp.take_along_axis(desc, jnp.clip(k - 1, 0, v - 1)[:, None], 1)
+    t = jnp.where(((k > 0) & (k < v))[:, None] & (t < kth), NEG, t)
+    # top-p: ascending sort, cumulative probability <= 1 - top_p removed, keep the last; among
+    # ties the higher index comes first (is dropped first), matching the sort-free sampler
+    order = v - 1 - jnp.argsort(t[:, ::-1], axis=-1, stable=True)
+    st = jnp.take_along_axis(t, order, 1)
+    cum = jnp.cumsum(jax.nn.softmax(st, -1), -1)
+    drop = cum <= (1.0 - params["top_p"])[:, None]
+    drop = drop.at[:, -1].set(False)
+    rows = jnp.arange(t.shape[0])[:, None]
+    drop = jnp.zeros_like(drop).at[rows, order].set(drop)
+    t = jnp.where((params["top_p"] < 1.0)[:, None] & drop, NEG, t)
+    # min-p
+    pr = jax.nn.softmax(t, -1)
+    top = jnp.max(pr, -1, keepdims=True)
+    gone = (pr < params["min_p"][:, None] * top) & (t < jnp.max(t, -1, keepdims=True))
+    t = jnp.where((params["min_p"] > 0)[:, None] & gone, NEG, t)
+    return jnp.where(sampled_rows(params)[:, None], jax.nn.log_softmax(t, -1), jax.nn.log_softmax(scores, -1))
+
+
+# --------------------------------------------------------------------------- selection
+def select(logits, params, seen, out, slot, position, want_logprobs):
+    """Choose the token of slot ``slot + 1`` for every row.
+
+    Returns ``(token [B], logprob [B], top_ids [B,TOP_LOGPROBS_MAX], top_logprobs)``. The
+    log-probs (of the distribution the row drew from) are only computed when
+    ``want_logprobs`` (traced) is set.
+    """
+    scores = penalize(logits, params, seen, out, slot)
+    greedy = jnp.argmax(scores, -1).astype(jnp.int32)
+    samp = sampled_rows(params)
+
+    def sampled():
+        t, keep_k, keep_m = warp(scores, params)
+        tok = jnp.where(samp, sample_rows(t, keep_k, keep_m, params, position), greedy)
+        return tok, t, keep_k, keep_m
+
+    every = jnp.ones_like(scores, dtype=jnp.bool_)
+    tok, t, keep_k, keep_m = lax.cond(jnp.any(samp), sampled, lambda: (greedy, scores, every, every))
+
+    def logprobs():
+        full = final_logprobs(scores, t, keep_k, keep_m, params)
+        top_lp, top_ids = lax.top_k(full, TOP_LOGPROBS_MAX)
+        return jnp.take_along_axis(full, tok[:, None], 1)[:, 0], top_ids.astype(jnp.int32), top_lp
+
+    def none():
+        z = jnp.zeros((tok.shape[0], TOP_LOGPROBS_MAX))
+        return jnp.zeros(tok.shape), z.astype(jnp.int32), z
+
+    lp, top_ids, top_lp = lax.cond(want_logprobs, logprobs, none)
+    return tok, lp, top_ids, top_lp
+
+
+def final_logprobs(scores, t, keep_k, keep_m, params):
+    """Log-probs ``[B,V]`` each row draws from (sort-free ``processed_logprobs``), from ``warp``."""
+    samp = sampled_rows(params)
+    use_p = samp & (params["top_p"] < 1.0)
+
+    def with_top_p():
+        m = jnp.max(jnp.where(keep_k, t, NEG), -1, keepdims=True)
+        q = jnp.where(keep_k, jnp.exp(t - m), 0.0)
+        return keep_k & (~use_p[:, None] | top_p_mask(t, q, params["top_p"] * jnp.sum(q, -1)))
+
+    keep = lax.cond(jnp.any(use_p), with_top_p, lambda: keep_k) & keep_m
+    warped = jax.nn.log_softmax(jnp.where(keep, t, NEG), -1)
+    return jnp.where(samp[:, None], warped, jax.nn.log_softmax(scores, -1))
+
+
+def sort_free_logprobs(scores, params):
+    """``processed_logprobs`` as the graphs compute it: thresholds and bisection, no sort."""
+    return final_logprobs(scores, *warp(scores, params), params)

@@ -19,10 +19,10 @@ def test_compile_then_hits_and_cache_tools(tiny, tmp_path, capsys):
     cache = str(tmp_path / "cache")
     assert main(["compile", str(tiny), *SHAPE, "--cache-dir", cache]) == 0
     out = capsys.readouterr().out
-    assert "graph" in out and "compile s" in out and out.count("miss") == 6
-    assert "total: 6 graphs (0 from cache)" in out
+    assert "graph" in out and "compile s" in out and out.count("miss") == 7
+    assert "total: 7 graphs (0 from cache)" in out
     assert main(["compile", str(tiny), *SHAPE, "--cache-dir", cache]) == 0
-    assert "total: 6 graphs (6 from cache)" in capsys.readouterr().out
+    assert "total: 7 graphs (7 from cache)" in capsys.readouterr().out
     assert main(["cache", "list", "--cache-dir", cache]) == 0
     listing = capsys.readouterr().out
     assert "6 entries" in listing and "decode 64" in listing and "gpt2" in listing
@@ -43,7 +43,7 @@ def test_config_file_dry_run_and_memory_check(tiny, tmp_path, capsys):
     cfg.write_text(json.dumps({"batch_size": 2, "n_positions": [32, 64], "context_length_estimate": [8, 16]}))
     assert main(["compile", str(tiny), "--config", str(cfg), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "6 graphs would be compiled" in out and "prefill  16x64" in out and "KV cache" in out
+    assert "7 graphs would be compiled" in out and "prefill  16x64" in out and "KV cache" in out
     assert main(["compile", str(tiny), "--config", str(cfg), "--device-memory-gb", "0.0001"]) == 2
     assert "GiB per device" in capsys.readouterr().err
     cfg.write_text(json.dumps({"batch": 2}))
