@@ -66,16 +66,10 @@ def _output(r: Record, g: Group, tok, result: rows.RowResult | None, error: str 
 
 
 def _batches(records: list[Record], batch_size: int) -> list[list[Record]]:
-    """Rows of one batch share stop sequences (a batch-wide stop condition); everything else is
-    per row. Sorting by prompt length keeps left padding small."""
-    by_stop: dict[str, list[Record]] = {}
-    for r in records:
-        by_stop.setdefault(json.dumps(r.stop_ids), []).append(r)
-    out = []
-    for recs in by_stop.values():
-        recs = sorted(recs, key=lambda r: len(r.prompt_ids))
-        out += [recs[i : i + batch_size] for i in range(0, len(recs), batch_size)]
-    return out
+    """Every setting is per row, so any records share a batch; sorting by prompt length keeps
+    the left padding small."""
+    recs = sorted(records, key=lambda r: len(r.prompt_ids))
+    return [recs[i : i + batch_size] for i in range(0, len(recs), batch_size)]
 
 
 def _sampling(r: Record) -> dict:
@@ -91,7 +85,7 @@ def _generate(model, batch: list[Record]) -> list[tuple[rows.RowResult | None, s
             [r.prompt_ids for r in recs],
             [r.gen["max_new_tokens"] for r in recs],
             [_sampling(r) for r in recs],
-            stop_sequences=recs[0].stop_ids,
+            row_stop_sequences=[r.stop_ids for r in recs],
         )
 
     try:

@@ -30,6 +30,7 @@ GEN_DEFAULTS = {
     "top_p": 1.0,
     "min_p": 0.0,
     "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
     "seed": None,
     "return_full_text": False,
     "stop_sequences": [],
@@ -60,7 +61,8 @@ def check_generation(gen: dict) -> str | None:
         _num(gen["top_p"], "top_p", lo=0, hi=1, lo_open=True),
         _num(gen["min_p"], "min_p", lo=0, hi=1),
         _num(gen["repetition_penalty"], "repetition_penalty", lo=0, lo_open=True),
-        _num(gen["seed"], "seed", lo=0, hi=2**31 - 1, integer=True, none_ok=True),
+        _num(gen["no_repeat_ngram_size"], "no_repeat_ngram_size", lo=0, integer=True),
+        _num(gen["seed"], "seed", lo=0, hi=2**32 - 1, integer=True, none_ok=True),
     ]
     if not isinstance(gen["do_sample"], bool):
         checks.append(f"do_sample must be true or false, got {gen['do_sample']!r}")

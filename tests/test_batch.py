@@ -95,6 +95,11 @@ def records(env):
         {"prompt": "(n - 2)", "model": m2, "metadata": {"k": 1}},
         {"prompt": "return", "generation": {"greedy": True}},
         {"prompt": "fibonacci", "model": {"checkpoint": "~/m1"}},
+        {"prompt": "def fib", "generation": {"do_sample": True, "temperature": 0.8, "top_k": 20, "seed": 7}},
+        {
+            "prompt": "if n",
+            "generation": {"greedy": False, "top_p": 0.9, "seed": 11, "repetition_penalty": 1.3},
+        },
     ]
 
 
@@ -106,7 +111,7 @@ def jsonl(env):
     return path, out, bg(env, path, out)
 
 
-def reference(ckpt, prompt, new, cache):
+def reference(ckpt, prompt, new, cache, **sampling):
     from transformers import AutoTokenizer
 
     from aotlm import AutoModelForSampling
@@ -142,6 +147,12 @@ def test_jsonl_order_grouping_soft_error(env, jsonl):
         r = recs[k]
         ckpt = env["m2"] if r["generation"]["model"].endswith("m2") else env["m1"]
         assert r["completion"] == reference(ckpt, r["prompt"], r["generation"]["max_new_tokens"], cache)
+    for k in (9, 10):  # sampled rows (seeded) sharing batches with greedy rows, vs one row alone
+        g = recs[k]["generation"]
+        kw = {key: g[key] for key in ("temperature", "top_k", "top_p", "repetition_penalty", "seed")}
+        assert recs[k]["completion"] == reference(
+            env["m1"], recs[k]["prompt"], 6, cache, do_sample=True, **kw
+        )
     full = reference(env["m1"], "def", 9, cache)  # stop string kept, rest cut
     assert recs[5]["completion"] == (full[: full.index("n") + 1] if "n" in full else full)
 
@@ -172,7 +183,7 @@ def test_preflight_errors_name_the_line_and_load_nothing(env, kind, tmp_path):
 def test_dry_run_plan_sees_the_compile_cache(env, jsonl, tmp_path):
     path, _, _ = jsonl
     p = bg(env, path, tmp_path / "o.jsonl", "--dry-run")
-    assert not loads(p.stderr) and "dry run: 9 records" in p.stdout
+    assert not loads(p.stderr) and "dry run: 11 records" in p.stdout
     rows = [r for r in p.stdout.splitlines() if "/m1 " in r or "/m2 " in r]
     assert len(rows) == 3 and all("2 cached" in r or "3 cached" in r for r in rows), p.stdout  # used graphs
     assert "MiB" in p.stdout
@@ -204,7 +215,7 @@ def test_resume_after_kill_no_duplicates_or_partial_lines(env, jsonl):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     data = out.read_bytes()
-    assert data.endswith(b"\n") and 1 <= data.count(b"\n") < 9  # killed mid-run, whole lines only
+    assert data.endswith(b"\n") and 1 <= data.count(b"\n") < 11  # killed mid-run, whole lines only
     with open(out, "ab") as f:
         f.write(b'{"prompt": "torn wri')  # a write cut short (power loss) must not survive a resume
     bg(env, path, out, "--resume")
