@@ -9,6 +9,11 @@ the whole runtime (no import cycle) and ``import aotlm`` stays cheap.
 from __future__ import annotations
 
 import importlib
+import os
+
+# transformers prints advice at import ("PyTorch was not found...") that is noise for aotlm
+# users, who run without torch; only a default, so TRANSFORMERS_VERBOSITY still wins.
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 # public name -> module (inside aotlm) that defines it
 _EXPORTS = {
@@ -16,6 +21,10 @@ _EXPORTS = {
     "CausalLMForSampling": "model",
     "GPT2ForSampling": "model",
     "LlamaForSampling": "model",
+    "pipeline": "text_pipeline",
+    "TextGenerationPipeline": "text_pipeline",
+    "TextStreamer": "text",
+    "validate_checkpoint": "resolve",
 }
 
 __all__ = sorted(_EXPORTS)

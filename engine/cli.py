@@ -26,8 +26,15 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="HF checkpoint directory (config.json + safetensors)")
+def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
+    """The shape options of ``compile``; ``checkpoint=False`` leaves out the positional model path."""
+    if checkpoint:
+        p.add_argument(
+            "checkpoint",
+            nargs="?",
+            default=None,
+            help="checkpoint dir, training run dir or bundled name (default: the bundled model)",
+        )
     p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1)")
     p.add_argument(
         "--n-positions", type=_int_list, default=None, help="token-generation buckets, e.g. 64,128"
@@ -54,6 +61,10 @@ def model_kwargs(args) -> dict:
 
     # joins a multi-host run when flags or $AOTLM_* say so; a no-op for one process
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    if hasattr(args, "checkpoint"):  # a run dir, a bundled name, ~ or $VARS; none: the bundled model
+        from aotlm.resolve import resolve
+
+        args.checkpoint = str(resolve(args.checkpoint))
     keys = (
         "batch_size",
         "n_positions",
@@ -249,7 +260,7 @@ def cmd_cache(args) -> int:
 
 
 # Front-end commands live in their own modules, each with ``register(subparsers)``.
-COMMAND_MODULES: tuple[str, ...] = ("aotlm.cli_batch", "aotlm.cli_h5", "aotlm.cli_jsonl")
+COMMAND_MODULES: tuple[str, ...] = ("aotlm.cli_text", "aotlm.cli_batch", "aotlm.cli_h5", "aotlm.cli_jsonl")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -72,7 +72,10 @@ class CausalLMForSampling:
         quant: str | QuantizationConfig | None = None,
         fuse_qkv: bool = False,
     ):
+        from aotlm.resolve import resolve
+
         self._lock = threading.RLock()
+        path = resolve(path)  # a checkpoint dir, a training run (its latest checkpoint), a bundled name
         self.path = str(path)
         self.hf_config = load_hf_config(path)
         mt = self.hf_config.model_type
@@ -122,7 +125,9 @@ class CausalLMForSampling:
     def _load_weights(self, family) -> dict:
         reader = WeightReader(self.path)
         try:
-            rows = family.weight_rows(self.cfg, self.hf_config)
+            from aotlm.progress import bar
+
+            rows = bar(family.weight_rows(self.cfg, self.hf_config), "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
             rewriter = ParamRewriter(self.quant, self.fuse_qkv) if self.quant or self.fuse_qkv else None
             return load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter)
@@ -254,7 +259,9 @@ class CausalLMForSampling:
                 for key, found, seconds in pool.map(load, todo):
                     if found is not None:
                         self._keep(key, *found, seconds)
-        for key in self.graph_keys():
+        from aotlm.progress import bar
+
+        for key in bar(self.graph_keys(), "compiling buckets", unit="graph"):
             self._executable(key)
         return self
 

@@ -119,9 +119,8 @@ def reference(ckpt, prompt, new, cache, **sampling):
     tok = AutoTokenizer.from_pretrained(str(ckpt))
     model = AutoModelForSampling.from_pretrained(ckpt, batch_size=2, n_positions=32, compile_cache=cache)
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    return tok.decode(
-        model.sample([ids], max_new_tokens=new)[0, len(ids) :].tolist(), skip_special_tokens=True
-    )
+    out = model.sample([ids], max_new_tokens=new, **sampling)[0, len(ids) :].tolist()
+    return tok.decode(out, skip_special_tokens=True)
 
 
 def test_jsonl_order_grouping_soft_error(env, jsonl):

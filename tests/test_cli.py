@@ -25,9 +25,9 @@ def test_compile_then_hits_and_cache_tools(tiny, tmp_path, capsys):
     assert "total: 7 graphs (7 from cache)" in capsys.readouterr().out
     assert main(["cache", "list", "--cache-dir", cache]) == 0
     listing = capsys.readouterr().out
-    assert "6 entries" in listing and "decode 64" in listing and "gpt2" in listing
+    assert "7 entries" in listing and "decode 64" in listing and "gpt2" in listing
     assert main(["cache", "verify", "--cache-dir", cache]) == 0
-    assert "6 entries checked, 0 corrupt" in capsys.readouterr().out
+    assert "7 entries checked, 0 corrupt" in capsys.readouterr().out
     victim = next(p for p in (tmp_path / "cache").iterdir() if (p / "executable.bin").exists())
     (victim / "executable.bin").write_bytes(b"broken")
     assert main(["cache", "verify", "--cache-dir", cache]) == 1
@@ -35,7 +35,7 @@ def test_compile_then_hits_and_cache_tools(tiny, tmp_path, capsys):
     assert main(["cache", "clear", "--older-than", "1", "--cache-dir", cache]) == 0
     assert "removed 0 entries" in capsys.readouterr().out
     assert main(["cache", "clear", "--cache-dir", cache]) == 0
-    assert "removed 6 entries" in capsys.readouterr().out
+    assert "removed 7 entries" in capsys.readouterr().out
 
 
 def test_config_file_dry_run_and_memory_check(tiny, tmp_path, capsys):

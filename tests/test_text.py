@@ -1,0 +1,183 @@
+"""Text in, text out: checkpoint resolution, tokenizers, streaming detokenization and
+``aotlm.pipeline`` against transformers' own text-generation pipeline."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from textkit import PIPE_SHAPES, make_tokenizer, shared_text_checkpoint
+
+import aotlm
+from aotlm.checkpoint import CheckpointError
+from aotlm.resolve import resolve
+from aotlm.text import IncrementalDecoder, TextStreamer, left_pad
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os",
+    "for i in range(10):\n    print(i, 'héllo wörld')",
+    "x",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x",
+    "# 日本語のコメント",
+    "value = {'key': [1,",
+    "naïve café",
+    "return fibonacci(n - 1) + fibonacci(n - 2)",
+    "if n < 2:",
+]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    return shared_text_checkpoint(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def pipes(shared):
+    import transformers
+    from conformance import hf_model
+
+    ckpt, cache = shared
+    ours = aotlm.pipeline("text-generation", model=str(ckpt), compile_cache=str(cache), **PIPE_SHAPES)
+    tok = transformers.AutoTokenizer.from_pretrained(str(ckpt))
+    ref = transformers.pipeline("text-generation", model=hf_model(ckpt), tokenizer=tok, batch_size=4)
+    return ours, ref
+
+
+@pytest.mark.parametrize("n", [1, 10])
+def test_pipeline_equals_transformers(pipes, n):
+    ours, ref = pipes
+    prompts = PROMPTS[:n]
+    for full in (False, True):
+        kw = dict(max_new_tokens=12, return_full_text=full)
+        want = ref(prompts, do_sample=False, **kw)
+        got = ours(prompts, **kw)
+        assert got == want
+        floor = [len(p) if full else 0 for p in prompts]
+        assert all(len(g[0]["generated_text"]) > f for g, f in zip(got, floor, strict=True))
+    # a single string is one list of candidates, as transformers returns it
+    assert ours(PROMPTS[0], max_new_tokens=5) == ref(
+        PROMPTS[0], max_new_tokens=5, do_sample=False, return_full_text=False
+    )
+
+
+def test_prompts_grouped_by_length_and_returned_in_order(pipes, monkeypatch):
+    ours, _ = pipes
+    calls = []
+    real = ours.model.sample
+
+    def spy(ids, **kw):
+        calls.append(np.asarray(kw["attention_mask"]).sum(1).tolist())
+        return real(ids, **kw)
+
+    monkeypatch.setattr(ours.model, "sample", spy)
+    gens = ours.generate(PROMPTS, max_new_tokens=3)
+    assert [g.prompt for g in gens] == PROMPTS
+    lengths = [len(ours.tokenizer(p)["input_ids"]) for p in PROMPTS]
+    assert [g.prompt_tokens for g in gens] == lengths
+    assert len(calls) == 3 and sum(map(len, calls)) == 10  # batches of the compiled size 4
+    flat = [x for c in calls for x in c]
+    assert flat == sorted(lengths)  # sorted by length: each batch spans the fewest buckets
+    padding = sum(max(c) * len(c) - sum(c) for c in calls)
+    in_order = [lengths[s : s + 4] for s in range(0, 10, 4)]
+    assert padding < sum(max(c) * len(c) - sum(c) for c in in_order)
+
+
+def test_pipeline_errors_name_the_prompt(pipes):
+    ours, _ = pipes
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        ours(["ok", ""], max_new_tokens=2)
+    with pytest.raises(ValueError, match="prompt 0 has .* n_positions=64"):
+        ours(["def " * 40], max_new_tokens=40)
+    with pytest.raises(ValueError, match="max_new_tokens has 1 values for 2 prompts"):
+        ours(["a", "b"], max_new_tokens=[3])
+
+
+def test_incremental_decoder_never_splits_characters(tmp_path):
+    tok = make_tokenizer(tmp_path / "tok")
+    text = "# 日本語のコメント ✓ — ünïcödé ∑ λ → ok\nvalue = 'naïve café'\n"
+    ids = tok(text)["input_ids"]
+    assert any("\ufffd" in tok.decode([t]) for t in ids)  # some tokens hold part of a character
+    dec = IncrementalDecoder(tok)
+    pieces = [dec.push([t]) for t in ids] + [dec.flush()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == tok.decode(ids)
+    assert sum(bool(p) for p in pieces) > 10  # text arrives as it is generated, not at the end
+
+    seen = []
+    streamer = TextStreamer(tok, on_text=seen.append)
+    streamer.put(np.asarray([ids[:3]]))  # the prompt, as generate passes it: skipped
+    for t in ids[3:]:
+        streamer.put(np.asarray([t]))
+    streamer.end()
+    assert "".join(seen) == tok.decode(ids[3:]) == streamer.text
+
+
+def test_left_pad():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_resolution_run_dirs_vars_and_validate(tmp_path, monkeypatch, shared):
+    ckpt, _ = shared
+    run = tmp_path / "run"
+    for n in (2, 9, 10):
+        shutil.copytree(ckpt, run / "checkpoints" / f"checkpoint-{n}")
+    for f in (run / "checkpoints" / "checkpoint-10").glob("*token*"):
+        shutil.move(str(f), run / f.name)  # the tokenizer only at the run root
+    (run / "checkpoints" / "checkpoint-9" / "model.safetensors").unlink()
+    monkeypatch.setenv("AOTLM_TEST_RUN", str(run))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    latest = run / "checkpoints" / "checkpoint-10"  # numeric order: 10 after 9
+    assert resolve("$AOTLM_TEST_RUN") == latest
+    assert (
+        resolve("~/run") == latest
+        and resolve("${AOTLM_TEST_RUN}/checkpoints/checkpoint-2").name == "checkpoint-2"
+    )
+    files = aotlm.validate_checkpoint("~/run")
+    assert files.checkpoint == latest and files.tokenizer == run and files.run == run
+    assert files.config == latest / "config.json" and files.weights == (latest / "model.safetensors",)
+    assert files.model_type == "llama"
+
+    with pytest.raises(CheckpointError, match="AOTLM_NOT_SET_VAR, which is not set"):
+        resolve("$AOTLM_NOT_SET_VAR/x")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resolve(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="no weights in .*checkpoint-9"):
+        aotlm.validate_checkpoint(run / "checkpoints" / "checkpoint-9")
+    for f in run.glob("*token*"):
+        f.unlink()
+    with pytest.raises(CheckpointError, match="no tokenizer found in .*checkpoint-10 or the run root"):
+        aotlm.validate_checkpoint(run)
+    assert (
+        aotlm.validate_checkpoint(run, tokenizer="~/run/checkpoints/checkpoint-2").tokenizer.name
+        == "checkpoint-2"
+    )
+    assert aotlm.validate_checkpoint(latest, require_tokenizer=False).tokenizer is None
+    with pytest.raises(CheckpointError, match="neither a checkpoint"):
+        resolve(tmp_path)
+    idx = latest / "model.safetensors.index.json"
+    idx.write_text('{"weight_map": {"a": "model-00001-of-00002.safetensors"}}')
+    with pytest.raises(CheckpointError, match="model-00001-of-00002.safetensors .* is missing"):
+        aotlm.validate_checkpoint(latest, require_tokenizer=False)
+
+
+def test_model_accepts_a_run_dir(tmp_path, shared):
+    ckpt, cache = shared
+    run = tmp_path / "run"
+    shutil.copytree(ckpt, run / "checkpoints" / "checkpoint-3")
+    model = aotlm.AutoModelForSampling.from_pretrained(run, compile_cache=str(cache), **PIPE_SHAPES)
+    assert model.path == str(run / "checkpoints" / "checkpoint-3")
+
+
+def test_bundled_name():
+    try:
+        import aotlm.bundled  # noqa: F401
+    except ImportError:
+        with pytest.raises(CheckpointError, match="bundled model 'aotlm/tiny-py' not installed"):
+            resolve("aotlm/tiny-py")
+    else:
+        assert (resolve("aotlm/tiny-py") / "config.json").is_file()
+    with pytest.raises(CheckpointError, match="not installed"):
+        resolve("aotlm/no-such-model")
