@@ -76,7 +76,7 @@ def _sampling(r: Record) -> dict:
     return {k: r.gen[k] for k in rows.SAMPLING_KEYS}
 
 
-def _generate(model, batch: list[Record]) -> list[tuple[rows.RowResult | None, str | None]]:
+def _generate(model, batch: list[Record], eos: list[int]) -> list[tuple[rows.RowResult | None, str | None]]:
     """Results for one batch; if the batch fails, each row alone, so only bad rows get an error."""
 
     def call(recs):
@@ -86,6 +86,7 @@ def _generate(model, batch: list[Record]) -> list[tuple[rows.RowResult | None, s
             [r.gen["max_new_tokens"] for r in recs],
             [_sampling(r) for r in recs],
             row_stop_sequences=[r.stop_ids for r in recs],
+            eos_token_id=eos,
         )
 
     try:
@@ -93,7 +94,7 @@ def _generate(model, batch: list[Record]) -> list[tuple[rows.RowResult | None, s
     except SOFT_ERRORS as e:
         if len(batch) == 1:
             return [(None, f"{type(e).__name__}: {e}")]
-    return [_generate(model, [r])[0] for r in batch]
+    return [_generate(model, [r], eos)[0] for r in batch]
 
 
 def run_group(g: Group, todo: list[Record], opts: dict, sink: JsonlAppender) -> int:
@@ -119,10 +120,13 @@ def run_group(g: Group, todo: list[Record], opts: dict, sink: JsonlAppender) -> 
         log.warning("%s; %d records get an error", msg, len(todo))
         sink.write([_output(r, g, tok, None, msg) for r in sorted(todo, key=lambda r: r.line)])
         return len(todo)
+    from aotlm.text import eos_ids
+
+    eos = eos_ids(ckpt, model.hf_config, tok)  # as transformers generate finds them
     errors = 0
     try:
         for batch in _batches(todo, model.batch_size):
-            results = _generate(model, batch)
+            results = _generate(model, batch, eos)
             outs = [_output(r, g, tok, res, err) for r, (res, err) in zip(batch, results, strict=True)]
             errors += sum(err is not None for _, err in results)
             sink.write(sorted(outs, key=lambda o: o["input_line"]))

@@ -136,7 +136,9 @@ def model_spec(rec: dict, cli: dict, where: str) -> tuple[str, str | None, str]:
     elif m is not None:
         raise ValueError(f"{where}: 'model' must be a path or an object, got {type(m).__name__}")
     if not path:
-        raise ValueError(f"{where}: no model: give --model or a 'model' block in the record")
+        from aotlm.resolve import default_model
+
+        path = default_model()
     try:
         return str(path), tok, amp_for(dtype)
     except ValueError as e:

@@ -103,7 +103,7 @@ def register(sub) -> None:
     p.add_argument(
         "--output", required=True, help="JSONL output (appended per batch, input order at the end)"
     )
-    p.add_argument("--model", default=None, help="default checkpoint (or run dir) for records without one")
+    p.add_argument("--model", default=None, help="model for records without one (default: the bundled model)")
     p.add_argument(
         "--tokenizer", default=None, help="default tokenizer dir (default: next to the checkpoint)"
     )

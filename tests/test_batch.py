@@ -112,6 +112,7 @@ def jsonl(env):
 
 
 def reference(ckpt, prompt, new, cache, **sampling):
+    """One prompt alone through the Python API, stopping at the checkpoint's eos as generate does."""
     from transformers import AutoTokenizer
 
     from aotlm import AutoModelForSampling
@@ -119,7 +120,9 @@ def reference(ckpt, prompt, new, cache, **sampling):
     tok = AutoTokenizer.from_pretrained(str(ckpt))
     model = AutoModelForSampling.from_pretrained(ckpt, batch_size=2, n_positions=32, compile_cache=cache)
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    out = model.sample([ids], max_new_tokens=new, **sampling)[0, len(ids) :].tolist()
+    eos = model.hf_config.eos_token_id
+    out = model.sample([ids], max_new_tokens=new, eos_token_id=eos, **sampling)[0, len(ids) :].tolist()
+    out = out[: out.index(eos) + 1] if eos in out else out
     return tok.decode(out, skip_special_tokens=True)
 
 
