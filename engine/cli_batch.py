@@ -118,9 +118,18 @@ def cmd_run(args) -> int:
     items, tok = _run_prompts(args, tok_dir)
     t1 = time.perf_counter()
     eos = [args.eos_token_id] if args.eos_token_id is not None else []
-    results = rows.generate(
-        model, [ids for _, ids in items], [args.max_new_tokens] * len(items), eos_token_id=eos
-    )
+    if not eos and tok is not None:  # text prompts stop where aotlm generate stops
+        from aotlm.text import eos_ids
+
+        eos = eos_ids(ckpt, model.hf_config, tok)
+    sampling = {
+        k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "seed") if getattr(args, k) is not None
+    }
+    if args.do_sample:
+        sampling["do_sample"] = True
+    n = len(items)
+    prompts = [ids for _, ids in items]
+    results = rows.generate(model, prompts, [args.max_new_tokens] * n, [sampling] * n, eos_token_id=eos)
     for (rec, _), res in zip(items, results, strict=True):
         if "prompt" in rec and tok is not None:
             out = {**rec, "completion": tok.decode(res.tokens, skip_special_tokens=True)}
@@ -150,6 +159,13 @@ def register(sub) -> None:
     p.add_argument("--prompts-file", help="JSONL, one {'prompt': text} or {'prompt_ids': [...]} per line")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: next to the checkpoint)")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--eos-token-id", type=int, default=None)
+    p.add_argument(
+        "--eos-token-id", type=int, default=None, help="default: the checkpoint's for text prompts"
+    )
+    p.add_argument("--do-sample", action="store_true", help="sample (default greedy); no extra graphs needed")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_run)
