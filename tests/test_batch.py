@@ -367,11 +367,12 @@ def test_compile_artifacts_then_run_compiles_nothing(env):
     from aotlm import AutoModelForSampling
 
     art = env["root"] / "art"
-    shape = ("--batch-size", 2, "--n-positions", 32, "--context-length-estimate", "8,16")
+    shape = ("--batch-size", 2, "--n-positions", 32)  # the shape batch-generate used: partly cached
     aot(env, "compile", env["m1"], *shape, "--output-artifacts", art)
     assert json.loads((art / "aotlm_args.json").read_text())["model_kwargs"]["batch_size"] == 2
     moved = env["root"] / "art_moved"
     art.rename(moved)  # relocatable
+    ids = ("--prompt-ids", "1,2,3", "--prompt-ids", "4,5,6,7,8,9,10,11,12,13")
     p = aot(
         env,
         "run",
@@ -379,21 +380,19 @@ def test_compile_artifacts_then_run_compiles_nothing(env):
         moved,
         "--checkpoint",
         env["m1"],
-        "--prompt-ids",
-        "1,2,3",
-        "--prompt-ids",
-        "4,5,6,7,8,9,10,11,12,13",
+        *ids,
         "--prompt",
         "def fib",
         "--max-new-tokens",
         6,
     )
     assert "this process: 0 compiles, 0 lowerings, 0 traces" in p.stderr
-    model = AutoModelForSampling.from_pretrained(env["m1"], batch_size=2, n_positions=32, compile_cache=False)
+    cache = env["root"] / "cache"
+    model = AutoModelForSampling.from_pretrained(env["m1"], batch_size=2, n_positions=32, compile_cache=cache)
     lines = p.stdout.splitlines()
     for line, ids in zip(lines, ([1, 2, 3], list(range(4, 14))), strict=False):
         assert line == ",".join(map(str, model.sample([ids], max_new_tokens=6)[0].tolist()))
-    assert json.loads(lines[2])["prompt"] == "def fib" and "completion" in json.loads(lines[2])
+    assert json.loads(lines[2])["completion"] == reference(env["m1"], "def fib", 6, cache)  # text, eos
     q = aot(env, "run", "--artifacts", moved, "--checkpoint", env["m2"], "--prompt-ids", "1,2", check=False)
     err = q.stderr.strip().splitlines()
     assert q.returncode == 2 and "does not match the architecture" in err[-1] and "n_layers 2 vs 1" in err[-1]
