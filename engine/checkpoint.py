@@ -31,8 +31,10 @@ def load_hf_config(path: str | os.PathLike):
 
     path = Path(path)
     cfg_file = path / "config.json"
+    if path.is_file():
+        raise CheckpointError(f"{path} is a file: give the checkpoint directory (holding config.json)")
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint directory {path} does not exist")
+        raise CheckpointError(f"checkpoint directory {path} does not exist; check the path")
     if not cfg_file.is_file():
         raise CheckpointError(f"{cfg_file} is missing: a checkpoint directory needs config.json")
     try:
@@ -41,8 +43,12 @@ def load_hf_config(path: str | os.PathLike):
         raise CheckpointError(f"{cfg_file} is not valid JSON ({e}); re-save the checkpoint") from e
     try:
         return AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (ValueError, KeyError) as e:
-        raise CheckpointError(f"{cfg_file} cannot be read by transformers AutoConfig: {e}") from e
+    except Exception as e:  # transformers raises many types, with multi-line messages
+        why = " ".join(str(e).split("\n")[0].split())
+        raise CheckpointError(
+            f"{cfg_file} cannot be read by transformers AutoConfig ({why}); fix config.json (model_type, "
+            "field types) or re-save the checkpoint"
+        ) from e
 
 
 class WeightReader:
@@ -63,14 +69,17 @@ class WeightReader:
             self._load_torch()
         else:
             raise CheckpointError(
-                f"no weights in {p}: expected {SAFE_SINGLE}, {SAFE_INDEX} or {TORCH_SINGLE}"
+                f"no weights in {p}: expected {SAFE_SINGLE}, {SAFE_INDEX} or {TORCH_SINGLE}; copy the "
+                "weight files next to config.json"
             )
 
     def _index(self, index_file: Path) -> None:
         try:
             weight_map = json.loads(index_file.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{index_file} is not a valid safetensors index ({e})") from e
+            raise CheckpointError(
+                f"{index_file} is not a valid safetensors index ({e}); re-download or re-save the checkpoint"
+            ) from e
         for fname in sorted(set(weight_map.values())):
             self._open_safetensors(fname)
 
@@ -79,12 +88,16 @@ class WeightReader:
 
         f = self.path / fname
         if not f.is_file():
-            raise CheckpointError(f"weight file {f} is missing")
+            raise CheckpointError(
+                f"weight file {f} is missing (named in {SAFE_INDEX}); copy every shard of the checkpoint"
+            )
         try:
             handle = self._stack.enter_context(safe_open(str(f), framework="numpy"))
             names = list(handle.keys())
         except Exception as e:  # safetensors raises its own error types
-            raise CheckpointError(f"weight file {f} is corrupt or not safetensors: {e}") from e
+            raise CheckpointError(
+                f"weight file {f} is corrupt or not safetensors ({e}); re-download or re-save the checkpoint"
+            ) from e
         self._files[fname] = handle
         for n in names:
             self._where[n] = fname
@@ -119,7 +132,9 @@ class WeightReader:
     def get(self, name: str) -> np.ndarray:
         """One tensor as a numpy array (float tensors widened to float32)."""
         if name not in self._where:
-            raise CheckpointError(f"tensor {name!r} is missing from the checkpoint in {self.path}")
+            raise CheckpointError(
+                f"tensor {name!r} is missing from the checkpoint in {self.path}; re-save the checkpoint"
+            )
         if self._torch_state is not None:
             t = self._torch_state[name]
             arr = t.float().numpy() if t.is_floating_point() else t.numpy()
@@ -128,7 +143,9 @@ class WeightReader:
             try:
                 arr = self._files[fname].get_tensor(name)
             except Exception as e:
-                raise CheckpointError(f"tensor {name!r} in {self.path / fname} is unreadable: {e}") from e
+                raise CheckpointError(
+                    f"tensor {name!r} in {self.path / fname} is unreadable ({e}); re-save the checkpoint"
+                ) from e
         if arr.dtype.kind == "f" or arr.dtype.name == "bfloat16":
             arr = np.asarray(arr, dtype=np.float32)
         return arr

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,6 +25,45 @@ def _int_list(text: str) -> list[int]:
         return [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def _days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        days = float("nan")
+    if not 0 <= days < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of days >= 0, got {text!r}")
+    return days
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the problem and where the fix is, exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+
+# value types a --config file may hold (flags are typed by argparse)
+_CONFIG_TYPES = {
+    "batch_size": "int",
+    "n_positions": "ints",
+    "context_length_estimate": "ints",
+    "tp_degree": "int",
+    "gqa": "str",
+    "amp": "str",
+    "quant": "str",
+    "fuse_qkv": "bool",
+}
+
+
+def _config_value_ok(kind: str, v) -> bool:
+    is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)
+    if kind == "int":
+        return is_int(v)
+    if kind == "ints":
+        return is_int(v) or (isinstance(v, list) and all(map(is_int, v)))
+    return v is None or isinstance(v, {"str": str, "bool": bool}[kind])
 
 
 def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
@@ -78,14 +118,18 @@ def model_kwargs(args) -> dict:
     kw: dict = {}
     if args.config:
         try:
-            loaded = json.loads(open(args.config).read())
-        except (OSError, json.JSONDecodeError) as e:
-            raise SystemExit(f"aotlm: cannot read --config {args.config}: {e}") from e
+            with open(args.config, encoding="utf-8") as f:
+                loaded = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read --config {args.config} ({e}); give a readable JSON file") from e
+        if not isinstance(loaded, dict):
+            raise ValueError(f'--config {args.config} must hold a JSON object, e.g. {{"batch_size": 2}}')
         unknown = set(loaded) - set(keys)
         if unknown:
-            raise SystemExit(
-                f"aotlm: unknown keys in {args.config}: {sorted(unknown)}; allowed: {list(keys)}"
-            )
+            raise ValueError(f"unknown keys in {args.config}: {sorted(unknown)}; allowed: {list(keys)}")
+        for k, v in loaded.items():
+            if not _config_value_ok(_CONFIG_TYPES[k], v):
+                raise ValueError(f"{args.config}: {k}={v!r} has the wrong type; expected {_CONFIG_TYPES[k]}")
         kw.update(loaded)
     for k in keys:
         v = getattr(args, k)
@@ -169,14 +213,14 @@ def cmd_sample(args) -> int:
     from aotlm import AutoModelForSampling
 
     model = AutoModelForSampling.from_pretrained(args.checkpoint, **model_kwargs(args))
-    ids = np.asarray([_int_list(p) for p in args.prompt_ids])
+    ids = args.prompt_ids  # lists of ints; ragged or empty prompts get the engine's clear error
     t0 = time.perf_counter()
     out = model.sample(ids, max_new_tokens=args.max_new_tokens, eos_token_id=args.eos_token_id)
     dt = time.perf_counter() - t0
     for row in out:
         print(",".join(map(str, row.tolist())))
     print(
-        f"{out.shape[0]} x {out.shape[1] - ids.shape[1]} new tokens in {dt:.2f}s (incl. any compile)",
+        f"{out.shape[0]} x {out.shape[1] - len(ids[0])} new tokens in {dt:.2f}s (incl. any compile)",
         file=sys.stderr,
     )
     return 0
@@ -221,9 +265,12 @@ def cmd_make_tiny(args) -> int:
 def cmd_cache(args) -> int:
     from aotlm.compile_cache import CompileCache
 
-    cache = CompileCache.create(args.cache_dir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache = CompileCache.create(args.cache_dir)
     if cache.dir is None:
-        raise SystemExit("aotlm: the compile cache directory is not usable")
+        why = caught[-1].message if caught else "no directory"
+        raise ValueError(f"{why}; pass --cache-dir with a writable directory")
     if args.action == "list":
         entries = cache.entries()
         rows = []
@@ -266,7 +313,7 @@ COMMAND_MODULES: tuple[str, ...] = ("aotlm.cli_text", "aotlm.cli_batch", "aotlm.
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    ap = argparse.ArgumentParser(prog="aotlm", description="ahead-of-time compiled HF causal LMs on JAX")
+    ap = _Parser(prog="aotlm", description="ahead-of-time compiled HF causal LMs on JAX")
     sub = ap.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -292,7 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_compile)
     p = sub.add_parser("sample", help="greedy generation from comma-separated token ids")
     add_model_args(p)
-    p.add_argument("--prompt-ids", action="append", required=True, help="e.g. 1,2,3 (repeat for a batch)")
+    p.add_argument(
+        "--prompt-ids", type=_int_list, action="append", required=True, help="e.g. 1,2,3 (repeat for a batch)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--eos-token-id", type=int, default=None)
     p.set_defaults(fn=cmd_sample)
@@ -300,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "verify", "clear"])
     p.add_argument("--cache-dir", default=None)
     p.add_argument(
-        "--older-than", type=float, default=None, metavar="DAYS", help="clear: only entries unused this long"
+        "--older-than", type=_days, default=None, metavar="DAYS", help="clear: only entries unused this long"
     )
     p.set_defaults(fn=cmd_cache)
     return ap
@@ -311,11 +360,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from aotlm.checkpoint import CheckpointError
 
+    # warnings (e.g. an unusable compile cache) as one line each, not file:line + source
+    old_format = warnings.formatwarning
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"aotlm {args.command}: warning: {msg}\n"
     try:
         return args.fn(args)
-    except (ValueError, TypeError, CheckpointError) as e:  # includes MemoryPlanError
-        print(f"aotlm {args.command}: error: {e}", file=sys.stderr)
+    except (ValueError, TypeError, CheckpointError, OSError) as e:  # includes MemoryPlanError
+        msg = " ".join(str(e).split())  # one line, whatever the source's formatting
+        print(f"aotlm {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = old_format
 
 
 if __name__ == "__main__":

@@ -194,14 +194,36 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def needed_graphs(model, lengths: list[int], max_new: int) -> list[tuple]:
+    """The graphs these prompts use (of ``model.graph_keys()``), compiled ahead of generation.
+
+    Not every bucket: a short prompt needs neither the larger context buckets nor the chunked
+    prefill graphs, and skipping them makes a cold first run (the README's first command) faster.
+    """
+    from aotlm import buckets as bk
+
+    keys = {("select",)}
+    for n in set(lengths):  # a batch is padded to the length of one of its prompts
+        keys |= {
+            ("prefill", s.bucket, s.width) for s in bk.prefill_plan(n, model.ctx_buckets, model.tg_buckets)
+        }
+    for slot in range(min(lengths), min(max(lengths) + max_new, model.n_positions)):
+        keys.add(("decode", bk.decode_bucket(model.tg_buckets, slot)))
+    return [k for k in model.graph_keys() if k in keys]
+
+
 def _generate(args, files, tok, kw: dict, prompts: list[str]):
-    from aotlm import AutoModelForSampling, text
+    from aotlm import AutoModelForSampling, progress, text
     from aotlm.text_pipeline import TextGenerationPipeline
 
     t0 = time.perf_counter()
     model = AutoModelForSampling.from_pretrained(files.checkpoint, **kw)
     t_load, t0 = time.perf_counter() - t0, time.perf_counter()
-    model.compile()
+    lengths = [len(r) for r in text.encode(tok, prompts)]
+    for key in progress.bar(
+        needed_graphs(model, lengths, args.max_new_tokens), "compiling buckets", unit="graph"
+    ):
+        model.compile_graph(key)
     hits = sum(r.get("hit", False) for r in model.compile_report)
     log.info(
         "%s: weights loaded in %.2fs; %d graphs ready in %.2fs (%d from the compile cache %s)",
@@ -221,7 +243,11 @@ def _generate(args, files, tok, kw: dict, prompts: list[str]):
             sys.stdout.write(prompts[0])
             sys.stdout.flush()
     gens = pipe.generate(
-        prompts, max_new_tokens=args.max_new_tokens, stop=args.stop, streamer=streamer, **gen_kw
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        stop=args.stop,
+        streamer=streamer,
+        **gen_kw,
     )
     if streamer is not None:
         sys.stdout.write("\n")

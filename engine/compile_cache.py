@@ -189,6 +189,8 @@ class CompileCache:
 
     def _load(self, digest: str, mesh):
         if not (self.dir / digest / MANIFEST).is_file():
+            if (self.dir / digest).exists():  # entries appear by rename, complete: this one was damaged
+                self._discard(digest, "manifest.json is missing")
             return None
         try:
             exe = read_entry(self.dir / digest, mesh)
@@ -242,7 +244,7 @@ class CompileCache:
                 continue
             try:
                 manifest = json.loads(m.read_text())
-            except (OSError, json.JSONDecodeError):
+            except (OSError, ValueError):  # not JSON, not UTF-8 (a flipped byte)
                 manifest = {"key": entry.name, "bytes": 0, "corrupt": True}
             manifest["last_used"] = m.stat().st_mtime
             out.append(manifest)
@@ -265,8 +267,20 @@ class CompileCache:
         return bad
 
     def clear(self, older_than_days: float | None = None) -> int:
-        """Remove entries (all, or those unused for ``older_than_days``); returns the count."""
+        """Remove entries (all, or those unused for ``older_than_days``); returns the count.
+
+        Also removes what killed processes left behind (``.tmp-*`` / ``.trash-*`` directories
+        untouched for an hour: younger ones may belong to a process writing right now).
+        """
+        if older_than_days is not None and not 0 <= older_than_days < float("inf"):
+            raise ValueError(f"older_than_days must be a number >= 0, got {older_than_days!r}")
         cutoff = time.time() - older_than_days * 86400 if older_than_days is not None else None
+        for d in self.dir.glob(".t*-*") if self.dir is not None else ():
+            try:
+                if d.name.startswith((".tmp-", ".trash-")) and time.time() - d.stat().st_mtime > 3600:
+                    shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                pass
         n = 0
         for e in self.entries():
             if cutoff is None or e["last_used"] < cutoff:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,7 @@ class GenerateOutput:
     finish_reason: list[str]
     num_generated: np.ndarray
     top_logprobs: tuple[np.ndarray, np.ndarray] | None = None
+    time_to_first_token: float = 0.0  # seconds from the call to the first token on the host
 
 
 def _per_row(value, name: str, n: int, dtype) -> np.ndarray:
@@ -249,6 +251,7 @@ def run(
     from aotlm import buckets as bk
     from aotlm import sharding
 
+    t_start = time.perf_counter()
     b, p_len = ids.shape
     last = p_len + np.concatenate([new, np.repeat(new[:1], b - n)]) - 1
     logits, positions = model._encode(ids, mask)
@@ -256,9 +259,11 @@ def run(
     state["want_logprobs"] = np.bool_(want_dict)
     state = model._executable(("select",))(logits, model._put_tree(state))
     fetch = sharding.fetch
+    first_tok = fetch(state["tok"])  # waits for prefill + first token (the decode waits anyway)
+    ttft = time.perf_counter() - t_start
     if streamer is not None:
         streamer.put(ids[:n])
-        streamer.put(fetch(state["tok"])[:n])
+        streamer.put(first_tok[:n])
     listening = streamer is not None or bool(criteria)
     stop, idx, done = int(last.max()), p_len, fetch(state["done"])
     while idx < stop and not done.all():
@@ -297,4 +302,5 @@ def run(
         finish_reason=[graphs.REASONS.get(int(r), "length") for r in reason],
         num_generated=fetch(state["end"])[:n] - p_len + 1,
         top_logprobs=top,
+        time_to_first_token=ttft,
     )

@@ -22,7 +22,7 @@ import numpy as np
 
 from aotlm import artifacts, generation, graphs, inputs, sampling, sharding
 from aotlm import buckets as bk
-from aotlm.checkpoint import WeightReader, load_hf_config
+from aotlm.checkpoint import CheckpointError, WeightReader, load_hf_config
 from aotlm.compile_cache import CompileCache
 from aotlm.models import decoder, family_for
 from aotlm.models.quant import ParamRewriter, QuantizationConfig, quant_config
@@ -82,8 +82,13 @@ class CausalLMForSampling:
         if self.model_types is not None and mt not in self.model_types:
             raise ValueError(f"{type(self).__name__} loads {list(self.model_types)}, but {path} is {mt!r}")
         family = family_for(mt)
-        self.cfg: decoder.ArchConfig = family.arch_config(self.hf_config)
-        if batch_size < 1:
+        try:
+            self.cfg: decoder.ArchConfig = family.arch_config(self.hf_config)
+        except (ArithmeticError, TypeError, KeyError, AttributeError) as e:  # e.g. n_head: 0
+            raise CheckpointError(
+                f"{path}/config.json has unusable values ({type(e).__name__}: {e}); fix config.json"
+            ) from e
+        if inputs.count(batch_size, "batch_size") < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = int(batch_size)
         self.amp = amp
@@ -130,7 +135,7 @@ class CausalLMForSampling:
             rows = bar(family.weight_rows(self.cfg, self.hf_config), "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
             rewriter = ParamRewriter(self.quant, self.fuse_qkv) if self.quant or self.fuse_qkv else None
-            return load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter)
+            return load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
         finally:
             reader.close()
 
@@ -372,6 +377,7 @@ class CausalLMForSampling:
         if not isinstance(cfg.top_logprobs, int) or not 0 <= cfg.top_logprobs <= sampling.TOP_LOGPROBS_MAX:
             raise ValueError(f"top_logprobs must be an int in [0, {sampling.TOP_LOGPROBS_MAX}]")
         generation.check_streamer(streamer)
+        inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS), inputs.count(cfg.pad_token_id, "pad_token_id")
         criteria = generation.criteria_list(stopping_criteria)
         ids, mask, n = self._prepare(input_ids, attention_mask, start_ids)
         new = self._n_new(ids.shape[1], n, cfg.max_new_tokens, sequence_length)
@@ -386,7 +392,7 @@ class CausalLMForSampling:
         if max_new_tokens is not None and sequence_length is not None:
             raise ValueError("give max_new_tokens or sequence_length, not both")
         if sequence_length is not None:
-            max_new_tokens = int(sequence_length) - p_len
+            max_new_tokens = inputs.count(sequence_length, "sequence_length") - p_len
         if max_new_tokens is None:
             max_new_tokens = self.n_positions - p_len
         new = generation._per_row(max_new_tokens, "max_new_tokens", n, np.int64)

@@ -105,7 +105,7 @@ def resolve(path: str | os.PathLike | None) -> Path:
     if (p / "config.json").is_file():
         return p
     if not p.exists():
-        raise CheckpointError(f"model path {p} does not exist")
+        raise CheckpointError(f"model path {p} does not exist; check the path (or give a bundled model name)")
     if not p.is_dir():
         raise CheckpointError(
             f"model path {p} is a file; give the checkpoint directory that holds config.json"
@@ -113,7 +113,8 @@ def resolve(path: str | os.PathLike | None) -> Path:
     latest = latest_checkpoint(p)
     if latest is None:
         raise CheckpointError(
-            f"{p} is neither a checkpoint (no config.json) nor a training run (no checkpoints/checkpoint-N)"
+            f"{p} is neither a checkpoint (no config.json) nor a training run (no checkpoints/checkpoint-N); "
+            "give the directory that holds config.json"
         )
     if not (latest / "config.json").is_file():
         raise CheckpointError(f"the latest checkpoint of run {p}, {latest}, has no config.json (incomplete?)")
@@ -147,21 +148,24 @@ def weight_files(checkpoint: Path) -> tuple[Path, ...]:
             try:
                 names = sorted(set(json.loads(f.read_text())["weight_map"].values()))
             except (json.JSONDecodeError, KeyError, UnicodeDecodeError, AttributeError) as e:
-                raise CheckpointError(f"{f} is not a valid weight index ({e})") from e
+                raise CheckpointError(f"{f} is not a valid weight index ({e}); re-save the checkpoint") from e
             for n in names:
                 if not (checkpoint / n).is_file():
-                    raise CheckpointError(f"weight file {checkpoint / n} (listed in {index}) is missing")
+                    raise CheckpointError(
+                        f"weight file {checkpoint / n} (listed in {index}) is missing; copy every shard"
+                    )
             return tuple(checkpoint / n for n in names)
     for single in (SAFE_SINGLE, TORCH_SINGLE):
         if (checkpoint / single).is_file():
             return (checkpoint / single,)
     raise CheckpointError(
-        f"no weights in {checkpoint}: expected {SAFE_SINGLE}, {SAFE_INDEX}, {TORCH_SINGLE} or {TORCH_INDEX}"
+        f"no weights in {checkpoint}: expected {SAFE_SINGLE}, {SAFE_INDEX}, {TORCH_SINGLE} or {TORCH_INDEX}; "
+        "copy the weight files next to config.json"
     )
 
 
 def validate_checkpoint(
-    path: str | os.PathLike, tokenizer: str | os.PathLike | None = None, require_tokenizer: bool = True
+    path: str | os.PathLike | None, tokenizer: str | os.PathLike | None = None, require_tokenizer: bool = True
 ) -> CheckpointFiles:
     """Resolve ``path`` and check config, weights and tokenizer exist, without loading weights.
 
@@ -175,14 +179,14 @@ def validate_checkpoint(
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
         raise CheckpointError(f"{cfg} is not valid JSON ({e}); re-save the checkpoint") from e
     if not model_type:
-        raise CheckpointError(f"{cfg} has no model_type; it is not a transformers config")
+        raise CheckpointError(f"{cfg} has no model_type; it is not a transformers config: fix or re-save it")
     weights = weight_files(ckpt)
     tok = find_tokenizer(ckpt, tokenizer)
     if tok is None and require_tokenizer:
         root = run_root(ckpt)
         where = f"{ckpt}" + (f" or the run root {root}" if root else "")
         raise CheckpointError(f"no tokenizer found in {where}; pass --tokenizer DIR (tokenizer=DIR)")
-    original = None if is_bundled_name(path) else expand(path)
+    original = None if path is None or is_bundled_name(path) else expand(path)
     run = original if original is not None and original != ckpt else None
     return CheckpointFiles(ckpt, cfg, weights, tok, run, model_type)
 

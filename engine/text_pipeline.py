@@ -45,23 +45,11 @@ class Generation:
     extra: dict = field(default_factory=dict)
 
 
-class _Timer:
-    """A streamer that notes when the first generated token arrives, then forwards to ``inner``."""
+def _sample_params(model) -> set[str]:
+    """The keyword arguments ``model.sample`` takes (its signature plus GenerationConfig fields)."""
+    from aotlm.generation import FIELDS
 
-    def __init__(self, inner=None):
-        self.inner, self.t0, self.first = inner, time.perf_counter(), None
-        self.prompt_seen = False
-
-    def put(self, value) -> None:
-        if self.prompt_seen and self.first is None:
-            self.first = time.perf_counter() - self.t0
-        self.prompt_seen = True
-        if self.inner is not None:
-            self.inner.put(value)
-
-    def end(self) -> None:
-        if self.inner is not None:
-            self.inner.end()
+    return set(inspect.signature(model.sample).parameters) | FIELDS
 
 
 class TextGenerationPipeline:
@@ -73,7 +61,7 @@ class TextGenerationPipeline:
         self.progress = progress_bars
         self.eos = text.eos_ids(model.path, model.hf_config, tokenizer)
         self.default_new = text.generation_defaults(model.path).get("max_new_tokens")
-        self._sample_params = set(inspect.signature(model.sample).parameters)
+        self._sample_params = _sample_params(model)
 
     # ------------------------------------------------------------------ transformers-shaped call
     def __call__(self, text_inputs: str | Sequence[str], return_full_text: bool = False, **kwargs):
@@ -102,7 +90,10 @@ class TextGenerationPipeline:
         streamer=None,
         **generation_kwargs,
     ) -> list[Generation]:
-        """Generate for every prompt; results in input order (see the module docstring)."""
+        """Generate for every prompt; results in input order (see the module docstring).
+
+        Time to first token is measured by ``sample()`` (``GenerateOutput.time_to_first_token``).
+        """
         rows = text.encode(self.tokenizer, prompts)
         n = len(rows)
         per_prompt = {"max_new_tokens": max_new_tokens, **generation_kwargs}
@@ -118,7 +109,7 @@ class TextGenerationPipeline:
         if unknown:
             raise TypeError(
                 f"sample() of this aotlm does not take {sorted(unknown)}; supported: "
-                f"{sorted(self._sample_params - {'self', 'input_ids'})}"
+                f"{sorted(self._sample_params - {'self', 'input_ids', 'generation_kwargs'})}"
             )
         if streamer is not None and n != 1:
             raise ValueError(f"a streamer follows one prompt, got {n}")
@@ -171,37 +162,21 @@ class TextGenerationPipeline:
         pad = int(pad) if pad is not None else (self.eos[0] if self.eos else 0)
         ids, mask = text.left_pad(rows, pad)
         p_len = ids.shape[1]
-        timer = _Timer(streamer) if "streamer" in self._sample_params else None
-        # one length for the batch unless rows differ and sample() takes per-row lengths; trimmed below
-        per_row = len(set(new)) > 1 and "seed" in self._sample_params
-        call = dict(kwargs, attention_mask=mask, max_new_tokens=new if per_row else max(new))
+        call = dict(kwargs, attention_mask=mask, max_new_tokens=new, return_dict=True, streamer=streamer)
         call.update(eos_token_id=self.eos or None, pad_token_id=pad)
-        if timer is not None:
-            call["streamer"] = timer
-        want_dict = "return_dict" in self._sample_params
-        if want_dict:
-            call["return_dict"] = True
         t0 = time.perf_counter()
         out = self.model.sample(ids, **call)
         seconds = time.perf_counter() - t0
-        seqs = out.sequences if want_dict else out
-        if streamer is not None and timer is None:  # an engine without streaming: all at once
-            streamer.put(ids[:1])
-            streamer.put(seqs[:1, p_len:])
-            streamer.end()
-        reasons = list(out.finish_reason) if want_dict else None
+        seqs, first = out.sequences, out.time_to_first_token
+        reasons = list(out.finish_reason)
         gens = []
         for r, row in enumerate(seqs[: len(rows)]):
             toks = text.cut_at_eos(row[p_len : p_len + new[r]], self.eos)
-            if reasons is not None:
-                reason = reasons[r]
-            else:
-                reason = "eos" if toks and toks[-1] in self.eos else "length"
+            reason = reasons[r]
             words = self.tokenizer.decode(
                 toks, skip_special_tokens=skip_special, clean_up_tokenization_spaces=cleanup
             )
-            ttft = timer.first if timer is not None else None
-            gens.append(Generation("", words, toks, len(rows[r]), reason, ttft, seconds))
+            gens.append(Generation("", words, toks, len(rows[r]), reason, first, seconds))
         return gens
 
 

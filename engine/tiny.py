@@ -23,6 +23,9 @@ def make_tiny_gpt2(path: str | os.PathLike, seed: int = 0, **overrides) -> Path:
     path = Path(path)
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
         return path
+    if path.exists() and (not path.is_dir() or set(os.listdir(path)) - {"config.json", "model.safetensors"}):
+        # the half-written checkpoint below is replaced; anything else is the user's and is kept
+        raise ValueError(f"{path} exists and is not a tiny checkpoint; choose a new or empty directory")
     spec = {**TINY_GPT2, **overrides}
     v, p, d, n_layer = spec["vocab_size"], spec["n_positions"], spec["n_embd"], spec["n_layer"]
     rng = np.random.default_rng(seed)

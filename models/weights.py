@@ -154,6 +154,44 @@ def _resolve(reader: WeightReader, name: str, prefixes: Sequence[str]) -> str | 
     return None
 
 
+def check_shape(path: Path, arr: np.ndarray, cfg, tensor: str, where) -> None:
+    """Refuse a tensor whose shape contradicts ``config.json`` before it reaches a graph.
+
+    Without this, a vocabulary or position table of the wrong length is silently clamped by the
+    embedding gather (wrong tokens, no error) and other mismatches surface as XLA shape errors
+    that do not name the tensor. Checked: the vocabulary axis everywhere, the learned-position
+    rows, and the hidden / head / expert axes of per-layer matrices; norm vectors must be 1-D.
+    """
+    if cfg is None:
+        return
+    axes = LOGICAL_AXES.get(path[-1])
+    want: dict[str, int] = {"vocab": cfg.vocab_size}
+    if path[0] == "layers":
+        want.update(embed=cfg.hidden_size, heads=cfg.n_heads, kv_heads=cfg.n_kv_heads)  # not mlp: MPT differs
+        if cfg.n_experts:
+            want["experts"] = cfg.n_experts
+    problem = None
+    if axes is None:
+        if arr.ndim == 0:
+            problem = "is a scalar where a vector is expected"
+        elif path[-1].startswith(("ln", "final_norm")) and arr.shape != (cfg.hidden_size,):
+            problem = f"has shape {arr.shape} where config.json says ({cfg.hidden_size},)"
+    elif arr.ndim != len(axes):
+        problem = f"has {arr.ndim} dims where {len(axes)} are expected"
+    elif path[-1] == "pos_embed" and arr.shape[0] < cfg.max_positions + cfg.learned_pos_offset:
+        problem = f"has {arr.shape[0]} position rows, config.json needs {cfg.max_positions}"
+    else:
+        for i, a in enumerate(axes):
+            if a in want and arr.shape[i] != want[a]:
+                problem = f"has {a} size {arr.shape[i]} where config.json says {want[a]}"
+                break
+    if problem is not None:
+        raise CheckpointError(
+            f"tensor {tensor!r} in {where} {problem} (loaded as {'.'.join(map(str, path))} {arr.shape}); "
+            "the weights do not match config.json: use the config.json saved with these weights"
+        )
+
+
 def load_params(
     rows: Sequence[Row],
     reader: WeightReader,
@@ -161,12 +199,13 @@ def load_params(
     dtype,
     place: Callable[[Path, np.ndarray], object],
     rewriter=None,
+    cfg=None,
 ) -> dict:
     """Fill the params pytree from ``rows``; ``place(path, array)`` returns the leaf.
 
     ``rewriter`` (optional, ``aotlm.models.quant.ParamRewriter``): host-side rewrite of each finished
     parameter into the leaves actually placed (int8 + scale, fused q/k/v); quantization scales
-    stay float32.
+    stay float32. ``cfg`` (the ``ArchConfig``): check each parameter's shape against it.
     """
     params: dict = {}
 
@@ -186,12 +225,21 @@ def load_params(
                 f"tensor {missing!r} (tried prefixes {list(prefixes)}) is missing from the checkpoint "
                 f"in {reader.path}; the checkpoint is incomplete or not of this architecture"
             )
-        out = r.fn(reader.get(name), *(reader.get(m) for m in extra))
+        try:
+            out = r.fn(reader.get(name), *(reader.get(m) for m in extra))
+        except ValueError as e:  # a layout transform's reshape refused the tensor's shape
+            if isinstance(e, CheckpointError):
+                raise
+            raise CheckpointError(
+                f"tensor {name!r} in {reader.path} has a shape that does not fit config.json ({e}); "
+                "use the config.json saved with these weights"
+            ) from e
         outs = out if isinstance(out, tuple) else (out,)
         if len(outs) != len(r.targets):
             raise ValueError(f"row for {r.hf} produced {len(outs)} arrays for {len(r.targets)} targets")
         for path, arr in zip(r.targets, outs, strict=True):
             arr = np.asarray(arr)
+            check_shape(path, arr, cfg, name, reader.path)
             for p, a in rewriter.rewrite(path, arr) if rewriter is not None else [(path, arr)]:
                 put(p, a)
     for p, a in rewriter.finish() if rewriter is not None else []:

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 from textkit import shared_text_checkpoint
@@ -87,7 +86,7 @@ def test_prompts_file_order_fields_output_file_and_run_dir(shared, tmp_path):
         env={"RUNS": str(home / "runs"), "HOME": str(home), "OUT": str(tmp_path)},
     )
     assert out2.returncode == 0, out2.stderr
-    assert out2.stdout == "" and "graphs ready" in out2.stderr  # the log line on stderr
+    assert out2.stdout == "" and "3 graphs ready" in out2.stderr  # short prompts: no chunked-prefill graph
     assert "Traceback" not in out2.stderr and "PyTorch" not in out2.stderr
     recs2 = records((tmp_path / "out.jsonl").read_text())
     assert [r2["completion"] for r2 in recs2] == [r["prompt"] + r["completion"] for r in recs]
@@ -126,28 +125,27 @@ def test_bad_input_is_one_line_exit_2(shared, tmp_path, case):
     assert len(lines) == 1 and want in lines[0] and lines[0].startswith("aotlm generate: error:"), out.stderr
 
 
-def test_stream_prints_incrementally(shared, tmp_path):
-    """The text reaches stdout piece by piece while generating (timestamps of the reads)."""
+def test_stream_prints_incrementally_with_sampling_flags(shared, tmp_path):
+    """The text reaches stdout piece by piece while generating; the record goes to --output."""
     ckpt, cache = shared
+    args = ["--model", str(ckpt), "--prompt", "def f(x):", "--max-new-tokens", "40", "--stream"]
+    args += ["--do-sample", "--seed", "3", "--top-p", "0.9", "--temperature", "0.8", "--top-k", "30"]
+    args += ["--output", str(tmp_path / "o.jsonl"), "--cache-dir", str(cache), "--quiet", "--batch-size", "4"]
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-m", "aotlm.cli", "generate", "--model", str(ckpt), "--prompt", "def f(x):"]
-        + ["--max-new-tokens", "40", "--stream", "--cache-dir", str(cache), "--quiet", "--batch-size", "4"],
+        [sys.executable, "-u", "-m", "aotlm.cli", "generate", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
     chunks = []
-    while True:
-        data = os.read(proc.stdout.fileno(), 64)
-        if not data:
-            break
-        chunks.append((time.perf_counter(), data))
+    while data := os.read(proc.stdout.fileno(), 1 << 16):
+        chunks.append(data)
     assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()
-    text = b"".join(c for _, c in chunks).decode()
-    assert text.endswith("\n") and len(text.strip()) > 0
-    sample_params = (
-        __import__("inspect").signature(__import__("aotlm").AutoModelForSampling.sample).parameters
-    )
-    if "streamer" not in sample_params:
-        pytest.skip("sample() has no streamer yet: the text arrives at the end")
-    assert len(chunks) > 3, chunks
+    streamed = b"".join(chunks).decode()
+    (rec,) = records((tmp_path / "o.jsonl").read_text())
+    assert streamed == rec["completion"] + "\n"
+    gen = rec["generation"]
+    assert gen["do_sample"] is True and gen["seed"] == 3 and gen["top_p"] == 0.9 and gen["top_k"] == 30
+    assert rec["timing"]["time_to_first_token_s"] > 0
+    # separate writes arrived: the first read held only part of the text (decode runs 4 tokens a call)
+    assert 0 < len(chunks[0]) < len(rec["completion"].encode()), chunks

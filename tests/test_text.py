@@ -181,3 +181,22 @@ def test_bundled_name():
         assert (resolve("aotlm/tiny-py") / "config.json").is_file()
     with pytest.raises(CheckpointError, match="not installed"):
         resolve("aotlm/no-such-model")
+
+
+def test_pipeline_sampling_and_stop_text(pipes):
+    ours, _ = pipes
+    prompts = PROMPTS[:6]
+    kw = dict(max_new_tokens=10, do_sample=True, top_k=20)
+    a = ours(prompts, seed=7, temperature=[0.7, 0.8, 0.9, 1.0, 1.1, 1.2], **kw)
+    assert a == ours(prompts, seed=7, temperature=[0.7, 0.8, 0.9, 1.0, 1.1, 1.2], **kw)  # seeded: repeatable
+    assert a != ours(prompts, seed=8, temperature=1.5, **kw)
+    # a stop text cuts the completion right after it (kept, as transformers' stop_strings do)
+    tok = ours.tokenizer
+    (greedy,) = ours.generate([PROMPTS[0]], max_new_tokens=12)
+    g = greedy.tokens
+    cut = next(i for i in range(3, len(g) - 1) if tok.encode(tok.decode(g[i : i + 2])) == g[i : i + 2])
+    stop = tok.decode(g[cut : cut + 2])
+    (stopped,) = ours.generate([PROMPTS[0]], max_new_tokens=12, stop=[stop])
+    first = next(j for j in range(len(g)) if g[j : j + 2] == g[cut : cut + 2])  # its first occurrence
+    assert stopped.finish_reason == "stop_sequence" and stopped.tokens == g[: first + 2]
+    assert stopped.text.endswith(stop) and greedy.text.startswith(stopped.text)
