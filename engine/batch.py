@@ -24,16 +24,24 @@ log = logging.getLogger("aotlm.batch")
 SOFT_ERRORS = (ValueError, TypeError, RuntimeError, OSError, KeyError)
 
 
-def done_keys(output: str) -> tuple[set, set]:
-    """(input lines, ids) already present in ``output``."""
+def done_keys(output: str, repair: bool = True) -> tuple[set, set]:
+    """(input lines, ids) already present in ``output`` (``repair``: drop a torn last line first)."""
     lines, ids = set(), set()
     if output and os.path.isfile(output):
-        truncate_partial_line(output)
-        for rec in read_jsonl(output):
+        if repair:
+            truncate_partial_line(output)
+        for rec in _whole_lines(output):
             lines.add(rec.get("input_line"))
             if "id" in rec:
                 ids.add(json.dumps(rec["id"]))
     return lines, ids
+
+
+def _whole_lines(path: str):
+    with open(path, "rb") as f:
+        for line in f:
+            if line.endswith(b"\n") and line.strip():
+                yield json.loads(line)
 
 
 def is_done(r: Record, lines: set, ids: set) -> bool:

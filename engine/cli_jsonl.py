@@ -51,7 +51,7 @@ def cmd_batch_generate(args) -> int:
     groups = batch_plan.group(records)
     batch_plan.prepare(groups, cli, args.input)
     mine = batch_plan.select_shard(groups, args.shard)
-    lines, ids = batch.done_keys(args.output) if args.resume else (set(), set())
+    lines, ids = batch.done_keys(args.output, repair=not args.dry_run) if args.resume else (set(), set())
     todo = {id(g): sum(not batch.is_done(r, lines, ids) for r in g.records) for g in mine}
     opts = {
         "batch_size": args.batch_size,
