@@ -18,6 +18,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # public name -> module (inside aotlm) that defines it
 _EXPORTS = {
     "AutoModelForSampling": "model",
+    "BUNDLED_MODELS": "bundled",
+    "DEFAULT_MODEL": "bundled",
+    "bundled_path": "bundled",
     "CausalLMForSampling": "model",
     "GPT2ForSampling": "model",
     "LlamaForSampling": "model",
@@ -25,6 +28,7 @@ _EXPORTS = {
     "TextGenerationPipeline": "text_pipeline",
     "TextStreamer": "text",
     "validate_checkpoint": "resolve",
+    "load_bucket_config": "bucket_config",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -134,10 +134,8 @@ def model_kwargs(args) -> dict:
     for k in keys:
         v = getattr(args, k)
         if v is not None:
-            kw[k] = v
-    for k in ("n_positions", "context_length_estimate"):
-        if isinstance(kw.get(k), list) and len(kw[k]) == 1 and k == "n_positions":
-            kw[k] = kw[k][0]
+            # a single --n-positions N means "powers of two up to N"; a list in --config is exact
+            kw[k] = v[0] if k == "n_positions" and isinstance(v, list) and len(v) == 1 else v
     kw["compile_cache"] = args.cache_dir
     return kw
 
@@ -307,7 +305,13 @@ def cmd_cache(args) -> int:
 
 
 # Front-end commands live in their own modules, each with ``register(subparsers)``.
-COMMAND_MODULES: tuple[str, ...] = ("aotlm.cli_text", "aotlm.cli_batch", "aotlm.cli_h5", "aotlm.cli_jsonl")
+COMMAND_MODULES: tuple[str, ...] = (
+    "aotlm.cli_text",
+    "aotlm.cli_tune",
+    "aotlm.cli_batch",
+    "aotlm.cli_h5",
+    "aotlm.cli_jsonl",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

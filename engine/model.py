@@ -62,8 +62,8 @@ class CausalLMForSampling:
     def __init__(
         self,
         path: str | os.PathLike,
-        batch_size: int = 1,
-        n_positions: int | Sequence[int] = 128,
+        batch_size: int | None = None,
+        n_positions: int | Sequence[int] | None = None,
         context_length_estimate: int | Sequence[int] | None = None,
         tp_degree: int = 1,
         amp: str = "f32",
@@ -71,7 +71,19 @@ class CausalLMForSampling:
         gqa: str | None = None,
         quant: str | QuantizationConfig | None = None,
         fuse_qkv: bool = False,
+        bucket_config: str | os.PathLike | dict | None = None,
     ):
+        # bucket_config: a tuner-written JSON (or dict) of n_positions / context_length_estimate /
+        # batch_size; explicitly passed arguments win over it (aotlm/bucket_config.py)
+        if bucket_config is not None:
+            from aotlm.bucket_config import resolve as merge_bucket_config
+
+            bc = merge_bucket_config(bucket_config, batch_size=batch_size, n_positions=n_positions,
+                                     context_length_estimate=context_length_estimate)  # fmt: skip
+            batch_size, n_positions = bc.get("batch_size"), bc.get("n_positions")
+            context_length_estimate = bc.get("context_length_estimate")
+        batch_size = 1 if batch_size is None else batch_size
+        n_positions = 128 if n_positions is None else n_positions
         from aotlm.resolve import resolve
 
         self._lock = threading.RLock()
