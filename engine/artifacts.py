@@ -15,6 +15,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from aotlm.compile_cache import MANIFEST as MANIFEST_ENTRY
 from aotlm.compile_cache import EntryError, entry_key, environment_fields, read_entry, write_entry
 
 MANIFEST = "aotlm_model.json"
@@ -48,7 +49,7 @@ def save(model, directory: str | os.PathLike) -> None:
     try:
         for key in model.graph_keys():
             digest, fields = entry_key(model.fingerprint(), key, model.mesh)
-            write_entry(tmp, digest, fields, model._executables[key], 0.0)
+            _write_graph(model, key, tmp, digest, fields)
             graphs.append({"key": list(key), "entry": digest})
         manifest = {"format": FORMAT, "fields": config_fields(model), "graphs": graphs}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -62,6 +63,27 @@ def save(model, directory: str | os.PathLike) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _write_graph(model, key: tuple, tmp: Path, digest: str, fields: dict) -> None:
+    """Store one graph's executable as the entry ``tmp/digest``.
+
+    XLA CPU cannot re-serialize an executable that was itself deserialized (the copy fails at
+    run time with "Function ... not found"), so a graph that came from the compile cache (or
+    from a saved directory) is copied byte for byte from its cache entry, or compiled afresh
+    when the entry is gone; only executables compiled in this process are serialized.
+    """
+    fresh = any(
+        r["graph"] == key[0] and tuple(r["bucket"]) == key[1:] and not r["hit"] for r in model.compile_report
+    )
+    if fresh:
+        write_entry(tmp, digest, fields, model._executables[key], 0.0)
+        return
+    cached = model.compile_cache.dir / digest if model.compile_cache.dir is not None else None
+    if cached is not None and (cached / MANIFEST_ENTRY).is_file():
+        shutil.copytree(cached, tmp / digest)
+        return
+    write_entry(tmp, digest, fields, model._lower(key).compile(), 0.0)
 
 
 def load(model, directory: str | os.PathLike) -> dict:

@@ -200,6 +200,10 @@ def cmd_compile(args) -> int:
         f"total: {len(rows)} graphs ({hits} from cache) in {total:.2f}s; weights loaded in {t_load:.2f}s; "
         f"cache: {where}"
     )
+    if args.output_artifacts:
+        from aotlm.artifact_run import save_artifacts
+
+        print(f"artifacts: {save_artifacts(model, args.output_artifacts, kw.get('quant'))}")
     return 0
 
 
@@ -301,7 +305,13 @@ def cmd_cache(args) -> int:
 
 
 # Front-end commands live in their own modules, each with ``register(subparsers)``.
-COMMAND_MODULES: tuple[str, ...] = ("aotlm.cli_text", "aotlm.cli_tune")
+COMMAND_MODULES: tuple[str, ...] = (
+    "aotlm.cli_text",
+    "aotlm.cli_tune",
+    "aotlm.cli_batch",
+    "aotlm.cli_h5",
+    "aotlm.cli_jsonl",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -323,6 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print graphs and memory plan, compile nothing")
     p.add_argument(
         "--device-memory-gb", type=float, default=None, help="fail if weights + KV cache do not fit"
+    )
+    p.add_argument(
+        "--output-artifacts",
+        default=None,
+        metavar="DIR",
+        help="also write relocatable artifacts for aotlm run",
     )
     p.set_defaults(fn=cmd_compile)
     p = sub.add_parser("sample", help="greedy generation from comma-separated token ids")
