@@ -31,6 +31,8 @@ _EXPORTS = {
     "TextStreamer": "text",
     "validate_checkpoint": "resolve",
     "load_bucket_config": "bucket_config",
+    "GenerationConfig": "params",
+    "GenerateOutput": "generation",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -19,19 +19,14 @@ import math
 from dataclasses import dataclass, field
 
 from aotlm.batch_models import amp_for, expand, resolve
+from aotlm.params import GREEDY_DEFAULTS
 
 TOP_FIELDS = {"prompt", "id", "model", "generation", "metadata"}
 MODEL_FIELDS = {"checkpoint", "output_dir", "dtype", "tokenizer"}
+
 GEN_DEFAULTS = {
     "max_new_tokens": 32,
-    "do_sample": False,
-    "temperature": 1.0,
-    "top_k": 0,
-    "top_p": 1.0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
-    "seed": None,
+    **GREEDY_DEFAULTS,
     "return_full_text": False,
     "stop_sequences": [],
 }

@@ -18,19 +18,11 @@ import time
 from pathlib import Path
 
 from aotlm.cli import add_model_args, model_kwargs
+from aotlm.params import SAMPLING_FIELDS as SAMPLING_FLAGS
 
 log = logging.getLogger("aotlm")
 
-SAMPLING_FLAGS = (
-    "do_sample",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "seed",
-)
+
 DEFAULT_MAX_NEW_TOKENS = 64
 
 

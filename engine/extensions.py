@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from aotlm import inputs
+from aotlm.params import PER_ROW_FIELDS as PER_ROW
 
 KINDS = {
     "gather": "broadcast",
@@ -32,17 +33,6 @@ KINDS = {
     "spec_verify": "speculative",
     "spec_draft": "speculative",
 }
-# per-row generation arguments that follow their prompt when rows are repeated
-PER_ROW = (
-    "max_new_tokens",
-    "do_sample",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-)
 
 
 def configure(model, prompt_batch_size=None, num_beams: int = 1, speculation_length=None) -> None:

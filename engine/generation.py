@@ -8,7 +8,6 @@ decode state (``graphs.state_spec``), so changing them never compiles anything.
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import time
 from collections.abc import Sequence
@@ -18,33 +17,9 @@ from typing import Any
 import numpy as np
 
 from aotlm import graphs, sampling
+from aotlm.params import GenerationConfig
 
 STREAM_CHUNK = 4  # tokens per decode call while a streamer or stopping criteria listen
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """transformers' generation parameters (greedy by default: no surprise top_k=50)."""
-
-    do_sample: Any = False
-    temperature: Any = 1.0
-    top_k: Any = 0
-    top_p: Any = 1.0
-    min_p: Any = 0.0
-    repetition_penalty: Any = 1.0
-    no_repeat_ngram_size: Any = 0
-    seed: Any = None
-    eos_token_id: Any = None
-    pad_token_id: int | None = None
-    stop_sequences: Any = None
-    max_new_tokens: Any = None
-    top_logprobs: int = 0
-
-    def replace(self, **kw) -> GenerationConfig:
-        return dataclasses.replace(self, **kw)
-
-
-FIELDS = {f.name for f in dataclasses.fields(GenerationConfig)}
 
 
 @dataclass

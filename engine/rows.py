@@ -16,27 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# per-row sampling settings understood by model.sample (issue 10); None = the sampler's default
-SAMPLING_KEYS = (
-    "do_sample",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "seed",
-)
-GREEDY_DEFAULTS = {
-    "do_sample": False,
-    "temperature": 1.0,
-    "top_k": 0,
-    "top_p": 1.0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
-    "seed": None,
-}
+from aotlm.params import GREEDY_DEFAULTS
+from aotlm.params import SAMPLING_FIELDS as SAMPLING_KEYS
 
 
 @dataclass

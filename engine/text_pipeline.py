@@ -16,18 +16,8 @@ from dataclasses import dataclass, field
 
 from aotlm import progress as progress_mod
 from aotlm import text
+from aotlm.params import PER_ROW_FIELDS as PER_PROMPT
 
-# sampling parameters that may be given per prompt (a list as long as the prompts)
-PER_PROMPT = (
-    "max_new_tokens",
-    "do_sample",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-)
 DEFAULT_MAX_NEW_TOKENS = 256  # transformers' pipeline default, capped to what the model was compiled for
 
 

@@ -1,0 +1,49 @@
+"""Names and defaults of the generation parameters: one list, shared by sample() and every front end.
+
+Kept free of JAX so that command-line parsing and record validation stay cheap to import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """transformers' generation parameters (greedy by default: no surprise top_k=50)."""
+
+    do_sample: Any = False
+    temperature: Any = 1.0
+    top_k: Any = 0
+    top_p: Any = 1.0
+    min_p: Any = 0.0
+    repetition_penalty: Any = 1.0
+    no_repeat_ngram_size: Any = 0
+    seed: Any = None
+    eos_token_id: Any = None
+    pad_token_id: int | None = None
+    stop_sequences: Any = None
+    max_new_tokens: Any = None
+    top_logprobs: int = 0
+
+    def replace(self, **kw) -> GenerationConfig:
+        return dataclasses.replace(self, **kw)
+
+
+FIELDS = {f.name for f in dataclasses.fields(GenerationConfig)}
+# the sampling settings (one value or one per row) with their greedy defaults
+SAMPLING_FIELDS = (
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "seed",
+)
+GREEDY_DEFAULTS = {k: getattr(GenerationConfig(), k) for k in SAMPLING_FIELDS}
+# settings that belong to a prompt (and follow it when its row is repeated or reordered)
+PER_ROW_FIELDS = ("max_new_tokens",) + SAMPLING_FIELDS[:-1]
