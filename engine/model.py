@@ -20,7 +20,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aotlm import artifacts, broadcast, extensions, generation, graphs, inputs, kernels, sampling, sharding
+from aotlm import (
+    artifacts,
+    broadcast,
+    extensions,
+    generation,
+    graphs,
+    inputs,
+    kernels,
+    params,
+    sampling,
+    sharding,
+)
 from aotlm import buckets as bk
 from aotlm.checkpoint import CheckpointError, WeightReader, load_hf_config
 from aotlm.compile_cache import CompileCache
@@ -372,7 +383,7 @@ class CausalLMForSampling:
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
         *,
-        generation_config: generation.GenerationConfig | None = None,
+        generation_config: params.GenerationConfig | None = None,
         streamer=None,
         stopping_criteria=None,
         return_dict: bool = False,
@@ -393,12 +404,11 @@ class CausalLMForSampling:
         gets the prompt, then the new tokens) and ``stopping_criteria`` (HF ``StoppingCriteria``)
         make the decode loop run in chunks of ``generation.STREAM_CHUNK`` tokens.
         """
-        cfg = generation_config or generation.GenerationConfig()
-        unknown = set(generation_kwargs) - generation.FIELDS
+        cfg = generation_config or params.GenerationConfig()
+        unknown = set(generation_kwargs) - params.FIELDS
         if unknown:
             raise TypeError(
-                f"sample() got unknown generation arguments {sorted(unknown)}; "
-                f"known: {sorted(generation.FIELDS)}"
+                f"sample() got unknown generation arguments {sorted(unknown)}; known: {sorted(params.FIELDS)}"
             )
         given = dict(eos_token_id=eos_token_id, pad_token_id=pad_token_id, max_new_tokens=max_new_tokens)
         cfg = cfg.replace(**{k: v for k, v in given.items() if v is not None}, **generation_kwargs)

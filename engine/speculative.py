@@ -37,7 +37,7 @@ import numpy as np
 from jax import lax
 
 from aotlm import buckets as bk
-from aotlm import generation, inputs, sampling, sharding
+from aotlm import generation, inputs, params, sampling, sharding
 from aotlm.models import decoder
 
 MAX_EOS = 8
@@ -298,7 +298,7 @@ class SpeculativeGenerator:
         eos = inputs.eos_ids(eos_token_id, MAX_EOS)
         eos_set = {int(e) for e in eos if e >= 0}
         pad = pad if pad is not None else (int(eos[0]) if eos[0] >= 0 else 0)
-        cfg = generation.GenerationConfig(**skw)
+        cfg = params.GenerationConfig(**skw)
         sp = {key: v for key, v in generation.sampling_params(cfg, n, b).items() if key in SP_KEYS}
         logits, positions = t._encode(ids, mask)
         d._encode(ids, mask)

@@ -37,7 +37,7 @@ class Generation:
 
 def _sample_params(model) -> set[str]:
     """The keyword arguments ``model.sample`` takes (its signature plus GenerationConfig fields)."""
-    from aotlm.generation import FIELDS
+    from aotlm.params import FIELDS
 
     return set(inspect.signature(model.sample).parameters) | FIELDS
 

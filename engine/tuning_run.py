@@ -73,13 +73,13 @@ def _prefill_call(model, c: int, w: int):
 
 def _decode_call(model, w: int, k: int):
     """One decode graph call generating ``k`` tokens, with the state ``aotlm.generation.run`` builds."""
-    from aotlm import generation
+    from aotlm import generation, params
 
     b, start = model.batch_size, max(1, w - k - 1)
     ids = np.ones((b, start), np.int32)
     positions = np.broadcast_to(np.arange(start, dtype=np.int32), (b, start))
     host = generation.initial_state(
-        model, ids, np.ones_like(ids), positions, b, np.full(b, start + k), generation.GenerationConfig()
+        model, ids, np.ones_like(ids), positions, b, np.full(b, start + k), params.GenerationConfig()
     )
     host["limit"] = np.int32(start + k)
     exe = model._executable(("decode", w))

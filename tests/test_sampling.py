@@ -8,7 +8,7 @@ import transformers
 from conformance import hf_generate, hf_model
 
 from aotlm import AutoModelForSampling
-from aotlm.generation import GenerationConfig
+from aotlm import GenerationConfig
 
 KW = dict(n_positions=[32, 64], context_length_estimate=[8, 16], compile_cache=False)
 
