@@ -7,8 +7,7 @@ import pytest
 import transformers
 from conformance import hf_generate, hf_model
 
-from aotlm import AutoModelForSampling
-from aotlm import GenerationConfig
+from aotlm import AutoModelForSampling, GenerationConfig
 
 KW = dict(n_positions=[32, 64], context_length_estimate=[8, 16], compile_cache=False)
 
