@@ -93,12 +93,14 @@ def select_first(logits, state):
     return emit(state, logits, state["idx"])
 
 
-def decode(cfg, width: int, params, cache, state):
+def decode(cfg, width: int, params, cache, state, replicated=None):
     """Generate tokens on device until slot ``width``, ``state['limit']`` or every row is done.
 
     ``state['tok']`` is the token at slot ``idx`` (already emitted), ``pos`` its position.
     One call covers one token-generation bucket (or one streaming chunk: the host sets
-    ``limit``), so the host only switches buckets or hands out chunks.
+    ``limit``), so the host only switches buckets or hands out chunks. ``replicated`` (a
+    sharding) gathers the vocabulary-sharded logits once per step under tensor parallelism,
+    so the sampler's vocabulary-wide ops need no other collectives.
     """
     limit = jnp.minimum(state["limit"], width)
 
@@ -111,6 +113,8 @@ def decode(cfg, width: int, params, cache, state):
         idx = st["idx"]
         h, cache = decoder.forward(cfg, params, cache, st["tok"][:, None], st["pos"][:, None], idx, width)
         logits = decoder.logits(cfg, params, h[:, 0])
+        if replicated is not None:
+            logits = lax.with_sharding_constraint(logits, replicated)
         st = emit(dict(st, pos=st["pos"] + 1, idx=idx + 1), logits, idx + 1)
         return cache, st
 

@@ -221,7 +221,8 @@ class CausalLMForSampling:
             return fn.lower(logits, state)
         _, w = key
         out = (self._shardings(cache), self._shardings(state))
-        fn = jax.jit(functools.partial(graphs.decode, self.cfg, w), donate_argnums=(1, 2), out_shardings=out)
+        decode = functools.partial(graphs.decode, self.cfg, w, replicated=rep)
+        fn = jax.jit(decode, donate_argnums=(1, 2), out_shardings=out)
         return fn.lower(p, cache, state)
 
     @staticmethod
