@@ -16,7 +16,6 @@ through the ordinary (full-batch) prefill graphs, still once, then the same gath
 from __future__ import annotations
 
 import functools
-import inspect
 
 import jax
 import numpy as np
@@ -42,21 +41,12 @@ def gather_rows(cache, src):
     return {"k": [take(a) for a in cache["k"]], "v": [take(a) for a in cache["v"]], "pos": take(cache["pos"])}
 
 
-def _prefill(cfg, width, *args):
-    """``graphs.prefill`` with or without its (older) selector argument."""
-    if "select" in inspect.signature(graphs.prefill).parameters:
-        from aotlm.sampling import GREEDY
-
-        return graphs.prefill(cfg, width, GREEDY, *args)
-    return graphs.prefill(cfg, width, *args)
-
-
 def prefill_rows(cfg, width, rows, params, cache, tokens, positions, start, last):
     """``graphs.prefill`` over the first ``rows`` cache rows only (``tokens [rows, C]``)."""
     sub = jax.tree.map(lambda a: a[:rows], cache)
-    *outs, sub = _prefill(cfg, width, params, sub, tokens, positions, start, last)
+    logits, sub = graphs.prefill(cfg, width, params, sub, tokens, positions, start, last)
     cache = jax.tree.map(lambda a, s: lax.dynamic_update_slice(a, s, (0,) * a.ndim), cache, sub)
-    return (*outs, cache)
+    return logits, cache
 
 
 def lower(model, key: tuple):
@@ -69,11 +59,10 @@ def lower(model, key: tuple):
     _, rows, c, w = key
     tok = jax.ShapeDtypeStruct((rows, c), np.int32, sharding=rep)
     scalar = jax.ShapeDtypeStruct((), np.int32, sharding=rep)
-    n_out = 1 if "select" not in inspect.signature(graphs.prefill).parameters else 2
     fn = jax.jit(
         functools.partial(prefill_rows, model.cfg, w, rows),
         donate_argnums=(1,),
-        out_shardings=(*([rep] * n_out), out_cache),
+        out_shardings=(rep, out_cache),
     )
     return fn.lower(p, cache, tok, tok, scalar, scalar)
 
