@@ -16,19 +16,11 @@ import os
 from pathlib import Path
 
 from aotlm import artifacts
+from aotlm.cli import MODEL_KEYS
 from aotlm.durable import atomic_write_bytes
 
 ARGS_FILE = "aotlm_args.json"
-ARG_KEYS = (
-    "batch_size",
-    "n_positions",
-    "context_length_estimate",
-    "tp_degree",
-    "gqa",
-    "amp",
-    "quant",
-    "fuse_qkv",
-)
+ARG_KEYS = MODEL_KEYS
 
 
 def model_args(model, quant=None) -> dict:

@@ -96,6 +96,19 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
     p.add_argument("--process-id", type=int, default=None, help="multi-host: this process's rank")
 
 
+# from_pretrained arguments the shape flags, --config files and saved artifacts carry
+MODEL_KEYS = (
+    "batch_size",
+    "n_positions",
+    "context_length_estimate",
+    "tp_degree",
+    "gqa",
+    "amp",
+    "quant",
+    "fuse_qkv",
+)
+
+
 def model_kwargs(args) -> dict:
     from aotlm import distributed
 
@@ -105,16 +118,7 @@ def model_kwargs(args) -> dict:
         from aotlm.resolve import resolve
 
         args.checkpoint = str(resolve(args.checkpoint))
-    keys = (
-        "batch_size",
-        "n_positions",
-        "context_length_estimate",
-        "tp_degree",
-        "gqa",
-        "amp",
-        "quant",
-        "fuse_qkv",
-    )
+    keys = MODEL_KEYS
     kw: dict = {}
     if args.config:
         try:

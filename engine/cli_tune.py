@@ -14,6 +14,7 @@ import sys
 
 from aotlm import lengths, tuning
 from aotlm import tuning_run as run
+from aotlm.tiny import cpu_model
 
 
 def _log(msg: str) -> None:
@@ -58,18 +59,6 @@ def register(sub) -> None:
     _common(p)
     p.add_argument("--bucket-config", default=None, help="buckets to use (default: powers of two)")
     p.set_defaults(fn=cmd_explore_batch)
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown CPU"
 
 
 def _limit(args) -> int:

@@ -81,3 +81,20 @@ GPT2_SMALL = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_
 def make_gpt2_small(path: str | os.PathLike = "/tmp/aotlm-bench/gpt2-small") -> Path:
     """A random-init GPT-2-small (124M) checkpoint for benchmarks (real size, random weights)."""
     return make_tiny_gpt2(path, **GPT2_SMALL)
+
+
+def cpu_model() -> str:
+    """CPU name, core count and the SIMD flags that matter for the kernels (printed by every benchmark)."""
+    import os
+    import platform
+
+    try:
+        info = open("/proc/cpuinfo").read().splitlines()
+    except OSError:
+        return f"{platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"
+    name = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "?")
+    flags = next((ln.split(":", 1)[1].split() for ln in info if ln.startswith("flags")), [])
+    simd = [
+        f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags
+    ]
+    return f"{name}, {os.cpu_count()} cores, {' '.join(simd)}"

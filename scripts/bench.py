@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from aotlm.tiny import cpu_model
+
 MODES = {  # aotlm mode -> from_pretrained kwargs
     "f32": {},
     "bf16": {"amp": "bf16"},
@@ -45,19 +47,6 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--work", default="/tmp/aotlm-bench", help="converted peer models, compile cache")
     ap.add_argument("--plot", default=None, help="PNG path: tokens/s vs batch per engine (matplotlib)")
     return ap.parse_args()
-
-
-def cpu_model() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "unknown CPU"
-    name = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "?")
-    flags = next((ln.split(":", 1)[1].split() for ln in info if ln.startswith("flags")), [])
-    simd = [
-        f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags
-    ]
-    return f"{name}, {os.cpu_count()} cores, {' '.join(simd)}"
 
 
 def read_bandwidth(gib: float = 0.5, runs: int = 7) -> float:

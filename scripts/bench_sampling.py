@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -21,22 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from aotlm.tiny import cpu_model
+
 ROOT = Path(__file__).resolve().parent.parent
 MODES = {
     "greedy": {},
     "top_p=0.9": {"do_sample": True, "top_p": 0.9, "top_k": 0, "seed": 1},
     "top_k=50": {"do_sample": True, "top_k": 50, "seed": 1},
 }
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def worker(args) -> None:
@@ -123,7 +114,7 @@ def main() -> None:
     from aotlm.tiny import make_gpt2_small
 
     args.checkpoint = args.checkpoint or str(make_gpt2_small())
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); GPT-2-small fp32, prompt 128, 128 new tokens")
+    print(f"CPU: {cpu_model()}; GPT-2-small fp32, prompt 128, 128 new tokens")
     with tempfile.TemporaryDirectory() as tmp:
         args.cache_dir = args.cache_dir or os.path.join(tmp, "cache")
         base = baseline_tree(args.baseline, tmp) if args.baseline else None

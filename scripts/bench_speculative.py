@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -23,17 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from aotlm.tiny import cpu_model
+
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def checkpoint(root: Path, name: str, **cfg) -> Path:
@@ -78,7 +69,7 @@ def main() -> None:
     kw = dict(n_positions=n_pos, context_length_estimate=args.prompt, compile_cache=str(root / "cache"))
     ids = np.random.default_rng(0).integers(0, 4096, (1, args.prompt))
     new = args.new
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); prompt {args.prompt}, {new} new tokens, fp32")
+    print(f"CPU: {cpu_model()}; prompt {args.prompt}, {new} new tokens, fp32")
     n_params = lambda p: sum(
         x.numel() for x in transformers.AutoModelForCausalLM.from_pretrained(p).parameters()
     )
