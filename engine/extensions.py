@@ -6,7 +6,7 @@ the modules here add their own kinds, all compiled and cached through ``model._e
 * ``aotlm.broadcast``: ``gather`` (copy KV-cache rows), ``bprefill`` (prefill of
   ``prompt_batch_size`` rows) for ``num_return_sequences`` and beam search;
 * ``aotlm.beam``: ``beam_init``, ``beam`` per token bucket;
-* ``aotlm.speculative``: ``spec_verify`` (target) and ``spec_draft`` (draft) per token bucket.
+* ``aotlm.speculative``: ``spec`` (target + draft rounds in one loop) per pair of bucket widths.
 
 Graphs a model was built for (``prompt_batch_size=``, ``num_beams=``,
 ``speculation_length=`` in ``from_pretrained``) are listed by ``graph_keys()`` and compiled
@@ -30,8 +30,7 @@ KINDS = {
     "bprefill": "broadcast",
     "beam_init": "beam",
     "beam": "beam",
-    "spec_verify": "speculative",
-    "spec_draft": "speculative",
+    "spec": "speculative",
 }
 
 
@@ -57,6 +56,7 @@ def configure(model, prompt_batch_size=None, num_beams: int = 1, speculation_len
     model.num_beams = num_beams
     model.speculation_length = speculation_length
     model._bcast = None
+    model._spec_drafts = {}  # draft tag -> draft model, for lowering the target's spec graphs
 
 
 def graph_keys(model) -> list[tuple]:
