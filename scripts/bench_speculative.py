@@ -65,7 +65,7 @@ def main() -> None:
     root = Path(args.dir)
     big = checkpoint(root, "target", n_embd=512, n_layer=8, n_head=8)
     small = checkpoint(root, "draft", n_embd=128, n_layer=2, n_head=4)
-    n_pos = 128
+    n_pos = max(128, args.prompt + args.new + args.k)
     kw = dict(n_positions=n_pos, context_length_estimate=args.prompt, compile_cache=str(root / "cache"))
     ids = np.random.default_rng(0).integers(0, 4096, (1, args.prompt))
     new = args.new

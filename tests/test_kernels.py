@@ -47,7 +47,7 @@ def _check(y, x, w, s, nt: bool, axes: int, xdt):
     assert err <= TOL[xdt], f"relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("wdt", [jnp.int8, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("wdt", [jnp.int8, jnp.bfloat16, jnp.float16, jnp.float32])
 @pytest.mark.parametrize("nt", [False, True], ids=["KxN", "NxK"])
 def test_kernel_matches_numpy_on_odd_shapes(wdt, nt):
     rng = np.random.default_rng(0)
@@ -129,7 +129,7 @@ def _sample(path, monkeypatch, on: bool, **kw):
     return m.forward(PROMPTS), m.sample(PROMPTS, max_new_tokens=16), any("aotlm_wmm" in t for t in texts), m
 
 
-@pytest.mark.parametrize("kw", [{"quant": "int8"}, {"amp": "bf16"}, {"quant": "int8", "amp": "bf16"}])
+@pytest.mark.parametrize("kw", [{}, {"quant": "int8"}, {"amp": "bf16"}, {"quant": "int8", "amp": "bf16"}])
 def test_forced_fallback_gives_identical_greedy_tokens(ckpt_dir, monkeypatch, kw):
     """The peaked checkpoint of test_weight_options (top-1 margins >= 20% of max|logit|)."""
     path = _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)

@@ -11,8 +11,10 @@ isolated build env (a second jaxlib download per build) and a ``-mavx2`` binary 
 installs on machines without a compiler or AVX2: here any failure only means the pure-JAX path.
 
 Used when: the default backend is CPU, the CPU has AVX2+FMA+F16C, the build succeeded and
-``AOTLM_KERNELS`` is not ``0``. Everything else (other backends, f32 weights, more than
-``MAX_ROWS`` rows) keeps XLA's dot.
+``AOTLM_KERNELS`` is not ``0``. f32 weights take the kernel only for 2..``MAX_ROWS`` rows
+(batched decode, the ``k + 1`` tokens a speculative check feeds), where XLA's GEMM read them
+at a third to a half of the kernel's rate; everything else (other backends, a 1-row f32 GEMV,
+more than ``MAX_ROWS`` rows) keeps XLA's dot.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ SOURCES = ("wmatmul.cc", "pool.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-shared", "-pthread")
 TARGETS = {"aotlm_wmm_nn": "AotlmWmmNN", "aotlm_wmm_nt": "AotlmWmmNT"}
 MAX_ROWS = 16  # more rows than this (prefill) stay on XLA's dot
+# f32 weights: XLA's own GEMV streams them well at 1 row, but runs 2..16 rows (batched decode,
+# the k+1 tokens of a speculative check) as a GEMM reading W 2-4x slower than the kernel does
+MIN_F32_ROWS = 2
 _DIR = Path(__file__).resolve().parent
 
 

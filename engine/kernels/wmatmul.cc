@@ -48,6 +48,11 @@ struct I8 {  // int8 weights: 8 lanes per vector
   }
   static float one(const T* p) { return float(*p); }
 };
+struct F32 {  // f32 weights: XLA:CPU runs a few-row f32 product as a GEMM that reads W ~2x slower
+  using T = float;
+  static __m256 load8(const T* p) { return _mm256_loadu_ps(p); }
+  static float one(const T* p) { return *p; }
+};
 struct BF16 {
   using T = uint16_t;
   static __m256 load8(const T* p) {
@@ -269,7 +274,8 @@ ffi::Error wmm(bool nt, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale
     case DataType::S8: run<I8>(nt, xf, w.untyped_data(), s, M, K, N, out); break;
     case DataType::BF16: run<BF16>(nt, xf, w.untyped_data(), s, M, K, N, out); break;
     case DataType::F16: run<F16>(nt, xf, w.untyped_data(), s, M, K, N, out); break;
-    default: return ffi::Error::InvalidArgument("aotlm_wmm: w must be int8, bf16 or f16");
+    case DataType::F32: run<F32>(nt, xf, w.untyped_data(), s, M, K, N, out); break;
+    default: return ffi::Error::InvalidArgument("aotlm_wmm: w must be int8, bf16, f16 or f32");
   }
   return ffi::Error::Success();
 }
