@@ -8,9 +8,10 @@ the modules here add their own kinds, all compiled and cached through ``model._e
 * ``aotlm.beam``: ``beam_init``, ``beam`` per token bucket;
 * ``aotlm.speculative``: ``spec`` (target + draft rounds in one loop) per pair of bucket widths.
 
-Graphs a model was built for (``prompt_batch_size=``, ``num_beams=``,
-``speculation_length=`` in ``from_pretrained``) are listed by ``graph_keys()`` and compiled
-by ``compile()``; other ones compile on first use (once; then cached on disk).
+Graphs a model was built for (``prompt_batch_size=``, ``num_beams=`` in ``from_pretrained``)
+are listed by ``graph_keys()`` and compiled by ``compile()``; the speculative ones depend on the
+draft, so ``SpeculativeGenerator.graph_keys()`` / ``compile()`` list and compile them; other ones
+compile on first use (once; then cached on disk).
 """
 
 from __future__ import annotations
