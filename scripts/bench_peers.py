@@ -74,6 +74,21 @@ def ctranslate2_runner(ckpt: Path, work: Path, quant: str, ids, new: int):
 
 
 # ------------------------------------------------------------------ llama.cpp
+def _gguf_source(ckpt: Path, work: Path) -> Path:
+    """The checkpoint as the converter reads it: its GPT-2 code wants the legacy ``n_ctx`` config
+    key, which transformers 5 no longer writes (a copy of config.json, the other files linked)."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    if cfg.get("model_type") != "gpt2" or "n_ctx" in cfg:
+        return ckpt
+    src = work / "gguf-src"
+    src.mkdir(parents=True, exist_ok=True)
+    for f in ckpt.iterdir():
+        if f.name != "config.json" and not (src / f.name).exists():
+            (src / f.name).symlink_to(f.resolve())
+    (src / "config.json").write_text(json.dumps(dict(cfg, n_ctx=cfg["n_positions"]), indent=2))
+    return src
+
+
 def gguf_path(ckpt: Path, work: Path, outtype: str) -> Path:
     """Convert with llama.cpp's ``convert_hf_to_gguf.py`` (shipped with llama-cpp-python's sources)."""
     out = work / f"model-{outtype}.gguf"
@@ -82,7 +97,17 @@ def gguf_path(ckpt: Path, work: Path, outtype: str) -> Path:
     script = os.environ.get("LLAMA_CPP_CONVERT")
     if not script or not Path(script).is_file():
         raise Skip("set LLAMA_CPP_CONVERT to llama.cpp's convert_hf_to_gguf.py to convert the checkpoint")
-    cmd = [sys.executable, script, str(ckpt), "--outfile", str(out), "--outtype", outtype]
+    src = _gguf_source(ckpt, work)
+    # the converter refuses a byte-level BPE whose pre-tokenizer hash it does not know (our written
+    # vocab); it is GPT-2's own pre-tokenization, so tell it so
+    wrapper = (
+        "import runpy, sys; sys.path.insert(0, sys.argv[1]); sys.argv = sys.argv[2:]\n"
+        "import conversion.base as b\n"
+        "b.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    args = [str(src), "--outfile", str(out), "--outtype", outtype]
+    cmd = [sys.executable, "-c", wrapper, str(Path(script).parent), script, *args]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         raise Skip(f"gguf conversion failed: {p.stderr.strip()[-300:]}")

@@ -24,6 +24,7 @@ from aotlm import sharding
 from aotlm.models import supported_model_types
 
 WORKER = str(Path(__file__).parent / "tpf_worker.py")
+pytestmark = pytest.mark.slow  # ~2.5 min on 2 cores; tests/test_tp.py covers tp in the default run
 
 
 @pytest.fixture(scope="module")
