@@ -85,7 +85,12 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
     p.add_argument("--tp-degree", type=int, default=None, help="tensor-parallel degree (default 1)")
     p.add_argument("--gqa", default=None, help="shard-over-heads | replicated-heads | shard-over-batch")
     p.add_argument("--amp", default=None, choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
-    p.add_argument("--quant", default=None, choices=["int8"], help="int8 weight storage (per-channel scales)")
+    p.add_argument(
+        "--quant",
+        default=None,
+        choices=["int8", "bf16"],
+        help="int8 (per-channel scales) or bf16 weight storage",
+    )
     p.add_argument("--fuse-qkv", action="store_true", default=None, help="one q/k/v and one gate/up matmul")
     p.add_argument(
         "--cache-dir", default=None, help="compile cache dir (default $AOTLM_CACHE_DIR or ./compile_cache)"

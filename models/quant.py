@@ -29,7 +29,7 @@ import numpy as np
 
 from aotlm.models.weights import CONTRACT_AXES, Path
 
-QUANT_DTYPES = ("s8", "int8")
+QUANT_DTYPES = ("s8", "int8", "bf16")
 
 # fused leaf -> (its parts in order, the axis of the new "part" axis in the fused array)
 FUSED = {
@@ -46,8 +46,10 @@ _PART_OF = {part: fused for fused, (parts, _) in FUSED.items() for part in parts
 class QuantizationConfig:
     """Weight quantization (transformers-neuronx ``QuantizationConfig`` subset).
 
-    ``quant_dtype``: storage dtype, ``"s8"`` (int8, symmetric, per output channel).
-    The dequant dtype is always the model's amp dtype. ``lm_head``: also quantize an untied
+    ``quant_dtype``: storage dtype, ``"s8"`` (int8, symmetric, per output channel) or ``"bf16"``
+    (weight-only bfloat16, no scales: half the bytes of f32, activations stay in the amp dtype,
+    as llama.cpp runs f16 weights with f32 activations). The dequant dtype is always the model's
+    amp dtype. ``lm_head``: also quantize an untied
     lm_head (a tied one is the embedding, which is never quantized).
     """
 
@@ -62,12 +64,19 @@ class QuantizationConfig:
 
 
 def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig | None:
-    """``None`` | ``"int8"`` / ``"s8"`` | a ``QuantizationConfig`` -> config (or None)."""
+    """``None`` | ``"int8"`` / ``"s8"`` / ``"bf16"`` | a ``QuantizationConfig`` -> config (or None)."""
     if quant is None or isinstance(quant, QuantizationConfig):
         return quant
     if isinstance(quant, str) and quant in QUANT_DTYPES:
         return QuantizationConfig(quant_dtype=quant)
-    raise ValueError(f"quant={quant!r} is not supported; use None, 'int8' or a QuantizationConfig")
+    raise ValueError(f"quant={quant!r} is not supported; use None, 'int8', 'bf16' or a QuantizationConfig")
+
+
+def to_bf16(w: np.ndarray) -> np.ndarray:
+    """Round to nearest even bfloat16 (``ml_dtypes``, as ``jnp.asarray(w, jnp.bfloat16)``)."""
+    import ml_dtypes
+
+    return np.asarray(w, np.float32).astype(ml_dtypes.bfloat16)
 
 
 def quantize_int8(w: np.ndarray, contract: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -155,10 +164,16 @@ class ParamRewriter:
 
     def _quantize(self, path: Path, arr: np.ndarray) -> list[tuple[Path, np.ndarray]]:
         name = path[-1]
+        bf16 = self.quant is not None and self.quant.quant_dtype == "bf16"
         if name == "embed" and self.quant is not None and self.quant.lm_head and self.embed_view:
-            q, scale = quantize_int8(arr, (1,))  # per vocab row: the logits' output channel
+            if bf16:  # the logits' view: bf16 rows, unit scales (the lookup keeps the amp dtype)
+                q, scale = to_bf16(arr), np.ones(arr.shape[0], np.float32)
+            else:
+                q, scale = quantize_int8(arr, (1,))  # per vocab row: the logits' output channel
             return [(path, arr), ((*path[:-1], "embed_q"), q), ((*path[:-1], "embed_q_scale"), scale)]
         if self.quant is None or name not in CONTRACT_AXES or (name == "lm_head" and not self.quant.lm_head):
             return [(path, arr)]
+        if bf16:
+            return [(path, to_bf16(arr))]
         q, scale = quantize_int8(arr, CONTRACT_AXES[name])
         return [(path, q), ((*path[:-1], f"{name}_scale"), scale)]

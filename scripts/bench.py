@@ -28,6 +28,7 @@ from aotlm.tiny import cpu_model
 MODES = {  # aotlm mode -> from_pretrained kwargs
     "f32": {},
     "bf16": {"amp": "bf16"},
+    "bf16w": {"quant": "bf16"},  # bf16 weights, f32 activations
     "int8": {"quant": "int8"},
     "int8+bf16": {"quant": "int8", "amp": "bf16"},
 }

@@ -39,11 +39,12 @@ from aotlm.models.weights import CONTRACT_AXES
 
 T = transformers
 V, N_POS, NEW = 101, 32, 16
-REL = {"bf16": 1e-2, "f16": 1.5e-3, "int8": 1e-2, "int8_bf16": 1.5e-2}
+REL = {"bf16": 1e-2, "f16": 1.5e-3, "bf16w": 1e-2, "int8": 1e-2, "int8_bf16": 1.5e-2}
 VARIANTS = {
     "f32": {},
     "bf16": {"amp": "bf16"},
     "f16": {"amp": "f16"},
+    "bf16w": {"quant": "bf16"},  # bf16 weights, f32 activations
     "int8": {"quant": "int8"},
     "int8_bf16": {"quant": "int8", "amp": "bf16"},
 }
@@ -151,7 +152,7 @@ def test_peaked_checkpoint_has_large_fp32_margins(peaked):
     assert len(set(tokens[0, PROMPTS.shape[1] :].tolist())) > 8  # a varied sequence, not a repeat
 
 
-@pytest.mark.parametrize("variant", ["bf16", "f16", "int8", "int8_bf16"])
+@pytest.mark.parametrize("variant", ["bf16", "f16", "bf16w", "int8", "int8_bf16"])
 def test_logits_error_bounded_and_greedy_tokens_agree(peaked, variant):
     _, runs = peaked
     ref_logits, ref_tokens, _ = runs["f32"]
@@ -166,7 +167,7 @@ def test_logits_error_bounded_and_greedy_tokens_agree(peaked, variant):
 def test_gpt2_logits_error_bounded(gpt2_path):
     """GPT-2 (layernorm, biases, gelu, tied embedding: lm_head not quantized): last-position logits."""
     ref = _run(gpt2_path, {}, tokens=False)[0]
-    for variant in ("bf16", "f16", "int8", "int8_bf16"):
+    for variant in ("bf16", "f16", "bf16w", "int8", "int8_bf16"):
         err = _rel(_run(gpt2_path, VARIANTS[variant], tokens=False)[0], ref)
         print(f"gpt2 {variant}: max|dz| / max|z32| = {err:.2e}")
         assert 0 < err <= REL[variant], f"gpt2 {variant}: logits error {err:.2e} of max|logit|"
@@ -193,6 +194,17 @@ def test_int8_weights_are_stored_as_int8(peaked):
         s.nbytes for p in [m8.params, *m8.params["layers"]] for k, s in p.items() if k.endswith("_scale")
     )
     assert scales < nbytes(m8.params) / 8  # one float per output channel
+
+
+def test_bf16_weights_are_stored_as_bf16_with_f32_activations(peaked):
+    _, runs = peaked
+    m32, mb = runs["f32"][2], runs["bf16w"][2]
+    for name, w in mb.params["layers"][0].items():
+        ref = m32.params["layers"][0][name]
+        want = jnp.bfloat16 if name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down") else ref.dtype
+        assert w.dtype == want, name
+    assert mb.params["embed"].dtype == np.float32 and mb.params["lm_head"].dtype == jnp.bfloat16
+    assert not {"wq_scale", "w_up_scale", "lm_head_scale"} & (set(mb.params["layers"][0]) | set(mb.params))
 
 
 def test_quantize_int8_is_per_output_channel_symmetric():
