@@ -115,13 +115,7 @@ def run_group(g: Group, todo: list[Record], opts: dict, sink: JsonlAppender) -> 
     log.info("loading model %s (dtype %s) for %d records", ckpt, amp, len(todo))
     try:
         model = AutoModelForSampling.from_pretrained(
-            ckpt,
-            batch_size=opts["batch_size"],
-            n_positions=g.n_positions,
-            context_length_estimate=opts.get("context_length_estimate"),
-            tp_degree=opts.get("tp_degree") or 1,
-            amp=amp,
-            compile_cache=opts.get("cache_dir"),
+            ckpt, compile_cache=opts.get("cache_dir"), **g.model_kwargs(opts)
         )
     except SOFT_ERRORS as e:
         msg = f"model {ckpt} could not be loaded: {type(e).__name__}: {e}"

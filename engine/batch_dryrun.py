@@ -36,16 +36,7 @@ def _comparable(fields: dict) -> str:
 
 def graph_status(g: Group, opts: dict) -> list[tuple[tuple, bool]]:
     """[(graph key, already in the compile cache)] for one group's model configuration."""
-    ckpt, amp, _ = g.key
-    m = _ShapeOnly(
-        ckpt,
-        batch_size=opts["batch_size"],
-        n_positions=g.n_positions,
-        context_length_estimate=opts.get("context_length_estimate"),
-        tp_degree=opts.get("tp_degree") or 1,
-        amp=amp,
-        compile_cache=opts.get("cache_dir"),
-    )
+    m = _ShapeOnly(g.key[0], compile_cache=opts.get("cache_dir"), **g.model_kwargs(opts))
     cache = CompileCache.create(opts.get("cache_dir"))
     have = set()
     for e in cache.entries():
@@ -72,14 +63,7 @@ def plan_rows(groups: list[Group], opts: dict, todo: dict) -> list[tuple]:
             graphs = f"{len(status) - cached} compile, {cached} cached"
         except Exception as e:  # the plan must not fail where the run would not
             status, graphs = [], f"unknown ({type(e).__name__})"
-        mem = plan_for_checkpoint(
-            ckpt,
-            batch_size=opts["batch_size"],
-            n_positions=g.n_positions,
-            context_length_estimate=opts.get("context_length_estimate"),
-            tp_degree=opts.get("tp_degree") or 1,
-            amp=amp,
-        )
+        mem = plan_for_checkpoint(ckpt, **g.model_kwargs(opts))
         n = todo[id(g)]
         buckets = sorted({"x".join(map(str, key[1:])) for key, _ in status if key[0] == "decode"})
         ctx = sorted({key[1] for key, _ in status if key[0] == "prefill"})

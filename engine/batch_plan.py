@@ -88,6 +88,16 @@ class Group:
     max_positions: int | None = None
     n_positions: int | list[int] | None = None
 
+    def model_kwargs(self, opts: dict) -> dict:
+        """``from_pretrained`` arguments for this group's model (checkpoint and amp from the key)."""
+        return dict(
+            batch_size=opts["batch_size"],
+            n_positions=self.n_positions,
+            context_length_estimate=opts.get("context_length_estimate"),
+            tp_degree=opts.get("tp_degree") or 1,
+            amp=self.key[1],
+        )
+
 
 def merged_generation(defaults: dict, block, where: str) -> dict:
     if block is None:

@@ -61,12 +61,12 @@ def configure(model, prompt_batch_size=None, num_beams: int = 1, speculation_len
 
 
 def graph_keys(model) -> list[tuple]:
-    from aotlm import beam, broadcast, speculative
+    from aotlm import beam, broadcast
 
     keys = []
     if model.prompt_batch_size or model.num_beams > 1:
         keys += broadcast.graph_keys(model)
-    return keys + beam.graph_keys(model) + speculative.graph_keys(model)
+    return keys + beam.graph_keys(model)  # speculative graphs depend on the draft: SpeculativeGenerator
 
 
 def lower(model, key: tuple):

@@ -23,11 +23,6 @@ from aotlm import spec_graphs as sg
 SP_KEYS = sg.SP_KEYS
 
 
-def graph_keys(model) -> list[tuple]:
-    """None without a draft: the speculative graphs depend on the draft (``SpeculativeGenerator``)."""
-    return []
-
-
 def lower(model, key: tuple):
     draft = model._spec_drafts.get(key[4])
     if draft is None:
@@ -156,12 +151,12 @@ class SpeculativeGenerator:
     def _generate(
         self, input_ids, max_new_tokens, sequence_length, attention_mask, start_ids, eos_token_id, pad, skw
     ):
-        from aotlm.beam import new_tokens
-
         t, d, k = self.target, self.draft, self.k
         ids, mask, n = t._prepare(input_ids, attention_mask, start_ids)
         b, plen = ids.shape
-        new = new_tokens(t, plen, max_new_tokens, sequence_length)
+        budget = np.zeros(b, np.int32)  # per row; padding rows are done at once
+        budget[:n] = t._n_new(plen, n, max_new_tokens, sequence_length)
+        new = int(budget.max())
         s = min(t.n_positions, d.n_positions)
         if plen + new + k - 1 > s:
             raise ValueError(
@@ -173,13 +168,6 @@ class SpeculativeGenerator:
         pad = pad if pad is not None else (int(eos[0]) if eos[0] >= 0 else 0)
         cfg = params.GenerationConfig(**skw)
         sp = {key: v for key, v in generation.sampling_params(cfg, n, b).items() if key in SP_KEYS}
-        budget = np.zeros(b, np.int32)
-        budget[:n] = t._n_new(
-            plen,
-            n,
-            new if max_new_tokens is None and sequence_length is None else max_new_tokens,
-            sequence_length,
-        )
         logits, positions = t._encode(ids, mask)
         d._encode(ids, mask)
         # the first token: the target's own select graph (same token as target.sample, same seed)
