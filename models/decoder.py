@@ -106,9 +106,8 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
     ck, cv = kv
     (m_old, m_new), (b_old, b_new) = mask, alibi_bias or (None, None)
     segments = [(jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1)), m_new, b_new)]
-    if m_old is not None:
-        width = m_old.shape[-1]
-        segments.insert(0, (ck[:, :, :width], cv[..., :width], m_old, b_old))
+    if m_old is not None:  # the whole cache: attend reads its first m_old.shape[-1] slots
+        segments.insert(0, (ck, cv, m_old, b_old))
     o = L.attend(q, segments, cfg.scale, cfg.attn_softcap)
     # Make the cache write depend on the attention output so that it is scheduled after the
     # cache read: otherwise XLA may write first and must then copy the whole cache layer every

@@ -163,19 +163,30 @@ def attention_mask(kv_pos, positions, write_idx, width: int, sliding_window: int
 def attend(q, segments, scale: float, softcap: float | None = None):
     """Grouped-query attention of ``q [B,T,H,Dh]`` over key/value segments, one softmax.
 
-    Each segment is ``(keys [B,K,W,Dh], values [B,K,Dh,W], mask [B,T,W], bias | None)``
-    with ``bias`` (ALiBi) ``[B,H,1|T,W]``. Attending to the old cache and to the call's
-    own new keys as two segments means the cache is only written, never read back, in the
-    same step, so XLA updates it in place (reading the updated cache made it copy the
-    cache every step). Scores and softmax run in float32.
+    Each segment is ``(keys [B,K,S,Dh], values [B,K,Dh,S], mask [B,T,W], bias | None)``
+    with ``bias`` (ALiBi) ``[B,H,1|T,W]``; only the first ``W <= S`` slots are attended (the
+    cache is passed whole). Attending to the old cache and to the call's own new keys as two
+    segments means the cache is only written, never read back, in the same step, so XLA
+    updates it in place (reading the updated cache made it copy the cache every step). Scores
+    and softmax run in float32. Few query tokens on one CPU device take the ``bdot`` kernel
+    (``aotlm.kernels``), which reads the cache slots in place; otherwise XLA's einsum.
     """
     b, t, h, dh = q.shape
     k_heads = segments[0][0].shape[1]
     g = h // k_heads
     qg = q.reshape(b, t, k_heads, g, dh)
+    fast = kernels.attention_ok(t)
+    if fast:  # [B*K, G*T, Dh] rows for the kernel (a reshape when t == 1)
+        qk = jnp.transpose(qg, (0, 2, 3, 1, 4)).reshape(b * k_heads, g * t, dh)
     scores = []
     for keys, _, mask, bias in segments:
-        s = jnp.einsum("btkgd,bksd->bkgts", qg, keys, preferred_element_type=jnp.float32) * scale
+        w = mask.shape[-1]
+        if fast:
+            s = kernels.bdot(qk, keys.reshape(b * k_heads, keys.shape[2], dh), w)
+            s = s.reshape(b, k_heads, g, t, w) * scale
+        else:
+            s = jnp.einsum("btkgd,bksd->bkgts", qg, keys[:, :, :w], preferred_element_type=jnp.float32)
+            s = s * scale
         if softcap is not None:
             s = jnp.tanh(s / softcap) * softcap
         if bias is not None:
@@ -185,8 +196,13 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     o, start = 0.0, 0
     for (_, values, _, _), s in zip(segments, scores, strict=True):
         w = s.shape[-1]
-        pw = p[..., start : start + w].astype(values.dtype)
-        o = o + jnp.einsum("bkgts,bkds->btkgd", pw, values, preferred_element_type=jnp.float32)
+        if fast:
+            pw = p[..., start : start + w].reshape(b * k_heads, g * t, w)
+            ov = kernels.bdot(pw, values.reshape(b * k_heads, dh, values.shape[-1]), dh)
+            o = o + jnp.transpose(ov.reshape(b, k_heads, g, t, dh), (0, 3, 1, 2, 4))
+        else:
+            pw = p[..., start : start + w].astype(values.dtype)
+            o = o + jnp.einsum("bkgts,bkds->btkgd", pw, values[..., :w], preferred_element_type=jnp.float32)
         start += w
     return o.reshape(b, t, h, dh).astype(q.dtype)
 

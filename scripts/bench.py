@@ -25,7 +25,7 @@ from pathlib import Path
 
 from aotlm.tiny import cpu_model
 
-MODES = {  # aotlm mode -> from_pretrained kwargs
+MODES = {  # aotlm mode -> from_pretrained kwargs (every mode also gets fuse_qkv=True, see aotlm_engine)
     "f32": {},
     "bf16": {"amp": "bf16"},
     "bf16w": {"quant": "bf16"},  # bf16 weights, f32 activations
@@ -86,6 +86,7 @@ def aotlm_engine(path, b: int, mode: str, args, ids):
         context_length_estimate=args.prompt,
         tp_degree=args.tp,
         compile_cache=str(Path(args.work) / "compile_cache"),
+        fuse_qkv=True,  # one q/k/v matmul per layer instead of three (transformers-neuronx's option)
         **MODES[mode],
     ).compile()
     gen = lambda: model.sample(ids, max_new_tokens=args.new)

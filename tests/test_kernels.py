@@ -25,6 +25,9 @@ from aotlm import AutoModelForSampling, kernels
 pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="aotlm kernels unavailable on this machine")
 HERE = Path(__file__).parent
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 8e-3, jnp.float16: 1e-3}  # relative to max|y|
+# int8 weights: the kernel rounds each row of x to int16 (step max|x| / 32767) for integer dot
+# products, measured <= 2.5e-5 of max|y| on these shapes
+TOL_INT8 = 1e-4
 
 
 def _weights(rng, shape, wdt):
@@ -44,7 +47,8 @@ def _check(y, x, w, s, nt: bool, axes: int, xdt):
     got = np.asarray(y, np.float64).reshape(ref.shape)
     assert y.dtype == xdt
     err = np.abs(got - ref).max() / np.abs(ref).max()
-    assert err <= TOL[xdt], f"relative error {err:.2e}"
+    tol = max(TOL[xdt], TOL_INT8) if np.asarray(w).dtype == np.int8 else TOL[xdt]
+    assert err <= tol, f"relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("wdt", [jnp.int8, jnp.bfloat16, jnp.float16, jnp.float32])
@@ -97,7 +101,8 @@ def test_kernel_inside_while_loop_and_layers_dense():
     ref = x.astype(np.float64)
     for _ in range(3):
         ref = np.tanh(ref @ (w.astype(np.float64) * s))
-    np.testing.assert_allclose(np.asarray(compiled(x)), ref, rtol=1e-4, atol=1e-5)
+    # atol: x is rounded to int16 per row for the int8 dot products (step max|x| / 32767)
+    np.testing.assert_allclose(np.asarray(compiled(x)), ref, rtol=1e-4, atol=1e-4)
 
 
 def test_tensor_parallel_shards_in_subprocess(tmp_path):
@@ -115,7 +120,36 @@ def test_tensor_parallel_shards_in_subprocess(tmp_path):
     assert out["devices"] == 2
     for case, (err, in_hlo) in out["cases"].items():
         assert in_hlo, f"{case}: no kernel call in the compiled graph"
-        assert err <= 1e-5, f"{case}: relative error {err:.2e}"
+        assert err <= TOL_INT8, f"{case}: relative error {err:.2e}"  # int8 weights
+
+
+@pytest.mark.parametrize("bdt", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_attention_bdot_matches_numpy_and_reads_only_the_leading_block(bdt):
+    """``bdot``: a [I, M, L] . b[:, :n, :L]^T with b a bigger (cache-like) array, odd sizes."""
+    rng = np.random.default_rng(3)
+    f = jax.jit(kernels.bdot, static_argnames=("n",))
+    shapes = [(1, 1, 64, 256, 64, 130), (3, 5, 9, 11, 13, 7), (24, 2, 37, 40, 37, 40), (2, 1, 1, 3, 1, 1)]
+    for i, m, ll, nb, lb, n in shapes:
+        for adt in (jnp.float32, jnp.bfloat16):
+            a = jnp.asarray(rng.standard_normal((i, m, ll)), adt)
+            b = np.array(jnp.asarray(rng.standard_normal((i, nb, lb)), bdt))
+            b[:, n:] = np.nan  # slots past n and columns past L must never be read
+            b[:, :, ll:] = np.nan
+            c = f(a, jnp.asarray(b), n=n)
+            ref = np.einsum("iml,inl->imn", np.asarray(a, np.float64), np.asarray(b[:, :n, :ll], np.float64))
+            assert c.shape == (i, m, n) and c.dtype == jnp.float32
+            got = np.asarray(c, np.float64)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_decode_graphs_attend_with_the_kernel(llama_path, monkeypatch):
+    """Decode graphs call ``aotlm_bdot`` (prefill keeps XLA's einsum); tokens equal the fallback's."""
+    _, tok_on, _, m = _sample(llama_path, monkeypatch, True)
+    texts = {k: exe.as_text() for k, exe in m._executables.items()}
+    assert any("aotlm_bdot" in t for t in texts.values())
+    assert all("aotlm_bdot" not in t for k, t in texts.items() if "prefill" in str(k) and "32" in str(k))
+    _, tok_off, _, _ = _sample(llama_path, monkeypatch, False)
+    np.testing.assert_array_equal(tok_on, tok_off)
 
 
 # ------------------------------------------------------------------ model level

@@ -1,8 +1,10 @@
-"""CPU matmul kernels for low-precision weights (bf16 / f16 / int8 + scale), behind ``jax.ffi``.
+"""CPU kernels behind ``jax.ffi``: low-precision-weight matmuls and decode attention dots.
 
 XLA:CPU converts a whole bf16 / int8 weight matrix before a GEMV (1-2 GB/s of weights), so
 decode with such weights was slower than f32. ``wmatmul.cc`` streams the stored bytes once per
-call, converts them in registers and splits the output columns over every core.
+call, converts them in registers (int8: integer dot products with x rounded to int16 per row,
+``int8.h``) and splits the work over every core. ``bdot.h``: decode attention's batched small
+products, which XLA:CPU ran at ~2 GFLOP/s, computed over the KV cache in place.
 
 Build: compiled on first use with the system ``g++`` into ``$AOTLM_KERNEL_CACHE`` (default
 ``~/.cache/aotlm/kernels/<hash>/``), the hash covering the sources, flags, compiler and jaxlib.
@@ -30,9 +32,9 @@ from pathlib import Path
 
 import jax
 
-SOURCES = ("wmatmul.cc", "pool.h")
+SOURCES = ("wmatmul.cc", "int8.h", "bdot.h", "pool.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-shared", "-pthread")
-TARGETS = {"aotlm_wmm_nn": "AotlmWmmNN", "aotlm_wmm_nt": "AotlmWmmNT"}
+TARGETS = {"aotlm_wmm_nn": "AotlmWmmNN", "aotlm_wmm_nt": "AotlmWmmNT", "aotlm_bdot": "AotlmBdot"}
 MAX_ROWS = 16  # more rows than this (prefill) stay on XLA's dot
 # f32 weights: XLA's own GEMV streams them well at 1 row, but runs 2..16 rows (batched decode,
 # the k+1 tokens of a speculative check) as a GEMM reading W 2-4x slower than the kernel does
@@ -121,6 +123,16 @@ def threads() -> int:
     return int(lib.aotlm_kernels_threads()) if lib is not None else 0
 
 
-from aotlm.kernels.ops import matmul, mesh_context, supported  # noqa: E402
+from aotlm.kernels.ops import attention_ok, bdot, matmul, mesh_context, supported  # noqa: E402
 
-__all__ = ["cache_tag", "enabled", "ensure_registered", "matmul", "mesh_context", "supported", "threads"]
+__all__ = [
+    "attention_ok",
+    "bdot",
+    "cache_tag",
+    "enabled",
+    "ensure_registered",
+    "matmul",
+    "mesh_context",
+    "supported",
+    "threads",
+]

@@ -95,3 +95,25 @@ def matmul(x, w, scale=None, axes: int = 1, name: str | None = None, nt: bool = 
     return jax.shard_map(local, mesh=mesh, in_specs=(x_spec, P(*wspec), s_spec), out_specs=out_spec)(
         x, w, scale
     )
+
+
+def attention_ok(t: int) -> bool:
+    """Static check: can decode attention with ``t`` query tokens use ``bdot`` in this trace?
+
+    Only on one device (under tensor parallelism XLA's einsum keeps its own partitioning) and
+    for few query tokens (decode steps, speculative checks); prefill stays on XLA's dot.
+    """
+    if not 1 <= t <= kernels.MAX_ROWS or not kernels.enabled():
+        return False
+    ctx = getattr(_ctx, "value", None)
+    return ctx is None or ctx[0].size == 1
+
+
+def bdot(a, b, n: int):
+    """``c[i, m, j] = sum_l a[i, m, l] * b[i, j, l]`` for ``j < n``, ``l < a.shape[2]`` (f32).
+
+    ``b [I, NB >= n, LB >= L]`` may be a whole KV cache: only its leading block is read.
+    """
+    kernels.ensure_registered()
+    out = jax.ShapeDtypeStruct((a.shape[0], a.shape[1], n), jnp.float32)
+    return jax.ffi.ffi_call("aotlm_bdot", out)(a, b)

@@ -3,12 +3,13 @@
 //   aotlm_wmm_nn:  y[M,N] = x[M,K] @ W[K,N]      (dense weights, row-major [in, out])
 //   aotlm_wmm_nt:  y[M,N] = x[M,K] @ W[N,K]^T    (embedding rows: tied lm_head)
 //
-// W is bf16, f16 or int8 (then times a per-output-channel f32 scale); x and y are f32, bf16
-// or f16 (y has x's dtype); products accumulate in f32. Why: XLA:CPU converts a whole
+// W is bf16, f16, f32 or int8 (then times a per-output-channel f32 scale); x and y are f32,
+// bf16 or f16 (y has x's dtype); products accumulate in f32. Why: XLA:CPU converts a whole
 // low-precision matrix before a GEMV (1-2 GB/s), so decode with bf16/int8 weights was slower
 // than f32. Here every weight byte is read once per call, converted in registers (AVX2 +
-// FMA + F16C) and used for all M rows, with the output columns split over a thread pool
-// (all cores by default). Built on first use by aotlm.kernels (g++ -O3 -mavx2 -mfma -mf16c).
+// FMA + F16C) and used for all M rows, with the work split over a thread pool (all cores by
+// default). int8 weights take integer dot products instead (int8.h: x rounded to int16 per
+// row). Built on first use by aotlm.kernels (g++ -O3 -mavx2 -mfma -mf16c).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <vector>
 
+#include "int8.h"
 #include "pool.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -41,13 +43,6 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even (NaN stays NaN)
 inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 inline uint16_t f32_to_f16(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 
-struct I8 {  // int8 weights: 8 lanes per vector
-  using T = int8_t;
-  static __m256 load8(const T* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  }
-  static float one(const T* p) { return float(*p); }
-};
 struct F32 {  // f32 weights: XLA:CPU runs a few-row f32 product as a GEMM that reads W ~2x slower
   using T = float;
   static __m256 load8(const T* p) { return _mm256_loadu_ps(p); }
@@ -217,6 +212,8 @@ void nt_block(int mr, const float* x, const typename W::T* w, const float* scale
   }
 }
 
+#include "bdot.h"  // batched attention dots: uses the element types and hsum above
+
 // ------------------------------------------------------------------ driver
 // x as f32 (converted once, shared read-only by the workers).
 const float* x_f32(const ffi::AnyBuffer& x, int64_t n, std::vector<float>& tmp) {
@@ -251,6 +248,67 @@ void run(bool nt, const float* x, const void* wraw, const float* scale, int64_t 
   });
 }
 
+// int8 weights (int8.h): x rounded to int16 per row, integer dot products, then * sx * scale.
+void run_i8(bool nt, const float* x, const int8_t* w, const float* scale, int64_t M, int64_t K, int64_t N,
+            const Out& out) {
+  const int64_t Kp = (K + 16) / 16 * 16;  // >= K + 1: the pair (k, k+1) at an odd K reads a zero
+  std::vector<int16_t> xq(M * Kp);
+  std::vector<float> sx(M);
+  aotlm_i8::quantize_rows(x, M, K, Kp, xq.data(), sx.data());
+  const int64_t threads = aotlm::pool_size();
+  auto put = [&](int64_t m, int64_t n, float v) {
+    v *= sx[m] * (scale ? scale[n] : 1.f);
+    out.put(m * N + n, &v, 1);
+  };
+  if (nt) {  // rows of W split over threads, ~4 chunks each
+    const int64_t chunk = std::max<int64_t>(8, (N + 4 * threads - 1) / (4 * threads) / 8 * 8);
+    aotlm::parallel_for(int((N + chunk - 1) / chunk), [&](int c) {
+      const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const int16_t* xm = xq.data() + m0 * Kp;
+        auto emit = [&](int m, int64_t n, float v) { put(m0 + m, n, v); };
+        switch (std::min<int64_t>(4, M - m0)) {  // MR * NR accumulators + MR x + 1 w <= 16
+          case 1: aotlm_i8::nk_rows<1, 8>(xm, Kp, w, K, n0, n1, emit); break;
+          case 2: aotlm_i8::nk_rows<2, 4>(xm, Kp, w, K, n0, n1, emit); break;
+          case 3: aotlm_i8::nk_rows<3, 3>(xm, Kp, w, K, n0, n1, emit); break;
+          default: aotlm_i8::nk_rows<4, 2>(xm, Kp, w, K, n0, n1, emit); break;
+        }
+      }
+    });
+    return;
+  }
+  if (M == 1) {  // split K: each part streams its rows of W; the N partial sums are added at the end
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(2 * threads, K / 64));
+    const int64_t step = (K / parts + 1) / 2 * 2;  // even: a part never splits a pair of rows
+    std::vector<float> part(parts * N, 0.f);
+    aotlm::parallel_for(int(parts), [&](int c) {
+      const int64_t k0 = c * step, k1 = c == parts - 1 ? K : std::min(K, k0 + step);
+      thread_local std::vector<int32_t> acc;
+      if (int64_t(acc.size()) < N) acc.resize(N);
+      if (k0 < k1) aotlm_i8::kn_row_stream(xq.data(), w, N, k0, k1, part.data() + c * N, acc.data());
+    });
+    std::vector<float> y(N);
+    for (int64_t n = 0; n < N; ++n) {
+      float v = 0.f;
+      for (int64_t c = 0; c < parts; ++c) v += part[c * N + n];
+      y[n] = v * sx[0] * (scale ? scale[n] : 1.f);
+    }
+    out.put(0, y.data(), int(N));
+    return;
+  }
+  // several rows: column chunks (multiples of 64 columns, <= 1024 so the partial sums stay in L1/L2)
+  int64_t chunk = (N + 4 * threads - 1) / (4 * threads);
+  chunk = std::min<int64_t>(1024, std::max<int64_t>(64, (chunk + 63) / 64 * 64));
+  aotlm::parallel_for(int((N + chunk - 1) / chunk), [&](int c) {
+    const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk), ld = n1 - n0;
+    thread_local std::vector<float> buf;
+    buf.assign(M * ld, 0.f);
+    aotlm_i8::kn_rows(xq.data(), Kp, M, w, K, N, n0, n1, buf.data());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = n0; n < n1; ++n) put(m, n, buf[m * ld + (n - n0)]);
+  });
+}
+
 ffi::Error wmm(bool nt, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                ffi::Result<ffi::AnyBuffer> y) {
   auto xd = x.dimensions(), wd = w.dimensions();
@@ -271,7 +329,7 @@ ffi::Error wmm(bool nt, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale
   const float* xf = x_f32(x, M * K, tmp);
   Out out{y->untyped_data(), xt};
   switch (w.element_type()) {
-    case DataType::S8: run<I8>(nt, xf, w.untyped_data(), s, M, K, N, out); break;
+    case DataType::S8: run_i8(nt, xf, static_cast<const int8_t*>(w.untyped_data()), s, M, K, N, out); break;
     case DataType::BF16: run<BF16>(nt, xf, w.untyped_data(), s, M, K, N, out); break;
     case DataType::F16: run<F16>(nt, xf, w.untyped_data(), s, M, K, N, out); break;
     case DataType::F32: run<F32>(nt, xf, w.untyped_data(), s, M, K, N, out); break;
@@ -287,6 +345,29 @@ ffi::Error wmm_nt(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer s, ffi::Res
   return wmm(true, x, w, s, y);
 }
 
+
+ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> c) {
+  auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
+  if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
+    return ffi::Error::InvalidArgument("aotlm_bdot: a, b and c must be 3-D");
+  const int64_t I = ad[0], M = ad[1], L = ad[2], NB = bd[1], LB = bd[2], N = cd[2];
+  if (bd[0] != I || cd[0] != I || cd[1] != M || N > NB || L > LB)
+    return ffi::Error::InvalidArgument("aotlm_bdot: shapes do not match");
+  if (c->element_type() != DataType::F32) return ffi::Error::InvalidArgument("aotlm_bdot: c must be f32");
+  const DataType at = a.element_type();
+  if (at != DataType::F32 && at != DataType::BF16 && at != DataType::F16)
+    return ffi::Error::InvalidArgument("aotlm_bdot: a must be f32, bf16 or f16");
+  std::vector<float> tmp;
+  const float* af = x_f32(a, I * M * L, tmp);
+  float* cf = static_cast<float*>(c->untyped_data());
+  switch (b.element_type()) {
+    case DataType::F32: aotlm_bd::run<F32>(af, b.untyped_data(), cf, I, M, L, NB, LB, N); break;
+    case DataType::BF16: aotlm_bd::run<BF16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N); break;
+    case DataType::F16: aotlm_bd::run<F16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N); break;
+    default: return ffi::Error::InvalidArgument("aotlm_bdot: b must be f32, bf16 or f16");
+  }
+  return ffi::Error::Success();
+}
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmNN, wmm_nn,
@@ -301,6 +382,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmNT, wmm_nt,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmBdot, bdot,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
 extern "C" int aotlm_kernels_cpu_ok() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
