@@ -105,9 +105,9 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
         k = L.apply_rotary(k, positions, cfg.inv_freq, cfg.rope_interleaved)
     ck, cv = kv
     (m_old, m_new), (b_old, b_new) = mask, alibi_bias or (None, None)
-    segments = [(jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1)), m_new, b_new)]
+    segments = [(jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1)), m_new, b_new, None)]
     if m_old is not None:  # the whole cache: attend reads its first m_old.shape[-1] slots
-        segments.insert(0, (ck, cv, m_old, b_old))
+        segments.insert(0, (ck, cv, m_old, b_old, write_idx))  # slots >= write_idx are masked
     o = L.attend(q, segments, cfg.scale, cfg.attn_softcap)
     # Make the cache write depend on the attention output so that it is scheduled after the
     # cache read: otherwise XLA may write first and must then copy the whole cache layer every

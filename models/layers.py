@@ -163,11 +163,13 @@ def attention_mask(kv_pos, positions, write_idx, width: int, sliding_window: int
 def attend(q, segments, scale: float, softcap: float | None = None):
     """Grouped-query attention of ``q [B,T,H,Dh]`` over key/value segments, one softmax.
 
-    Each segment is ``(keys [B,K,S,Dh], values [B,K,Dh,S], mask [B,T,W], bias | None)``
+    Each segment is ``(keys [B,K,S,Dh], values [B,K,Dh,S], mask [B,T,W], bias | None, limit)``
     with ``bias`` (ALiBi) ``[B,H,1|T,W]``; only the first ``W <= S`` slots are attended (the
-    cache is passed whole). Attending to the old cache and to the call's own new keys as two
-    segments means the cache is only written, never read back, in the same step, so XLA
-    updates it in place (reading the updated cache made it copy the cache every step). Scores
+    cache is passed whole), and ``limit`` (traced slot count or None) says that no slot at or
+    past it is visible to any row, so the kernel path skips them. Attending to the old cache
+    and to the call's own new keys as two segments means the cache is only written, never read
+    back, in the same step, so XLA updates it in place (reading the updated cache made it copy
+    the cache every step). Scores
     and softmax run in float32. Few query tokens on one CPU device take the ``bdot`` kernel
     (``aotlm.kernels``), which reads the cache slots in place; otherwise XLA's einsum.
     """
@@ -179,10 +181,10 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     if fast:  # [B*K, G*T, Dh] rows for the kernel (a reshape when t == 1)
         qk = jnp.transpose(qg, (0, 2, 3, 1, 4)).reshape(b * k_heads, g * t, dh)
     scores = []
-    for keys, _, mask, bias in segments:
+    for keys, _, mask, bias, limit in segments:
         w = mask.shape[-1]
         if fast:
-            s = kernels.bdot(qk, keys.reshape(b * k_heads, keys.shape[2], dh), w)
+            s = kernels.bdot(qk, keys.reshape(b * k_heads, keys.shape[2], dh), w, n_limit=limit)
             s = s.reshape(b, k_heads, g, t, w) * scale
         else:
             s = jnp.einsum("btkgd,bksd->bkgts", qg, keys[:, :, :w], preferred_element_type=jnp.float32)
@@ -194,11 +196,11 @@ def attend(q, segments, scale: float, softcap: float | None = None):
         scores.append(jnp.where(mask[:, None, None], s, NEG_INF))
     p = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
     o, start = 0.0, 0
-    for (_, values, _, _), s in zip(segments, scores, strict=True):
+    for (_, values, _, _, limit), s in zip(segments, scores, strict=True):
         w = s.shape[-1]
         if fast:
             pw = p[..., start : start + w].reshape(b * k_heads, g * t, w)
-            ov = kernels.bdot(pw, values.reshape(b * k_heads, dh, values.shape[-1]), dh)
+            ov = kernels.bdot(pw, values.reshape(b * k_heads, dh, values.shape[-1]), dh, l_limit=limit)
             o = o + jnp.transpose(ov.reshape(b, k_heads, g, t, dh), (0, 3, 1, 2, 4))
         else:
             pw = p[..., start : start + w].astype(values.dtype)

@@ -140,6 +140,23 @@ def test_attention_bdot_matches_numpy_and_reads_only_the_leading_block(bdt):
             assert c.shape == (i, m, n) and c.dtype == jnp.float32
             got = np.asarray(c, np.float64)
             np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+            # traced limits: rows j >= n_limit give 0, columns l >= l_limit are never read
+            nl, lc = max(1, n // 2), max(1, ll // 3)
+            b2 = b.copy()
+            b2[:, nl:] = np.nan
+            c2 = jax.jit(kernels.bdot, static_argnames=("n",))(a, jnp.asarray(b2), n=n, n_limit=nl)
+            want = ref.copy()
+            want[:, :, nl:] = 0
+            np.testing.assert_allclose(
+                np.asarray(c2, np.float64), want, rtol=1e-5, atol=1e-5 * np.abs(ref).max()
+            )
+            b3 = b.copy()
+            b3[:, :, lc:] = np.nan
+            c3 = f(a, jnp.asarray(b3), n=n, l_limit=jnp.int32(lc))
+            a64, b64 = np.asarray(a, np.float64)[..., :lc], np.asarray(b[:, :n, :lc], np.float64)
+            np.testing.assert_allclose(
+                np.asarray(c3, np.float64), np.einsum("iml,inl->imn", a64, b64), rtol=1e-5, atol=1e-4
+            )
 
 
 def test_decode_graphs_attend_with_the_kernel(llama_path, monkeypatch):

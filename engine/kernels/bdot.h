@@ -1,7 +1,10 @@
 // Batched attention dots for decode (included by wmatmul.cc after the element types).
 //
-//   aotlm_bdot:  c[i, m, n] = sum_{l < L} a[i, m, l] * b[i, n, l]     (f32 out)
-//   a [I, M, L]  (queries, or softmax weights), b [I, NB, LB] with NB >= N, LB >= L.
+//   aotlm_bdot:  c[i, m, n] = sum_{l < L'} a[i, m, l] * b[i, n, l]   for n < N', else 0 (f32 out)
+//   a [I, M, L]  (queries, or softmax weights), b [I, NB, LB] with NB >= N, LB >= L,
+//   lim int32 [2]: N' = min(N, lim[0]), L' = min(L, lim[1]) -- the cache slots written so far
+//   (traced), so a decode step reads the slots it can see, not the whole bucket: the scores of
+//   later slots are masked and their softmax weights are exactly 0.
 //
 // Why: XLA:CPU ran decode attention's two einsums (one [G*T, Dh] x [Dh, W] product per batch
 // row and kv head) at ~2 GFLOP/s -- 0.8 ms per dot at batch 8, 40% of a decode step -- and
@@ -13,9 +16,9 @@ namespace aotlm_bd {
 
 // rows [n0, n1) of b for every row of a (already f32) in batch item i.
 template <class W, int NR>
-inline void rows(const float* a, int64_t M, int64_t L, const typename W::T* b, int64_t LB, int64_t n, float* c,
-                 int64_t N) {
-  const int64_t lv = L / 8 * 8;
+inline void rows(const float* a, int64_t M, int64_t L, int64_t l_lim, const typename W::T* b, int64_t LB, int64_t n,
+                 float* c, int64_t N) {
+  const int64_t le = std::max<int64_t>(0, std::min(L, l_lim)), lv = le / 8 * 8;
   for (int64_t m = 0; m < M; ++m) {
     const float* am = a + m * L;
     __m256 acc[NR];
@@ -26,7 +29,7 @@ inline void rows(const float* a, int64_t M, int64_t L, const typename W::T* b, i
     }
     for (int r = 0; r < NR; ++r) {
       float s = hsum(acc[r]);
-      for (int64_t l = lv; l < L; ++l) s += am[l] * W::one(b + (n + r) * LB + l);
+      for (int64_t l = lv; l < le; ++l) s += am[l] * W::one(b + (n + r) * LB + l);
       c[m * N + n + r] = s;
     }
   }
@@ -34,7 +37,7 @@ inline void rows(const float* a, int64_t M, int64_t L, const typename W::T* b, i
 
 template <class W>
 void run(const float* a, const void* braw, float* c, int64_t I, int64_t M, int64_t L, int64_t NB, int64_t LB,
-         int64_t N) {
+         int64_t N, int64_t n_lim, int64_t l_lim) {
   const typename W::T* b = static_cast<const typename W::T*>(braw);
   constexpr int64_t CH = 64;  // rows of b per job
   const int64_t per = (N + CH - 1) / CH;
@@ -43,9 +46,11 @@ void run(const float* a, const void* braw, float* c, int64_t I, int64_t M, int64
     const float* ai = a + i * M * L;
     const typename W::T* bi = b + i * NB * LB;
     float* ci = c + i * M * N;
+    const int64_t ne = std::max(n0, std::min(n1, n_lim));
     int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) rows<W, 4>(ai, M, L, bi, LB, n, ci, N);
-    for (; n < n1; ++n) rows<W, 1>(ai, M, L, bi, LB, n, ci, N);
+    for (; n + 4 <= ne; n += 4) rows<W, 4>(ai, M, L, l_lim, bi, LB, n, ci, N);
+    for (; n < ne; ++n) rows<W, 1>(ai, M, L, l_lim, bi, LB, n, ci, N);
+    for (int64_t m = 0; m < M; ++m) std::fill(ci + m * N + ne, ci + m * N + n1, 0.f);
   });
 }
 

@@ -50,10 +50,11 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int1
   }
 }
 
-inline int32_t pair_at(const int16_t* q) {
-  int32_t v;
-  std::memcpy(&v, q, 4);
-  return v;
+// (q[0], q[1]) broadcast to all 8 int32 lanes, as one load uop (a scalar load + vmovd +
+// vpbroadcastd through a general register was 3 per row of x in the multi-row tile). The row
+// of q is zero padded past K, so the pair at an odd K's last row is (x, 0).
+inline __m256i pair_at(const int16_t* q) {
+  return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q)));
 }
 
 // Two rows of W (k, k+1; b may be zero) x 16 columns -> the vpmaddwd operands: lanes hold
@@ -84,7 +85,7 @@ inline void kn_row_stream(const int16_t* xq, const int8_t* w, int64_t N, int64_t
     for (int64_t k = kb; k < ke; k += 2) {
       const bool two = k + 1 < ke;
       const int8_t* r0 = w + k * N;
-      const __m256i xb = _mm256_set1_epi32(two ? pair_at(xq + k) : int32_t(uint16_t(xq[k])));
+      const __m256i xb = pair_at(xq + k);
       for (int64_t n = 0; n < nv; n += 16) {
         if ((n & 63) == 0) {
           _mm_prefetch(reinterpret_cast<const char*>(r0 + PF * N + n), _MM_HINT_T0);
@@ -122,7 +123,7 @@ inline void kn_tile(const int16_t* xq, int64_t Kp, const int8_t* w, int64_t N, i
     __m256i wv[2 * NV];
     for (int v = 0; v < NV; ++v) pairs16(p + 16 * v, two ? p + N + 16 * v : nullptr, wv[2 * v], wv[2 * v + 1]);
     for (int m = 0; m < MR; ++m) {
-      const __m256i xb = _mm256_set1_epi32(two ? pair_at(xq + m * Kp + k) : int32_t(uint16_t(xq[m * Kp + k])));
+      const __m256i xb = pair_at(xq + m * Kp + k);
       for (int v = 0; v < 2 * NV; ++v) acc[m][v] = _mm256_add_epi32(acc[m][v], _mm256_madd_epi16(wv[v], xb));
     }
   }

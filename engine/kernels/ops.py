@@ -109,11 +109,15 @@ def attention_ok(t: int) -> bool:
     return ctx is None or ctx[0].size == 1
 
 
-def bdot(a, b, n: int):
+def bdot(a, b, n: int, n_limit=None, l_limit=None):
     """``c[i, m, j] = sum_l a[i, m, l] * b[i, j, l]`` for ``j < n``, ``l < a.shape[2]`` (f32).
 
     ``b [I, NB >= n, LB >= L]`` may be a whole KV cache: only its leading block is read.
+    ``n_limit`` / ``l_limit`` (traced ints): only ``j < n_limit`` (other outputs are 0) and
+    ``l < l_limit`` are computed -- the cache slots written so far.
     """
     kernels.ensure_registered()
+    big = jnp.iinfo(jnp.int32).max
+    lim = jnp.stack([jnp.asarray(big if v is None else v, jnp.int32) for v in (n_limit, l_limit)])
     out = jax.ShapeDtypeStruct((a.shape[0], a.shape[1], n), jnp.float32)
-    return jax.ffi.ffi_call("aotlm_bdot", out)(a, b)
+    return jax.ffi.ffi_call("aotlm_bdot", out)(a, b, lim)

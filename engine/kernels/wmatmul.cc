@@ -346,7 +346,7 @@ ffi::Error wmm_nt(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer s, ffi::Res
 }
 
 
-ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> c) {
+ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer lim, ffi::Result<ffi::AnyBuffer> c) {
   auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
     return ffi::Error::InvalidArgument("aotlm_bdot: a, b and c must be 3-D");
@@ -354,6 +354,10 @@ ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> 
   if (bd[0] != I || cd[0] != I || cd[1] != M || N > NB || L > LB)
     return ffi::Error::InvalidArgument("aotlm_bdot: shapes do not match");
   if (c->element_type() != DataType::F32) return ffi::Error::InvalidArgument("aotlm_bdot: c must be f32");
+  if (lim.element_type() != DataType::S32 || lim.element_count() != 2)
+    return ffi::Error::InvalidArgument("aotlm_bdot: lim must be int32 [2]");
+  const int32_t* lp = static_cast<const int32_t*>(lim.untyped_data());
+  const int64_t n_lim = lp[0], l_lim = lp[1];
   const DataType at = a.element_type();
   if (at != DataType::F32 && at != DataType::BF16 && at != DataType::F16)
     return ffi::Error::InvalidArgument("aotlm_bdot: a must be f32, bf16 or f16");
@@ -361,9 +365,9 @@ ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> 
   const float* af = x_f32(a, I * M * L, tmp);
   float* cf = static_cast<float*>(c->untyped_data());
   switch (b.element_type()) {
-    case DataType::F32: aotlm_bd::run<F32>(af, b.untyped_data(), cf, I, M, L, NB, LB, N); break;
-    case DataType::BF16: aotlm_bd::run<BF16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N); break;
-    case DataType::F16: aotlm_bd::run<F16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N); break;
+    case DataType::F32: aotlm_bd::run<F32>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, n_lim, l_lim); break;
+    case DataType::BF16: aotlm_bd::run<BF16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, n_lim, l_lim); break;
+    case DataType::F16: aotlm_bd::run<F16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, n_lim, l_lim); break;
     default: return ffi::Error::InvalidArgument("aotlm_bdot: b must be f32, bf16 or f16");
   }
   return ffi::Error::Success();
@@ -384,7 +388,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmNT, wmm_nt,
                                   .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmBdot, bdot,
-                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
 
 extern "C" int aotlm_kernels_cpu_ok() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
