@@ -149,7 +149,7 @@ inline void kn_rows(const int16_t* xq, int64_t Kp, int64_t M, const int8_t* w, i
       const int64_t left = M - m0;
       const int16_t* x = xq + m0 * Kp;
       float* b = buf + m0 * ld;
-      const int mr = left >= 8 ? 4 : left == 7 ? 4 : left >= 6 ? 6 : int(left);
+      const int mr = left >= 7 ? 4 : int(left);  // 8 rows: 4 + 4, 7: 4 + 3
       switch (mr) {
         case 1: kn_group<1, 4>(x, Kp, w, N, n0, vec_end, kb, ke, b, ld); break;
         case 2: kn_group<2, 2>(x, Kp, w, N, n0, vec_end, kb, ke, b, ld); break;

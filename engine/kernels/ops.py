@@ -44,8 +44,13 @@ def supported(x, w, axes: int = 1, name: str | None = None) -> bool:
     low = kernels.MIN_F32_ROWS if jnp.dtype(w.dtype) == jnp.float32 else 1
     if not low <= rows <= kernels.MAX_ROWS or not kernels.enabled():
         return False
+    return _one_device() or name is not None
+
+
+def _one_device() -> bool:
+    """No mesh in this trace, or a mesh of one device (no ``shard_map`` needed)."""
     ctx = getattr(_ctx, "value", None)
-    return ctx is None or ctx[0].size == 1 or name is not None
+    return ctx is None or ctx[0].size == 1
 
 
 def _call(x, w, scale, axes: int, nt: bool):
@@ -71,12 +76,11 @@ def matmul(x, w, scale=None, axes: int = 1, name: str | None = None, nt: bool = 
     ``nt``: ``w`` is ``[N, K]`` (embedding rows) instead of ``[K, N]``. ``name`` is the
     weight's leaf name, which gives its sharding under tensor parallelism.
     """
-    ctx = getattr(_ctx, "value", None)
-    if ctx is None or ctx[0].size == 1:
+    if _one_device():
         return _call(x, w, scale, axes, nt)
     from aotlm import sharding
 
-    mesh, rules = ctx
+    mesh, rules = _ctx.value
     wspec = tuple(sharding.param_spec((name,), w.ndim, rules)) + (None,) * w.ndim
     wspec = wspec[: w.ndim]
     contract, outs = (wspec[1:], wspec[:1]) if nt else (wspec[:axes], wspec[axes:])
@@ -103,10 +107,7 @@ def attention_ok(t: int) -> bool:
     Only on one device (under tensor parallelism XLA's einsum keeps its own partitioning) and
     for few query tokens (decode steps, speculative checks); prefill stays on XLA's dot.
     """
-    if not 1 <= t <= kernels.MAX_ROWS or not kernels.enabled():
-        return False
-    ctx = getattr(_ctx, "value", None)
-    return ctx is None or ctx[0].size == 1
+    return 1 <= t <= kernels.MAX_ROWS and kernels.enabled() and _one_device()
 
 
 def bdot(a, b, n: int, n_limit=None, l_limit=None):

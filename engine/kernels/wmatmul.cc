@@ -256,17 +256,23 @@ void run_i8(bool nt, const float* x, const int8_t* w, const float* scale, int64_
   std::vector<float> sx(M);
   aotlm_i8::quantize_rows(x, M, K, Kp, xq.data(), sx.data());
   const int64_t threads = aotlm::pool_size();
-  auto put = [&](int64_t m, int64_t n, float v) {
-    v *= sx[m] * (scale ? scale[n] : 1.f);
-    out.put(m * N + n, &v, 1);
+  // buf [rows, ld]: unscaled sums for columns [n0, n0 + ld) of rows m0.. -> y, one put per row
+  auto finish = [&](float* buf, int64_t m0, int64_t rows, int64_t ld, int64_t n0) {
+    for (int64_t m = 0; m < rows; ++m) {
+      float* r = buf + m * ld;
+      for (int64_t j = 0; j < ld; ++j) r[j] *= sx[m0 + m] * (scale ? scale[n0 + j] : 1.f);
+      out.put((m0 + m) * N + n0, r, int(ld));
+    }
   };
   if (nt) {  // rows of W split over threads, ~4 chunks each
     const int64_t chunk = std::max<int64_t>(8, (N + 4 * threads - 1) / (4 * threads) / 8 * 8);
     aotlm::parallel_for(int((N + chunk - 1) / chunk), [&](int c) {
-      const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
+      const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk), ld = n1 - n0;
+      thread_local std::vector<float> buf;
+      buf.resize(M * ld);
       for (int64_t m0 = 0; m0 < M; m0 += 4) {
         const int16_t* xm = xq.data() + m0 * Kp;
-        auto emit = [&](int m, int64_t n, float v) { put(m0 + m, n, v); };
+        auto emit = [&](int m, int64_t n, float v) { buf[(m0 + m) * ld + (n - n0)] = v; };
         switch (std::min<int64_t>(4, M - m0)) {  // MR * NR accumulators + MR x + 1 w <= 16
           case 1: aotlm_i8::nk_rows<1, 8>(xm, Kp, w, K, n0, n1, emit); break;
           case 2: aotlm_i8::nk_rows<2, 4>(xm, Kp, w, K, n0, n1, emit); break;
@@ -274,6 +280,7 @@ void run_i8(bool nt, const float* x, const int8_t* w, const float* scale, int64_
           default: aotlm_i8::nk_rows<4, 2>(xm, Kp, w, K, n0, n1, emit); break;
         }
       }
+      finish(buf.data(), 0, M, ld, n0);
     });
     return;
   }
@@ -287,13 +294,9 @@ void run_i8(bool nt, const float* x, const int8_t* w, const float* scale, int64_
       if (int64_t(acc.size()) < N) acc.resize(N);
       if (k0 < k1) aotlm_i8::kn_row_stream(xq.data(), w, N, k0, k1, part.data() + c * N, acc.data());
     });
-    std::vector<float> y(N);
-    for (int64_t n = 0; n < N; ++n) {
-      float v = 0.f;
-      for (int64_t c = 0; c < parts; ++c) v += part[c * N + n];
-      y[n] = v * sx[0] * (scale ? scale[n] : 1.f);
-    }
-    out.put(0, y.data(), int(N));
+    for (int64_t c = 1; c < parts; ++c)
+      for (int64_t n = 0; n < N; ++n) part[n] += part[c * N + n];
+    finish(part.data(), 0, 1, N, 0);
     return;
   }
   // several rows: column chunks (multiples of 64 columns, <= 1024 so the partial sums stay in L1/L2)
@@ -304,8 +307,7 @@ void run_i8(bool nt, const float* x, const int8_t* w, const float* scale, int64_
     thread_local std::vector<float> buf;
     buf.assign(M * ld, 0.f);
     aotlm_i8::kn_rows(xq.data(), Kp, M, w, K, N, n0, n1, buf.data());
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = n0; n < n1; ++n) put(m, n, buf[m * ld + (n - n0)]);
+    finish(buf.data(), 0, M, ld, n0);
   });
 }
 
@@ -344,7 +346,6 @@ ffi::Error wmm_nn(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer s, ffi::Res
 ffi::Error wmm_nt(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer s, ffi::Result<ffi::AnyBuffer> y) {
   return wmm(true, x, w, s, y);
 }
-
 
 ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer lim, ffi::Result<ffi::AnyBuffer> c) {
   auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
