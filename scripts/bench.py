@@ -50,8 +50,15 @@ def parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def read_bandwidth(gib: float = 0.5, runs: int = 7) -> float:
-    """GB/s of a streaming read (XLA ``jnp.sum`` over ``gib`` GiB of f32), median of runs."""
+def read_bandwidth(gib: float = 0.5, runs: int = 7) -> tuple[float, str]:
+    """GB/s of a streaming read over ``gib`` GiB, median of runs, and how it was read: by the
+    kernels' threads (all cores, as the one-row kernels read weights) when they are built, else
+    by XLA's ``jnp.sum`` (which ran on one thread and varied 16-34 GB/s between runs here)."""
+    from aotlm import kernels
+
+    gbps = kernels.read_gbps(int(gib * 1024), runs)
+    if gbps:
+        return gbps, f"{kernels.threads()} kernel threads"
     import jax
     import jax.numpy as jnp
 
@@ -63,7 +70,7 @@ def read_bandwidth(gib: float = 0.5, runs: int = 7) -> float:
         t0 = time.perf_counter()
         f(x).block_until_ready()
         ts.append(time.perf_counter() - t0)
-    return x.nbytes / statistics.median(ts) / 1e9
+    return x.nbytes / statistics.median(ts) / 1e9, "XLA jnp.sum"
 
 
 def step_bytes(params) -> int:
@@ -209,12 +216,12 @@ def main() -> int:
 
     Path(args.work).mkdir(parents=True, exist_ok=True)
     path = args.checkpoint or make_gpt2_small(Path(args.work) / "gpt2-small")
-    bw = read_bandwidth()
+    bw, bw_how = read_bandwidth()
     print(f"CPU: {cpu_model()}")
     print(
         f"checkpoint {path}; prompt {args.prompt}, {args.new} new tokens, greedy, tp={args.tp}, median of "
         f"{args.runs}; aotlm kernels: {kernels.cache_tag()} ({kernels.threads()} threads); "
-        f"read bandwidth {bw:.1f} GB/s",
+        f"read bandwidth {bw:.1f} GB/s ({bw_how})",
         flush=True,
     )
     rows = []

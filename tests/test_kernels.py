@@ -56,7 +56,17 @@ def _check(y, x, w, s, nt: bool, axes: int, xdt):
 def test_kernel_matches_numpy_on_odd_shapes(wdt, nt):
     rng = np.random.default_rng(0)
     f = jax.jit(kernels.matmul, static_argnames=("axes", "name", "nt"))
-    for m, kk, n in [(1, 37, 29), (2, 100, 77), (3, 13, 1000), (4, 768, 45), (5, 9, 8), (6, 65, 131)] + [
+    # one row with K >= 128: K split over threads (parts of odd length, a tail of < 4 rows)
+    for m, kk, n in [
+        (1, 37, 29),
+        (1, 301, 45),
+        (1, 130, 17),
+        (2, 100, 77),
+        (3, 13, 1000),
+        (4, 768, 45),
+        (5, 9, 8),
+        (6, 65, 131),
+    ] + [
         (7, 40, 33),
         (8, 33, 300),
         (13, 24, 70),

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import jax
 
-SOURCES = ("wmatmul.cc", "int8.h", "bdot.h", "pool.h")
+SOURCES = ("wmatmul.cc", "wfloat.h", "int8.h", "bdot.h", "pool.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-shared", "-pthread")
 TARGETS = {"aotlm_wmm_nn": "AotlmWmmNN", "aotlm_wmm_nt": "AotlmWmmNT", "aotlm_bdot": "AotlmBdot"}
 MAX_ROWS = 16  # more rows than this (prefill) stay on XLA's dot
@@ -123,6 +123,15 @@ def threads() -> int:
     return int(lib.aotlm_kernels_threads()) if lib is not None else 0
 
 
+def read_gbps(mib: int = 512, runs: int = 7) -> float | None:
+    """Streaming read bandwidth (GB/s, median of runs) by the kernels' threads; None without them."""
+    lib = _load()
+    if lib is None:
+        return None
+    lib.aotlm_read_gbps.restype = ctypes.c_double
+    return float(lib.aotlm_read_gbps(ctypes.c_int64(mib), ctypes.c_int(runs)))
+
+
 from aotlm.kernels.ops import attention_ok, bdot, matmul, mesh_context, supported  # noqa: E402
 
 __all__ = [
@@ -133,6 +142,7 @@ __all__ = [
     "ensure_registered",
     "matmul",
     "mesh_context",
+    "read_gbps",
     "supported",
     "threads",
 ]

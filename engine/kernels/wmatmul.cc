@@ -13,12 +13,14 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "int8.h"
 #include "pool.h"
+#include "wfloat.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -26,193 +28,7 @@ using ffi::DataType;
 
 namespace {
 
-// ------------------------------------------------------------------ element conversions
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even (NaN stays NaN)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
-inline uint16_t f32_to_f16(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
-
-struct F32 {  // f32 weights: XLA:CPU runs a few-row f32 product as a GEMM that reads W ~2x slower
-  using T = float;
-  static __m256 load8(const T* p) { return _mm256_loadu_ps(p); }
-  static float one(const T* p) { return *p; }
-};
-struct BF16 {
-  using T = uint16_t;
-  static __m256 load8(const T* p) {
-    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-  }
-  static float one(const T* p) { return bf16_to_f32(*p); }
-};
-struct F16 {
-  using T = uint16_t;
-  static __m256 load8(const T* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static float one(const T* p) { return f16_to_f32(*p); }
-};
-
-// Output: f32 values -> y (dtype of x) at y[off .. off+n).
-struct Out {
-  void* y;
-  DataType dt;
-  void put(int64_t off, const float* v, int n) const {
-    if (dt == DataType::F32) {
-      std::memcpy(static_cast<float*>(y) + off, v, n * sizeof(float));
-    } else {
-      uint16_t* o = static_cast<uint16_t*>(y) + off;
-      for (int i = 0; i < n; ++i) o[i] = dt == DataType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-    }
-  }
-};
-
-// ------------------------------------------------------------------ W[K,N] kernels
-// One register tile: MR rows of x times NV*8 columns of W over the rows [k0, k1) of W. Rows of
-// W are N elements apart, so a tile walking all of K would touch a new page per row (TLB
-// misses made that 3x slower than a contiguous stream): k is blocked instead, every block
-// sweeping all tiles of the chunk, with the f32 partial sums parked in ``buf`` between blocks.
-template <class W, int MR, int NV>
-inline void nn_tile(const float* x, const typename W::T* w, const float* scale, int64_t K, int64_t N,
-                    int64_t n, int64_t k0, int64_t k1, float* buf, int64_t ld, const Out& out, int64_t m0) {
-  __m256 acc[MR][NV];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < NV; ++v) acc[m][v] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(buf + m * ld + 8 * v);
-  const typename W::T* p = w + k0 * N + n;
-#pragma GCC unroll 2
-  for (int64_t k = k0; k < k1; ++k, p += N) {
-    __m256 wv[NV];
-    for (int v = 0; v < NV; ++v) wv[v] = W::load8(p + 8 * v);
-    for (int m = 0; m < MR; ++m) {
-      __m256 xb = _mm256_broadcast_ss(x + m * K + k);
-      for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_fmadd_ps(xb, wv[v], acc[m][v]);
-    }
-  }
-  if (k1 < K) {
-    for (int m = 0; m < MR; ++m)
-      for (int v = 0; v < NV; ++v) _mm256_storeu_ps(buf + m * ld + 8 * v, acc[m][v]);
-    return;
-  }
-  alignas(32) float res[NV * 8];
-  for (int m = 0; m < MR; ++m) {
-    for (int v = 0; v < NV; ++v) {
-      __m256 r = acc[m][v];
-      if (scale) r = _mm256_mul_ps(r, _mm256_loadu_ps(scale + n + 8 * v));
-      _mm256_store_ps(res + 8 * v, r);
-    }
-    out.put((m0 + m) * N + n, res, NV * 8);
-  }
-}
-
-// Columns [n0, n1) for MR rows starting at m0: k blocks x (wide tiles, 8-wide tiles), then scalar.
-template <class W, int MR, int NV>
-void nn_cols(const float* x, const typename W::T* w, const float* scale, int64_t K, int64_t N, int64_t n0,
-             int64_t n1, const Out& out, int64_t m0) {
-  constexpr int64_t KB = 32;
-  const int64_t ld = n1 - n0;
-  thread_local std::vector<float> buf;
-  if (int64_t(buf.size()) < MR * ld) buf.resize(MR * ld);
-  const int64_t wide_end = n0 + (n1 - n0) / (8 * NV) * (8 * NV), vec_end = n0 + (n1 - n0) / 8 * 8;
-  for (int64_t k0 = 0; k0 < K; k0 += KB) {
-    const int64_t k1 = std::min(K, k0 + KB);
-    for (int64_t n = n0; n < wide_end; n += 8 * NV)
-      nn_tile<W, MR, NV>(x, w, scale, K, N, n, k0, k1, buf.data() + (n - n0), ld, out, m0);
-    for (int64_t n = wide_end; n < vec_end; n += 8)
-      nn_tile<W, MR, 1>(x, w, scale, K, N, n, k0, k1, buf.data() + (n - n0), ld, out, m0);
-  }
-  for (int64_t n = vec_end; n < n1; ++n) {
-    for (int m = 0; m < MR; ++m) {
-      float s = 0.f;
-      for (int64_t k = 0; k < K; ++k) s += x[m * K + k] * W::one(w + k * N + n);
-      if (scale) s *= scale[n];
-      out.put((m0 + m) * N + n, &s, 1);
-    }
-  }
-}
-
-template <class W>
-void nn_block(int mr, const float* x, const typename W::T* w, const float* scale, int64_t K, int64_t N,
-              int64_t n0, int64_t n1, const Out& out, int64_t m0) {
-  switch (mr) {  // register budget: MR*NV accumulators + NV weights + 1 broadcast <= 16
-    case 1: return nn_cols<W, 1, 4>(x, w, scale, K, N, n0, n1, out, m0);
-    case 2: return nn_cols<W, 2, 4>(x, w, scale, K, N, n0, n1, out, m0);
-    case 3: return nn_cols<W, 3, 3>(x, w, scale, K, N, n0, n1, out, m0);
-    case 4: return nn_cols<W, 4, 2>(x, w, scale, K, N, n0, n1, out, m0);
-    case 5: return nn_cols<W, 5, 2>(x, w, scale, K, N, n0, n1, out, m0);
-    case 6: return nn_cols<W, 6, 2>(x, w, scale, K, N, n0, n1, out, m0);
-    case 7: return nn_cols<W, 7, 1>(x, w, scale, K, N, n0, n1, out, m0);
-    default: return nn_cols<W, 8, 1>(x, w, scale, K, N, n0, n1, out, m0);
-  }
-}
-
-// ------------------------------------------------------------------ W[N,K] kernels
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// MR rows of x against NR consecutive rows of W (dot products over contiguous K).
-template <class W, int MR, int NR>
-inline void nt_tile(const float* x, const typename W::T* w, const float* scale, int64_t K, int64_t N,
-                    int64_t n, const Out& out, int64_t m0) {
-  __m256 acc[MR][NR];
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) acc[m][r] = _mm256_setzero_ps();
-  const typename W::T* p = w + n * K;
-  int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m256 wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = W::load8(p + r * K + k);
-    for (int m = 0; m < MR; ++m) {
-      __m256 xv = _mm256_loadu_ps(x + m * K + k);
-      for (int r = 0; r < NR; ++r) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);
-    }
-  }
-  for (int m = 0; m < MR; ++m) {
-    for (int r = 0; r < NR; ++r) {
-      float s = hsum(acc[m][r]);
-      for (int64_t kk = k; kk < K; ++kk) s += x[m * K + kk] * W::one(p + r * K + kk);
-      if (scale) s *= scale[n + r];
-      out.put((m0 + m) * N + n + r, &s, 1);
-    }
-  }
-}
-
-template <class W, int MR, int NR>
-void nt_rows(const float* x, const typename W::T* w, const float* scale, int64_t K, int64_t N, int64_t n0,
-             int64_t n1, const Out& out, int64_t m0) {
-  int64_t n = n0;
-  for (; n + NR <= n1; n += NR) nt_tile<W, MR, NR>(x, w, scale, K, N, n, out, m0);
-  for (; n < n1; ++n) nt_tile<W, MR, 1>(x, w, scale, K, N, n, out, m0);
-}
-
-template <class W>
-void nt_block(int mr, const float* x, const typename W::T* w, const float* scale, int64_t K, int64_t N,
-              int64_t n0, int64_t n1, const Out& out, int64_t m0) {
-  switch (mr) {
-    case 1: return nt_rows<W, 1, 4>(x, w, scale, K, N, n0, n1, out, m0);
-    case 2: return nt_rows<W, 2, 4>(x, w, scale, K, N, n0, n1, out, m0);
-    case 3: return nt_rows<W, 3, 3>(x, w, scale, K, N, n0, n1, out, m0);
-    case 4: return nt_rows<W, 4, 2>(x, w, scale, K, N, n0, n1, out, m0);
-    case 5: return nt_rows<W, 5, 2>(x, w, scale, K, N, n0, n1, out, m0);
-    case 6: return nt_rows<W, 6, 2>(x, w, scale, K, N, n0, n1, out, m0);
-    case 7: return nt_rows<W, 7, 1>(x, w, scale, K, N, n0, n1, out, m0);
-    default: return nt_rows<W, 8, 1>(x, w, scale, K, N, n0, n1, out, m0);
-  }
-}
-
-#include "bdot.h"  // batched attention dots: uses the element types and hsum above
+#include "bdot.h"  // batched attention dots: uses the element types and hsum of wfloat.h
 
 // ------------------------------------------------------------------ driver
 // x as f32 (converted once, shared read-only by the workers).
@@ -225,12 +41,40 @@ const float* x_f32(const ffi::AnyBuffer& x, int64_t n, std::vector<float>& tmp) 
   return tmp.data();
 }
 
+// One row of x times W[K,N]: the threads split K, each streaming its rows of W front to back
+// (stream(k0, k1, part) adds rows [k0, k1) into its own N partial sums; a column split walks
+// N-strided rows and reached ~60% of the bandwidth); the parts are added at the end. The
+// length of a part is a multiple of ``align``.
+template <class Stream>
+std::vector<float> split_k(int64_t K, int64_t N, int64_t align, const Stream& stream) {
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(2 * aotlm::pool_size(), K / 64));
+  const int64_t step = ((K + parts - 1) / parts + align - 1) / align * align;
+  std::vector<float> part(parts * N, 0.f);
+  aotlm::parallel_for(int(parts), [&](int c) {
+    const int64_t k0 = c * step, k1 = std::min(K, k0 + step);
+    if (k0 < k1) stream(k0, k1, part.data() + c * N);
+  });
+  for (int64_t c = 1; c < parts; ++c)
+    for (int64_t n = 0; n < N; ++n) part[n] += part[c * N + n];
+  part.resize(N);
+  return part;
+}
+
 template <class W>
 void run(bool nt, const float* x, const void* wraw, const float* scale, int64_t M, int64_t K, int64_t N,
          const Out& out) {
   const typename W::T* w = static_cast<const typename W::T*>(wraw);
-  // Column chunks: multiples of 32 columns (whole cache lines of W for nn), ~4 per thread.
   const int64_t threads = aotlm::pool_size();
+  if (!nt && M == 1) {
+    std::vector<float> y = split_k(K, N, 1, [&](int64_t k0, int64_t k1, float* part) {
+      kn_row_stream<W>(x, w, N, k0, k1, part);
+    });
+    if (scale)
+      for (int64_t n = 0; n < N; ++n) y[n] *= scale[n];
+    out.put(0, y.data(), int(N));
+    return;
+  }
+  // Column chunks: multiples of 32 columns (whole cache lines of W for nn), ~4 per thread.
   const int64_t align = nt ? 4 : 32;
   int64_t chunk = (N + 4 * threads - 1) / (4 * threads);
   chunk = std::max<int64_t>(align, (chunk + align - 1) / align * align);
@@ -284,19 +128,13 @@ void run_i8(bool nt, const float* x, const int8_t* w, const float* scale, int64_
     });
     return;
   }
-  if (M == 1) {  // split K: each part streams its rows of W; the N partial sums are added at the end
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(2 * threads, K / 64));
-    const int64_t step = (K / parts + 1) / 2 * 2;  // even: a part never splits a pair of rows
-    std::vector<float> part(parts * N, 0.f);
-    aotlm::parallel_for(int(parts), [&](int c) {
-      const int64_t k0 = c * step, k1 = c == parts - 1 ? K : std::min(K, k0 + step);
+  if (M == 1) {  // parts of an even length: a part never splits a pair of rows
+    std::vector<float> y = split_k(K, N, 2, [&](int64_t k0, int64_t k1, float* part) {
       thread_local std::vector<int32_t> acc;
       if (int64_t(acc.size()) < N) acc.resize(N);
-      if (k0 < k1) aotlm_i8::kn_row_stream(xq.data(), w, N, k0, k1, part.data() + c * N, acc.data());
+      aotlm_i8::kn_row_stream(xq.data(), w, N, k0, k1, part, acc.data());
     });
-    for (int64_t c = 1; c < parts; ++c)
-      for (int64_t n = 0; n < N; ++n) part[n] += part[c * N + n];
-    finish(part.data(), 0, 1, N, 0);
+    finish(y.data(), 0, 1, N, 0);
     return;
   }
   // several rows: column chunks (multiples of 64 columns, <= 1024 so the partial sums stay in L1/L2)
@@ -399,3 +237,31 @@ extern "C" int aotlm_kernels_cpu_ok() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 extern "C" int aotlm_kernels_threads() { return aotlm::pool_size(); }
+
+// Streaming read bandwidth in GB/s (median of ``runs``) over ``mib`` MiB, read by the kernels'
+// own threads the way the one-row kernels read weights: the roofline of scripts/bench.py.
+extern "C" double aotlm_read_gbps(int64_t mib, int runs) {
+  const int64_t n = (mib << 20) / 64 * 64;
+  std::vector<int8_t> a(n, 1);
+  std::vector<double> ts;
+  std::vector<int64_t> sums(64);
+  for (int it = 0; it < std::max(1, runs); ++it) {
+    const auto t0 = std::chrono::steady_clock::now();
+    aotlm::parallel_for(64, [&](int c) {  // 64 contiguous parts, handed out to whichever thread is free
+      const int64_t lo = n / 64 / 64 * 64 * c, hi = c == 63 ? n : lo + n / 64 / 64 * 64;
+      __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+      for (int64_t i = lo; i < hi; i += 64) {
+        s0 = _mm256_add_epi64(s0, _mm256_sad_epu8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&a[i])),
+                                                  _mm256_setzero_si256()));
+        s1 = _mm256_add_epi64(s1, _mm256_sad_epu8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&a[i + 32])),
+                                                  _mm256_setzero_si256()));
+      }
+      s0 = _mm256_add_epi64(s0, s1);
+      sums[c] = _mm256_extract_epi64(s0, 0) + _mm256_extract_epi64(s0, 2);
+    });
+    ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (sums[0] == 0) return 0.0;  // keeps the reads (a sum of ones is never 0)
+  }
+  std::sort(ts.begin(), ts.end());
+  return double(n) / ts[ts.size() / 2] / 1e9;
+}
