@@ -115,25 +115,49 @@ def gguf_path(ckpt: Path, work: Path, outtype: str) -> Path:
 
 
 def llama_cpp_runner(ckpt: Path, work: Path, outtype: str, ids, new: int):
+    """Greedy decode of every row through llama.cpp's batched API: one ``llama_decode`` for all
+    prompts (sequence ``b`` = row ``b``, logits of each prompt's last token), then one per step with
+    a token per sequence; argmax over the returned logits in NumPy."""
     try:
         import llama_cpp
     except ImportError:
         raise Skip("llama-cpp-python not installed (pip install -e '.[bench]'; builds from source)") from None
-    if len(ids) > 1:
-        raise Skip("batch > 1 needs llama.cpp's batched API (not driven here)")
-    write_byte_vocab(ckpt, 50257)
-    llm = llama_cpp.Llama(
-        str(gguf_path(ckpt, work, outtype)),
-        n_ctx=len(ids[0]) + new + 8,
-        n_threads=os.cpu_count(),
-        verbose=False,
-    )
-    prompt = [int(i) for i in ids[0]]
+    import numpy as np
 
-    def run(n):
-        llm.reset()
-        llm.eval(prompt)
-        for _ in range(n - 1):
-            llm.eval([int(llm.scores[llm.n_tokens - 1].argmax())])
+    write_byte_vocab(ckpt, 50257)
+    llm = llama_cpp.Llama(str(gguf_path(ckpt, work, outtype)), n_ctx=16, verbose=False)  # loads the weights
+    b, p = len(ids), len(ids[0])
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_seq_max = b
+    cp.n_ctx = b * -(-(p + new + 8) // 256) * 256  # a multiple of 256 per sequence, as llama.cpp pads
+    cp.n_batch = cp.n_ubatch = b * p
+    cp.n_threads = cp.n_threads_batch = os.cpu_count() or 1
+    ctx = llama_cpp.llama_init_from_model(llm._model.model, cp)
+    if not ctx:
+        raise Skip(f"llama.cpp could not make a context for {b} sequences")
+    llm._stack.callback(llama_cpp.llama_free, ctx)  # freed with the model
+    n_vocab = llm.n_vocab()
+    batch = llama_cpp.llama_batch_init(b * p, 0, 1)
+    llm._stack.callback(llama_cpp.llama_batch_free, batch)
+
+    def decode(tokens: list[tuple[int, int, int, bool]]) -> np.ndarray:
+        """tokens: (token, position, sequence, wants logits) -> argmax of each wanted row's logits."""
+        batch.n_tokens = len(tokens)
+        for i, (tok, pos, seq, out) in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, out
+            batch.seq_id[i][0] = seq
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        rows = [i for i, t in enumerate(tokens) if t[3]]
+        return np.array(
+            [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), (n_vocab,)).argmax() for i in rows]
+        )
+
+    def run(n: int, keep=llm) -> np.ndarray:  # keep: the model (with ctx and batch) lives as long as run
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        out = [decode([(int(t), j, s, j == p - 1) for s, row in enumerate(ids) for j, t in enumerate(row)])]
+        for step in range(n - 1):
+            out.append(decode([(int(out[-1][s]), p + step, s, True) for s in range(b)]))
+        return np.stack(out, 1)  # [b, n] new tokens
 
     return (lambda: run(1)), (lambda: run(new))
