@@ -200,10 +200,11 @@ def logits(cfg: ArchConfig, params, h):
     if kernels.supported(hf, w, 1, name):
         out = kernels.matmul(hf, w, scale, name=name, nt=tied)
     elif "lm_head_scale" in params:  # int8 lm_head (models/quant.py)
-        out = jnp.dot(h, params["lm_head"].astype(h.dtype), preferred_element_type=jnp.float32)
-        out = out * params["lm_head_scale"].astype(jnp.float32)
+        w = L.as_dtype(params["lm_head"], h.dtype, "lm_head", h)
+        out = jnp.dot(h, w, preferred_element_type=jnp.float32) * params["lm_head_scale"].astype(jnp.float32)
     elif not tied:
-        out = jnp.dot(h, params["lm_head"], preferred_element_type=jnp.float32)
+        w = L.as_dtype(params["lm_head"], jnp.promote_types(h.dtype, params["lm_head"].dtype), "lm_head", h)
+        out = jnp.dot(h, w, preferred_element_type=jnp.float32)
     else:
         # contract with the embedding's own D axis: `embed.T` made XLA copy the whole table per step
         out = jax.lax.dot_general(

@@ -47,4 +47,13 @@ for case, (name, xs, ws, axes, nt, with_scale) in cases.items():
     err = float(np.abs(y.reshape(ref.shape) - ref).max() / np.abs(ref).max())
     assert isinstance(wd.sharding, NamedSharding)
     out[case] = [err, "aotlm_wmm" in compiled.as_text()]
+# prefill's whole-matrix conversion of a column- and a row-sharded weight: each device its shard
+for name, ws in (("w_up", (40, 58)), ("w_down", (58, 40))):
+    w = rng.integers(-127, 128, ws).astype(np.int8)
+    wd = sharding.put(w, sharding.param_sharding(mesh, (name,), 2, rules))
+    fn = jax.jit(lambda w, name=name: kernels.convert(w, np.float32, name))
+    with kernels.mesh_context(mesh, rules):
+        compiled = fn.lower(wd).compile()
+    got = np.asarray(sharding.fetch(compiled(wd)))
+    out[f"convert {name}"] = [float(np.abs(got - w).max()), "aotlm_convert" in compiled.as_text()]
 print(json.dumps({"devices": jax.device_count(), "cases": out}))

@@ -133,6 +133,24 @@ def test_tensor_parallel_shards_in_subprocess(tmp_path):
         assert err <= TOL_INT8, f"{case}: relative error {err:.2e}"  # int8 weights
 
 
+@pytest.mark.parametrize("wdt", [jnp.int8, jnp.bfloat16, jnp.float16])
+def test_convert_equals_astype(wdt):
+    """``convert`` (prefill's whole-matrix conversion) == ``astype`` bit for bit, odd sizes, inf/NaN."""
+    rng = np.random.default_rng(4)
+    f = jax.jit(kernels.convert, static_argnames=("dtype",))
+    for shape in [(1,), (7,), (13, 29), (3, 5, 67), (70001,)]:
+        w = np.array(_weights(rng, shape, wdt))
+        if wdt != jnp.int8 and w.size > 3:
+            w.reshape(-1)[:3] = np.array([np.inf, -np.inf, np.nan], w.dtype)
+        for dt in (jnp.float32, jnp.bfloat16, jnp.float16):
+            if jnp.dtype(dt) == jnp.dtype(wdt):
+                continue
+            got = f(jnp.asarray(w), dtype=dt)
+            want = jnp.asarray(w).astype(dt)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
 @pytest.mark.parametrize("bdt", [jnp.float32, jnp.bfloat16, jnp.float16])
 def test_attention_bdot_matches_numpy_and_reads_only_the_leading_block(bdt):
     """``bdot``: a [I, M, L] . b[:, :n, :L]^T with b a bigger (cache-like) array, odd sizes."""
@@ -194,9 +212,12 @@ def _sample(path, monkeypatch, on: bool, **kw):
 def test_forced_fallback_gives_identical_greedy_tokens(ckpt_dir, monkeypatch, kw):
     """The peaked checkpoint of test_weight_options (top-1 margins >= 20% of max|logit|)."""
     path = _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)
-    lg_on, tok_on, used_on, _ = _sample(path, monkeypatch, True, **kw)
+    lg_on, tok_on, used_on, m_on = _sample(path, monkeypatch, True, **kw)
     lg_off, tok_off, used_off, _ = _sample(path, monkeypatch, False, **kw)
     assert used_on and not used_off
+    if kw.get("quant") == "int8":  # prefill converts the int8 matrices in the kernel, not in XLA
+        prefill = [exe.as_text() for k, exe in m_on._executables.items() if "prefill" in str(k)]
+        assert prefill and all("aotlm_convert" in t for t in prefill)
     np.testing.assert_array_equal(tok_on, tok_off)
     assert np.abs(lg_on - lg_off).max() <= 1e-2 * np.abs(lg_off).max()
 

@@ -32,9 +32,14 @@ from pathlib import Path
 
 import jax
 
-SOURCES = ("wmatmul.cc", "wfloat.h", "int8.h", "bdot.h", "pool.h")
+SOURCES = ("wmatmul.cc", "wfloat.h", "int8.h", "bdot.h", "convert.h", "pool.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-shared", "-pthread")
-TARGETS = {"aotlm_wmm_nn": "AotlmWmmNN", "aotlm_wmm_nt": "AotlmWmmNT", "aotlm_bdot": "AotlmBdot"}
+TARGETS = {
+    "aotlm_wmm_nn": "AotlmWmmNN",
+    "aotlm_wmm_nt": "AotlmWmmNT",
+    "aotlm_bdot": "AotlmBdot",
+    "aotlm_convert": "AotlmConvert",
+}
 MAX_ROWS = 16  # more rows than this (prefill) stay on XLA's dot
 # f32 weights: XLA's own GEMV streams them well at 1 row, but runs 2..16 rows (batched decode,
 # the k+1 tokens of a speculative check) as a GEMM reading W 2-4x slower than the kernel does
@@ -132,12 +137,13 @@ def read_gbps(mib: int = 512, runs: int = 7) -> float | None:
     return float(lib.aotlm_read_gbps(ctypes.c_int64(mib), ctypes.c_int(runs)))
 
 
-from aotlm.kernels.ops import attention_ok, bdot, matmul, mesh_context, supported  # noqa: E402
+from aotlm.kernels.ops import attention_ok, bdot, convert, matmul, mesh_context, supported  # noqa: E402
 
 __all__ = [
     "attention_ok",
     "bdot",
     "cache_tag",
+    "convert",
     "enabled",
     "ensure_registered",
     "matmul",

@@ -28,7 +28,8 @@ using ffi::DataType;
 
 namespace {
 
-#include "bdot.h"  // batched attention dots: uses the element types and hsum of wfloat.h
+#include "bdot.h"     // batched attention dots: uses the element types and hsum of wfloat.h
+#include "convert.h"  // whole-matrix conversion for prefill
 
 // ------------------------------------------------------------------ driver
 // x as f32 (converted once, shared read-only by the workers).
@@ -211,8 +212,19 @@ ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer lim, ffi::Res
   }
   return ffi::Error::Success();
 }
+ffi::Error convert(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyBuffer> y) {  // after: unused (ordering)
+  const DataType yt = y->element_type();
+  if (yt != DataType::F32 && yt != DataType::BF16 && yt != DataType::F16)
+    return ffi::Error::InvalidArgument("aotlm_convert: y must be f32, bf16 or f16");
+  if (y->element_count() != w.element_count()) return ffi::Error::InvalidArgument("aotlm_convert: sizes differ");
+  if (!aotlm_cv::run(w.element_type(), w.untyped_data(), int64_t(w.element_count()), Out{y->untyped_data(), yt}))
+    return ffi::Error::InvalidArgument("aotlm_convert: w must be int8, bf16, f16 or f32");
+  return ffi::Error::Success();
+}
 }  // namespace
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmConvert, convert,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmNN, wmm_nn,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
