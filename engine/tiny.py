@@ -92,7 +92,12 @@ def cpu_model() -> str:
         info = open("/proc/cpuinfo").read().splitlines()
     except OSError:
         return f"{platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"
-    name = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "?")
+
+    def field(key: str) -> str:
+        return next((ln.split(":", 1)[1].strip() for ln in info if ln.split(":")[0].strip() == key), "?")
+
+    # a VM's "model name" may be just the brand ("AMD EPYC"): family/model tell the generation
+    name = f"{field('model name')} (family {field('cpu family')} model {field('model')})"
     flags = next((ln.split(":", 1)[1].split() for ln in info if ln.startswith("flags")), [])
     simd = [
         f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from aotlm import kernels
 
-W_DTYPES = (jnp.int8, jnp.bfloat16, jnp.float16, jnp.float32)  # f32: only 2..MAX_ROWS rows
+W_DTYPES = (jnp.int8, jnp.bfloat16, jnp.float16, jnp.float32)
 X_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 _ctx = threading.local()
 
@@ -41,8 +41,7 @@ def supported(x, w, axes: int = 1, name: str | None = None) -> bool:
     if jnp.dtype(w.dtype) not in W_DTYPES or jnp.dtype(x.dtype) not in X_DTYPES:
         return False
     rows = math.prod(x.shape[: x.ndim - axes])
-    low = kernels.MIN_F32_ROWS if jnp.dtype(w.dtype) == jnp.float32 else 1
-    if not low <= rows <= kernels.MAX_ROWS or not kernels.enabled():
+    if not 1 <= rows <= kernels.MAX_ROWS or not kernels.enabled():
         return False
     return _one_device() or name is not None
 
