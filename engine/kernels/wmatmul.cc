@@ -8,8 +8,10 @@
 // low-precision matrix before a GEMV (1-2 GB/s), so decode with bf16/int8 weights was slower
 // than f32. Here every weight byte is read once per call, converted in registers (AVX2 +
 // FMA + F16C) and used for all M rows, with the work split over a thread pool (all cores by
-// default). int8 weights take integer dot products instead (int8.h: x rounded to int16 per
-// row). Built on first use by aotlm.kernels (g++ -O3 -mavx2 -mfma -mf16c).
+// default). Float weights: wfloat.h; int8 weights take integer dot products instead (int8.h: x
+// rounded to int16 per row). Also here: the decode attention dots (bdot.h), prefill's whole-matrix
+// conversion (convert.h) and a read-bandwidth probe. Built on first use by aotlm.kernels
+// (g++ -O3 -mavx2 -mfma -mf16c).
 #include <immintrin.h>
 
 #include <algorithm>
