@@ -199,12 +199,10 @@ def logits(cfg: ArchConfig, params, h):
     )
     if kernels.supported(hf, w, 1, name):
         out = kernels.matmul(hf, w, scale, name=name, nt=tied)
-    elif "lm_head_scale" in params:  # int8 lm_head (models/quant.py)
-        w = L.as_dtype(params["lm_head"], h.dtype, "lm_head", h)
-        out = jnp.dot(h, w, preferred_element_type=jnp.float32) * params["lm_head_scale"].astype(jnp.float32)
-    elif not tied:
-        w = L.as_dtype(params["lm_head"], jnp.promote_types(h.dtype, params["lm_head"].dtype), "lm_head", h)
-        out = jnp.dot(h, w, preferred_element_type=jnp.float32)
+    elif not tied:  # int8 (with lm_head_scale, models/quant.py) or float lm_head
+        out = jnp.dot(h, L.xla_weight(w, h, scale is not None, name), preferred_element_type=jnp.float32)
+        if scale is not None:
+            out = out * scale.astype(jnp.float32)
     else:
         # contract with the embedding's own D axis: `embed.T` made XLA copy the whole table per step
         out = jax.lax.dot_general(

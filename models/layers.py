@@ -223,22 +223,24 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None):
     if kernels.supported(x, w, axes, name):
         y = kernels.matmul(x, w, scale, axes, name)
     elif scale is not None:
-        y = jnp.tensordot(x, as_dtype(w, x.dtype, name, x), axes=axes, preferred_element_type=jnp.float32)
+        y = jnp.tensordot(x, xla_weight(w, x, True, name), axes=axes, preferred_element_type=jnp.float32)
         y = y * scale.astype(jnp.float32)
     else:
-        y = jnp.tensordot(x, as_dtype(w, jnp.promote_types(x.dtype, w.dtype), name, x), axes=axes)
+        y = jnp.tensordot(x, xla_weight(w, x, False, name), axes=axes)
     if b is not None:
         y = y + b
     return y.astype(x.dtype)
 
 
-def as_dtype(w, dtype, name: str | None = None, after=None):
-    """A whole low-precision weight as ``dtype`` for XLA's own dot (prefill): the CPU kernel's
-    conversion, run once ``after`` (the activation it multiplies) is ready, when it can take it
-    (XLA:CPU's convert ran at ~1 GB/s there), else ``astype``."""
+def xla_weight(w, x, scaled: bool, name: str | None = None):
+    """A whole weight ready for XLA's own dot with ``x`` (prefill): int8 weights with a scale
+    (``scaled``) in ``x``'s dtype, others promoted with it. A low-precision matrix is converted
+    by the CPU kernel, run once ``x`` is ready (XLA:CPU's convert ran at ~1 GB/s there and was
+    scheduled at the start of the graph), else by ``astype``."""
+    dtype = x.dtype if scaled else jnp.promote_types(x.dtype, w.dtype)
     if jnp.dtype(w.dtype) == jnp.dtype(dtype):
         return w
-    out = kernels.convert(w, dtype, name, after)
+    out = kernels.convert(w, dtype, name, x)
     return w.astype(dtype) if out is None else out
 
 

@@ -52,6 +52,13 @@ def _one_device() -> bool:
     return ctx is None or ctx[0].size == 1
 
 
+def _weight_spec(name: str, ndim: int, rules: dict) -> tuple:
+    """The partition spec of the weight leaf ``name`` (one entry per dim, ``None`` = replicated)."""
+    from aotlm import sharding
+
+    return (tuple(sharding.param_spec((name,), ndim, rules)) + (None,) * ndim)[:ndim]
+
+
 def _call(x, w, scale, axes: int, nt: bool):
     """The kernel on local arrays: ``x [..., *K] @ w [*K, *N]`` (or ``w [N, K]`` when ``nt``)."""
     kernels.ensure_registered()
@@ -80,8 +87,7 @@ def matmul(x, w, scale=None, axes: int = 1, name: str | None = None, nt: bool = 
     from aotlm import sharding
 
     mesh, rules = _ctx.value
-    wspec = tuple(sharding.param_spec((name,), w.ndim, rules)) + (None,) * w.ndim
-    wspec = wspec[: w.ndim]
+    wspec = _weight_spec(name, w.ndim, rules)
     contract, outs = (wspec[1:], wspec[:1]) if nt else (wspec[:axes], wspec[axes:])
     lead = (None,) * (x.ndim - axes)
     x_spec, out_spec = P(*lead, *contract), P(*lead, *outs)
@@ -124,10 +130,8 @@ def convert(w, dtype, name: str | None = None, after=None):
 
     if _one_device():
         return local(w, dep)
-    from aotlm import sharding
-
     mesh, rules = _ctx.value
-    spec = P(*(tuple(sharding.param_spec((name,), w.ndim, rules)) + (None,) * w.ndim)[: w.ndim])
+    spec = P(*_weight_spec(name, w.ndim, rules))
     return jax.shard_map(local, mesh=mesh, in_specs=(spec, P()), out_specs=spec)(w, dep)
 
 

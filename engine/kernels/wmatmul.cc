@@ -39,8 +39,10 @@ const float* x_f32(const ffi::AnyBuffer& x, int64_t n, std::vector<float>& tmp) 
   if (x.element_type() == DataType::F32) return static_cast<const float*>(x.untyped_data());
   tmp.resize(n);
   const uint16_t* p = static_cast<const uint16_t*>(x.untyped_data());
-  bool bf = x.element_type() == DataType::BF16;
-  for (int64_t i = 0; i < n; ++i) tmp[i] = bf ? bf16_to_f32(p[i]) : f16_to_f32(p[i]);
+  if (x.element_type() == DataType::BF16)
+    aotlm_cv::to_f32<BF16>(p, 0, n, tmp.data());
+  else
+    aotlm_cv::to_f32<F16>(p, 0, n, tmp.data());
   return tmp.data();
 }
 
@@ -67,7 +69,6 @@ template <class W>
 void run(bool nt, const float* x, const void* wraw, const float* scale, int64_t M, int64_t K, int64_t N,
          const Out& out) {
   const typename W::T* w = static_cast<const typename W::T*>(wraw);
-  const int64_t threads = aotlm::pool_size();
   if (!nt && M == 1) {
     std::vector<float> y = split_k(K, N, 1, [&](int64_t k0, int64_t k1, float* part) {
       kn_row_stream<W>(x, w, N, k0, k1, part);
@@ -78,6 +79,7 @@ void run(bool nt, const float* x, const void* wraw, const float* scale, int64_t 
     return;
   }
   // Column chunks: multiples of 32 columns (whole cache lines of W for nn), ~4 per thread.
+  const int64_t threads = aotlm::pool_size();
   const int64_t align = nt ? 4 : 32;
   int64_t chunk = (N + 4 * threads - 1) / (4 * threads);
   chunk = std::max<int64_t>(align, (chunk + align - 1) / align * align);
