@@ -35,7 +35,7 @@ from aotlm import (
 from aotlm import buckets as bk
 from aotlm.checkpoint import CheckpointError, WeightReader, load_hf_config
 from aotlm.compile_cache import CompileCache
-from aotlm.models import decoder, family_for
+from aotlm.models import decoder, family_for, packing
 from aotlm.models.quant import ParamRewriter, QuantizationConfig, quant_config
 from aotlm.models.weights import load_params
 
@@ -151,6 +151,10 @@ class CausalLMForSampling:
     def _place(self, path: tuple, arr: np.ndarray):
         """Pad / repeat for the mesh on the host, then copy each device only its own shard."""
         arr = sharding.prepare_param(path, arr, self.tp_degree, self.gqa, self.cfg.n_kv_heads)
+        if self._pack:  # int8 weights in the kernels' panel layout (aotlm.models.packing)
+            arr = packing.prepare(
+                path[-1], arr, sharding.param_spec(path, arr.ndim, self._rules), self.tp_degree
+            )
         shard = sharding.param_sharding(self.mesh, path, arr.ndim, self._rules)
         return jax.make_array_from_callback(arr.shape, shard, lambda idx: arr[idx])
 
@@ -162,6 +166,7 @@ class CausalLMForSampling:
             rows = bar(family.weight_rows(self.cfg, self.hf_config), "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
             view = self.quant is not None and kernels.enabled()  # int8 embedding copy for a tied lm_head
+            self._pack = view and self.quant.quant_dtype != "bf16"
             rewriter = ParamRewriter(self.quant, self.fuse_qkv, view) if self.quant or self.fuse_qkv else None
             params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
             if "lm_head" in params:  # untied: the int8 embedding copy is not needed

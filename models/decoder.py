@@ -208,9 +208,9 @@ def logits(cfg: ArchConfig, params, h):
         out = jax.lax.dot_general(
             h, params["embed"], (((h.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
+    out = out[..., : cfg.vocab_size]  # before the bias: the int8 lm_head's vocab may be padded further
     if "lm_head_bias" in params:
-        out = out + params["lm_head_bias"].astype(jnp.float32)
-    out = out[..., : cfg.vocab_size]
+        out = out + params["lm_head_bias"][: cfg.vocab_size].astype(jnp.float32)
     if cfg.logit_softcap is not None:
         out = jnp.tanh(out / cfg.logit_softcap) * cfg.logit_softcap
     return out

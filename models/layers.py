@@ -15,6 +15,7 @@ import numpy as np
 from jax import lax
 
 from aotlm import kernels
+from aotlm.models import packing
 
 NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
 
@@ -236,12 +237,15 @@ def xla_weight(w, x, scaled: bool, name: str | None = None):
     """A whole weight ready for XLA's own dot with ``x`` (prefill): int8 weights with a scale
     (``scaled``) in ``x``'s dtype, others promoted with it. A low-precision matrix is converted
     by the CPU kernel, run once ``x`` is ready (XLA:CPU's convert ran at ~1 GB/s there and was
-    scheduled at the start of the graph), else by ``astype``."""
+    scheduled at the start of the graph), else by ``astype``; a packed int8 leaf
+    (``aotlm.models.packing``) comes back in its logical layout either way."""
     dtype = x.dtype if scaled else jnp.promote_types(x.dtype, w.dtype)
     if jnp.dtype(w.dtype) == jnp.dtype(dtype):
         return w
     out = kernels.convert(w, dtype, name, x)
-    return w.astype(dtype) if out is None else out
+    if out is not None:
+        return out
+    return (packing.unpack(w, name) if packing.is_packed(name, w.ndim) else w).astype(dtype)
 
 
 def dense_in(x, w, b=None, scale=None, name: str | None = None):

@@ -82,8 +82,14 @@ LOGICAL_AXES.update(
 
 
 def logical_axes(path: Path, ndim: int) -> tuple[str | None, ...]:
-    """Logical axes of a parameter (norm scales and other small leaves: replicated)."""
+    """Logical axes of a parameter (norm scales and other small leaves: replicated); a leaf in
+    the kernels' packed int8 layout (``aotlm.models.packing``) has two more dims."""
     axes = LOGICAL_AXES.get(path[-1], (None,) * ndim)
+    if len(axes) + 2 == ndim:
+        from aotlm.models import packing
+
+        if packing.is_packed(path[-1], ndim):
+            return packing.packed_axes(path[-1], axes)
     if len(axes) != ndim:
         raise ValueError(f"parameter {path} has {ndim} dims but its logical axes are {axes}")
     return axes

@@ -10,6 +10,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from aotlm import kernels, sharding
+from aotlm.models import packing
 
 mesh = sharding.make_mesh(2)
 rules = sharding.rules("shard-over-heads", 2)
@@ -56,4 +57,37 @@ for name, ws in (("w_up", (40, 58)), ("w_down", (58, 40))):
         compiled = fn.lower(wd).compile()
     got = np.asarray(sharding.fetch(compiled(wd)))
     out[f"convert {name}"] = [float(np.abs(got - w).max()), "aotlm_convert" in compiled.as_text()]
+# int8 weights in the panel layout (aotlm.models.packing): every device multiplies its packed shard
+packed_cases = {  # name: (leaf, x shape, logical w shape, axes, nt)
+    "packed column w_up": ("w_up", (1, 1, 40), (40, 64), 1, False),  # 2 panels per device
+    "packed row w_down": ("w_down", (3, 1, 64), (64, 48), 1, False),  # 16 pairs of rows per device: psum
+    "packed row wo": ("wo", (2, 1, 4, 10), (4, 10, 32), 2, False),
+    "packed vocab embed_q": ("embed_q", (2, 34), (96, 34), 1, True),
+}
+for case, (name, xs, ws, axes, nt) in packed_cases.items():
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.integers(-127, 128, ws).astype(np.int8)
+    spec = sharding.param_spec((name,), w.ndim, rules)
+    wp = packing.prepare(name, w, spec, 2)
+    assert packing.is_packed(name, wp.ndim), case
+    n_out = ws[:1] if nt else ws[axes:]
+    s = rng.random(n_out).astype(np.float32) / 100
+    wd = sharding.put(wp, sharding.param_sharding(mesh, (name,), wp.ndim, rules))
+    sd = sharding.put(s, sharding.param_sharding(mesh, (name + "_scale",), s.ndim, rules))
+    xd = sharding.put(x, sharding.replicated(mesh))
+    fn = jax.jit(lambda x, w, s, name=name, axes=axes, nt=nt: kernels.matmul(x, w, s, axes, name, nt))
+    with kernels.mesh_context(mesh, rules):
+        compiled = fn.lower(xd, wd, sd).compile()
+    y = np.asarray(sharding.fetch(compiled(xd, wd, sd)), np.float64)
+    k = int(np.prod(ws[1:] if nt else ws[:axes]))
+    w64 = w.astype(np.float64).reshape(ws[0], k).T if nt else w.astype(np.float64).reshape(k, -1)
+    ref = (x.astype(np.float64).reshape(-1, k) @ w64) * s.reshape(-1)
+    err = float(np.abs(y.reshape(ref.shape) - ref).max() / np.abs(ref).max())
+    out[case] = [err, "aotlm_wmm_pk" in compiled.as_text()]
+    if not nt:  # prefill: each device unpacks its shard to the logical layout
+        fn = jax.jit(lambda w, name=name: kernels.convert(w, np.float32, name))
+        with kernels.mesh_context(mesh, rules):
+            compiled = fn.lower(wd).compile()
+        got = np.asarray(sharding.fetch(compiled(wd)))
+        out[f"unpack {name}"] = [float(np.abs(got - w).max()), "aotlm_unpack" in compiled.as_text()]
 print(json.dumps({"devices": jax.device_count(), "cases": out}))

@@ -21,6 +21,7 @@ import pytest
 from test_weight_options import PROMPTS, _llama, _save
 
 from aotlm import AutoModelForSampling, kernels
+from aotlm.models import packing
 
 pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="aotlm kernels unavailable on this machine")
 HERE = Path(__file__).parent
@@ -113,6 +114,57 @@ def test_kernel_inside_while_loop_and_layers_dense():
         ref = np.tanh(ref @ (w.astype(np.float64) * s))
     # atol: x is rounded to int16 per row for the int8 dot products (step max|x| / 32767)
     np.testing.assert_allclose(np.asarray(compiled(x)), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_int8_kernel_matches_numpy():
+    """int8 weights in the panel layout (``aotlm.models.packing``): rows 1..16, K even, N % 16 == 0,
+    multi-dim contractions (``wo``) and outputs (``wqkv``), the tied lm_head's ``embed_q [V, D]``."""
+    rng = np.random.default_rng(5)
+    f = jax.jit(kernels.matmul, static_argnames=("axes", "name", "nt"))
+    cases = [  # (leaf, x shape, logical w shape, axes, nt)
+        ("w_up", (1, 38), (38, 16), 1, False),
+        ("w_up", (1, 3072), (3072, 160), 1, False),  # > KB_PAIRS pairs: several int32 flushes
+        ("w_down", (2, 100), (100, 48), 1, False),
+        ("w_up", (3, 14), (14, 1008), 1, False),
+        ("w_gate", (5, 258), (258, 32), 1, False),
+        ("w_up", (7, 40), (40, 64), 1, False),
+        ("w_down", (8, 34), (34, 304), 1, False),
+        ("w_up", (13, 24), (24, 80), 1, False),
+        ("w_up", (16, 130), (130, 48), 1, False),
+        ("wo", (2, 1, 4, 10), (4, 10, 32), 2, False),
+        ("wqkv", (3, 1, 22), (22, 2, 5, 16), 1, False),
+        ("embed_q", (4, 34), (96, 34), 1, True),
+    ]
+    for name, xs, ws, axes, nt in cases:
+        contract = packing.PACK_CONTRACT[name]
+        w = _weights(rng, ws, jnp.int8)
+        wp = packing.pack_if(name, w, (False,) * w.ndim, 1)
+        assert packing.is_packed(name, wp.ndim) and wp.size == w.size, name
+        n_out = ws[:1] if nt else ws[axes:]
+        s = rng.random(n_out).astype(np.float32) / 100
+        for xdt in (jnp.float32, jnp.bfloat16):
+            x = jnp.asarray(rng.standard_normal(xs), xdt)
+            y = f(x, jnp.asarray(wp), s, axes=axes, name=name, nt=nt)
+            assert y.shape == (*xs[: len(xs) - axes], *n_out), name
+            _check(y, x, w, s, nt, axes, xdt)
+        # prefill: the kernel unpacks to the logical [*K, *N] layout; jnp's unpack agrees
+        logical = np.moveaxis(w, contract, tuple(range(len(contract))))
+        got = jax.jit(kernels.convert, static_argnames=("dtype", "name"))(jnp.asarray(wp), jnp.float32, name)
+        np.testing.assert_array_equal(np.asarray(got), logical.astype(np.float32))
+        np.testing.assert_array_equal(np.asarray(packing.unpack(jnp.asarray(wp), name)), logical)
+
+
+def test_pack_if_keeps_row_major_what_it_cannot_pack():
+    rng = np.random.default_rng(6)
+    w = rng.integers(-127, 128, (40, 64)).astype(np.int8)
+    assert packing.pack_if("w_up", w, (False, True), 2).shape == (4, 20, 16, 2)  # 2 panels per device
+    assert packing.pack_if("w_up", w, (False, True), 8).shape == w.shape  # 4 panels over 8 devices: no
+    assert packing.pack_if("w_down", w, (True, False), 4).shape == (4, 20, 16, 2)  # 5 pairs of rows each
+    assert packing.pack_if("w_down", w, (True, False), 8).shape == w.shape  # 20 pairs over 8 devices: no
+    assert packing.pack_if("w_up", w[:39], (False, False), 1).shape == (39, 64)  # odd K
+    assert packing.pack_if("w_up", w[:, :40], (False, False), 1).shape == (40, 40)  # N % 16
+    assert packing.pack_if("w_up", w.astype(np.float32), (False, False), 1).dtype == np.float32  # not int8
+    assert packing.pack_if("router", w, (False, False), 1).shape == w.shape  # not a packed leaf
 
 
 def test_tensor_parallel_shards_in_subprocess(tmp_path):
@@ -215,18 +267,33 @@ def test_forced_fallback_gives_identical_greedy_tokens(ckpt_dir, monkeypatch, kw
     lg_on, tok_on, used_on, m_on = _sample(path, monkeypatch, True, **kw)
     lg_off, tok_off, used_off, _ = _sample(path, monkeypatch, False, **kw)
     assert used_on and not used_off
-    if kw.get("quant") == "int8":  # prefill converts the int8 matrices in the kernel, not in XLA
+    if kw.get("quant") == "int8":  # prefill unpacks the (packed) int8 matrices in the kernel, not in XLA
         prefill = [exe.as_text() for k, exe in m_on._executables.items() if "prefill" in str(k)]
-        assert prefill and all("aotlm_convert" in t for t in prefill)
+        assert prefill and all("aotlm_unpack" in t for t in prefill)
     np.testing.assert_array_equal(tok_on, tok_off)
     assert np.abs(lg_on - lg_off).max() <= 1e-2 * np.abs(lg_off).max()
+
+
+def test_packed_weights_traced_without_kernels_give_identical_tokens(ckpt_dir, monkeypatch):
+    """int8 weights packed at load, graphs then traced with the kernels off: XLA's dot reads
+    ``packing.unpack``'s logical matrix and the greedy tokens equal the kernels'."""
+    path = _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)
+    _, tok_on, _, m = _sample(path, monkeypatch, True, quant="int8")
+    layer = m.params["layers"][0]
+    assert all(packing.is_packed(k, w.ndim) for k, w in layer.items() if k in packing.PACK_CONTRACT)
+    monkeypatch.setenv("AOTLM_KERNELS", "0")
+    m._executables.clear()
+    m.compile()
+    assert not any("aotlm_" in exe.as_text() for exe in m._executables.values())
+    np.testing.assert_array_equal(m.sample(PROMPTS, max_new_tokens=16), tok_on)
 
 
 def test_tied_int8_lm_head_view(gpt2_path, monkeypatch):
     """GPT-2 ties lm_head to the embedding: under int8 the logits read an int8 copy of it."""
     lg32 = _sample(gpt2_path, monkeypatch, False)[0]
     lg8, _, used, m = _sample(gpt2_path, monkeypatch, True, quant="int8")
-    assert used and m.params["embed_q"].dtype == np.int8 and m.params["embed_q_scale"].shape == (101,)
+    assert used and m.params["embed_q"].dtype == np.int8 and m.params["embed_q_scale"].shape == (112,)
+    assert packing.is_packed("embed_q", m.params["embed_q"].ndim)  # vocab 101 padded to 7 panels of 16
     assert np.abs(lg8 - lg32).max() <= 1e-2 * np.abs(lg32).max()
     lg_off, _, _, m_off = _sample(gpt2_path, monkeypatch, False, quant="int8")
     assert "embed_q" not in m_off.params  # no kernels: no copy (XLA reads the embedding itself)

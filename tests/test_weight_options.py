@@ -31,9 +31,9 @@ import torch
 import transformers
 from conformance import hf_model
 
-from aotlm import AutoModelForSampling, sharding
+from aotlm import AutoModelForSampling, kernels, sharding
 from aotlm.compile_cache import entry_key
-from aotlm.models import decoder
+from aotlm.models import decoder, packing
 from aotlm.models.quant import QuantizationConfig, fuse_qkv_heads, quantize_int8, regroup_qkv
 from aotlm.models.weights import CONTRACT_AXES
 
@@ -178,22 +178,31 @@ def test_int8_weights_are_stored_as_int8(peaked):
     _, runs = peaked
     m32, m8 = runs["f32"][2], runs["int8"][2]
     big = lambda p: {k: v for k, v in p.items() if k in CONTRACT_AXES}
-    n_big = 0
+    n_big = n_packed = 0
     for tree in [m8.params, *m8.params["layers"]]:
         for name, w in big(tree).items():
             n_big += 1
             assert w.dtype == np.int8, name
+            if packing.is_packed(name, w.ndim):  # the kernels' panel layout (aotlm.models.packing)
+                n_packed += 1
+                kd, nd = packing.logical_dims(name, w.shape)
+                shape = (*kd, *nd)
+            else:
+                shape = w.shape
             scale = tree[name + "_scale"]
             assert scale.dtype == np.float32
-            assert scale.shape == tuple(n for i, n in enumerate(w.shape) if i not in CONTRACT_AXES[name])
+            assert scale.shape == tuple(n for i, n in enumerate(shape) if i not in CONTRACT_AXES[name])
     assert n_big == 1 + 7 * m8.cfg.n_layers  # lm_head + q/k/v/o/gate/up/down per layer
+    assert n_packed == (n_big if kernels.enabled() else 0)
     assert m8.params["embed"].dtype == np.float32  # the embedding is not quantized
-    nbytes = lambda ps: sum(w.nbytes for p in [ps, *ps["layers"]] for k, w in p.items() if k in CONTRACT_AXES)
-    assert nbytes(m8.params) * 4 == nbytes(m32.params)
+    layer_bytes = lambda ps: sum(w.nbytes for p in ps["layers"] for k, w in p.items() if k in CONTRACT_AXES)
+    assert layer_bytes(m8.params) * 4 == layer_bytes(m32.params)
+    v, v8 = m32.params["lm_head"].shape[1], m8.params["lm_head_scale"].shape[0]  # int8 vocab: padded to 16
+    assert m8.params["lm_head"].size == m32.params["lm_head"].size // v * v8 and v8 - v < 16
     scales = sum(
         s.nbytes for p in [m8.params, *m8.params["layers"]] for k, s in p.items() if k.endswith("_scale")
     )
-    assert scales < nbytes(m8.params) / 8  # one float per output channel
+    assert scales < layer_bytes(m8.params) / 8  # one float per output channel
 
 
 def test_bf16_weights_are_stored_as_bf16_with_f32_activations(peaked):
@@ -399,17 +408,26 @@ def test_int8_and_fuse_qkv_under_tp2(tp_proc):
     assert runs["kv1 fuse tp2"]["gqa"] == "replicated-heads"
     leaves = runs["kv2 int8 tp2"]["leaves"]
     layer = "['layers'][0]"
-    for w, spec in [
+
+    def spec(leaves, path, w, logical):  # a packed leaf (aotlm.models.packing): output dims first
+        got = leaves[f"{path}['{w}']"]["spec"]
+        if len(got) == len(logical):
+            return got == logical
+        ka, na = packing.split_dims(tuple(logical), packing.PACK_CONTRACT[w])
+        return got == [*na, *ka, "None", "None"]
+
+    for w, logical in [
         ("wq", ["None", "tp", "None"]),
         ("wk", ["None", "tp", "None"]),
         ("w_down", ["tp", "None"]),
     ]:
         assert leaves[f"{layer}['{w}']"]["dtype"] == "int8"
-        assert leaves[f"{layer}['{w}']"]["spec"] == spec
+        assert spec(leaves, layer, w, logical), w
     assert leaves[f"{layer}['wq_scale']"]["spec"] == ["tp", "None"]  # sharded with its weight's heads
     assert leaves[f"{layer}['w_up_scale']"]["spec"] == ["tp"]
-    assert leaves["['lm_head_scale']"]["spec"] == ["tp"]  # vocab-sharded (padded 101 -> 102)
+    assert leaves["['lm_head_scale']"]["spec"] == ["tp"]  # vocab-sharded (101 padded to 102, or 128 packed)
     fused = runs["kv1 int8+fuse tp2"]["leaves"]
-    assert fused[f"{layer}['wqkv']"]["spec"] == ["None", "tp", "None", "None"]
+    assert spec(fused, layer, "wqkv", ["None", "tp", "None", "None"])
     assert fused[f"{layer}['wqkv_scale']"]["spec"] == ["tp", "None", "None"]
-    assert fused[f"{layer}['w_gu']"]["spec"] == ["None", "None", "tp"]
+    assert spec(fused, layer, "w_gu", ["None", "None", "tp"])
+    assert len(fused[f"{layer}['w_gu']"]["spec"]) == (5 if kernels.enabled() else 3)  # packed with kernels

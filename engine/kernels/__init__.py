@@ -3,7 +3,8 @@
 XLA:CPU converts a whole bf16 / int8 weight matrix before a GEMV (1-2 GB/s of weights), so
 decode with such weights was slower than f32. ``wmatmul.cc`` streams the stored bytes once per
 call, converts them in registers (int8: integer dot products with x rounded to int16 per row,
-``int8.h``) and splits the work over every core. ``bdot.h``: decode attention's batched small
+``int8.h``; int8 weights stored in the panel layout at load, ``packed.h`` and
+``aotlm.models.packing``) and splits the work over every core. ``bdot.h``: decode attention's batched small
 products, which XLA:CPU ran at ~2 GFLOP/s, computed over the KV cache in place.
 
 Build: compiled on first use with the system ``g++`` into ``$AOTLM_KERNEL_CACHE`` (default
@@ -13,10 +14,10 @@ isolated build env (a second jaxlib download per build) and a ``-mavx2`` binary 
 installs on machines without a compiler or AVX2: here any failure only means the pure-JAX path.
 
 Used when: the default backend is CPU, the CPU has AVX2+FMA+F16C, the build succeeded and
-``AOTLM_KERNELS`` is not ``0``. f32 weights take the kernel only for 2..``MAX_ROWS`` rows
-(batched decode, the ``k + 1`` tokens a speculative check feeds), where XLA's GEMM read them
-at a third to a half of the kernel's rate; everything else (other backends, a 1-row f32 GEMV,
-more than ``MAX_ROWS`` rows) keeps XLA's dot.
+``AOTLM_KERNELS`` is not ``0``. Weights of every dtype take the kernel for 1..``MAX_ROWS`` rows
+(decode, batched decode, the ``k + 1`` tokens a speculative check feeds); more rows (prefill)
+and other backends keep XLA's dot, with low-precision matrices converted (or unpacked) by the
+kernels first.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from pathlib import Path
 
 import jax
 
-SOURCES = ("wmatmul.cc", "wfloat.h", "int8.h", "bdot.h", "convert.h", "pool.h")
+SOURCES = ("wmatmul.cc", "wfloat.h", "int8.h", "packed.h", "bdot.h", "convert.h", "pool.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-shared", "-pthread")
 TARGETS = {
     "aotlm_wmm_nn": "AotlmWmmNN",
     "aotlm_wmm_nt": "AotlmWmmNT",
     "aotlm_bdot": "AotlmBdot",
     "aotlm_convert": "AotlmConvert",
+    "aotlm_wmm_pk": "AotlmWmmPK",
+    "aotlm_unpack": "AotlmUnpack",
 }
 # More rows than this (prefill) stay on XLA's dot. f32 weights take the kernels too: XLA runs 2..16
 # rows (batched decode, a speculative check) as a GEMM reading W 2-4x slower, and its one-row GEMV

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from aotlm import kernels
+from aotlm.models import packing
 
 W_DTYPES = (jnp.int8, jnp.bfloat16, jnp.float16, jnp.float32)
 X_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -59,19 +60,26 @@ def _weight_spec(name: str, ndim: int, rules: dict) -> tuple:
     return (tuple(sharding.param_spec((name,), ndim, rules)) + (None,) * ndim)[:ndim]
 
 
-def _call(x, w, scale, axes: int, nt: bool):
-    """The kernel on local arrays: ``x [..., *K] @ w [*K, *N]`` (or ``w [N, K]`` when ``nt``)."""
+def _logical_ndim(name: str | None, w) -> int:
+    """Dims of the weight's logical form (a packed leaf has two more)."""
+    return w.ndim - 2 if packing.is_packed(name, w.ndim) else w.ndim
+
+
+def _call(x, w, scale, axes: int, nt: bool, name: str | None = None):
+    """The kernel on local arrays: ``x [..., *K] @ w [*K, *N]`` (or ``w [N, K]`` when ``nt``, or
+    ``w`` in the packed int8 layout of ``aotlm.models.packing``)."""
     kernels.ensure_registered()
     lead = x.shape[: x.ndim - axes]
     k = math.prod(x.shape[x.ndim - axes :])
     x2 = x.reshape(-1, k)
-    if nt:
-        w2, tail = w, (w.shape[0],)
-    else:
-        w2, tail = w.reshape(k, -1), w.shape[axes:]
     s = scale.reshape(-1) if scale is not None else jnp.zeros((0,), jnp.float32)
-    target = "aotlm_wmm_nt" if nt else "aotlm_wmm_nn"
-    out = jax.ShapeDtypeStruct((x2.shape[0], w2.shape[0] if nt else w2.shape[1]), x.dtype)
+    if packing.is_packed(name, w.ndim):
+        target, w2, tail = "aotlm_wmm_pk", w, packing.logical_dims(name, w.shape)[1]
+    elif nt:
+        target, w2, tail = "aotlm_wmm_nt", w, (w.shape[0],)
+    else:
+        target, w2, tail = "aotlm_wmm_nn", w.reshape(k, -1), w.shape[axes:]
+    out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), x.dtype)
     y = jax.ffi.ffi_call(target, out)(x2, w2, s.astype(jnp.float32))
     return y.reshape(*lead, *tail)
 
@@ -83,11 +91,12 @@ def matmul(x, w, scale=None, axes: int = 1, name: str | None = None, nt: bool = 
     weight's leaf name, which gives its sharding under tensor parallelism.
     """
     if _one_device():
-        return _call(x, w, scale, axes, nt)
+        return _call(x, w, scale, axes, nt, name)
     from aotlm import sharding
 
     mesh, rules = _ctx.value
-    wspec = _weight_spec(name, w.ndim, rules)
+    pspec = _weight_spec(name, w.ndim, rules)  # the stored leaf's (packed or not)
+    wspec = _weight_spec(name, _logical_ndim(name, w), rules)
     contract, outs = (wspec[1:], wspec[:1]) if nt else (wspec[:axes], wspec[axes:])
     lead = (None,) * (x.ndim - axes)
     x_spec, out_spec = P(*lead, *contract), P(*lead, *outs)
@@ -95,13 +104,13 @@ def matmul(x, w, scale=None, axes: int = 1, name: str | None = None, nt: bool = 
     partial = any(a is not None for a in contract)
 
     def local(xl, wl, sl):
-        y = _call(xl, wl, sl, axes, nt)
+        y = _call(xl, wl, sl, axes, nt, name)
         return jax.lax.psum(y, sharding.TP) if partial else y
 
     if scale is None:
         fn = lambda xl, wl: local(xl, wl, None)
-        return jax.shard_map(fn, mesh=mesh, in_specs=(x_spec, P(*wspec)), out_specs=out_spec)(x, w)
-    return jax.shard_map(local, mesh=mesh, in_specs=(x_spec, P(*wspec), s_spec), out_specs=out_spec)(
+        return jax.shard_map(fn, mesh=mesh, in_specs=(x_spec, P(*pspec)), out_specs=out_spec)(x, w)
+    return jax.shard_map(local, mesh=mesh, in_specs=(x_spec, P(*pspec), s_spec), out_specs=out_spec)(
         x, w, scale
     )
 
@@ -114,8 +123,9 @@ def convert(w, dtype, name: str | None = None, after=None):
     call takes one element of it as a dummy operand, so it runs when that is ready instead of at
     the start of the graph -- otherwise every layer's converted matrix was live at once, and the
     fresh pages of that temp buffer (83k page faults, ~170 ms per GPT-2-small int8 prefill) cost
-    more than the conversion. Returns ``None`` when the kernel cannot take it (another backend,
-    kernels off, a sharded weight without ``name``).
+    more than the conversion. A packed int8 leaf (``aotlm.models.packing``) comes back in its
+    logical layout (``aotlm_unpack``). Returns ``None`` when the kernel cannot take it (another
+    backend, kernels off, a sharded weight without ``name``).
     """
     dtype = jnp.dtype(dtype)
     if jnp.dtype(w.dtype) not in W_DTYPES[:3] or dtype not in X_DTYPES or not kernels.enabled():
@@ -124,15 +134,22 @@ def convert(w, dtype, name: str | None = None, after=None):
         return None
     dep = jnp.zeros((1,), jnp.float32) if after is None else after.reshape(-1)[:1].astype(jnp.float32)
 
+    packed = packing.is_packed(name, w.ndim)
+
     def local(wl, d):
         kernels.ensure_registered()
-        return jax.ffi.ffi_call("aotlm_convert", jax.ShapeDtypeStruct(wl.shape, dtype))(wl, d)
+        if not packed:
+            return jax.ffi.ffi_call("aotlm_convert", jax.ShapeDtypeStruct(wl.shape, dtype))(wl, d)
+        kd, nd = packing.logical_dims(name, wl.shape)
+        out = jax.ShapeDtypeStruct((math.prod(kd), math.prod(nd)), dtype)
+        return jax.ffi.ffi_call("aotlm_unpack", out)(wl, d).reshape(*kd, *nd)
 
     if _one_device():
         return local(w, dep)
     mesh, rules = _ctx.value
     spec = P(*_weight_spec(name, w.ndim, rules))
-    return jax.shard_map(local, mesh=mesh, in_specs=(spec, P()), out_specs=spec)(w, dep)
+    out_spec = P(*_weight_spec(name, _logical_ndim(name, w), rules)) if packed else spec
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, P()), out_specs=out_spec)(w, dep)
 
 
 def attention_ok(t: int) -> bool:

@@ -2,6 +2,7 @@
 //
 //   aotlm_wmm_nn:  y[M,N] = x[M,K] @ W[K,N]      (dense weights, row-major [in, out])
 //   aotlm_wmm_nt:  y[M,N] = x[M,K] @ W[N,K]^T    (embedding rows: tied lm_head)
+//   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N]      (int8 W in the panel layout, packed.h)
 //
 // W is bf16, f16, f32 or int8 (then times a per-output-channel f32 scale); x and y are f32,
 // bf16 or f16 (y has x's dtype); products accumulate in f32. Why: XLA:CPU converts a whole
@@ -32,6 +33,7 @@ namespace {
 
 #include "bdot.h"     // batched attention dots: uses the element types and hsum of wfloat.h
 #include "convert.h"  // whole-matrix conversion for prefill
+#include "packed.h"   // int8 weights in the panel layout (decode matmuls and prefill unpacking)
 
 // ------------------------------------------------------------------ driver
 // x as f32 (converted once, shared read-only by the workers).
@@ -190,6 +192,42 @@ ffi::Error wmm_nt(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer s, ffi::Res
   return wmm(true, x, w, s, y);
 }
 
+// Packed int8 W (any shape, K * N elements): x [M, K] -> y [M, N].
+ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::Result<ffi::AnyBuffer> y) {
+  auto xd = x.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
+    return ffi::Error::InvalidArgument("aotlm_wmm_pk: x [M, K] and y [M, N] must be 2-D with equal M");
+  const int64_t M = xd[0], K = xd[1], N = yd[1];
+  if (w.element_type() != DataType::S8 || int64_t(w.element_count()) != K * N || K % 2 || N % aotlm_pk::P)
+    return ffi::Error::InvalidArgument("aotlm_wmm_pk: w must be int8 with K * N elements, K even, N % 16 == 0");
+  const DataType xt = x.element_type();
+  if (y->element_type() != xt || (xt != DataType::F32 && xt != DataType::BF16 && xt != DataType::F16))
+    return ffi::Error::InvalidArgument("aotlm_wmm_pk: x and y must both be f32, bf16 or f16");
+  const float* s = nullptr;
+  if (scale.element_count() > 0) {
+    if (scale.element_type() != DataType::F32 || int64_t(scale.element_count()) != N)
+      return ffi::Error::InvalidArgument("aotlm_wmm_pk: scale must be f32 [N]");
+    s = static_cast<const float*>(scale.untyped_data());
+  }
+  std::vector<float> tmp;
+  aotlm_pk::run(x_f32(x, M * K, tmp), static_cast<const int8_t*>(w.untyped_data()), s, M, K, N,
+                Out{y->untyped_data(), xt});
+  return ffi::Error::Success();
+}
+
+// Packed int8 W -> y [K, N] (f32, bf16 or f16); ``after``: unused (orders the call, see convert).
+ffi::Error unpack(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyBuffer> y) {
+  auto yd = y->dimensions();
+  const DataType yt = y->element_type();
+  if (yd.size() != 2 || (yt != DataType::F32 && yt != DataType::BF16 && yt != DataType::F16))
+    return ffi::Error::InvalidArgument("aotlm_unpack: y must be 2-D f32, bf16 or f16");
+  const int64_t K = yd[0], N = yd[1];
+  if (w.element_type() != DataType::S8 || int64_t(w.element_count()) != K * N || K % 2 || N % aotlm_pk::P)
+    return ffi::Error::InvalidArgument("aotlm_unpack: w must be int8 with K * N elements, K even, N % 16 == 0");
+  aotlm_pk::run_unpack(static_cast<const int8_t*>(w.untyped_data()), K, N, Out{y->untyped_data(), yt});
+  return ffi::Error::Success();
+}
+
 ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer lim, ffi::Result<ffi::AnyBuffer> c) {
   auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
@@ -229,6 +267,14 @@ ffi::Error convert(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyB
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmConvert, convert,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmUnpack, unpack,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmPK, wmm_pk,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmNN, wmm_nn,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()

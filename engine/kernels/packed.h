@@ -1,0 +1,144 @@
+// int8 weights in the panel layout (included by wmatmul.cc after int8.h).
+//
+//   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N] * scale[N],  W stored as panels (models/packing.py)
+//   aotlm_unpack:  y[K,N] = float(W)                      (prefill: XLA's GEMM reads a plain matrix)
+//
+// Layout: wp[N/16][K/2][16][2] -- panel p holds columns 16p..16p+15 of all K rows, and in it
+// each pair of rows (k, k+1) is interleaved per column, so 32 consecutive bytes are exactly the
+// vpmaddwd operands of one pair of rows x 16 columns (two vpmovsxbw loads, no unpack).
+//
+// Why: the row-major one-row stream (int8.h) keeps N partial sums in memory and unpacks every
+// pair of rows: 12 uops per 32 weights, and one decode step's int8 matmuls read only 11-14 GB/s
+// of the ~18 GB/s two threads can stream on the 2-core EPYC. A panel is one contiguous stream
+// whose 16 sums stay in registers for all K (6 uops per 32 weights): 15-18 GB/s in the same
+// harness run (/tmp-style harness of GPT-2-small's 48 decode matmuls, cold). The threads split
+// the panels (contiguous ranges of memory), so no partial sums are added at the end either.
+#pragma once
+
+namespace aotlm_pk {
+constexpr int64_t P = 16;       // columns per panel
+constexpr int64_t PFB = 512;    // software prefetch distance (bytes ahead in the panel stream)
+using aotlm_i8::KB_PAIRS;       // pairs of rows between int32 -> f32 flushes (no int32 overflow)
+using aotlm_i8::pair_at;
+
+inline __m256i w16(const int8_t* p) {  // 16 int8 -> 16 int16 (8 columns x a pair of rows)
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// MR rows of xq [MR, Kp] (zero padded past K) x panel (Kh pairs of rows): out[m * ld + 0..15] =
+// the unscaled dot products. Kh pairs = K/2 rows of the panel, 32 bytes each.
+template <int MR>
+inline void panel_rows(const int16_t* xq, int64_t Kp, const int8_t* panel, int64_t Kh, float* out, int64_t ld) {
+  __m256 f[MR][2];
+  for (int m = 0; m < MR; ++m) f[m][0] = f[m][1] = _mm256_setzero_ps();
+  for (int64_t j0 = 0; j0 < Kh; j0 += KB_PAIRS) {
+    const int64_t j1 = std::min(Kh, j0 + KB_PAIRS);
+    __m256i acc[MR][2];
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
+    for (int64_t j = j0; j < j1; ++j) {
+      const int8_t* r = panel + j * 2 * P;
+      if ((j & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(r + PFB), _MM_HINT_T0);
+      const __m256i a = w16(r), b = w16(r + 16);
+      for (int m = 0; m < MR; ++m) {
+        const __m256i xb = pair_at(xq + m * Kp + 2 * j);
+        acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(a, xb));
+        acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(b, xb));
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      f[m][0] = _mm256_add_ps(f[m][0], _mm256_cvtepi32_ps(acc[m][0]));
+      f[m][1] = _mm256_add_ps(f[m][1], _mm256_cvtepi32_ps(acc[m][1]));
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    _mm256_storeu_ps(out + m * ld, f[m][0]);
+    _mm256_storeu_ps(out + m * ld + 8, f[m][1]);
+  }
+}
+
+// All M rows x panels [p0, p1): buf[m * ld + (p - p0) * 16 + c] (unscaled). Row groups of <= 6
+// (12 accumulators + 2 weight vectors + 1 broadcast <= 16 registers); a panel is at most
+// KB_PAIRS * 32 = 4 KB per block, so the groups after the first read it from L1/L2.
+inline void rows(const int16_t* xq, int64_t Kp, int64_t M, const int8_t* wp, int64_t Kh, int64_t p0, int64_t p1,
+                 float* buf, int64_t ld) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const int8_t* panel = wp + p * Kh * 2 * P;
+    for (int64_t m0 = 0; m0 < M;) {
+      const int64_t left = M - m0;
+      const int mr = left >= 7 ? 4 : int(left);  // 8 rows: 4 + 4, 7: 4 + 3
+      const int16_t* x = xq + m0 * Kp;
+      float* o = buf + m0 * ld + (p - p0) * P;
+      switch (mr) {
+        case 1: panel_rows<1>(x, Kp, panel, Kh, o, ld); break;
+        case 2: panel_rows<2>(x, Kp, panel, Kh, o, ld); break;
+        case 3: panel_rows<3>(x, Kp, panel, Kh, o, ld); break;
+        case 4: panel_rows<4>(x, Kp, panel, Kh, o, ld); break;
+        case 5: panel_rows<5>(x, Kp, panel, Kh, o, ld); break;
+        default: panel_rows<6>(x, Kp, panel, Kh, o, ld); break;
+      }
+      m0 += mr;
+    }
+  }
+}
+
+// ``pairs`` pairs of rows of one panel from r -> f32 rows of the logical W: dst[k * ld + c], c < 16.
+inline void unpack_pairs(const int8_t* r, int64_t pairs, float* dst, int64_t ld) {
+  // vpshufb within each 128-bit half: even bytes (row k) first, then odd bytes (row k+1)
+  const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10,
+                                         12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int64_t j = 0; j < pairs; ++j) {
+    __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + j * 2 * P)), split);
+    v = _mm256_permute4x64_epi64(v, 0xd8);  // [row k: columns 0-15 | row k+1: columns 0-15]
+    const __m128i r0 = _mm256_castsi256_si128(v), r1 = _mm256_extracti128_si256(v, 1);
+    float* a = dst + 2 * j * ld;
+    float* b = a + ld;
+    _mm256_storeu_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(r0)));
+    _mm256_storeu_ps(a + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(r0, 8))));
+    _mm256_storeu_ps(b, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(r1)));
+    _mm256_storeu_ps(b + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(r1, 8))));
+  }
+}
+
+// y [M, N] = x [M, K] @ W * sx * scale for packed W (K even, N a multiple of 16): the threads take
+// contiguous ranges of panels (~4 per thread for balance when the pool is busy).
+inline void run(const float* x, const int8_t* wp, const float* scale, int64_t M, int64_t K, int64_t N,
+                const Out& out) {
+  const int64_t Kp = (K + 16) / 16 * 16, Kh = K / 2, Np = N / P;
+  std::vector<int16_t> xq(M * Kp);
+  std::vector<float> sx(M);
+  aotlm_i8::quantize_rows(x, M, K, Kp, xq.data(), sx.data());
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(Np, (M == 1 ? 1 : 4) * aotlm::pool_size()));
+  aotlm::parallel_for(int(parts), [&](int c) {
+    const int64_t p0 = Np * c / parts, p1 = Np * (c + 1) / parts, ld = (p1 - p0) * P, n0 = p0 * P;
+    if (p0 == p1) return;
+    thread_local std::vector<float> buf;
+    buf.resize(M * ld);
+    rows(xq.data(), Kp, M, wp, Kh, p0, p1, buf.data(), ld);
+    for (int64_t m = 0; m < M; ++m) {
+      float* r = buf.data() + m * ld;
+      for (int64_t j = 0; j < ld; ++j) r[j] *= sx[m] * (scale ? scale[n0 + j] : 1.f);
+      out.put(m * N + n0, r, int(ld));
+    }
+  });
+}
+
+// Whole packed W -> y [K, N] (dtype of out), in blocks of rows of panels over the thread pool.
+inline void run_unpack(const int8_t* wp, int64_t K, int64_t N, const Out& out) {
+  const int64_t Kh = K / 2, Np = N / P;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(Np, 4 * aotlm::pool_size()));
+  aotlm::parallel_for(int(parts), [&](int c) {
+    const int64_t p0 = Np * c / parts, p1 = Np * (c + 1) / parts, ld = (p1 - p0) * P;
+    if (p0 == p1) return;
+    constexpr int64_t KB = 64;  // pairs per block: 128 rows of the chunk in a buffer, then put
+    thread_local std::vector<float> buf;
+    buf.resize(2 * KB * ld);
+    for (int64_t j0 = 0; j0 < Kh; j0 += KB) {
+      const int64_t j1 = std::min(Kh, j0 + KB);
+      for (int64_t p = p0; p < p1; ++p)
+        unpack_pairs(wp + (p * Kh + j0) * 2 * P, j1 - j0, buf.data() + (p - p0) * P, ld);
+      for (int64_t k = 2 * j0; k < 2 * j1; ++k) out.put(k * N + p0 * P, buf.data() + (k - 2 * j0) * ld, int(ld));
+    }
+  });
+}
+
+}  // namespace aotlm_pk

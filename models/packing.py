@@ -1,0 +1,131 @@
+"""int8 weights stored in the CPU kernels' panel layout, chosen while loading.
+
+Why: one decode step reads every weight once, and the int8 one-row kernel on a row-major
+``W [K, N]`` kept its N partial sums in memory and unpacked every pair of rows (12 uops per 32
+weights): GPT-2-small's int8 decode matmuls streamed 11-14 GB/s where two threads can read ~18.
+In the panel layout (``aotlm/kernels/packed.h``) each group of 16 output columns is one
+contiguous stream whose sums stay in registers over all of K (6 uops per 32 weights): 15-18
+GB/s in the same harness run.
+
+Layout: a weight with contracted dims ``Kd`` and output dims ``Nd`` is stored as
+``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 2, 16, 2]`` -- panels of 16 columns outermost,
+then pairs of rows, each pair interleaved per column. It keeps every logical dim (split, not
+merged), so the leaf's logical axes still say how to shard it (``packed_axes``): a tensor-parallel
+shard of a packed weight is the packed form of the logical shard, as long as the sharded dim
+splits into whole panels / pairs (``pack_if`` checks that and leaves the weight row-major
+otherwise). Only int8 leaves that the kernels multiply are packed (``PACK_CONTRACT``), only when
+the kernels are in use, and XLA (prefill, other backends) gets the logical matrix back from
+``aotlm_unpack`` or ``unpack``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from aotlm.models.weights import CONTRACT_AXES, LOGICAL_AXES
+
+PANEL = 16  # output columns per panel (packed.h)
+# leaf -> its contracted dims. ``embed_q`` (the tied lm_head's int8 rows) is [V, D]: D contracted.
+PACK_CONTRACT: dict[str, tuple[int, ...]] = {
+    **{n: c for n, c in CONTRACT_AXES.items() if not n.startswith("e_")},  # not MoE experts (einsum)
+    "embed_q": (1,),
+}
+# Leaves whose vocab axis is padded to a multiple of 16 * tp so the tied / untied lm_head packs
+# (the extra logits are zero and sliced off by ``decoder.logits``; their scales are 0).
+VOCAB_LEAVES = ("embed_q", "embed_q_scale", "lm_head", "lm_head_scale")
+
+
+def split_dims(shape: tuple, contract: tuple[int, ...]) -> tuple[tuple, tuple]:
+    kd = tuple(shape[i] for i in contract)
+    nd = tuple(n for i, n in enumerate(shape) if i not in contract)
+    return kd, nd
+
+
+def packed_shape(shape: tuple, contract: tuple[int, ...]) -> tuple:
+    """The packed form's shape of a logical ``shape``."""
+    kd, nd = split_dims(shape, contract)
+    return (*nd[:-1], nd[-1] // PANEL, *kd[:-1], kd[-1] // 2, PANEL, 2)
+
+
+def packed_axes(name: str, axes: tuple) -> tuple:
+    """Logical axes of a packed leaf: each dim keeps its logical axis (the two inner dims none)."""
+    ka, na = split_dims(axes, PACK_CONTRACT[name])
+    return (*na, *ka, None, None)
+
+
+def is_packed(name: str | None, ndim: int) -> bool:
+    """Static: is a leaf ``name`` of ``ndim`` dims in the packed layout (2 dims more than logical)?"""
+    return name in PACK_CONTRACT and ndim == len(LOGICAL_AXES[name]) + 2
+
+
+def logical_dims(name: str, shape: tuple) -> tuple[tuple, tuple]:
+    """``(Kd, Nd)``: contracted and output dims of a packed leaf (or of a local shard of one)."""
+    nk = len(PACK_CONTRACT[name])
+    nn = len(shape) - 2 - nk
+    nd = (*shape[: nn - 1], shape[nn - 1] * PANEL)
+    kd = (*shape[nn : nn + nk - 1], shape[nn + nk - 1] * 2)
+    return kd, nd
+
+
+def pack(arr: np.ndarray, contract: tuple[int, ...]) -> np.ndarray:
+    """Logical int8 weight -> packed (host side, while loading)."""
+    nk = len(contract)
+    a = np.moveaxis(arr, contract, tuple(range(nk)))  # [*Kd, *Nd]
+    kd, nd = a.shape[:nk], a.shape[nk:]
+    a = a.reshape(*kd[:-1], kd[-1] // 2, 2, *nd[:-1], nd[-1] // PANEL, PANEL)
+    # dims of a: K-blocks 0..nk (pair dim at nk-1, then the "2" at nk), N-blocks nk+1.. (16 last)
+    k_blocks = list(range(nk))
+    n_blocks = list(range(nk + 1, a.ndim - 1))
+    return np.ascontiguousarray(a.transpose(*n_blocks, *k_blocks, a.ndim - 1, nk))
+
+
+def unpack(w, name: str):
+    """Packed -> logical ``[*Kd, *Nd]`` in jnp (XLA's path when the kernels are not used)."""
+    import jax.numpy as jnp
+
+    kd, nd = logical_dims(name, w.shape)
+    nk, nn = len(kd), len(nd)
+    # w dims: N-blocks 0..nn-1, K-blocks nn..nn+nk-1, PANEL, 2
+    order = (*range(nn, nn + nk), nn + nk + 1, *range(nn), nn + nk)
+    return jnp.transpose(w, order).reshape(*kd, *nd)
+
+
+def pad_vocab(name: str, arr: np.ndarray, tp: int) -> np.ndarray:
+    """Zero-pad the vocab axis of an lm_head leaf (``VOCAB_LEAVES``) to a multiple of 16 * tp."""
+    axis = LOGICAL_AXES[name].index("vocab")
+    extra = -arr.shape[axis] % (PANEL * tp)
+    if not extra:
+        return arr
+    widths = [(0, extra if i == axis else 0) for i in range(arr.ndim)]
+    return np.pad(arr, widths)
+
+
+def pack_if(name: str, arr: np.ndarray, sharded: tuple[bool, ...], tp: int) -> np.ndarray:
+    """``arr`` packed if it is an int8 leaf the kernels multiply and its shape allows, else as is.
+
+    ``sharded``: per logical dim, whether tensor parallelism splits it over ``tp`` devices; such a
+    dim must split into whole panels (output) or pairs of rows (contracted) per device.
+    """
+    if name not in PACK_CONTRACT or arr.dtype != np.int8 or arr.ndim != len(LOGICAL_AXES[name]):
+        return arr
+    contract = PACK_CONTRACT[name]
+    kd, nd = split_dims(arr.shape, contract)
+    if kd[-1] % 2 or nd[-1] % PANEL or math.prod(arr.shape) == 0:
+        return arr
+    pshape = packed_shape(arr.shape, contract)
+    ks, ns = split_dims(sharded, contract)
+    if any(s and n % tp for s, n in zip((*ns, *ks), pshape, strict=False)):
+        return arr
+    return pack(arr, contract)
+
+
+def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:
+    """Host-side, after ``sharding.prepare_param``: pad an lm_head leaf's vocab, then ``pack_if``.
+
+    ``spec``: the leaf's partition spec (``None`` = a dim not split over the mesh).
+    """
+    if name in VOCAB_LEAVES:
+        arr = pad_vocab(name, arr, tp)
+    return pack_if(name, arr, tuple(s is not None for s in spec), tp)
