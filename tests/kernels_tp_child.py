@@ -22,6 +22,29 @@ cases = {  # name: (leaf name, x shape, w shape, axes, nt, with scale)
     "vocab embed_q (nt)": ("embed_q", (8, 33), (102, 33), 1, True, True),
 }
 out = {}
+put = lambda a, leaf: sharding.put(a, sharding.param_sharding(mesh, (leaf,), a.ndim, rules))
+
+
+def check(name, x, w, stored, s, axes, nt, target):
+    """[relative error, ``target`` in the compiled HLO] of ``matmul`` with the ``stored`` weight
+    (``w`` or its packed form) sharded like the params, against float64 NumPy on ``w``."""
+    wd = put(stored, name)
+    sd = put(s, name + "_scale") if s is not None else None
+    xd = sharding.put(x, sharding.replicated(mesh))
+    fn = jax.jit(lambda x, w, s: kernels.matmul(x, w, s, axes, name, nt))
+    with kernels.mesh_context(mesh, rules):
+        compiled = fn.lower(xd, wd, sd).compile()
+    y = np.asarray(sharding.fetch(compiled(xd, wd, sd)), np.float64)
+    k = int(np.prod(w.shape[1:] if nt else w.shape[:axes]))
+    w64 = np.asarray(w, np.float64)
+    w64 = w64.reshape(w.shape[0], k).T if nt else w64.reshape(k, -1)
+    ref = np.asarray(x, np.float64).reshape(-1, k) @ w64
+    if s is not None:
+        ref = ref * s.reshape(-1)
+    assert isinstance(wd.sharding, NamedSharding)
+    return [float(np.abs(y.reshape(ref.shape) - ref).max() / np.abs(ref).max()), target in compiled.as_text()]
+
+
 for case, (name, xs, ws, axes, nt, with_scale) in cases.items():
     x = rng.standard_normal(xs).astype(np.float32)
     w = (
@@ -31,32 +54,23 @@ for case, (name, xs, ws, axes, nt, with_scale) in cases.items():
     )
     n_out = ws[:1] if nt else ws[axes:]
     s = (rng.random(n_out).astype(np.float32) / 100) if with_scale else None
-    put = lambda a, leaf: sharding.put(a, sharding.param_sharding(mesh, (leaf,), a.ndim, rules))
-    wd = put(w, name)
-    sd = put(s, name + "_scale") if s is not None else None
-    xd = sharding.put(x, sharding.replicated(mesh))
-    fn = jax.jit(lambda x, w, s, name=name, axes=axes, nt=nt: kernels.matmul(x, w, s, axes, name, nt))
-    with kernels.mesh_context(mesh, rules):
-        compiled = fn.lower(xd, wd, sd).compile()
-    y = np.asarray(sharding.fetch(compiled(xd, wd, sd)), np.float64)
-    k = int(np.prod(ws[1:] if nt else ws[:axes]))
-    w64 = np.asarray(w, np.float64)
-    w64 = w64.reshape(ws[0], k).T if nt else w64.reshape(k, -1)
-    ref = np.asarray(x, np.float64).reshape(-1, k) @ w64
-    if s is not None:
-        ref = ref * s.reshape(-1)
-    err = float(np.abs(y.reshape(ref.shape) - ref).max() / np.abs(ref).max())
-    assert isinstance(wd.sharding, NamedSharding)
-    out[case] = [err, "aotlm_wmm" in compiled.as_text()]
+    out[case] = check(name, x, w, w, s, axes, nt, "aotlm_wmm")
+
+
 # prefill's whole-matrix conversion of a column- and a row-sharded weight: each device its shard
-for name, ws in (("w_up", (40, 58)), ("w_down", (58, 40))):
-    w = rng.integers(-127, 128, ws).astype(np.int8)
-    wd = sharding.put(w, sharding.param_sharding(mesh, (name,), 2, rules))
-    fn = jax.jit(lambda w, name=name: kernels.convert(w, np.float32, name))
+def convert_check(name, w, stored, target):
+    """[max |error|, ``target`` in the HLO] of ``convert`` (to f32, the logical layout) of ``stored``."""
+    wd = put(stored, name)
+    fn = jax.jit(lambda w: kernels.convert(w, np.float32, name))
     with kernels.mesh_context(mesh, rules):
         compiled = fn.lower(wd).compile()
     got = np.asarray(sharding.fetch(compiled(wd)))
-    out[f"convert {name}"] = [float(np.abs(got - w).max()), "aotlm_convert" in compiled.as_text()]
+    return [float(np.abs(got - w).max()), target in compiled.as_text()]
+
+
+for name, ws in (("w_up", (40, 58)), ("w_down", (58, 40))):
+    w = rng.integers(-127, 128, ws).astype(np.int8)
+    out[f"convert {name}"] = convert_check(name, w, w, "aotlm_convert")
 # int8 weights in the panel layout (aotlm.models.packing): every device multiplies its packed shard
 packed_cases = {  # name: (leaf, x shape, logical w shape, axes, nt)
     "packed column w_up": ("w_up", (1, 1, 40), (40, 64), 1, False),  # 2 panels per device
@@ -67,27 +81,10 @@ packed_cases = {  # name: (leaf, x shape, logical w shape, axes, nt)
 for case, (name, xs, ws, axes, nt) in packed_cases.items():
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.integers(-127, 128, ws).astype(np.int8)
-    spec = sharding.param_spec((name,), w.ndim, rules)
-    wp = packing.prepare(name, w, spec, 2)
+    wp = packing.prepare(name, w, sharding.param_spec((name,), w.ndim, rules), 2)
     assert packing.is_packed(name, wp.ndim), case
-    n_out = ws[:1] if nt else ws[axes:]
-    s = rng.random(n_out).astype(np.float32) / 100
-    wd = sharding.put(wp, sharding.param_sharding(mesh, (name,), wp.ndim, rules))
-    sd = sharding.put(s, sharding.param_sharding(mesh, (name + "_scale",), s.ndim, rules))
-    xd = sharding.put(x, sharding.replicated(mesh))
-    fn = jax.jit(lambda x, w, s, name=name, axes=axes, nt=nt: kernels.matmul(x, w, s, axes, name, nt))
-    with kernels.mesh_context(mesh, rules):
-        compiled = fn.lower(xd, wd, sd).compile()
-    y = np.asarray(sharding.fetch(compiled(xd, wd, sd)), np.float64)
-    k = int(np.prod(ws[1:] if nt else ws[:axes]))
-    w64 = w.astype(np.float64).reshape(ws[0], k).T if nt else w.astype(np.float64).reshape(k, -1)
-    ref = (x.astype(np.float64).reshape(-1, k) @ w64) * s.reshape(-1)
-    err = float(np.abs(y.reshape(ref.shape) - ref).max() / np.abs(ref).max())
-    out[case] = [err, "aotlm_wmm_pk" in compiled.as_text()]
+    s = rng.random(ws[:1] if nt else ws[axes:]).astype(np.float32) / 100
+    out[case] = check(name, x, w, wp, s, axes, nt, "aotlm_wmm_pk")
     if not nt:  # prefill: each device unpacks its shard to the logical layout
-        fn = jax.jit(lambda w, name=name: kernels.convert(w, np.float32, name))
-        with kernels.mesh_context(mesh, rules):
-            compiled = fn.lower(wd).compile()
-        got = np.asarray(sharding.fetch(compiled(wd)))
-        out[f"unpack {name}"] = [float(np.abs(got - w).max()), "aotlm_unpack" in compiled.as_text()]
+        out[f"unpack {name}"] = convert_check(name, w, wp, "aotlm_unpack")
 print(json.dumps({"devices": jax.device_count(), "cases": out}))

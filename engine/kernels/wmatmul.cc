@@ -156,6 +156,14 @@ void run_i8(bool nt, const float* x, const int8_t* w, const float* scale, int64_
   });
 }
 
+// The optional per-output-channel scale: empty -> nullptr; else it must be f32 [N].
+bool scale_of(const ffi::AnyBuffer& scale, int64_t N, const float** s) {
+  if (scale.element_count() == 0) return true;
+  if (scale.element_type() != DataType::F32 || int64_t(scale.element_count()) != N) return false;
+  *s = static_cast<const float*>(scale.untyped_data());
+  return true;
+}
+
 ffi::Error wmm(bool nt, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                ffi::Result<ffi::AnyBuffer> y) {
   auto xd = x.dimensions(), wd = w.dimensions();
@@ -167,11 +175,7 @@ ffi::Error wmm(bool nt, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale
   if (xt != DataType::F32 && xt != DataType::BF16 && xt != DataType::F16)
     return ffi::Error::InvalidArgument("aotlm_wmm: x must be f32, bf16 or f16");
   const float* s = nullptr;
-  if (scale.element_count() > 0) {
-    if (scale.element_type() != DataType::F32 || int64_t(scale.element_count()) != N)
-      return ffi::Error::InvalidArgument("aotlm_wmm: scale must be f32 [N]");
-    s = static_cast<const float*>(scale.untyped_data());
-  }
+  if (!scale_of(scale, N, &s)) return ffi::Error::InvalidArgument("aotlm_wmm: scale must be f32 [N]");
   std::vector<float> tmp;
   const float* xf = x_f32(x, M * K, tmp);
   Out out{y->untyped_data(), xt};
@@ -204,11 +208,7 @@ ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi:
   if (y->element_type() != xt || (xt != DataType::F32 && xt != DataType::BF16 && xt != DataType::F16))
     return ffi::Error::InvalidArgument("aotlm_wmm_pk: x and y must both be f32, bf16 or f16");
   const float* s = nullptr;
-  if (scale.element_count() > 0) {
-    if (scale.element_type() != DataType::F32 || int64_t(scale.element_count()) != N)
-      return ffi::Error::InvalidArgument("aotlm_wmm_pk: scale must be f32 [N]");
-    s = static_cast<const float*>(scale.untyped_data());
-  }
+  if (!scale_of(scale, N, &s)) return ffi::Error::InvalidArgument("aotlm_wmm_pk: scale must be f32 [N]");
   std::vector<float> tmp;
   aotlm_pk::run(x_f32(x, M * K, tmp), static_cast<const int8_t*>(w.untyped_data()), s, M, K, N,
                 Out{y->untyped_data(), xt});
