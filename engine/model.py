@@ -166,7 +166,7 @@ class CausalLMForSampling:
             rows = bar(family.weight_rows(self.cfg, self.hf_config), "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
             view = self.quant is not None and kernels.enabled()  # int8 embedding copy for a tied lm_head
-            self._pack = view and self.quant.quant_dtype != "bf16"
+            self._pack = view  # int8 / bf16 matrices in the kernels' panel layout
             rewriter = ParamRewriter(self.quant, self.fuse_qkv, view) if self.quant or self.fuse_qkv else None
             params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
             if "lm_head" in params:  # untied: the int8 embedding copy is not needed

@@ -1,11 +1,12 @@
-"""int8 weights stored in the CPU kernels' panel layout, chosen while loading.
+"""int8 / bf16 weights stored in the CPU kernels' panel layout, chosen while loading.
 
 Why: one decode step reads every weight once, and the int8 one-row kernel on a row-major
 ``W [K, N]`` kept its N partial sums in memory and unpacked every pair of rows (12 uops per 32
 weights): GPT-2-small's int8 decode matmuls streamed 11-14 GB/s where two threads can read ~18.
 In the panel layout (``aotlm/kernels/packed.h``) each group of 16 output columns is one
 contiguous stream whose sums stay in registers over all of K (6 uops per 32 weights): 15-18
-GB/s in the same harness run.
+GB/s in the same harness run. bf16 weights (``quant="bf16"``) use the same layout with 2-byte
+elements: a 32-bit word holds one column's pair of rows, split into two f32 by a shift and a mask.
 
 Layout: a weight with contracted dims ``Kd`` and output dims ``Nd`` is stored as
 ``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 2, 16, 2]`` -- panels of 16 columns outermost,
@@ -13,7 +14,7 @@ then pairs of rows, each pair interleaved per column. It keeps every logical dim
 merged), so the leaf's logical axes still say how to shard it (``packed_axes``): a tensor-parallel
 shard of a packed weight is the packed form of the logical shard, as long as the sharded dim
 splits into whole panels / pairs (``pack_if`` checks that and leaves the weight row-major
-otherwise). Only int8 leaves that the kernels multiply are packed (``PACK_CONTRACT``), only when
+otherwise). Only int8 / bf16 leaves the kernels multiply are packed (``PACK_CONTRACT``), only when
 the kernels are in use, and XLA (prefill, other backends) gets the logical matrix back from
 ``aotlm_unpack`` or ``unpack``.
 """
@@ -27,6 +28,7 @@ import numpy as np
 from aotlm.models.weights import CONTRACT_AXES, LOGICAL_AXES
 
 PANEL = 16  # output columns per panel (packed.h)
+DTYPES = ("int8", "bfloat16")  # stored dtypes the panel kernels read (quant="int8" / "bf16")
 # leaf -> its contracted dims. ``embed_q`` (the tied lm_head's int8 rows) is [V, D]: D contracted.
 PACK_CONTRACT: dict[str, tuple[int, ...]] = {
     **{n: c for n, c in CONTRACT_AXES.items() if not n.startswith("e_")},  # not MoE experts (einsum)
@@ -103,12 +105,12 @@ def pad_vocab(name: str, arr: np.ndarray, tp: int) -> np.ndarray:
 
 
 def pack_if(name: str, arr: np.ndarray, sharded: tuple[bool, ...], tp: int) -> np.ndarray:
-    """``arr`` packed if it is an int8 leaf the kernels multiply and its shape allows, else as is.
+    """``arr`` packed if it is an int8 / bf16 leaf the kernels multiply and its shape allows, else as is.
 
     ``sharded``: per logical dim, whether tensor parallelism splits it over ``tp`` devices; such a
     dim must split into whole panels (output) or pairs of rows (contracted) per device.
     """
-    if name not in PACK_CONTRACT or arr.dtype != np.int8 or arr.ndim != len(LOGICAL_AXES[name]):
+    if name not in PACK_CONTRACT or arr.dtype.name not in DTYPES or arr.ndim != len(LOGICAL_AXES[name]):
         return arr
     contract = PACK_CONTRACT[name]
     kd, nd = split_dims(arr.shape, contract)

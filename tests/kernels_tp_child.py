@@ -65,7 +65,7 @@ def convert_check(name, w, stored, target):
     with kernels.mesh_context(mesh, rules):
         compiled = fn.lower(wd).compile()
     got = np.asarray(sharding.fetch(compiled(wd)))
-    return [float(np.abs(got - w).max()), target in compiled.as_text()]
+    return [float(np.abs(got - np.asarray(w, np.float32)).max()), target in compiled.as_text()]
 
 
 for name, ws in (("w_up", (40, 58)), ("w_down", (58, 40))):
@@ -77,14 +77,16 @@ packed_cases = {  # name: (leaf, x shape, logical w shape, axes, nt)
     "packed row w_down": ("w_down", (3, 1, 64), (64, 48), 1, False),  # 16 pairs of rows per device: psum
     "packed row wo": ("wo", (2, 1, 4, 10), (4, 10, 32), 2, False),
     "packed vocab embed_q": ("embed_q", (2, 34), (96, 34), 1, True),
+    "packed bf16 column w_up": ("w_up", (1, 1, 40), (40, 64), 1, False),  # quant="bf16": no scale
 }
 for case, (name, xs, ws, axes, nt) in packed_cases.items():
     x = rng.standard_normal(xs).astype(np.float32)
-    w = rng.integers(-127, 128, ws).astype(np.int8)
+    bf16 = "bf16" in case
+    w = rng.standard_normal(ws).astype("bfloat16") if bf16 else rng.integers(-127, 128, ws).astype(np.int8)
     wp = packing.prepare(name, w, sharding.param_spec((name,), w.ndim, rules), 2)
     assert packing.is_packed(name, wp.ndim), case
-    s = rng.random(ws[:1] if nt else ws[axes:]).astype(np.float32) / 100
+    s = None if bf16 else rng.random(ws[:1] if nt else ws[axes:]).astype(np.float32) / 100
     out[case] = check(name, x, w, wp, s, axes, nt, "aotlm_wmm_pk")
     if not nt:  # prefill: each device unpacks its shard to the logical layout
-        out[f"unpack {name}"] = convert_check(name, w, wp, "aotlm_unpack")
+        out[f"unpack {case}"] = convert_check(name, w, wp, "aotlm_unpack")
 print(json.dumps({"devices": jax.device_count(), "cases": out}))

@@ -116,9 +116,11 @@ def test_kernel_inside_while_loop_and_layers_dense():
     np.testing.assert_allclose(np.asarray(compiled(x)), ref, rtol=1e-4, atol=1e-4)
 
 
-def test_packed_int8_kernel_matches_numpy():
-    """int8 weights in the panel layout (``aotlm.models.packing``): rows 1..16, K even, N % 16 == 0,
-    multi-dim contractions (``wo``) and outputs (``wqkv``), the tied lm_head's ``embed_q [V, D]``."""
+@pytest.mark.parametrize("wdt", [jnp.int8, jnp.bfloat16])
+def test_packed_kernel_matches_numpy(wdt):
+    """int8 / bf16 weights in the panel layout (``aotlm.models.packing``): rows 1..16, K even,
+    N % 16 == 0, multi-dim contractions (``wo``) and outputs (``wqkv``), the tied lm_head's
+    ``embed_q [V, D]``."""
     rng = np.random.default_rng(5)
     f = jax.jit(kernels.matmul, static_argnames=("axes", "name", "nt"))
     cases = [  # (leaf, x shape, logical w shape, axes, nt)
@@ -137,11 +139,11 @@ def test_packed_int8_kernel_matches_numpy():
     ]
     for name, xs, ws, axes, nt in cases:
         contract = packing.PACK_CONTRACT[name]
-        w = _weights(rng, ws, jnp.int8)
+        w = _weights(rng, ws, wdt)
         wp = packing.pack_if(name, w, (False,) * w.ndim, 1)
-        assert packing.is_packed(name, wp.ndim) and wp.size == w.size, name
+        assert packing.is_packed(name, wp.ndim) and wp.size == w.size and wp.dtype == w.dtype, name
         n_out = ws[:1] if nt else ws[axes:]
-        s = rng.random(n_out).astype(np.float32) / 100
+        s = rng.random(n_out).astype(np.float32) / 100 if wdt == jnp.int8 else None
         for xdt in (jnp.float32, jnp.bfloat16):
             x = jnp.asarray(rng.standard_normal(xs), xdt)
             y = f(x, jnp.asarray(wp), s, axes=axes, name=name, nt=nt)
@@ -151,7 +153,8 @@ def test_packed_int8_kernel_matches_numpy():
         logical = np.moveaxis(w, contract, tuple(range(len(contract))))
         got = jax.jit(kernels.convert, static_argnames=("dtype", "name"))(jnp.asarray(wp), jnp.float32, name)
         np.testing.assert_array_equal(np.asarray(got), logical.astype(np.float32))
-        np.testing.assert_array_equal(np.asarray(packing.unpack(jnp.asarray(wp), name)), logical)
+        unpacked = np.asarray(packing.unpack(jnp.asarray(wp), name))
+        np.testing.assert_array_equal(unpacked.astype(np.float32), logical.astype(np.float32))
 
 
 def test_pack_if_keeps_row_major_what_it_cannot_pack():
@@ -163,7 +166,8 @@ def test_pack_if_keeps_row_major_what_it_cannot_pack():
     assert packing.pack_if("w_down", w, (True, False), 8).shape == w.shape  # 20 pairs over 8 devices: no
     assert packing.pack_if("w_up", w[:39], (False, False), 1).shape == (39, 64)  # odd K
     assert packing.pack_if("w_up", w[:, :40], (False, False), 1).shape == (40, 40)  # N % 16
-    assert packing.pack_if("w_up", w.astype(np.float32), (False, False), 1).dtype == np.float32  # not int8
+    assert packing.pack_if("w_up", w.astype(np.float32), (False, False), 1).dtype == np.float32  # f32: no
+    assert packing.pack_if("w_up", w.astype(jnp.bfloat16), (False, False), 1).shape == (4, 20, 16, 2)
     assert packing.pack_if("router", w, (False, False), 1).shape == w.shape  # not a packed leaf
 
 

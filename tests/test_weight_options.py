@@ -214,6 +214,8 @@ def test_bf16_weights_are_stored_as_bf16_with_f32_activations(peaked):
         assert w.dtype == want, name
     assert mb.params["embed"].dtype == np.float32 and mb.params["lm_head"].dtype == jnp.bfloat16
     assert not {"wq_scale", "w_up_scale", "lm_head_scale"} & (set(mb.params["layers"][0]) | set(mb.params))
+    for name in ("wq", "w_down"):  # the kernels' panel layout, as for int8 (aotlm.models.packing)
+        assert packing.is_packed(name, mb.params["layers"][0][name].ndim) == kernels.enabled()
 
 
 def test_quantize_int8_is_per_output_channel_symmetric():

@@ -1,6 +1,6 @@
 // int8 weights in the panel layout (included by wmatmul.cc after int8.h).
 //
-//   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N] * scale[N],  W stored as panels (models/packing.py)
+//   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N] (* scale[N]),  int8 or bf16 W stored as panels (models/packing.py)
 //   aotlm_unpack:  y[K,N] = float(W)                      (prefill: XLA's GEMM reads a plain matrix)
 //
 // Layout: wp[N/16][K/2][16][2] -- panel p holds columns 16p..16p+15 of all K rows, and in it
@@ -99,31 +99,117 @@ inline void unpack_pairs(const int8_t* r, int64_t pairs, float* dst, int64_t ld)
   }
 }
 
-// y [M, N] = x [M, K] @ W * sx * scale for packed W (K even, N a multiple of 16): the threads take
-// contiguous ranges of panels (~4 per thread for balance when the pool is busy).
-inline void run(const float* x, const int8_t* wp, const float* scale, int64_t M, int64_t K, int64_t N,
-                const Out& out) {
-  const int64_t Kp = (K + 16) / 16 * 16, Kh = K / 2, Np = N / P;
-  std::vector<int16_t> xq(M * Kp);
-  std::vector<float> sx(M);
-  aotlm_i8::quantize_rows(x, M, K, Kp, xq.data(), sx.data());
+// ----------------------------------------------------------------- bf16 panels
+// The same layout with 2-byte elements: a 32-bit word holds one column's (row k, row k+1), so
+// row k+1 as f32 is ``word & 0xffff0000`` and row k is ``word << 16`` -- 2 ops per 16 weights
+// instead of widening each (the row-major stream also kept its N partial sums in memory).
+// MR rows of x [MR, K] f32 x one panel -> out[m * ld + 0..15]. One row keeps even and odd rows
+// of W in separate sums (the FMA latency); several rows chain them (2 * MR independent sums).
+template <int MR>
+inline void bf16_panel_rows(const float* x, int64_t K, const uint16_t* panel, int64_t Kh, float* out, int64_t ld) {
+  constexpr int A = MR == 1 ? 2 : 1;
+  __m256 acc[MR][2][A];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < 2; ++v)
+      for (int a = 0; a < A; ++a) acc[m][v][a] = _mm256_setzero_ps();
+  const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));
+  for (int64_t j = 0; j < Kh; ++j) {
+    const uint16_t* r = panel + j * 2 * P;  // 64 bytes: one cache line
+    _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
+    __m256 e[2], o[2];
+    for (int v = 0; v < 2; ++v) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 16 * v));
+      e[v] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+      o[v] = _mm256_castsi256_ps(_mm256_and_si256(w, hi));
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m256 xe = _mm256_broadcast_ss(x + m * K + 2 * j), xo = _mm256_broadcast_ss(x + m * K + 2 * j + 1);
+      for (int v = 0; v < 2; ++v) {
+        acc[m][v][0] = _mm256_fmadd_ps(e[v], xe, acc[m][v][0]);
+        acc[m][v][A - 1] = _mm256_fmadd_ps(o[v], xo, acc[m][v][A - 1]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < 2; ++v)
+      _mm256_storeu_ps(out + m * ld + 8 * v, A == 2 ? _mm256_add_ps(acc[m][v][0], acc[m][v][A - 1]) : acc[m][v][0]);
+}
+
+// All M rows x bf16 panels [p0, p1): buf[m * ld + (p - p0) * 16 + c]; row groups of <= 4
+// (8 sums + 4 weight vectors + 2 broadcasts <= 16 registers).
+inline void bf16_rows(const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t p0, int64_t p1, float* buf,
+                      int64_t ld) {
+  const int64_t Kh = K / 2;
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint16_t* panel = wp + p * Kh * 2 * P;
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const float* xm = x + m0 * K;
+      float* o = buf + m0 * ld + (p - p0) * P;
+      switch (std::min<int64_t>(4, M - m0)) {
+        case 1: bf16_panel_rows<1>(xm, K, panel, Kh, o, ld); break;
+        case 2: bf16_panel_rows<2>(xm, K, panel, Kh, o, ld); break;
+        case 3: bf16_panel_rows<3>(xm, K, panel, Kh, o, ld); break;
+        default: bf16_panel_rows<4>(xm, K, panel, Kh, o, ld); break;
+      }
+    }
+  }
+}
+
+// ``pairs`` pairs of rows of one bf16 panel from r -> f32 rows: dst[k * ld + c], c < 16.
+inline void bf16_unpack_pairs(const uint16_t* r, int64_t pairs, float* dst, int64_t ld) {
+  const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));
+  // the words hold columns 0-7 then 8-15 in order, so no shuffle: split each into its two rows
+  for (int64_t j = 0; j < pairs; ++j)
+    for (int v = 0; v < 2; ++v) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + j * 2 * P + 16 * v));
+      _mm256_storeu_ps(dst + 2 * j * ld + 8 * v, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+      _mm256_storeu_ps(dst + (2 * j + 1) * ld + 8 * v, _mm256_castsi256_ps(_mm256_and_si256(w, hi)));
+    }
+}
+
+// ----------------------------------------------------------------- drivers
+// The threads take contiguous ranges of panels (one per thread for one row, ~4 per thread
+// otherwise, for balance when the pool is busy); panels(p0, p1, buf, ld) fills buf [M, ld] with
+// unscaled sums, which are multiplied by rs[m] (int8: x's per-row scale) and scale[n].
+template <class Panels>
+inline void drive(int64_t M, int64_t N, const float* rs, const float* scale, const Out& out, const Panels& panels) {
+  const int64_t Np = N / P;
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(Np, (M == 1 ? 1 : 4) * aotlm::pool_size()));
   aotlm::parallel_for(int(parts), [&](int c) {
     const int64_t p0 = Np * c / parts, p1 = Np * (c + 1) / parts, ld = (p1 - p0) * P, n0 = p0 * P;
     if (p0 == p1) return;
     thread_local std::vector<float> buf;
     buf.resize(M * ld);
-    rows(xq.data(), Kp, M, wp, Kh, p0, p1, buf.data(), ld);
+    panels(p0, p1, buf.data(), ld);
     for (int64_t m = 0; m < M; ++m) {
       float* r = buf.data() + m * ld;
-      for (int64_t j = 0; j < ld; ++j) r[j] *= sx[m] * (scale ? scale[n0 + j] : 1.f);
+      if (rs || scale)
+        for (int64_t j = 0; j < ld; ++j) r[j] *= (rs ? rs[m] : 1.f) * (scale ? scale[n0 + j] : 1.f);
       out.put(m * N + n0, r, int(ld));
     }
   });
 }
 
+// y [M, N] = x [M, K] @ W (* scale) for packed W (int8 or bf16, K even, N a multiple of 16).
+inline void run(bool bf16, const float* x, const void* wp, const float* scale, int64_t M, int64_t K, int64_t N,
+                const Out& out) {
+  if (bf16) {
+    const uint16_t* w = static_cast<const uint16_t*>(wp);
+    drive(M, N, nullptr, scale, out,
+          [&](int64_t p0, int64_t p1, float* buf, int64_t ld) { bf16_rows(x, M, K, w, p0, p1, buf, ld); });
+    return;
+  }
+  const int64_t Kp = (K + 16) / 16 * 16;
+  std::vector<int16_t> xq(M * Kp);
+  std::vector<float> sx(M);
+  aotlm_i8::quantize_rows(x, M, K, Kp, xq.data(), sx.data());
+  const int8_t* w = static_cast<const int8_t*>(wp);
+  drive(M, N, sx.data(), scale, out,
+        [&](int64_t p0, int64_t p1, float* buf, int64_t ld) { rows(xq.data(), Kp, M, w, K / 2, p0, p1, buf, ld); });
+}
+
 // Whole packed W -> y [K, N] (dtype of out), in blocks of rows of panels over the thread pool.
-inline void run_unpack(const int8_t* wp, int64_t K, int64_t N, const Out& out) {
+inline void run_unpack(bool bf16, const void* wp, int64_t K, int64_t N, const Out& out) {
   const int64_t Kh = K / 2, Np = N / P;
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(Np, 4 * aotlm::pool_size()));
   aotlm::parallel_for(int(parts), [&](int c) {
@@ -134,8 +220,13 @@ inline void run_unpack(const int8_t* wp, int64_t K, int64_t N, const Out& out) {
     buf.resize(2 * KB * ld);
     for (int64_t j0 = 0; j0 < Kh; j0 += KB) {
       const int64_t j1 = std::min(Kh, j0 + KB);
-      for (int64_t p = p0; p < p1; ++p)
-        unpack_pairs(wp + (p * Kh + j0) * 2 * P, j1 - j0, buf.data() + (p - p0) * P, ld);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t off = (p * Kh + j0) * 2 * P;
+        if (bf16)
+          bf16_unpack_pairs(static_cast<const uint16_t*>(wp) + off, j1 - j0, buf.data() + (p - p0) * P, ld);
+        else
+          unpack_pairs(static_cast<const int8_t*>(wp) + off, j1 - j0, buf.data() + (p - p0) * P, ld);
+      }
       for (int64_t k = 2 * j0; k < 2 * j1; ++k) out.put(k * N + p0 * P, buf.data() + (k - 2 * j0) * ld, int(ld));
     }
   });
