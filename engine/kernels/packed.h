@@ -171,13 +171,20 @@ inline void bf16_unpack_pairs(const uint16_t* r, int64_t pairs, float* dst, int6
 // The threads take contiguous ranges of panels (one per thread for one row, ~4 per thread
 // otherwise, for balance when the pool is busy); panels(p0, p1, buf, ld) fills buf [M, ld] with
 // unscaled sums, which are multiplied by rs[m] (int8: x's per-row scale) and scale[n].
+// Panels [0, Np) as up to per_thread * threads contiguous ranges over the pool: fn(p0, p1) each.
+template <class Fn>
+inline void panel_ranges(int64_t Np, int64_t per_thread, const Fn& fn) {
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(Np, per_thread * aotlm::pool_size()));
+  aotlm::parallel_for(int(parts), [&](int c) {
+    const int64_t p0 = Np * c / parts, p1 = Np * (c + 1) / parts;
+    if (p0 < p1) fn(p0, p1);
+  });
+}
+
 template <class Panels>
 inline void drive(int64_t M, int64_t N, const float* rs, const float* scale, const Out& out, const Panels& panels) {
-  const int64_t Np = N / P;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(Np, (M == 1 ? 1 : 4) * aotlm::pool_size()));
-  aotlm::parallel_for(int(parts), [&](int c) {
-    const int64_t p0 = Np * c / parts, p1 = Np * (c + 1) / parts, ld = (p1 - p0) * P, n0 = p0 * P;
-    if (p0 == p1) return;
+  panel_ranges(N / P, M == 1 ? 1 : 4, [&](int64_t p0, int64_t p1) {
+    const int64_t ld = (p1 - p0) * P, n0 = p0 * P;
     thread_local std::vector<float> buf;
     buf.resize(M * ld);
     panels(p0, p1, buf.data(), ld);
@@ -210,11 +217,9 @@ inline void run(bool bf16, const float* x, const void* wp, const float* scale, i
 
 // Whole packed W -> y [K, N] (dtype of out), in blocks of rows of panels over the thread pool.
 inline void run_unpack(bool bf16, const void* wp, int64_t K, int64_t N, const Out& out) {
-  const int64_t Kh = K / 2, Np = N / P;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(Np, 4 * aotlm::pool_size()));
-  aotlm::parallel_for(int(parts), [&](int c) {
-    const int64_t p0 = Np * c / parts, p1 = Np * (c + 1) / parts, ld = (p1 - p0) * P;
-    if (p0 == p1) return;
+  const int64_t Kh = K / 2;
+  panel_ranges(N / P, 4, [&](int64_t p0, int64_t p1) {
+    const int64_t ld = (p1 - p0) * P;
     constexpr int64_t KB = 64;  // pairs per block: 128 rows of the chunk in a buffer, then put
     thread_local std::vector<float> buf;
     buf.resize(2 * KB * ld);
