@@ -126,6 +126,7 @@ def test_packed_kernel_matches_numpy(wdt):
     cases = [  # (leaf, x shape, logical w shape, axes, nt)
         ("w_up", (1, 38), (38, 16), 1, False),
         ("w_up", (1, 3072), (3072, 160), 1, False),  # > KB_PAIRS pairs: several int32 flushes
+        ("w_up", (1, 262), (262, 32), 1, False),  # a flush, then an odd tail of 3 pairs
         ("w_down", (2, 100), (100, 48), 1, False),
         ("w_up", (3, 14), (14, 1008), 1, False),
         ("w_gate", (5, 258), (258, 32), 1, False),

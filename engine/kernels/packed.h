@@ -17,7 +17,7 @@
 
 namespace aotlm_pk {
 constexpr int64_t P = 16;       // columns per panel
-constexpr int64_t PFB = 512;    // software prefetch distance (bytes ahead in the panel stream)
+constexpr int64_t PFB = 1024;   // software prefetch distance (bytes ahead in the panel stream)
 using aotlm_i8::KB_PAIRS;       // pairs of rows between int32 -> f32 flushes (no int32 overflow)
 using aotlm_i8::pair_at;
 
@@ -27,28 +27,40 @@ inline __m256i w16(const int8_t* p) {  // 16 int8 -> 16 int16 (8 columns x a pai
 
 // MR rows of xq [MR, Kp] (zero padded past K) x panel (Kh pairs of rows): out[m * ld + 0..15] =
 // the unscaled dot products. Kh pairs = K/2 rows of the panel, 32 bytes each.
+// Two pairs (one 64-byte line, one prefetch 1 KB ahead) per iteration: GPT-2-small's 49 decode
+// matmuls at one row went 25.7 -> 29.9 GB/s (plain two-thread read with the same syncs: 30.5)
+// against one pair and a prefetch every other pair 512 B ahead, in one harness run.
 template <int MR>
 inline void panel_rows(const int16_t* xq, int64_t Kp, const int8_t* panel, int64_t Kh, float* out, int64_t ld) {
+  constexpr int A = MR == 1 ? 2 : 1;  // one row: even and odd pairs in separate sums (the add latency)
   __m256 f[MR][2];
   for (int m = 0; m < MR; ++m) f[m][0] = f[m][1] = _mm256_setzero_ps();
   for (int64_t j0 = 0; j0 < Kh; j0 += KB_PAIRS) {
     const int64_t j1 = std::min(Kh, j0 + KB_PAIRS);
-    __m256i acc[MR][2];
-    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
-    for (int64_t j = j0; j < j1; ++j) {
+    __m256i acc[MR][2][A];
+    for (int m = 0; m < MR; ++m)
+      for (int a = 0; a < A; ++a) acc[m][0][a] = acc[m][1][a] = _mm256_setzero_si256();
+    const auto step = [&](int64_t j, int a) {
       const int8_t* r = panel + j * 2 * P;
-      if ((j & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(r + PFB), _MM_HINT_T0);
-      const __m256i a = w16(r), b = w16(r + 16);
+      const __m256i w0 = w16(r), w1 = w16(r + 16);
       for (int m = 0; m < MR; ++m) {
         const __m256i xb = pair_at(xq + m * Kp + 2 * j);
-        acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(a, xb));
-        acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(b, xb));
+        acc[m][0][a] = _mm256_add_epi32(acc[m][0][a], _mm256_madd_epi16(w0, xb));
+        acc[m][1][a] = _mm256_add_epi32(acc[m][1][a], _mm256_madd_epi16(w1, xb));
       }
+    };
+    int64_t j = j0;
+    for (; j + 1 < j1; j += 2) {  // two pairs = one 64-byte line per iteration, one prefetch each
+      _mm_prefetch(reinterpret_cast<const char*>(panel + j * 2 * P + PFB), _MM_HINT_T0);
+      step(j, 0);
+      step(j + 1, A - 1);
     }
-    for (int m = 0; m < MR; ++m) {
-      f[m][0] = _mm256_add_ps(f[m][0], _mm256_cvtepi32_ps(acc[m][0]));
-      f[m][1] = _mm256_add_ps(f[m][1], _mm256_cvtepi32_ps(acc[m][1]));
-    }
+    if (j < j1) step(j, 0);
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < 2; ++v) {
+        const __m256i s = A == 2 ? _mm256_add_epi32(acc[m][v][0], acc[m][v][A - 1]) : acc[m][v][0];
+        f[m][v] = _mm256_add_ps(f[m][v], _mm256_cvtepi32_ps(s));
+      }
   }
   for (int m = 0; m < MR; ++m) {
     _mm256_storeu_ps(out + m * ld, f[m][0]);
