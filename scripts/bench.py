@@ -8,10 +8,12 @@
 Rows: aotlm modes, transformers eager fp32, CTranslate2 float32/int8, llama.cpp f32/f16/q8_0
 (a peer that is not installed is skipped with the reason). Decode tokens/s =
 batch * (new - 1) / (generate time - prefill time), medians over runs, all engines called
-round-robin so machine noise hits them alike. Roofline: decode reads every weight once per
-step, so a step cannot beat (weight bytes read per step) / (read bandwidth measured in this
-run); "roofline %" is the row's share of that. The machine is shared and noisy: compare rows
-of one run, not runs.
+round-robin so machine noise hits them alike. Roofline: a decode step reads every weight once
+and the KV cache of the positions written so far, so it cannot beat (bytes read per step) /
+(read bandwidth measured in this run); "roofline %" is the row's share of that. "weights MB"
+counts the weights, "KV MB" the mean cache read over the run (prompt + (new - 1) / 2 positions
+per row, at the engine's cache dtype: aotlm and transformers the model dtype, CTranslate2 float32,
+llama.cpp f16, their defaults). The machine is shared and noisy: compare rows of one run.
 """
 
 from __future__ import annotations
@@ -83,7 +85,21 @@ def step_bytes(params) -> int:
     return sum(a.nbytes for a in jax.tree.leaves([leaves, params["layers"]]))
 
 
+def kv_bytes(path, b: int, args, elem: int) -> float:
+    """Mean KV-cache bytes one decode step reads: keys and values of every layer for the
+    positions written so far (prompt + (new - 1) / 2 on average), ``elem`` bytes per value."""
+    import transformers
+
+    c = transformers.AutoConfig.from_pretrained(path)
+    heads = c.num_attention_heads
+    width = getattr(c, "num_key_value_heads", None) or heads
+    width *= getattr(c, "head_dim", None) or c.hidden_size // heads
+    return b * c.num_hidden_layers * 2 * (args.prompt + (args.new - 1) / 2) * width * elem
+
+
 def aotlm_engine(path, b: int, mode: str, args, ids):
+    import numpy as np
+
     from aotlm import AutoModelForSampling
 
     model = AutoModelForSampling.from_pretrained(
@@ -97,16 +113,18 @@ def aotlm_engine(path, b: int, mode: str, args, ids):
         **MODES[mode],
     ).compile()
     gen = lambda: model.sample(ids, max_new_tokens=args.new)
-    return (lambda: model.forward(ids)), gen, step_bytes(model.params)
+    kv = kv_bytes(path, b, args, np.dtype(model.dtype).itemsize)
+    return (lambda: model.forward(ids)), gen, step_bytes(model.params), kv
 
 
-def hf_engine(path, ids, new: int):
+def hf_engine(path, ids, args):
     import torch
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     x = torch.tensor(ids)
     mask = torch.ones_like(x)
+    new = args.new
     kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, attention_mask=mask, pad_token_id=0)
 
     def prefill():
@@ -117,23 +135,25 @@ def hf_engine(path, ids, new: int):
         with torch.inference_mode():
             return model.generate(x, **kw)
 
-    return prefill, generate, sum(p.numel() * 4 for n, p in model.named_parameters() if "wpe" not in n)
+    weights = sum(p.numel() * 4 for n, p in model.named_parameters() if "wpe" not in n)
+    return prefill, generate, weights, kv_bytes(path, len(ids), args, 4)
 
 
 def peer_engine(peer: str, path: Path, ids, args, f32_bytes: int):
-    """(prefill, generate, bytes per step) of one peer; ``Skip`` when it cannot run."""
+    """(prefill, generate, weight bytes, KV bytes per step) of one peer; ``Skip`` when it cannot run."""
     from bench_peers import ctranslate2_runner, llama_cpp_runner
 
     work = Path(args.work)
     if peer == "hf":
-        return hf_engine(path, ids, args.new)
+        return hf_engine(path, ids, args)
     kind, dt = peer.split("-")
     per_weight = {"float32": 4, "f32": 4, "f16": 2, "int8": 1, "q8_0": 34 / 32}[dt]
     if kind == "ct2":
         pre, gen = ctranslate2_runner(path, work, dt, ids, args.new)
     else:
         pre, gen = llama_cpp_runner(path, work, dt, ids, args.new)
-    return pre, gen, int(f32_bytes / 4 * per_weight)
+    kv = kv_bytes(path, len(ids), args, 4 if kind == "ct2" else 2)  # ct2: float32 cache; llama.cpp: f16
+    return pre, gen, int(f32_bytes / 4 * per_weight), kv
 
 
 def bench_batch(path, b: int, args, ids, bw: float) -> list[dict]:
@@ -148,27 +168,28 @@ def bench_batch(path, b: int, args, ids, bw: float) -> list[dict]:
             skipped.append(f"{peer}: {e}")
     for s in skipped:
         print(f"[batch {b}] skipped {s}", file=sys.stderr, flush=True)
-    for pre, _, _ in engines.values():  # warm-up (graphs are compiled already; keep it short)
+    for pre, *_ in engines.values():  # warm-up (graphs are compiled already; keep it short)
         pre()
     times = {k: ([], []) for k in engines}
     for _ in range(args.runs):
-        for k, (pre, gen, _) in engines.items():
+        for k, (pre, gen, *_) in engines.items():
             for i, fn in enumerate((pre, gen)):
                 t0 = time.perf_counter()
                 fn()
                 times[k][i].append(time.perf_counter() - t0)
     rows = []
-    for k, (_, _, nbytes) in engines.items():
+    for k, (_, _, nbytes, kv) in engines.items():
         t_pre, t_gen = (statistics.median(t) for t in times[k])
         dec = b * (args.new - 1) / (t_gen - t_pre)
-        roof = bw * 1e9 / nbytes * b
+        roof = bw * 1e9 / (nbytes + kv) * b
         rows.append(
             {
                 "engine": k,
                 "batch": b,
                 "prefill ms": t_pre * 1e3,
                 "decode tok/s": dec,
-                "MB/step": nbytes / 1e6,
+                "weights MB": nbytes / 1e6,
+                "KV MB": kv / 1e6,
                 "roofline tok/s": roof,
                 "roofline %": 100 * dec / roof,
             }
