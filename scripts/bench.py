@@ -10,7 +10,8 @@ Rows: aotlm modes, transformers eager fp32, CTranslate2 float32/int8, llama.cpp 
 batch * (new - 1) / (generate time - prefill time), medians over runs, all engines called
 round-robin so machine noise hits them alike. Roofline: a decode step reads every weight once
 and the KV cache of the positions written so far, so it cannot beat (bytes read per step) /
-(read bandwidth measured in this run); "roofline %" is the row's share of that. "weights MB"
+(read bandwidth); "roofline %" is the row's share of that. The bandwidth is measured before each
+batch and once per round (it drifts on a shared machine), the median in "bw GB/s". "weights MB"
 counts the weights, "KV MB" the mean cache read over the run (prompt + (new - 1) / 2 positions
 per row, at the engine's cache dtype: aotlm and transformers the model dtype, CTranslate2 float32,
 llama.cpp f16, their defaults). The machine is shared and noisy: compare rows of one run.
@@ -171,13 +172,16 @@ def bench_batch(path, b: int, args, ids, bw: float) -> list[dict]:
     for pre, *_ in engines.values():  # warm-up (graphs are compiled already; keep it short)
         pre()
     times = {k: ([], []) for k in engines}
+    bws = [bw]
     for _ in range(args.runs):
+        bws.append(read_bandwidth(runs=3)[0])  # bandwidth drifts on a shared machine: sample it each round
         for k, (pre, gen, *_) in engines.items():
             for i, fn in enumerate((pre, gen)):
                 t0 = time.perf_counter()
                 fn()
                 times[k][i].append(time.perf_counter() - t0)
-    rows = []
+    rows, bw = [], statistics.median(bws)
+    print(f"[batch {b}] read bandwidth per round: {', '.join(f'{x:.1f}' for x in bws)} GB/s", file=sys.stderr)
     for k, (_, _, nbytes, kv) in engines.items():
         t_pre, t_gen = (statistics.median(t) for t in times[k])
         dec = b * (args.new - 1) / (t_gen - t_pre)
@@ -186,6 +190,7 @@ def bench_batch(path, b: int, args, ids, bw: float) -> list[dict]:
             {
                 "engine": k,
                 "batch": b,
+                "bw GB/s": bw,
                 "prefill ms": t_pre * 1e3,
                 "decode tok/s": dec,
                 "weights MB": nbytes / 1e6,
