@@ -213,7 +213,13 @@ def test_attention_bdot_matches_numpy_and_reads_only_the_leading_block(bdt):
     """``bdot``: a [I, M, L] . b[:, :n, :L]^T with b a bigger (cache-like) array, odd sizes."""
     rng = np.random.default_rng(3)
     f = jax.jit(kernels.bdot, static_argnames=("n",))
-    shapes = [(1, 1, 64, 256, 64, 130), (3, 5, 9, 11, 13, 7), (24, 2, 37, 40, 37, 40), (2, 1, 1, 3, 1, 1)]
+    shapes = [  # (I, M, L, NB, LB, n): rows of >= 32 elements take the one-row-at-a-time path
+        (1, 1, 64, 256, 64, 130),
+        (3, 5, 9, 11, 13, 7),
+        (24, 2, 37, 40, 37, 40),
+        (2, 1, 1, 3, 1, 1),
+        (2, 3, 117, 6, 120, 5),  # 96 in blocks of 32, 16 by 8, 5 single; l_limit 39: 32 + 7 single
+    ]
     for i, m, ll, nb, lb, n in shapes:
         for adt in (jnp.float32, jnp.bfloat16):
             a = jnp.asarray(rng.standard_normal((i, m, ll)), adt)

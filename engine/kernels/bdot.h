@@ -35,6 +35,30 @@ inline void rows(const float* a, int64_t M, int64_t L, int64_t l_lim, const type
   }
 }
 
+// One long row n of b (a value row: one head dim over the slots) for every row of a: read once,
+// in order, with four sums over l (the FMA latency). Four value rows at a time (1 KB apart)
+// streamed 14-15 GB/s at batch 8 in a harness where a plain read of those rows gets 21-23; one
+// at a time 19-22 (keys, 64-element rows: 19-20 -> 20-22).
+template <class W>
+inline void long_row(const float* a, int64_t M, int64_t L, int64_t l_lim, const typename W::T* b, int64_t LB,
+                     int64_t n, float* c, int64_t N) {
+  const int64_t le = std::max<int64_t>(0, std::min(L, l_lim)), l32 = le / 32 * 32, lv = le / 8 * 8;
+  const typename W::T* bn = b + n * LB;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* am = a + m * L;
+    __m256 acc[4];
+    for (int u = 0; u < 4; ++u) acc[u] = _mm256_setzero_ps();
+    int64_t l = 0;
+    for (; l < l32; l += 32)
+      for (int u = 0; u < 4; ++u)
+        acc[u] = _mm256_fmadd_ps(_mm256_loadu_ps(am + l + 8 * u), W::load8(bn + l + 8 * u), acc[u]);
+    for (; l < lv; l += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(am + l), W::load8(bn + l), acc[0]);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; l < le; ++l) s += am[l] * W::one(bn + l);
+    c[m * N + n] = s;
+  }
+}
+
 template <class W>
 void run(const float* a, const void* braw, float* c, int64_t I, int64_t M, int64_t L, int64_t NB, int64_t LB,
          int64_t N, int64_t n_lim, int64_t l_lim) {
@@ -48,6 +72,8 @@ void run(const float* a, const void* braw, float* c, int64_t I, int64_t M, int64
     float* ci = c + i * M * N;
     const int64_t ne = std::max(n0, std::min(n1, n_lim));
     int64_t n = n0;
+    if (std::min(L, l_lim) >= 32)  // rows of >= 32 elements: one at a time, in order
+      for (; n < ne; ++n) long_row<W>(ai, M, L, l_lim, bi, LB, n, ci, N);
     for (; n + 4 <= ne; n += 4) rows<W, 4>(ai, M, L, l_lim, bi, LB, n, ci, N);
     for (; n < ne; ++n) rows<W, 1>(ai, M, L, l_lim, bi, LB, n, ci, N);
     for (int64_t m = 0; m < M; ++m) std::fill(ci + m * N + ne, ci + m * N + n1, 0.f);
