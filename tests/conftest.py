@@ -1,7 +1,18 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# The suite compiles hundreds of tiny graphs, where LLVM's optimizations cost more compile time
+# than they save at run time: -O0 in XLA's CPU backend (the HLO passes still run) made
+# test_compile_cache + test_core 21% faster (175 -> 138 s). Subprocess workers that set their own
+# XLA_FLAGS append AOTLM_TEST_XLA_FLAGS.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+os.environ.setdefault("AOTLM_TEST_XLA_FLAGS", TEST_XLA_FLAGS)
+if "jax" not in sys.modules:  # XLA reads its flags once, when jax starts its backend
+    flags = (os.environ.get("XLA_FLAGS", ""), os.environ["AOTLM_TEST_XLA_FLAGS"])
+    os.environ["XLA_FLAGS"] = " ".join(flags).strip()
 
 sys.path.insert(0, str(Path(__file__).parent))
 

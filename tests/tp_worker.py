@@ -16,10 +16,9 @@ import sys
 import time
 
 MODE, JOB = sys.argv[1], json.loads(open(sys.argv[2]).read())
-if MODE == "single":
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-else:
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={JOB['local_devices']}"
+DEVICES = 8 if MODE == "single" else JOB["local_devices"]
+TEST_FLAGS = os.environ.get("AOTLM_TEST_XLA_FLAGS", "")  # tests/conftest.py
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES} {TEST_FLAGS}"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

@@ -24,7 +24,8 @@ from pathlib import Path
 
 TP = 2
 if __name__ == "__main__":  # before anything imports jax (test_models_a imports the engine)
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={TP}"
+    test_flags = os.environ.get("AOTLM_TEST_XLA_FLAGS", "")  # tests/conftest.py
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={TP} {test_flags}"
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 

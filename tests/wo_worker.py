@@ -13,7 +13,8 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+TEST_FLAGS = os.environ.get("AOTLM_TEST_XLA_FLAGS", "")  # tests/conftest.py
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {TEST_FLAGS}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
