@@ -2,7 +2,7 @@
 
 The installed package ``aotlm`` is the repository's ``engine/`` folder and ``aotlm.models``
 its ``models/`` folder (see ``pyproject.toml``). Public names are imported lazily, so that
-``aotlm.models`` can import small runtime modules (``aotlm.checkpoint``) without pulling in
+``aotlm.models`` can import small runtime modules (``aotlm.models.checkpoint``) without pulling in
 the whole runtime (no import cycle) and ``import aotlm`` stays cheap.
 """
 
@@ -17,13 +17,13 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 # public name -> module (inside aotlm) that defines it
 _EXPORTS = {
-    "AutoModelForSampling": "model",
+    "AutoModelForSampling": "causal_lm",
     "BUNDLED_MODELS": "bundled",
     "DEFAULT_MODEL": "bundled",
     "bundled_path": "bundled",
-    "CausalLMForSampling": "model",
-    "GPT2ForSampling": "model",
-    "LlamaForSampling": "model",
+    "CausalLMForSampling": "causal_lm",
+    "GPT2ForSampling": "causal_lm",
+    "LlamaForSampling": "causal_lm",
     "HuggingFaceGenerationModelAdapter": "hf_adapter",
     "SpeculativeGenerator": "speculative",
     "pipeline": "text_pipeline",

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from aotlm import artifacts
-from aotlm.cli import MODEL_KEYS
 from aotlm.durable import atomic_write_bytes
+from aotlm.model import MODEL_KEYS
 
 ARGS_FILE = "aotlm_args.json"
 ARG_KEYS = MODEL_KEYS
@@ -71,8 +71,8 @@ def read_args(directory: str | os.PathLike) -> dict:
 
 def check_architecture(directory: str | os.PathLike, checkpoint: str | os.PathLike) -> None:
     """Refuse a checkpoint whose architecture differs from the compiled one (reads config.json only)."""
-    from aotlm.checkpoint import load_hf_config
     from aotlm.models import family_for
+    from aotlm.models.checkpoint import load_hf_config
 
     directory = Path(directory)
     try:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 
 from aotlm.batch_plan import Group
+from aotlm.causal_lm import AutoModelForSampling
 from aotlm.compile_cache import CompileCache, entry_key
 from aotlm.memory import GIB, plan_for_checkpoint
-from aotlm.model import AutoModelForSampling
 
 IGNORED = ("param_tree",)
 

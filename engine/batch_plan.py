@@ -204,8 +204,8 @@ def prepare(groups: list[Group], cli: dict, path: str) -> None:
     token id the model does not have, is a pre-flight error naming its line.
     """
     from aotlm.batch_models import load_tokenizer
-    from aotlm.checkpoint import load_hf_config
     from aotlm.models import family_for
+    from aotlm.models.checkpoint import load_hf_config
 
     tokenizers: dict = {}
     for g in groups:

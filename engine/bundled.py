@@ -8,6 +8,7 @@ as package data (``aotlm/data/<dir>``), so transformers loads them too.
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 # public name -> directory under aotlm/data/
@@ -28,5 +29,5 @@ def bundled_path(name: str) -> Path | None:
     sub = BUNDLED_MODELS.get(str(name))
     if sub is None:
         return None
-    path = Path(__file__).parent / "data" / sub
+    path = Path(str(resources.files("aotlm"))) / "data" / sub  # package data of ``aotlm`` (engine/data)
     return path if (path / "config.json").is_file() else None

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from aotlm.model import MODEL_KEYS
+
 
 def _int_list(text: str) -> list[int]:
     try:
@@ -99,19 +101,6 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
     p.add_argument("--coordinator", default=None, help="multi-host: host:port of process 0")
     p.add_argument("--num-processes", type=int, default=None, help="multi-host: process count")
     p.add_argument("--process-id", type=int, default=None, help="multi-host: this process's rank")
-
-
-# from_pretrained arguments the shape flags, --config files and saved artifacts carry
-MODEL_KEYS = (
-    "batch_size",
-    "n_positions",
-    "context_length_estimate",
-    "tp_degree",
-    "gqa",
-    "amp",
-    "quant",
-    "fuse_qkv",
-)
 
 
 def model_kwargs(args) -> dict:
@@ -371,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
-    from aotlm.checkpoint import CheckpointError
+    from aotlm.models.checkpoint import CheckpointError
 
     # warnings (e.g. an unusable compile cache) as one line each, not file:line + source
     old_format = warnings.formatwarning

@@ -19,8 +19,8 @@ def cmd_run_h5(args) -> int:
     setup_logging(args.quiet)
     from aotlm import h5job
     from aotlm.batch_models import resolve
-    from aotlm.checkpoint import load_hf_config
     from aotlm.models import family_for
+    from aotlm.models.checkpoint import load_hf_config
 
     job = h5job.read_params(args.params)
     ckpt, _ = resolve(args.checkpoint, need_tokenizer=False)

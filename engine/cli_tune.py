@@ -63,8 +63,8 @@ def register(sub) -> None:
 
 def _limit(args) -> int:
     """Largest token bucket allowed: model positions, --n-positions, and --memory-gb at this batch."""
-    from aotlm.checkpoint import load_hf_config
     from aotlm.models import family_for
+    from aotlm.models.checkpoint import load_hf_config
 
     hf = load_hf_config(args.model)
     limit = family_for(hf.model_type).arch_config(hf).max_positions

@@ -14,6 +14,7 @@ platform refusing the executable) is a warning followed by a fresh compile.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -21,9 +22,11 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 import warnings
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +45,75 @@ class CacheWarning(UserWarning):
     """Something in the compile cache was unusable; aotlm compiled instead."""
 
 
-@functools.cache
-def source_hash() -> str:
-    """Hash of the engine and model source: a code change never reuses stale executables."""
-    import aotlm.models
+def _code_only(source: str) -> str:
+    """A module's code without imports, docstrings, comments or layout (``ast.dump``).
 
-    h = hashlib.sha256()
-    for root in (Path(__file__).resolve().parent, Path(aotlm.models.__file__).resolve().parent):
-        for f in sorted(root.rglob("*.py")):
-            h.update(str(f.relative_to(root)).encode() + f.read_bytes())
-    return h.hexdigest()[:16]
+    Imports go because they name *where* code lives, not what it does: moving a module into
+    another subpackage (and rewriting the imports that name it) must not make every cached
+    executable stale, while any change to a statement must.
+    """
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if not isinstance(stmts, list) or not all(isinstance(s, ast.stmt) for s in stmts):
+                continue
+            kept = [s for s in stmts if not isinstance(s, ast.Import | ast.ImportFrom)]
+            docstring_owner = isinstance(
+                node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+            )
+            if field == "body" and docstring_owner and kept and isinstance(kept[0], ast.Expr):
+                if isinstance(kept[0].value, ast.Constant) and isinstance(kept[0].value.value, str):
+                    kept = kept[1:]
+            setattr(node, field, kept or [ast.Pass()])
+    return ast.dump(tree)
+
+
+def source_hash(files: list[Path] | None = None) -> str:
+    """Hash of the code that can change an executable: a code change never reuses stale ones.
+
+    That code is ``GRAPH_CODE`` (models, kernels, the compiled model and the generation graphs);
+    front ends, jobs, tuning and this cache's own bookkeeping cannot change what XLA compiles,
+    so editing them keeps users' caches. Path-independent: each module's code
+    (``_code_only``) is hashed without its file name, and the hashes sorted.
+    """
+    if files is None:
+        return _package_source_hash()
+    digests = sorted(
+        hashlib.sha256(_code_only(f.read_text(encoding="utf-8")).encode()).hexdigest() for f in files
+    )
+    return hashlib.sha256("".join(digests).encode()).hexdigest()[:16]
+
+
+# host-side modules of the (flat) package: nothing in them is traced into a graph
+HOST_ONLY = {
+    "__init__", "artifact_run", "artifacts", "batch", "batch_dryrun", "batch_models", "batch_plan",
+    "bucket_config", "bundled", "cli", "cli_batch", "cli_h5", "cli_jsonl", "cli_text", "cli_tune",
+    "compile_cache", "distributed", "durable", "h5job", "hf_adapter", "inputs", "lengths", "memory",
+    "progress", "resolve", "text", "text_pipeline", "tiny", "tuning", "tuning_run",
+}  # fmt: skip
+
+
+def graph_code() -> list[Path]:
+    """The modules ``source_hash`` covers."""
+    root = Path(str(resources.files("aotlm"))).resolve()
+    models = Path(str(resources.files("aotlm.models"))).resolve()
+    files = [f for f in root.glob("*.py") if f.stem not in HOST_ONLY]
+    files += [f for f in (root / "kernels").glob("*.py") if f.name != "__init__.py"]
+    return files + [f for f in models.glob("*.py") if f.name != "__init__.py"]
+
+
+_HASH_LOCK = threading.Lock()  # ``ast.parse`` on several threads at once fails in CPython 3.11
+
+
+@functools.cache
+def _package_hash_once() -> str:
+    return source_hash(graph_code())
+
+
+def _package_source_hash() -> str:
+    with _HASH_LOCK:  # compile() looks entries up on a thread per core
+        return _package_hash_once()
 
 
 def environment_fields(mesh) -> dict:

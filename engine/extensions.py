@@ -1,6 +1,6 @@
 """Generation strategies beyond one greedy/sampled row per prompt, routed from ``sample()``.
 
-``CausalLMForSampling`` knows three graph kinds (prefill, decode, and what the sampler adds);
+``CompiledModel`` knows three graph kinds (prefill, select, decode);
 the modules here add their own kinds, all compiled and cached through ``model._executable``:
 
 * ``aotlm.broadcast``: ``gather`` (copy KV-cache rows), ``bprefill`` (prefill of
@@ -17,21 +17,20 @@ compile on first use (once; then cached on disk).
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from collections.abc import Sequence
 
 import numpy as np
 
-from aotlm import inputs
+from aotlm import beam, broadcast, inputs, speculative
 from aotlm.params import PER_ROW_FIELDS as PER_ROW
 
-KINDS = {
-    "gather": "broadcast",
-    "bprefill": "broadcast",
-    "beam_init": "beam",
-    "beam": "beam",
-    "spec": "speculative",
+KINDS = {  # graph kind -> the module that lowers it
+    "gather": broadcast,
+    "bprefill": broadcast,
+    "beam_init": beam,
+    "beam": beam,
+    "spec": speculative,
 }
 
 
@@ -61,8 +60,6 @@ def configure(model, prompt_batch_size=None, num_beams: int = 1, speculation_len
 
 
 def graph_keys(model) -> list[tuple]:
-    from aotlm import beam, broadcast
-
     keys = []
     if model.prompt_batch_size or model.num_beams > 1:
         keys += broadcast.graph_keys(model)
@@ -70,7 +67,7 @@ def graph_keys(model) -> list[tuple]:
 
 
 def lower(model, key: tuple):
-    return importlib.import_module(f"aotlm.{KINDS[key[0]]}").lower(model, key)
+    return KINDS[key[0]].lower(model, key)
 
 
 def _expand(value, name: str, n: int, r: int):
@@ -147,14 +144,10 @@ def routed(sample):
             raise ValueError(f"num_return_sequences must be an int >= 1, got {num_return_sequences!r}")
         with model._lock:
             if draft_model is not None or speculation_length is not None:
-                from aotlm import speculative
-
                 if num_beams != 1 or num_return_sequences != 1:
                     raise ValueError("speculative decoding runs without num_beams / num_return_sequences")
                 return speculative.sample_with_draft(model, draft_model, speculation_length, call)
             if num_beams > 1:
-                from aotlm import beam
-
                 return beam.sample(
                     model, call, num_beams, num_return_sequences, length_penalty, early_stopping
                 )

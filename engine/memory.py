@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aotlm import sharding
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 
 AMP_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 GIB = 2**30
@@ -167,8 +167,8 @@ def plan_for_checkpoint(
 ) -> dict:
     """The memory plan plus the list of graphs for a checkpoint, from its config.json only."""
     from aotlm import buckets as bk
-    from aotlm.checkpoint import load_hf_config
     from aotlm.models import family_for
+    from aotlm.models.checkpoint import load_hf_config
 
     hf = load_hf_config(path)
     cfg = family_for(hf.model_type).arch_config(hf)

@@ -1,9 +1,12 @@
-"""``AutoModelForSampling``: a checkpoint as a set of ahead-of-time compiled bucket graphs.
+"""``CompiledModel``: a checkpoint as a set of ahead-of-time compiled bucket graphs.
 
-Lifecycle: ``from_pretrained`` reads the config, loads weights shard by shard onto the
-mesh and allocates the KV cache once; ``compile()`` lowers and compiles every bucket
-graph (or loads it from the on-disk compile cache); ``sample()`` / ``forward()`` only
-pick buckets and call executables: no tracing, no compiling.
+Lifecycle: the constructor reads the config, loads weights shard by shard onto the mesh and
+allocates the KV cache once; ``compile()`` lowers and compiles every bucket graph (or loads it
+from the on-disk compile cache); ``forward()`` (and ``sample()`` in ``aotlm.generate``) only
+pick buckets and call executables: no tracing, no compiling. Generation strategies that add
+graph kinds (beam search, speculative decoding, broadcasting) plug in through
+``_extra_graph_keys`` / ``_lower_extra`` in the ``aotlm.generate`` subclass, so this layer
+never imports them.
 """
 
 from __future__ import annotations
@@ -20,24 +23,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aotlm import (
-    artifacts,
-    broadcast,
-    extensions,
-    generation,
-    graphs,
-    inputs,
-    kernels,
-    params,
-    sampling,
-    sharding,
-)
+from aotlm import artifacts, graphs, inputs, kernels, sampling, sharding
 from aotlm import buckets as bk
-from aotlm.checkpoint import CheckpointError, WeightReader, load_hf_config
+from aotlm.bucket_config import resolve as merge_bucket_config
 from aotlm.compile_cache import CompileCache
-from aotlm.models import decoder, family_for, packing
+from aotlm.models import family_for, packing
+from aotlm.models.arch import ArchConfig
+from aotlm.models.checkpoint import CheckpointError, WeightReader, load_hf_config
 from aotlm.models.quant import ParamRewriter, QuantizationConfig, quant_config
 from aotlm.models.weights import load_params
+from aotlm.progress import bar
+from aotlm.resolve import resolve
 
 AMP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 
@@ -65,8 +61,24 @@ def _amp_dtype(amp: str):
     return AMP_DTYPES[amp]
 
 
-class CausalLMForSampling:
-    """A causal LM compiled per bucket. Use ``AutoModelForSampling.from_pretrained``."""
+# from_pretrained arguments the shape flags, --config files and saved artifacts carry
+MODEL_KEYS = (
+    "batch_size",
+    "n_positions",
+    "context_length_estimate",
+    "tp_degree",
+    "gqa",
+    "amp",
+    "quant",
+    "fuse_qkv",
+)
+# graph kinds this layer lowers itself; others come from ``_lower_extra`` (aotlm.generate)
+BASE_KINDS = ("prefill", "select", "decode")
+
+
+class CompiledModel:
+    """A causal LM compiled per bucket (weights, KV cache, graphs). ``aotlm.generate``'s
+    ``CausalLMForSampling`` adds ``sample()``; use ``AutoModelForSampling.from_pretrained``."""
 
     model_types: tuple[str, ...] | None = None  # subclasses restrict the family
 
@@ -83,23 +95,16 @@ class CausalLMForSampling:
         quant: str | QuantizationConfig | None = None,
         fuse_qkv: bool = False,
         bucket_config: str | os.PathLike | dict | None = None,
-        prompt_batch_size: int | None = None,
-        num_beams: int = 1,
-        speculation_length: int | Sequence[int] | None = None,
     ):
         # bucket_config: a tuner-written JSON (or dict) of n_positions / context_length_estimate /
         # batch_size; explicitly passed arguments win over it (aotlm/bucket_config.py)
         if bucket_config is not None:
-            from aotlm.bucket_config import resolve as merge_bucket_config
-
             bc = merge_bucket_config(bucket_config, batch_size=batch_size, n_positions=n_positions,
                                      context_length_estimate=context_length_estimate)  # fmt: skip
             batch_size, n_positions = bc.get("batch_size"), bc.get("n_positions")
             context_length_estimate = bc.get("context_length_estimate")
         batch_size = 1 if batch_size is None else batch_size
         n_positions = 128 if n_positions is None else n_positions
-        from aotlm.resolve import resolve
-
         self._lock = threading.RLock()
         path = resolve(path)  # a checkpoint dir, a training run (its latest checkpoint), a bundled name
         self.path = str(path)
@@ -109,7 +114,7 @@ class CausalLMForSampling:
             raise ValueError(f"{type(self).__name__} loads {list(self.model_types)}, but {path} is {mt!r}")
         family = family_for(mt)
         try:
-            self.cfg: decoder.ArchConfig = family.arch_config(self.hf_config)
+            self.cfg: ArchConfig = family.arch_config(self.hf_config)
         except (ArithmeticError, TypeError, KeyError, AttributeError) as e:  # e.g. n_head: 0
             raise CheckpointError(
                 f"{path}/config.json has unusable values ({type(e).__name__}: {e}); fix config.json"
@@ -145,7 +150,6 @@ class CausalLMForSampling:
         self.compile_report: list[dict] = []
         self.params = self._load_weights(family)
         self.cache = self._alloc_cache()
-        extensions.configure(self, prompt_batch_size, num_beams, speculation_length)
 
     # ------------------------------------------------------------------ loading
     def _place(self, path: tuple, arr: np.ndarray):
@@ -161,8 +165,6 @@ class CausalLMForSampling:
     def _load_weights(self, family) -> dict:
         reader = WeightReader(self.path)
         try:
-            from aotlm.progress import bar
-
             rows = bar(family.weight_rows(self.cfg, self.hf_config), "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
             view = self.quant is not None and kernels.enabled()  # int8 embedding copy for a tied lm_head
@@ -196,15 +198,24 @@ class CausalLMForSampling:
 
     # ------------------------------------------------------------------ compiling
     def graph_keys(self) -> list[tuple]:
-        return bk.graph_keys(self.ctx_buckets, self.tg_buckets) + extensions.graph_keys(self)
+        return bk.graph_keys(self.ctx_buckets, self.tg_buckets) + self._extra_graph_keys()
+
+    def _extra_graph_keys(self) -> list[tuple]:
+        """Graphs a subclass adds (``aotlm.generate``: beam search, broadcasting)."""
+        return []
+
+    def _lower_extra(self, key: tuple):
+        raise ValueError(f"no graph kind {key[0]!r} in {type(self).__name__}")
 
     def _abstract(self, tree):
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
     def _lower(self, key: tuple):
-        with kernels.mesh_context(self.mesh, self._rules):  # kernel calls shard_map over this mesh
-            if key[0] in extensions.KINDS:  # beam search, speculative decoding, broadcasting
-                return extensions.lower(self, key)
+        with kernels.mesh_context(
+            self.mesh, sharding.spec_of(self._rules)
+        ):  # kernel calls shard_map over this mesh
+            if key[0] not in BASE_KINDS:  # beam search, speculative decoding, broadcasting
+                return self._lower_extra(key)
             return self._lower_graph(key)
 
     def _lower_graph(self, key: tuple):
@@ -289,7 +300,7 @@ class CausalLMForSampling:
         return self._executable(key)
 
     @_locked
-    def compile(self) -> CausalLMForSampling:
+    def compile(self) -> CompiledModel:
         """Ahead of time: lower + compile (or load from the cache) every bucket graph now.
 
         Cached executables are deserialized on a thread per core first (XLA's loading releases
@@ -307,8 +318,6 @@ class CausalLMForSampling:
                 for key, found, seconds in pool.map(load, todo):
                     if found is not None:
                         self._keep(key, *found, seconds)
-        from aotlm.progress import bar
-
         for key in bar(self.graph_keys(), "compiling buckets", unit="graph"):
             self._executable(key)
         return self
@@ -320,7 +329,7 @@ class CausalLMForSampling:
         artifacts.save(self, directory)
 
     @_locked
-    def load(self, directory: str | os.PathLike) -> CausalLMForSampling:
+    def load(self, directory: str | os.PathLike) -> CompiledModel:
         """Load graphs saved by ``save`` (zero compilations); refuses artifacts of another config."""
         self._executables.update(artifacts.load(self, directory))
         return self
@@ -347,7 +356,6 @@ class CausalLMForSampling:
             mask = np.concatenate([mask, np.repeat(mask[:1], extra, 0)])
         return ids, mask, n
 
-    @broadcast.encoder
     def _encode(self, ids: np.ndarray, mask: np.ndarray):
         """Run every prefill step of the prompt; returns (logits of its last token, positions)."""
         p_len = ids.shape[1]
@@ -376,93 +384,3 @@ class CausalLMForSampling:
         ids, mask, n = self._prepare(input_ids, attention_mask, None)
         logits, _ = self._encode(ids, mask)
         return sharding.fetch(logits)[:n]
-
-    @extensions.routed
-    @_locked
-    def sample(
-        self,
-        input_ids,
-        max_new_tokens: int | Sequence[int] | None = None,
-        sequence_length: int | None = None,
-        attention_mask=None,
-        start_ids=None,
-        eos_token_id: int | Sequence[int] | None = None,
-        pad_token_id: int | None = None,
-        *,
-        generation_config: params.GenerationConfig | None = None,
-        streamer=None,
-        stopping_criteria=None,
-        return_dict: bool = False,
-        **generation_kwargs,
-    ) -> np.ndarray | generation.GenerateOutput:
-        """Generate: ``[batch, prompt_len + new]`` (prompt as given, then new tokens), or a
-        ``GenerateOutput`` with ``return_dict=True``.
-
-        Greedy by default. ``generation_kwargs`` are ``GenerationConfig`` fields with HF names
-        (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``,
-        ``no_repeat_ngram_size``, ``seed``, ``stop_sequences``, ``top_logprobs``); each sampling
-        value and ``max_new_tokens`` may be one value or one per row. They override
-        ``generation_config``. ``sequence_length`` (total length, transformers-neuronx style)
-        or ``max_new_tokens`` bound the output; neither means "up to n_positions". A row stops
-        at an eos id, at a stop sequence (kept in the output) or at its length; finished rows
-        are filled with ``pad_token_id`` (default: the first eos id) and the output is trimmed
-        to the longest row, as transformers does. ``streamer`` (HF ``BaseStreamer``: ``put``
-        gets the prompt, then the new tokens) and ``stopping_criteria`` (HF ``StoppingCriteria``)
-        make the decode loop run in chunks of ``generation.STREAM_CHUNK`` tokens.
-        """
-        cfg = generation_config or params.GenerationConfig()
-        unknown = set(generation_kwargs) - params.FIELDS
-        if unknown:
-            raise TypeError(
-                f"sample() got unknown generation arguments {sorted(unknown)}; known: {sorted(params.FIELDS)}"
-            )
-        given = dict(eos_token_id=eos_token_id, pad_token_id=pad_token_id, max_new_tokens=max_new_tokens)
-        cfg = cfg.replace(**{k: v for k, v in given.items() if v is not None}, **generation_kwargs)
-        if not isinstance(cfg.top_logprobs, int) or not 0 <= cfg.top_logprobs <= sampling.TOP_LOGPROBS_MAX:
-            raise ValueError(f"top_logprobs must be an int in [0, {sampling.TOP_LOGPROBS_MAX}]")
-        generation.check_streamer(streamer)
-        inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS), inputs.count(cfg.pad_token_id, "pad_token_id")
-        criteria = generation.criteria_list(stopping_criteria)
-        ids, mask, n = self._prepare(input_ids, attention_mask, start_ids)
-        new = self._n_new(ids.shape[1], n, cfg.max_new_tokens, sequence_length)
-        cfg = cfg.replace(max_new_tokens=None)
-        generation.sampling_params(cfg, n, self.batch_size)  # validate before any device work
-        generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
-        want = bool(return_dict or cfg.top_logprobs)
-        return generation.run(self, ids, mask, n, new, cfg, streamer, criteria, want)
-
-    def _n_new(self, p_len: int, n: int, max_new_tokens, sequence_length: int | None) -> np.ndarray:
-        """Per-row new-token budgets ``[n]`` (one value may serve every row)."""
-        if max_new_tokens is not None and sequence_length is not None:
-            raise ValueError("give max_new_tokens or sequence_length, not both")
-        if sequence_length is not None:
-            max_new_tokens = inputs.count(sequence_length, "sequence_length") - p_len
-        if max_new_tokens is None:
-            max_new_tokens = self.n_positions - p_len
-        new = generation._per_row(max_new_tokens, "max_new_tokens", n, np.int64)
-        if (new < 1).any():
-            raise ValueError(f"max_new_tokens must be >= 1 (prompt has {p_len} tokens), got {new.min()}")
-        top = int(new.max())
-        if p_len + top > self.n_positions:
-            raise ValueError(
-                f"prompt ({p_len} tokens) + max_new_tokens ({top}) = {p_len + top} "
-                f"exceeds n_positions={self.n_positions}; shorten the request or load the model with "
-                f"n_positions >= {p_len + top}"
-            )
-        return new.astype(np.int32)
-
-
-class AutoModelForSampling(CausalLMForSampling):
-    """Picks the family from ``config.model_type``."""
-
-    @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, **kwargs) -> CausalLMForSampling:
-        return cls(path, **kwargs)
-
-
-class GPT2ForSampling(AutoModelForSampling):
-    model_types = ("gpt2",)
-
-
-class LlamaForSampling(AutoModelForSampling):
-    model_types = ("llama",)

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from aotlm.checkpoint import SAFE_INDEX, SAFE_SINGLE, TORCH_INDEX, TORCH_SINGLE, CheckpointError
+from aotlm.models.checkpoint import SAFE_INDEX, SAFE_SINGLE, TORCH_INDEX, TORCH_SINGLE, CheckpointError
 
 _CKPT_NAME = re.compile(r"^checkpoint-(\d+)$")
 _UNSET_VAR = re.compile(r"\$(\w+|\{\w+\})")

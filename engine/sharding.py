@@ -1,6 +1,6 @@
 """Device mesh, GQA strategy and the logical-axis -> mesh-axis rules (Megatron tensor parallelism).
 
-Every parameter declares its logical axes once (``aotlm.models.weights.LOGICAL_AXES``); this
+Every parameter declares its logical axes once (``aotlm.models.axes.LOGICAL_AXES``); this
 module only decides which logical axis goes on the ``"tp"`` mesh axis. XLA's SPMD
 partitioner then inserts the collectives implied by the shardings, so model code stays
 free of communication calls. Layout (checked in the compiled HLO by ``tests/test_tp.py``):
@@ -33,8 +33,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from aotlm.models.packing import logical_axes
 from aotlm.models.quant import regroup_qkv
-from aotlm.models.weights import logical_axes
 
 TP = "tp"
 GQA_STRATEGIES = ("shard-over-heads", "replicated-heads", "shard-over-batch")
@@ -172,6 +172,11 @@ def prepared_shape(path: tuple, shape: tuple, tp: int, strategy: str, n_kv_heads
 def param_spec(path: tuple, ndim: int, rule: dict) -> PartitionSpec:
     axes = logical_axes(path, ndim)
     return PartitionSpec(*(rule.get(a) if a else None for a in axes))
+
+
+def spec_of(rule: dict):
+    """``(leaf name, ndim) -> partition spec`` for the kernels' ``mesh_context`` (``aotlm.kernels``)."""
+    return lambda name, ndim: param_spec((name,), ndim, rule)
 
 
 def param_sharding(mesh: Mesh, path: tuple, ndim: int, rule: dict) -> NamedSharding:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aotlm.checkpoint import CheckpointError
+from aotlm.models.checkpoint import CheckpointError
 
 
 def quiet_transformers() -> None:

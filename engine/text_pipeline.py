@@ -187,7 +187,7 @@ def pipeline(
     """
     if task != "text-generation":
         raise ValueError(f"aotlm.pipeline supports task='text-generation', got {task!r}")
-    from aotlm.model import AutoModelForSampling, CausalLMForSampling
+    from aotlm.causal_lm import AutoModelForSampling, CausalLMForSampling
     from aotlm.resolve import validate_checkpoint
 
     text.quiet_transformers()

@@ -3,7 +3,7 @@ embeddings, fused ``query_key_value`` laid out per head as ``[q, k, v]``, tanh-G
 
 from __future__ import annotations
 
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 from aotlm.models.layers import alibi_slopes
 from aotlm.models.weights import Row, heads_out, linear_t, row, split_qkv
 

@@ -18,64 +18,14 @@ norms) are simply absent from the dict; the code checks presence, which is stati
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import jax
 import jax.numpy as jnp
 
 from aotlm import kernels
 from aotlm.models import layers as L
-
-
-@dataclass(frozen=True)
-class ArchConfig:
-    """Static description of an architecture: everything a graph's shape/maths depends on."""
-
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    max_positions: int
-    norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
-    norm_eps: float = 1e-5
-    norm_offset: float = 0.0  # Gemma: x * (1 + w)
-    act: str = "silu"
-    gated_mlp: bool = True
-    position: str = "rope"  # "rope" | "learned" | "alibi"
-    inv_freq: tuple[float, ...] = ()
-    rope_interleaved: bool = False
-    learned_pos_offset: int = 0  # OPT stores positions shifted by 2
-    parallel_residual: bool = False
-    shared_input_norm: bool = False  # parallel residual fed by norm1 only (GPT-J, Falcon)
-    post_norm: bool = False  # OPT with do_layer_norm_before=False
-    attn_scale: float | None = None  # default 1/sqrt(head_dim)
-    embed_scale: float = 1.0
-    tie_embeddings: bool = True
-    sliding_window: int | None = None
-    # per-layer sliding windows (None = global layer), e.g. Gemma2 local/global alternation or
-    # Qwen2 max_window_layers; empty = every layer uses ``sliding_window``. A tuple (not a
-    # traced array) because each window is baked into that layer's mask in the compiled graph.
-    layer_windows: tuple[int | None, ...] = ()
-    attn_softcap: float | None = None
-    logit_softcap: float | None = None
-    qk_norm: bool = False
-    clip_qkv: float | None = None  # clamp q/k/v projections to [-c, c] (MPT attn_config.clip_qkv)
-    n_experts: int = 0
-    experts_per_token: int = 0
-    alibi: tuple[float, ...] = ()
-    extra: tuple[tuple[str, object], ...] = field(default=())  # family-specific statics
-
-    @property
-    def scale(self) -> float:
-        return self.attn_scale if self.attn_scale is not None else self.head_dim**-0.5
-
-    def window(self, layer: int) -> int | None:
-        """Sliding window of ``layer`` (static: it shapes the layer's attention mask)."""
-        return self.layer_windows[layer] if self.layer_windows else self.sliding_window
+from aotlm.models import packing
+from aotlm.models.arch import ArchConfig
+from aotlm.models.moe import moe_mlp
 
 
 def embed(cfg: ArchConfig, params, tokens, positions):
@@ -123,8 +73,6 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
 
 def feed_forward(cfg: ArchConfig, p, x):
     if cfg.n_experts:
-        from aotlm.models.moe import moe_mlp
-
         return moe_mlp(cfg, p, x)
     return L.mlp(x, p, cfg.act, cfg.gated_mlp)
 
@@ -198,7 +146,7 @@ def logits(cfg: ArchConfig, params, h):
         else (params["embed"], None, "embed")
     )
     if kernels.supported(hf, w, 1, name):
-        out = kernels.matmul(hf, w, scale, name=name, nt=tied)
+        out = kernels.matmul(hf, w, scale, name=name, nt=tied, packed_k=packing.packed_k(name, w.ndim))
     elif not tied:  # int8 (with lm_head_scale, models/quant.py) or float lm_head
         out = jnp.dot(h, L.xla_weight(w, h, scale is not None, name), preferred_element_type=jnp.float32)
         if scale is not None:

@@ -6,7 +6,7 @@ parallel from two norms ``ln_attn`` / ``ln_mlp`` (40B / 180B), or sequential (RW
 
 from __future__ import annotations
 
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 from aotlm.models.layers import alibi_slopes, rope_inv_freq
 from aotlm.models.llama import rope_params
 from aotlm.models.weights import Row, heads_out, linear_t, row, split_qkv

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from aotlm.models import llama
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 from aotlm.models.weights import row
 
 MODEL_TYPES = ("gemma", "gemma2")

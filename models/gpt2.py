@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 from aotlm.models.weights import bias_heads, heads_in, heads_out, row
 
 MODEL_TYPES = ("gpt2",)

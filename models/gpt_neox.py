@@ -4,7 +4,7 @@ residual with two input norms (or sequential with ``use_parallel_residual=False`
 
 from __future__ import annotations
 
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 from aotlm.models.layers import rope_inv_freq
 from aotlm.models.llama import rope_params
 from aotlm.models.weights import Row, heads_out, linear_t, row, split_qkv

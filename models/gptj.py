@@ -4,7 +4,7 @@ q/k/v projections, and an ``lm_head`` that has a bias."""
 
 from __future__ import annotations
 
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 from aotlm.models.layers import rope_inv_freq
 from aotlm.models.weights import Row, heads_in, heads_out, linear_t, row
 

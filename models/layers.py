@@ -222,7 +222,7 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None):
     ``name`` (the weight's leaf name) gives them its sharding under tensor parallelism.
     """
     if kernels.supported(x, w, axes, name):
-        y = kernels.matmul(x, w, scale, axes, name)
+        y = kernels.matmul(x, w, scale, axes, name, packed_k=packing.packed_k(name, w.ndim))
     elif scale is not None:
         y = jnp.tensordot(x, xla_weight(w, x, True, name), axes=axes, preferred_element_type=jnp.float32)
         y = y * scale.astype(jnp.float32)
@@ -242,7 +242,7 @@ def xla_weight(w, x, scaled: bool, name: str | None = None):
     dtype = x.dtype if scaled else jnp.promote_types(x.dtype, w.dtype)
     if jnp.dtype(w.dtype) == jnp.dtype(dtype):
         return w
-    out = kernels.convert(w, dtype, name, x)
+    out = kernels.convert(w, dtype, name, x, packed_k=packing.packed_k(name, w.ndim))
     if out is not None:
         return out
     return (packing.unpack(w, name) if packing.is_packed(name, w.ndim) else w).astype(dtype)

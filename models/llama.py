@@ -6,7 +6,7 @@ and filter / extend ``weight_rows``."""
 
 from __future__ import annotations
 
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 from aotlm.models.layers import rope_inv_freq
 from aotlm.models.weights import bias_heads, heads_in, heads_out, linear_t, row
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from aotlm.models import llama
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 from aotlm.models.weights import linear_t, row
 
 MODEL_TYPES = ("mixtral",)

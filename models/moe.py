@@ -15,15 +15,11 @@ Params per layer: ``router [D,E]``, ``e_gate``/``e_up [E,D,F]`` (or fused ``e_gu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 
 from aotlm.models import layers as L
-
-if TYPE_CHECKING:
-    from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 
 
 def routing_weights(logits: jax.Array, top_k: int) -> jax.Array:

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 from aotlm.models.weights import Row, bias_heads, heads_in, heads_out, linear_t, row
 
 MODEL_TYPES = ("opt",)

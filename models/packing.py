@@ -25,9 +25,10 @@ import math
 
 import numpy as np
 
-from aotlm.models.weights import CONTRACT_AXES, LOGICAL_AXES
+from aotlm.kernels import layout
+from aotlm.kernels.layout import PANEL
+from aotlm.models.axes import CONTRACT_AXES, LOGICAL_AXES, Path
 
-PANEL = 16  # output columns per panel (packed.h)
 DTYPES = ("int8", "bfloat16")  # stored dtypes the panel kernels read (quant="int8" / "bf16")
 # leaf -> its contracted dims. ``embed_q`` (the tied lm_head's int8 rows) is [V, D]: D contracted.
 PACK_CONTRACT: dict[str, tuple[int, ...]] = {
@@ -62,13 +63,25 @@ def is_packed(name: str | None, ndim: int) -> bool:
     return name in PACK_CONTRACT and ndim == len(LOGICAL_AXES[name]) + 2
 
 
+def logical_axes(path: Path, ndim: int) -> tuple[str | None, ...]:
+    """Logical axes of a parameter (norm scales and other small leaves: replicated); a leaf in
+    the kernels' packed int8 layout (this module) has two more dims."""
+    axes = LOGICAL_AXES.get(path[-1], (None,) * ndim)
+    if len(axes) + 2 == ndim and is_packed(path[-1], ndim):
+        return packed_axes(path[-1], axes)
+    if len(axes) != ndim:
+        raise ValueError(f"parameter {path} has {ndim} dims but its logical axes are {axes}")
+    return axes
+
+
+def packed_k(name: str | None, ndim: int) -> int | None:
+    """Static: the number of contracted dims of a packed leaf (what the kernels need), else None."""
+    return len(PACK_CONTRACT[name]) if is_packed(name, ndim) else None
+
+
 def logical_dims(name: str, shape: tuple) -> tuple[tuple, tuple]:
     """``(Kd, Nd)``: contracted and output dims of a packed leaf (or of a local shard of one)."""
-    nk = len(PACK_CONTRACT[name])
-    nn = len(shape) - 2 - nk
-    nd = (*shape[: nn - 1], shape[nn - 1] * PANEL)
-    kd = (*shape[nn : nn + nk - 1], shape[nn + nk - 1] * 2)
-    return kd, nd
+    return layout.logical_dims(shape, len(PACK_CONTRACT[name]))
 
 
 def pack(arr: np.ndarray, contract: tuple[int, ...]) -> np.ndarray:

@@ -8,7 +8,7 @@ at run time, which a static-shape graph cannot do: it is rejected with an error.
 from __future__ import annotations
 
 from aotlm.models import llama
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 from aotlm.models.layers import rope_inv_freq
 from aotlm.models.weights import linear_t, row, split_qkv
 

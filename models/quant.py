@@ -4,7 +4,7 @@ Both are rewrites of finished parameters (after a family's HF-name table, before
 no family needs code of its own: they act on the generic leaf names every family produces.
 
 * ``QuantizationConfig(quant_dtype="s8")`` (transformers-neuronx semantics): every big matrix
-  (``CONTRACT_AXES`` in ``aotlm.models.weights``: q/k/v/o, MLP, MoE experts, untied ``lm_head``, and
+  (``CONTRACT_AXES`` in ``aotlm.models.axes``: q/k/v/o, MLP, MoE experts, untied ``lm_head``, and
   their fused forms) is stored as int8 plus a per-output-channel scale
   ``max|w| / 127`` over its input (contracted) dims, leaf ``<name>_scale``. Inside the graph
   the int8 weight is converted to the compute (amp) dtype -- the dequant dtype -- and the scale
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aotlm.models.weights import CONTRACT_AXES, Path
+from aotlm.models.axes import CONTRACT_AXES, Path
 
 QUANT_DTYPES = ("s8", "int8", "bf16")
 

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from aotlm.models import llama
-from aotlm.models.decoder import ArchConfig
+from aotlm.models.arch import ArchConfig
 from aotlm.models.weights import row
 
 MODEL_TYPES = ("qwen2", "qwen3")

@@ -31,8 +31,9 @@ def check(name, x, w, stored, s, axes, nt, target):
     wd = put(stored, name)
     sd = put(s, name + "_scale") if s is not None else None
     xd = sharding.put(x, sharding.replicated(mesh))
-    fn = jax.jit(lambda x, w, s: kernels.matmul(x, w, s, axes, name, nt))
-    with kernels.mesh_context(mesh, rules):
+    pk = packing.packed_k(name, stored.ndim)
+    fn = jax.jit(lambda x, w, s: kernels.matmul(x, w, s, axes, name, nt, packed_k=pk))
+    with kernels.mesh_context(mesh, sharding.spec_of(rules)):
         compiled = fn.lower(xd, wd, sd).compile()
     y = np.asarray(sharding.fetch(compiled(xd, wd, sd)), np.float64)
     k = int(np.prod(w.shape[1:] if nt else w.shape[:axes]))
@@ -61,8 +62,8 @@ for case, (name, xs, ws, axes, nt, with_scale) in cases.items():
 def convert_check(name, w, stored, target):
     """[max |error|, ``target`` in the HLO] of ``convert`` (to f32, the logical layout) of ``stored``."""
     wd = put(stored, name)
-    fn = jax.jit(lambda w: kernels.convert(w, np.float32, name))
-    with kernels.mesh_context(mesh, rules):
+    fn = jax.jit(lambda w: kernels.convert(w, np.float32, name, packed_k=packing.packed_k(name, stored.ndim)))
+    with kernels.mesh_context(mesh, sharding.spec_of(rules)):
         compiled = fn.lower(wd).compile()
     got = np.asarray(sharding.fetch(compiled(wd)))
     return [float(np.abs(got - np.asarray(w, np.float32)).max()), target in compiled.as_text()]

@@ -8,7 +8,7 @@ import transformers
 from conformance import hf_last_logits, hf_model, make_checkpoint
 
 from aotlm import AutoModelForSampling
-from aotlm.checkpoint import SAFE_INDEX, TORCH_SINGLE, CheckpointError
+from aotlm.models.checkpoint import SAFE_INDEX, TORCH_SINGLE, CheckpointError
 
 
 def _cfg():

@@ -139,3 +139,30 @@ def test_lru_eviction_and_refused_executable_fall_back(gpt2_path, tmp_path, monk
         issubclass(w.category, compile_cache.CacheWarning) and "refused" in str(w.message) for w in caught
     )
     np.testing.assert_array_equal(again.sample(np.arange(1, 6)[None], max_new_tokens=4), want)
+
+
+def test_source_hash_ignores_where_code_lives_but_not_what_it_does(tmp_path):
+    """Cache keys carry no module paths: moving modules into another folder and rewriting the
+    imports that name them keeps ``source_hash`` (so a reorganised package still hits a cache
+    written before); any changed statement, a docstring aside, changes it."""
+    from aotlm import compile_cache
+
+    files = compile_cache.graph_code()
+    assert len(files) > 20 and all(f.suffix == ".py" for f in files)
+    before = compile_cache.source_hash(files)
+    assert before == compile_cache.source_hash()
+    moved = []
+    for i, f in enumerate(files):
+        text = f.read_text()
+        # another folder, other import paths (top-level and function-local), another docstring
+        text = text.replace("from aotlm.models import", "from aotlm.elsewhere.models import")
+        text = text.replace("from aotlm import", "from aotlm.sub import")
+        text = text.replace('"""', '"""Reworded. ', 1)
+        dest = tmp_path / f"pkg{i % 3}" / f.name
+        dest.parent.mkdir(exist_ok=True)
+        dest.write_text(text + "\n\n# a trailing comment\n")
+        moved.append(dest)
+    assert compile_cache.source_hash(moved) == before
+    decoder = next(f for f in moved if f.name == "decoder.py")
+    decoder.write_text(decoder.read_text().replace("cfg.norm_eps", "cfg.norm_eps * 2", 1))
+    assert compile_cache.source_hash(moved) != before

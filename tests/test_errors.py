@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from aotlm import AutoModelForSampling
-from aotlm.checkpoint import CheckpointError
+from aotlm.models.checkpoint import CheckpointError
 
 
 @pytest.fixture(scope="module")

@@ -122,7 +122,7 @@ def test_packed_kernel_matches_numpy(wdt):
     N % 16 == 0, multi-dim contractions (``wo``) and outputs (``wqkv``), the tied lm_head's
     ``embed_q [V, D]``."""
     rng = np.random.default_rng(5)
-    f = jax.jit(kernels.matmul, static_argnames=("axes", "name", "nt"))
+    f = jax.jit(kernels.matmul, static_argnames=("axes", "name", "nt", "packed_k"))
     cases = [  # (leaf, x shape, logical w shape, axes, nt)
         ("w_up", (1, 38), (38, 16), 1, False),
         ("w_up", (1, 3072), (3072, 160), 1, False),  # > KB_PAIRS pairs: several int32 flushes
@@ -147,12 +147,13 @@ def test_packed_kernel_matches_numpy(wdt):
         s = rng.random(n_out).astype(np.float32) / 100 if wdt == jnp.int8 else None
         for xdt in (jnp.float32, jnp.bfloat16):
             x = jnp.asarray(rng.standard_normal(xs), xdt)
-            y = f(x, jnp.asarray(wp), s, axes=axes, name=name, nt=nt)
+            y = f(x, jnp.asarray(wp), s, axes=axes, name=name, nt=nt, packed_k=len(contract))
             assert y.shape == (*xs[: len(xs) - axes], *n_out), name
             _check(y, x, w, s, nt, axes, xdt)
         # prefill: the kernel unpacks to the logical [*K, *N] layout; jnp's unpack agrees
         logical = np.moveaxis(w, contract, tuple(range(len(contract))))
-        got = jax.jit(kernels.convert, static_argnames=("dtype", "name"))(jnp.asarray(wp), jnp.float32, name)
+        conv = jax.jit(kernels.convert, static_argnames=("dtype", "name", "packed_k"))
+        got = conv(jnp.asarray(wp), jnp.float32, name, packed_k=len(contract))
         np.testing.assert_array_equal(np.asarray(got), logical.astype(np.float32))
         unpacked = np.asarray(packing.unpack(jnp.asarray(wp), name))
         np.testing.assert_array_equal(unpacked.astype(np.float32), logical.astype(np.float32))
@@ -174,7 +175,8 @@ def test_pack_if_keeps_row_major_what_it_cannot_pack():
 
 def test_tensor_parallel_shards_in_subprocess(tmp_path):
     """Column-, row- and vocab-parallel weights on 2 forced devices: each device runs its shard."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", TF_CPP_MIN_LOG_LEVEL="2")
+    flags = "--xla_force_host_platform_device_count=2 " + os.environ.get("AOTLM_TEST_XLA_FLAGS", "")
+    env = dict(os.environ, XLA_FLAGS=flags, TF_CPP_MIN_LOG_LEVEL="2")
     p = subprocess.run(
         [sys.executable, str(HERE / "kernels_tp_child.py")],
         capture_output=True,

@@ -24,10 +24,10 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from aotlm import AutoModelForSampling
-from aotlm.checkpoint import SAFE_INDEX, CheckpointError
 from aotlm.cli import main
 from aotlm.compile_cache import CacheWarning, CompileCache
 from aotlm.graphs import MAX_EOS
+from aotlm.models.checkpoint import SAFE_INDEX, CheckpointError
 
 SHAPE = dict(n_positions=32, context_length_estimate=32)  # one bucket: prefill 32, decode 32 (+ select)
 PROMPT = [[5, 17, 42, 9, 3]]

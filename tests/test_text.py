@@ -10,7 +10,7 @@ import pytest
 from textkit import PIPE_SHAPES, make_tokenizer, shared_text_checkpoint
 
 import aotlm
-from aotlm.checkpoint import CheckpointError
+from aotlm.models.checkpoint import CheckpointError
 from aotlm.resolve import resolve
 from aotlm.text import IncrementalDecoder, TextStreamer, left_pad
 

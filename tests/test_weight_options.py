@@ -34,8 +34,8 @@ from conformance import hf_model
 from aotlm import AutoModelForSampling, kernels, sharding
 from aotlm.compile_cache import entry_key
 from aotlm.models import decoder, packing
+from aotlm.models.axes import CONTRACT_AXES
 from aotlm.models.quant import QuantizationConfig, fuse_qkv_heads, quantize_int8, regroup_qkv
-from aotlm.models.weights import CONTRACT_AXES
 
 T = transformers
 V, N_POS, NEW = 101, 32, 16

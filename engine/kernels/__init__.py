@@ -22,128 +22,23 @@ kernels first.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import hashlib
-import os
-import subprocess
-import tempfile
-import warnings
-from pathlib import Path
-
-import jax
-
-SOURCES = ("wmatmul.cc", "wfloat.h", "int8.h", "packed.h", "bdot.h", "convert.h", "pool.h")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-shared", "-pthread")
-TARGETS = {
-    "aotlm_wmm_nn": "AotlmWmmNN",
-    "aotlm_wmm_nt": "AotlmWmmNT",
-    "aotlm_bdot": "AotlmBdot",
-    "aotlm_convert": "AotlmConvert",
-    "aotlm_wmm_pk": "AotlmWmmPK",
-    "aotlm_unpack": "AotlmUnpack",
-}
-# More rows than this (prefill) stay on XLA's dot. f32 weights take the kernels too: XLA runs 2..16
-# rows (batched decode, a speculative check) as a GEMM reading W 2-4x slower, and its one-row GEMV
-# reached 87% of the read bandwidth in GPT-2-small decode where the kernel's row stream reaches 96%.
-MAX_ROWS = 16
-_DIR = Path(__file__).resolve().parent
-
-
-class KernelWarning(UserWarning):
-    """The kernels could not be built or loaded; aotlm uses XLA's matmuls instead."""
-
-
-@functools.cache
-def build_hash() -> str:
-    """Identity of the kernel binary: sources, flags, compiler and jaxlib version."""
-    import jaxlib
-
-    h = hashlib.sha256()
-    for name in SOURCES:
-        h.update(name.encode() + (_DIR / name).read_bytes())
-    h.update(" ".join(FLAGS).encode() + jaxlib.__version__.encode() + _compiler_version().encode())
-    return h.hexdigest()[:16]
-
-
-@functools.cache
-def _compiler_version() -> str:
-    try:
-        return subprocess.run(["g++", "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "no g++"
-
-
-def _build() -> Path:
-    """The compiled library, building it once per machine (atomic rename, so racing builds agree)."""
-    root = Path(os.environ.get("AOTLM_KERNEL_CACHE", Path.home() / ".cache" / "aotlm" / "kernels"))
-    lib = root / build_hash() / "libaotlm_kernels.so"
-    if lib.is_file():
-        return lib
-    lib.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
-    os.close(fd)
-    cmd = ["g++", *FLAGS, f"-I{jax.ffi.include_dir()}", f"-I{_DIR}", str(_DIR / SOURCES[0]), "-o", tmp]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if res.returncode:
-        os.unlink(tmp)
-        raise RuntimeError(f"g++ failed: {res.stderr.strip()[-2000:]}")
-    os.replace(tmp, lib)
-    return lib
-
-
-@functools.cache
-def _load() -> ctypes.CDLL | None:
-    """Build, load and register the FFI targets once; ``None`` (with a warning) on any failure."""
-    try:
-        lib = ctypes.CDLL(str(_build()))
-        if not lib.aotlm_kernels_cpu_ok():
-            warnings.warn("this CPU lacks AVX2/FMA/F16C: aotlm kernels disabled", KernelWarning, stacklevel=3)
-            return None
-        for target, symbol in TARGETS.items():
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
-        return lib
-    except Exception as e:  # no compiler, no headers, unwritable cache...: fall back to XLA
-        warnings.warn(f"aotlm kernels unavailable ({e}); using XLA's matmuls", KernelWarning, stacklevel=3)
-        return None
-
-
-def enabled() -> bool:
-    """Whether graphs traced now use the kernels (``AOTLM_KERNELS=0`` forces them off)."""
-    if os.environ.get("AOTLM_KERNELS", "1") == "0" or jax.default_backend() != "cpu":
-        return False
-    return _load() is not None
-
-
-def ensure_registered() -> None:
-    """Register the FFI targets before deserializing executables that may call them."""
-    if os.environ.get("AOTLM_KERNELS", "1") != "0" and jax.default_backend() == "cpu":
-        _load()
-
-
-def cache_tag() -> str:
-    """Compile-cache key field: graphs with and without kernels (or another build) differ."""
-    return f"wmatmul-{build_hash()}" if enabled() else "off"
-
-
-def threads() -> int:
-    lib = _load()
-    return int(lib.aotlm_kernels_threads()) if lib is not None else 0
-
-
-def read_gbps(mib: int = 512, runs: int = 7) -> float | None:
-    """Streaming read bandwidth (GB/s, median of runs) by the kernels' threads; None without them."""
-    lib = _load()
-    if lib is None:
-        return None
-    lib.aotlm_read_gbps.restype = ctypes.c_double
-    return float(lib.aotlm_read_gbps(ctypes.c_int64(mib), ctypes.c_int(runs)))
-
-
-from aotlm.kernels.ops import attention_ok, bdot, convert, matmul, mesh_context, supported  # noqa: E402
+from aotlm.kernels.build import (
+    MAX_ROWS,
+    KernelWarning,
+    build_hash,
+    cache_tag,
+    enabled,
+    ensure_registered,
+    read_gbps,
+    threads,
+)
+from aotlm.kernels.ops import attention_ok, bdot, convert, matmul, mesh_context, supported
 
 __all__ = [
+    "MAX_ROWS",
+    "KernelWarning",
     "attention_ok",
+    "build_hash",
     "bdot",
     "cache_tag",
     "convert",

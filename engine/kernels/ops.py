@@ -1,11 +1,13 @@
 """JAX side of the kernels: the ``ffi_call``s, and ``shard_map`` over the ``"tp"`` mesh.
 
 A custom call is opaque to XLA's SPMD partitioner, so under tensor parallelism each matmul is
-wrapped in ``jax.shard_map`` with the weight's own partition spec (``aotlm.sharding`` rules of
-its leaf name): column-parallel weights give an output sharded like the weight's output dims,
-row-parallel ones (contracted dims sharded) a partial product summed with ``psum`` -- the
-same collectives XLA inserts for its own dot. The mesh and rules are known while a graph is
-traced (``mesh_context``, set by the model around lowering).
+wrapped in ``jax.shard_map`` with the weight's own partition spec: column-parallel weights give an
+output sharded like the weight's output dims, row-parallel ones (contracted dims sharded) a
+partial product summed with ``psum`` over the mesh axes of the contracted dims -- the same
+collectives XLA inserts for its own dot. The mesh and a leaf name -> partition spec function
+are known while a graph is traced (``mesh_context``, set by the model around lowering), so this
+module needs nothing from the layers above it. A weight in the panel layout says so by
+``packed_k`` (its number of contracted dims, ``aotlm.models.packing.packed_k``).
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from aotlm import kernels
-from aotlm.models import packing
+from aotlm.kernels import build as kernels
+from aotlm.kernels import layout
 
 W_DTYPES = (jnp.int8, jnp.bfloat16, jnp.float16, jnp.float32)
 X_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -27,10 +30,11 @@ _ctx = threading.local()
 
 
 @contextlib.contextmanager
-def mesh_context(mesh, rules: dict):
-    """Tell kernel calls traced inside this block the mesh and logical-axis rules of the params."""
+def mesh_context(mesh, spec_of: Callable[[str, int], Sequence]):
+    """Tell kernel calls traced inside this block the mesh and ``spec_of(leaf name, ndim)``, the
+    partition spec of a stored param leaf (one entry per dim: a mesh axis name or ``None``)."""
     old = getattr(_ctx, "value", None)
-    _ctx.value = (mesh, rules)
+    _ctx.value = (mesh, spec_of)
     try:
         yield
     finally:
@@ -53,28 +57,26 @@ def _one_device() -> bool:
     return ctx is None or ctx[0].size == 1
 
 
-def _weight_spec(name: str, ndim: int, rules: dict) -> tuple:
+def _weight_spec(name: str, ndim: int, spec_of) -> tuple:
     """The partition spec of the weight leaf ``name`` (one entry per dim, ``None`` = replicated)."""
-    from aotlm import sharding
-
-    return (tuple(sharding.param_spec((name,), ndim, rules)) + (None,) * ndim)[:ndim]
+    return (tuple(spec_of(name, ndim)) + (None,) * ndim)[:ndim]
 
 
-def _logical_ndim(name: str | None, w) -> int:
+def _logical_ndim(packed_k: int | None, w) -> int:
     """Dims of the weight's logical form (a packed leaf has two more)."""
-    return w.ndim - 2 if packing.is_packed(name, w.ndim) else w.ndim
+    return w.ndim - 2 if packed_k else w.ndim
 
 
-def _call(x, w, scale, axes: int, nt: bool, name: str | None = None):
+def _call(x, w, scale, axes: int, nt: bool, packed_k: int | None = None):
     """The kernel on local arrays: ``x [..., *K] @ w [*K, *N]`` (or ``w [N, K]`` when ``nt``, or
-    ``w`` in the packed int8 layout of ``aotlm.models.packing``)."""
+    ``w`` in the panel layout with ``packed_k`` contracted dims, ``layout``)."""
     kernels.ensure_registered()
     lead = x.shape[: x.ndim - axes]
     k = math.prod(x.shape[x.ndim - axes :])
     x2 = x.reshape(-1, k)
     s = scale.reshape(-1) if scale is not None else jnp.zeros((0,), jnp.float32)
-    if packing.is_packed(name, w.ndim):
-        target, w2, tail = "aotlm_wmm_pk", w, packing.logical_dims(name, w.shape)[1]
+    if packed_k:
+        target, w2, tail = "aotlm_wmm_pk", w, layout.logical_dims(w.shape, packed_k)[1]
     elif nt:
         target, w2, tail = "aotlm_wmm_nt", w, (w.shape[0],)
     else:
@@ -84,28 +86,29 @@ def _call(x, w, scale, axes: int, nt: bool, name: str | None = None):
     return y.reshape(*lead, *tail)
 
 
-def matmul(x, w, scale=None, axes: int = 1, name: str | None = None, nt: bool = False):
+def matmul(
+    x, w, scale=None, axes: int = 1, name: str | None = None, nt: bool = False, packed_k: int | None = None
+):
     """``x @ w`` (times ``scale`` per output channel) in ``x``'s dtype, f32 accumulation.
 
     ``nt``: ``w`` is ``[N, K]`` (embedding rows) instead of ``[K, N]``. ``name`` is the
-    weight's leaf name, which gives its sharding under tensor parallelism.
+    weight's leaf name, which gives its sharding under tensor parallelism. ``packed_k``: ``w``
+    is in the panel layout with that many contracted dims.
     """
     if _one_device():
-        return _call(x, w, scale, axes, nt, name)
-    from aotlm import sharding
-
-    mesh, rules = _ctx.value
-    pspec = _weight_spec(name, w.ndim, rules)  # the stored leaf's (packed or not)
-    wspec = _weight_spec(name, _logical_ndim(name, w), rules)
+        return _call(x, w, scale, axes, nt, packed_k)
+    mesh, spec_of = _ctx.value
+    pspec = _weight_spec(name, w.ndim, spec_of)  # the stored leaf's (packed or not)
+    wspec = _weight_spec(name, _logical_ndim(packed_k, w), spec_of)
     contract, outs = (wspec[1:], wspec[:1]) if nt else (wspec[:axes], wspec[axes:])
     lead = (None,) * (x.ndim - axes)
     x_spec, out_spec = P(*lead, *contract), P(*lead, *outs)
     s_spec = P(*outs)
-    partial = any(a is not None for a in contract)
+    summed = tuple(a for a in contract if a is not None)  # mesh axes a contracted dim is split over
 
     def local(xl, wl, sl):
-        y = _call(xl, wl, sl, axes, nt, name)
-        return jax.lax.psum(y, sharding.TP) if partial else y
+        y = _call(xl, wl, sl, axes, nt, packed_k)
+        return jax.lax.psum(y, summed) if summed else y
 
     if scale is None:
         fn = lambda xl, wl: local(xl, wl, None)
@@ -115,7 +118,7 @@ def matmul(x, w, scale=None, axes: int = 1, name: str | None = None, nt: bool = 
     )
 
 
-def convert(w, dtype, name: str | None = None, after=None):
+def convert(w, dtype, name: str | None = None, after=None, packed_k: int | None = None):
     """``w.astype(dtype)`` for a whole low-precision weight matrix (prefill), in the kernel.
 
     XLA:CPU converted int8 / bf16 matrices at ~1 GB/s inside the prefill graph; the kernel streams
@@ -123,7 +126,7 @@ def convert(w, dtype, name: str | None = None, after=None):
     call takes one element of it as a dummy operand, so it runs when that is ready instead of at
     the start of the graph -- otherwise every layer's converted matrix was live at once, and the
     fresh pages of that temp buffer (83k page faults, ~170 ms per GPT-2-small int8 prefill) cost
-    more than the conversion. A packed int8 leaf (``aotlm.models.packing``) comes back in its
+    more than the conversion. A packed leaf (``packed_k`` contracted dims) comes back in its
     logical layout (``aotlm_unpack``). Returns ``None`` when the kernel cannot take it (another
     backend, kernels off, a sharded weight without ``name``).
     """
@@ -134,21 +137,21 @@ def convert(w, dtype, name: str | None = None, after=None):
         return None
     dep = jnp.zeros((1,), jnp.float32) if after is None else after.reshape(-1)[:1].astype(jnp.float32)
 
-    packed = packing.is_packed(name, w.ndim)
+    packed = bool(packed_k)
 
     def local(wl, d):
         kernels.ensure_registered()
         if not packed:
             return jax.ffi.ffi_call("aotlm_convert", jax.ShapeDtypeStruct(wl.shape, dtype))(wl, d)
-        kd, nd = packing.logical_dims(name, wl.shape)
+        kd, nd = layout.logical_dims(wl.shape, packed_k)
         out = jax.ShapeDtypeStruct((math.prod(kd), math.prod(nd)), dtype)
         return jax.ffi.ffi_call("aotlm_unpack", out)(wl, d).reshape(*kd, *nd)
 
     if _one_device():
         return local(w, dep)
-    mesh, rules = _ctx.value
-    spec = P(*_weight_spec(name, w.ndim, rules))
-    out_spec = P(*_weight_spec(name, _logical_ndim(name, w), rules)) if packed else spec
+    mesh, spec_of = _ctx.value
+    spec = P(*_weight_spec(name, w.ndim, spec_of))
+    out_spec = P(*_weight_spec(name, _logical_ndim(packed_k, w), spec_of)) if packed else spec
     return jax.shard_map(local, mesh=mesh, in_specs=(spec, P()), out_specs=out_spec)(w, dep)
 
 
