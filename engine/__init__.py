@@ -17,22 +17,22 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 # public name -> module (inside aotlm) that defines it
 _EXPORTS = {
-    "AutoModelForSampling": "causal_lm",
-    "BUNDLED_MODELS": "bundled",
-    "DEFAULT_MODEL": "bundled",
-    "bundled_path": "bundled",
-    "CausalLMForSampling": "causal_lm",
-    "GPT2ForSampling": "causal_lm",
-    "LlamaForSampling": "causal_lm",
-    "HuggingFaceGenerationModelAdapter": "hf_adapter",
-    "SpeculativeGenerator": "speculative",
-    "pipeline": "text_pipeline",
-    "TextGenerationPipeline": "text_pipeline",
-    "TextStreamer": "text",
-    "validate_checkpoint": "resolve",
-    "load_bucket_config": "bucket_config",
-    "GenerationConfig": "params",
-    "GenerateOutput": "generation",
+    "AutoModelForSampling": "generate.causal_lm",
+    "BUNDLED_MODELS": "core.bundled",
+    "DEFAULT_MODEL": "core.bundled",
+    "bundled_path": "core.bundled",
+    "CausalLMForSampling": "generate.causal_lm",
+    "GPT2ForSampling": "generate.causal_lm",
+    "LlamaForSampling": "generate.causal_lm",
+    "HuggingFaceGenerationModelAdapter": "text.hf_adapter",
+    "SpeculativeGenerator": "generate.speculative",
+    "pipeline": "text.pipeline",
+    "TextGenerationPipeline": "text.pipeline",
+    "TextStreamer": "text.tokens",
+    "validate_checkpoint": "core.resolve",
+    "load_bucket_config": "core.bucket_config",
+    "GenerationConfig": "generate.params",
+    "GenerateOutput": "generate.generation",
 }
 
 __all__ = sorted(_EXPORTS)

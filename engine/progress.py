@@ -49,7 +49,7 @@ def bar(items: Iterable[T], desc: str, total: int | None = None, unit: str = "it
     if not _enabled:
         return items
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # local: optional: progress bars only when installed
     except ImportError:  # tqdm comes with transformers; without it, no bars
         return items
     return tqdm(items, desc=desc, total=total, unit=unit, disable=None, leave=False, dynamic_ncols=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ TINY_GPT2 = dict(vocab_size=512, n_positions=256, n_embd=128, n_layer=4, n_head=
 
 def make_tiny_gpt2(path: str | os.PathLike, seed: int = 0, **overrides) -> Path:
     """Write a random GPT-2 checkpoint to ``path`` (kept if one is already there)."""
+    # local: kept out of `import aotlm` until weights are read or written
     from safetensors.numpy import save_file
 
     path = Path(path)
@@ -68,8 +71,6 @@ def make_tiny_gpt2(path: str | os.PathLike, seed: int = 0, **overrides) -> Path:
     save_file(t, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     if path.exists():
-        import shutil
-
         shutil.rmtree(path)
     os.replace(tmp, path)
     return path
@@ -85,9 +86,6 @@ def make_gpt2_small(path: str | os.PathLike = "/tmp/aotlm-bench/gpt2-small") -> 
 
 def cpu_model() -> str:
     """CPU name, core count and the SIMD flags that matter for the kernels (printed by every benchmark)."""
-    import os
-    import platform
-
     try:
         info = open("/proc/cpuinfo").read().splitlines()
     except OSError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 Path = tuple  # ("embed",) or ("layers", 3, "wq")
 
-# Logical axes of every parameter leaf name, declared once. ``aotlm.sharding`` maps
+# Logical axes of every parameter leaf name, declared once. ``aotlm.core.sharding`` maps
 # logical axes onto the mesh (Megatron layout: heads / mlp / vocab split over "tp").
 LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     "embed": ("vocab", "embed"),

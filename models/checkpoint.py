@@ -27,6 +27,7 @@ class CheckpointError(ValueError):
 
 def load_hf_config(path: str | os.PathLike):
     """The transformers config of a checkpoint directory (never downloads)."""
+    # local: slow to import (~1-2 s): kept out of `import aotlm` until text is needed
     from transformers import AutoConfig
 
     path = Path(path)
@@ -84,6 +85,7 @@ class WeightReader:
             self._open_safetensors(fname)
 
     def _open_safetensors(self, fname: str) -> None:
+        # local: kept out of `import aotlm` until weights are read or written
         from safetensors import safe_open
 
         f = self.path / fname
@@ -104,7 +106,7 @@ class WeightReader:
 
     def _load_torch(self) -> None:
         try:
-            import torch
+            import torch  # local: optional (HF interop / .bin checkpoints): kept out of `import aotlm`
         except ImportError as e:
             raise CheckpointError(
                 f"{self.path} holds only pytorch_model.bin weights, which need torch: "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 
 from aotlm.kernels import layout
@@ -98,8 +99,6 @@ def pack(arr: np.ndarray, contract: tuple[int, ...]) -> np.ndarray:
 
 def unpack(w, name: str):
     """Packed -> logical ``[*Kd, *Nd]`` in jnp (XLA's path when the kernels are not used)."""
-    import jax.numpy as jnp
-
     kd, nd = logical_dims(name, w.shape)
     nk, nn = len(kd), len(nd)
     # w dims: N-blocks 0..nn-1, K-blocks nn..nn+nk-1, PANEL, 2

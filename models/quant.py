@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from aotlm.models.axes import CONTRACT_AXES, Path
@@ -74,8 +75,6 @@ def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig |
 
 def to_bf16(w: np.ndarray) -> np.ndarray:
     """Round to nearest even bfloat16 (``ml_dtypes``, as ``jnp.asarray(w, jnp.bfloat16)``)."""
-    import ml_dtypes
-
     return np.asarray(w, np.float32).astype(ml_dtypes.bfloat16)
 
 
@@ -109,7 +108,7 @@ def fuse_qkv_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, head_axis: int) 
 def regroup_qkv(fused: np.ndarray, kv_axis: int, r: int) -> np.ndarray:
     """Repeat every kv head of a fused ``[.., K, G+2, Dh]`` ``r`` times -> ``[.., K*r, G/r+2, Dh]``.
 
-    The fused form of ``replicated-heads`` (``aotlm.sharding``): new group ``k*r + j`` holds
+    The fused form of ``replicated-heads`` (``aotlm.core.sharding``): new group ``k*r + j`` holds
     query heads ``(k*r + j)*G/r ..`` and a copy of kv head ``k``.
     """
     if r == 1:

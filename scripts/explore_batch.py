@@ -4,14 +4,14 @@
         --bucket-config buckets.json --max-latency-ms 8000
 
 Same flags as ``aotlm explore-batch`` (this script calls it): candidates are the powers of two and
-the largest batch whose weights + KV cache fit --memory-gb per ``aotlm.memory``.
+the largest batch whose weights + KV cache fit --memory-gb per ``aotlm.core.memory``.
 """
 
 from __future__ import annotations
 
 import sys
 
-from aotlm.cli import main
+from aotlm.cli.app import main
 
 if __name__ == "__main__":
     sys.exit(main(["explore-batch", *sys.argv[1:]]))

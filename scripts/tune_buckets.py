@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from aotlm.cli import main
+from aotlm.cli.app import main
 
 if __name__ == "__main__":
     sys.exit(main(["tune", *sys.argv[1:]]))

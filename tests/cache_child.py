@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np  # noqa: E402
 from compile_counter import count_compiles  # noqa: E402
 
-from aotlm import AutoModelForSampling  # noqa: E402
+from aotlm import AutoModelForSampling
 
 ap = argparse.ArgumentParser()
 ap.add_argument("checkpoint")

@@ -9,7 +9,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from aotlm import kernels, sharding
+from aotlm import kernels
+from aotlm.core import sharding
 from aotlm.models import packing
 
 mesh = sharding.make_mesh(2)

@@ -1,6 +1,6 @@
 import pytest
 
-from aotlm import buckets as bk
+from aotlm.core import buckets as bk
 
 
 def test_token_buckets_powers_of_two_ending_at_n_positions():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from aotlm.cli import main
+from aotlm.cli.app import main
 from aotlm.tiny import make_tiny_gpt2
 
 SHAPE = ["--batch-size", "2", "--n-positions", "32,64", "--context-length-estimate", "8,16"]

@@ -115,7 +115,8 @@ def test_lru_eviction_and_refused_executable_fall_back(gpt2_path, tmp_path, monk
 
     import numpy as np
 
-    from aotlm import AutoModelForSampling, compile_cache
+    from aotlm import AutoModelForSampling
+    from aotlm.core import compile_cache
 
     kw = dict(n_positions=32, context_length_estimate=[8, 16], compile_cache=str(tmp_path / "c"))
     model = AutoModelForSampling.from_pretrained(gpt2_path, **kw).compile()
@@ -145,7 +146,7 @@ def test_source_hash_ignores_where_code_lives_but_not_what_it_does(tmp_path):
     """Cache keys carry no module paths: moving modules into another folder and rewriting the
     imports that name them keeps ``source_hash`` (so a reorganised package still hits a cache
     written before); any changed statement, a docstring aside, changes it."""
-    from aotlm import compile_cache
+    from aotlm.core import compile_cache
 
     files = compile_cache.graph_code()
     assert len(files) > 20 and all(f.suffix == ".py" for f in files)

@@ -24,9 +24,9 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from aotlm import AutoModelForSampling
-from aotlm.cli import main
-from aotlm.compile_cache import CacheWarning, CompileCache
-from aotlm.graphs import MAX_EOS
+from aotlm.cli.app import main
+from aotlm.core.compile_cache import CacheWarning, CompileCache
+from aotlm.core.graphs import MAX_EOS
 from aotlm.models.checkpoint import SAFE_INDEX, CheckpointError
 
 SHAPE = dict(n_positions=32, context_length_estimate=32)  # one bucket: prefill 32, decode 32 (+ select)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers.generation import logits_process as lp
 
-from aotlm import sampling
+from aotlm.core import sampling
 
 V = 101
 S = 24  # history slots

@@ -10,7 +10,7 @@ from compile_counter import count_compiles
 from conformance import hf_model, left_padded_batch, make_checkpoint
 
 from aotlm import AutoModelForSampling
-from aotlm.speculative import SpeculativeGenerator
+from aotlm.generate.speculative import SpeculativeGenerator
 
 KW = dict(batch_size=3, n_positions=[16, 32], context_length_estimate=16)
 

@@ -10,9 +10,9 @@ import pytest
 from textkit import PIPE_SHAPES, make_tokenizer, shared_text_checkpoint
 
 import aotlm
+from aotlm.core.resolve import resolve
 from aotlm.models.checkpoint import CheckpointError
-from aotlm.resolve import resolve
-from aotlm.text import IncrementalDecoder, TextStreamer, left_pad
+from aotlm.text.tokens import IncrementalDecoder, TextStreamer, left_pad
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -173,7 +173,7 @@ def test_model_accepts_a_run_dir(tmp_path, shared):
 
 def test_bundled_name():
     try:
-        import aotlm.bundled  # noqa: F401
+        import aotlm.core.bundled  # noqa: F401
     except ImportError:
         with pytest.raises(CheckpointError, match="bundled model 'aotlm/tiny-py' not installed"):
             resolve("aotlm/tiny-py")

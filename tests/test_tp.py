@@ -20,7 +20,8 @@ import pytest
 import transformers
 from conformance import make_checkpoint
 
-from aotlm import AutoModelForSampling, distributed, memory, sharding
+from aotlm import AutoModelForSampling
+from aotlm.core import distributed, memory, sharding
 
 WORKER = str(Path(__file__).parent / "tp_worker.py")
 BATCH = 8

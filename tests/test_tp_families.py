@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from tpf_worker import CASES, TP
 
-from aotlm import sharding
+from aotlm.core import sharding
 from aotlm.models import supported_model_types
 
 WORKER = str(Path(__file__).parent / "tpf_worker.py")

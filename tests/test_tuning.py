@@ -6,10 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from aotlm import AutoModelForSampling, lengths, tuning
-from aotlm.bucket_config import load_bucket_config, write_bucket_config
-from aotlm.cli import main
-from aotlm.tuning_run import _nnls, batch_candidates, fit_cost_model, measure
+from aotlm import AutoModelForSampling
+from aotlm.cli.app import main
+from aotlm.core.bucket_config import load_bucket_config, write_bucket_config
+from aotlm.tune import lengths
+from aotlm.tune import optimise as tuning
+from aotlm.tune.measure import _nnls, batch_candidates, fit_cost_model, measure
 
 
 def _cost_model(rng) -> tuning.CostModel:
@@ -207,7 +209,7 @@ def test_tune_cli_bad_inputs_exit_2(gpt2_path, tmp_path, capsys):
 
 
 def test_plot_writes_a_png_or_says_why_not(tmp_path, capsys):
-    from aotlm.cli_tune import plot
+    from aotlm.cli.tune import plot
 
     dist = lengths.load_lengths("normal:300:60:1:512", new_tokens=64)
     rows = [dict(graph="prefill", c=c, w=c, seconds=1e-3 * c, compile_s=1.0) for c in (64, 256, 512)]

@@ -31,8 +31,9 @@ import torch
 import transformers
 from conformance import hf_model
 
-from aotlm import AutoModelForSampling, kernels, sharding
-from aotlm.compile_cache import entry_key
+from aotlm import AutoModelForSampling, kernels
+from aotlm.core import sharding
+from aotlm.core.compile_cache import entry_key
 from aotlm.models import decoder, packing
 from aotlm.models.axes import CONTRACT_AXES
 from aotlm.models.quant import QuantizationConfig, fuse_qkv_heads, quantize_int8, regroup_qkv

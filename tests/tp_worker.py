@@ -24,13 +24,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from aotlm import distributed  # noqa: E402
+from aotlm.core import distributed  # noqa: E402
 
 if MODE == "multi":
     distributed.initialize(initialization_timeout=60)  # from $AOTLM_* (set by the test)
 
-from aotlm import AutoModelForSampling, memory, sharding  # noqa: E402
-from aotlm.compile_cache import CompileCache  # noqa: E402
+from aotlm import AutoModelForSampling  # noqa: E402
+from aotlm.core import memory, sharding  # noqa: E402
+from aotlm.core.compile_cache import CompileCache  # noqa: E402
 
 N_POS, CTX, NEW = 64, 64, 16  # one prefill + one decode graph per model
 

@@ -174,7 +174,8 @@ def run_tp(path: Path, tp: int) -> dict:
     import jax
     import numpy as np
 
-    from aotlm import AutoModelForSampling, sharding
+    from aotlm import AutoModelForSampling
+    from aotlm.core import sharding
 
     t0 = time.perf_counter()
     m = AutoModelForSampling.from_pretrained(

@@ -20,7 +20,8 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from aotlm import AutoModelForSampling, sharding  # noqa: E402
+from aotlm import AutoModelForSampling  # noqa: E402
+from aotlm.core import sharding  # noqa: E402
 
 N_POS, NEW = 32, 12
 

@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 
 import jax
+import jaxlib
 
 SOURCES = ("wmatmul.cc", "wfloat.h", "int8.h", "packed.h", "bdot.h", "convert.h", "pool.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-shared", "-pthread")
@@ -42,8 +43,6 @@ class KernelWarning(UserWarning):
 @functools.cache
 def build_hash() -> str:
     """Identity of the kernel binary: sources, flags, compiler and jaxlib version."""
-    import jaxlib
-
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode() + (_DIR / name).read_bytes())

@@ -1,0 +1,169 @@
+"""Batch-job commands: ``run`` here, ``run-h5`` in cli_h5.py, ``batch-generate`` in cli_jsonl.py.
+
+aotlm run --artifacts DIR --checkpoint CKPT (--prompt-ids 1,2 | --prompt TEXT | --prompts-file F)
+aotlm run-h5 --params params.yaml --checkpoint CKPT --model-dir DIR [--compile-only] [--inference-steps N]
+aotlm batch-generate --input setup.jsonl --output out.jsonl [--model CKPT] [--dry-run] [--resume]
+aotlm batch-merge --output out.jsonl out.0.jsonl out.1.jsonl ...   (re-join --shard outputs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+import jax
+
+from aotlm.generate import rows
+from aotlm.jobs.artifact_run import load_from_artifacts
+from aotlm.jobs.model_refs import load_tokenizer, resolve
+from aotlm.text.tokens import eos_ids
+
+log = logging.getLogger("aotlm.jobs.batch")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def shard_arg(text: str) -> tuple[int, int]:
+    """``I/N`` with 0 <= I < N (SLURM: ``--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT``)."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--shard expects I/N (e.g. 0/4), got {text!r}") from e
+    if n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"--shard {text}: need 0 <= I < N")
+    return i, n
+
+
+class CompileCounter:
+    """Counts tracing / lowering / XLA compiles in this process (``jax.monitoring`` events)."""
+
+    EVENTS = {
+        "/jax/core/compile/backend_compile_duration": "compiles",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowerings",
+        "/jax/core/compile/jaxpr_trace_duration": "traces",
+    }
+
+    def __init__(self):
+        self.counts = dict.fromkeys(self.EVENTS.values(), 0)
+        jax.monitoring.register_event_duration_secs_listener(self._on)
+
+    def _on(self, event: str, duration: float, **kw) -> None:
+        if event in self.EVENTS:
+            self.counts[self.EVENTS[event]] += 1
+
+    def __str__(self) -> str:
+        return ", ".join(f"{v} {k}" for k, v in self.counts.items())
+
+
+def setup_logging(quiet: bool) -> None:
+    """INFO lines of aotlm's own loggers to stderr (third-party loggers untouched)."""
+    root = logging.getLogger("aotlm")
+    if not root.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("aotlm: %(message)s"))
+        root.addHandler(h)
+        root.propagate = False
+    root.setLevel(logging.WARNING if quiet else logging.INFO)
+
+
+# ---------------------------------------------------------------------------- run
+def _run_prompts(args, tokenizer_dir):
+    """[(record to echo, token ids)] from --prompt-ids / --prompt / --prompts-file."""
+    items = [({"prompt_ids": ids}, ids) for ids in args.prompt_ids or []]
+    texts = [{"prompt": t} for t in args.prompt or []]
+    if args.prompts_file:
+        with open(args.prompts_file, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{args.prompts_file} line {n}: invalid JSON ({e.msg})") from e
+                if not isinstance(rec, dict) or not ("prompt" in rec or "prompt_ids" in rec):
+                    raise ValueError(f"{args.prompts_file} line {n}: needs a 'prompt' or 'prompt_ids' field")
+                if "prompt_ids" in rec:
+                    items.append((rec, [int(t) for t in rec["prompt_ids"]]))
+                else:
+                    texts.append(rec)
+    tok = None
+    if texts:
+        if tokenizer_dir is None:
+            raise ValueError(
+                "text prompts need a tokenizer: none found next to the checkpoint; pass --tokenizer"
+            )
+        tok = load_tokenizer(tokenizer_dir)
+        items += [(rec, tok(rec["prompt"])["input_ids"]) for rec in texts]
+    if not items:
+        raise ValueError("no prompts: give --prompt-ids, --prompt or --prompts-file")
+    return items, tok
+
+
+def cmd_run(args) -> int:
+    setup_logging(args.quiet)
+    counter = CompileCounter()
+
+    ckpt, tok_dir = resolve(args.checkpoint, args.tokenizer, need_tokenizer=False)
+    t0 = time.perf_counter()
+    log.info("loading model %s with the executables in %s", ckpt, args.artifacts)
+    model = load_from_artifacts(args.artifacts, ckpt)
+    items, tok = _run_prompts(args, tok_dir)
+    t1 = time.perf_counter()
+    eos = [args.eos_token_id] if args.eos_token_id is not None else []
+    if not eos and tok is not None:  # text prompts stop where aotlm generate stops
+        eos = eos_ids(ckpt, model.hf_config, tok)
+    sampling = {
+        k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "seed") if getattr(args, k) is not None
+    }
+    if args.do_sample:
+        sampling["do_sample"] = True
+    n = len(items)
+    prompts = [ids for _, ids in items]
+    results = rows.generate(model, prompts, [args.max_new_tokens] * n, [sampling] * n, eos_token_id=eos)
+    for (rec, _), res in zip(items, results, strict=True):
+        if "prompt" in rec and tok is not None:
+            out = {**rec, "completion": tok.decode(res.tokens, skip_special_tokens=True)}
+            print(json.dumps({**out, "finish_reason": res.finish_reason}, ensure_ascii=False))
+        elif args.prompts_file:
+            print(json.dumps({**rec, "completion_ids": res.tokens, "finish_reason": res.finish_reason}))
+        else:
+            print(",".join(map(str, rec["prompt_ids"] + res.tokens)))
+    log.info(
+        "%d prompts in %.2fs (load %.2fs); %d graphs from %s; this process: %s",
+        len(items),
+        time.perf_counter() - t1,
+        t1 - t0,
+        len(model.graph_keys()),
+        args.artifacts,
+        counter,
+    )
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="generate from compiled artifacts (aotlm compile --output-artifacts)")
+    p.add_argument("--artifacts", required=True, help="directory written by aotlm compile --output-artifacts")
+    p.add_argument("--checkpoint", required=True, help="checkpoint with the architecture compiled in")
+    p.add_argument("--prompt-ids", type=_ints, action="append", help="e.g. 1,2,3 (repeatable)")
+    p.add_argument("--prompt", action="append", help="text prompt (repeatable; needs a tokenizer)")
+    p.add_argument("--prompts-file", help="JSONL, one {'prompt': text} or {'prompt_ids': [...]} per line")
+    p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: next to the checkpoint)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument(
+        "--eos-token-id", type=int, default=None, help="default: the checkpoint's for text prompts"
+    )
+    p.add_argument("--do-sample", action="store_true", help="sample (default greedy); no extra graphs needed")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_run)

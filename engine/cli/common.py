@@ -1,0 +1,135 @@
+"""Helpers every command module shares: the model flags (``add_model_args``) and the
+keyword arguments they give ``from_pretrained`` (``model_kwargs``), small argument types, tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+from aotlm.core import distributed
+from aotlm.core.model import MODEL_KEYS
+from aotlm.core.resolve import resolve
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def _days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        days = float("nan")
+    if not 0 <= days < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of days >= 0, got {text!r}")
+    return days
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the problem and where the fix is, exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+
+# value types a --config file may hold (flags are typed by argparse)
+_CONFIG_TYPES = {
+    "batch_size": "int",
+    "n_positions": "ints",
+    "context_length_estimate": "ints",
+    "tp_degree": "int",
+    "gqa": "str",
+    "amp": "str",
+    "quant": "str",
+    "fuse_qkv": "bool",
+}
+
+
+def _config_value_ok(kind: str, v) -> bool:
+    is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)
+    if kind == "int":
+        return is_int(v)
+    if kind == "ints":
+        return is_int(v) or (isinstance(v, list) and all(map(is_int, v)))
+    return v is None or isinstance(v, {"str": str, "bool": bool}[kind])
+
+
+def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
+    """The shape options of ``compile``; ``checkpoint=False`` leaves out the positional model path."""
+    if checkpoint:
+        p.add_argument(
+            "checkpoint",
+            nargs="?",
+            default=None,
+            help="checkpoint dir, training run dir or bundled name (default: the bundled model)",
+        )
+    p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1)")
+    p.add_argument(
+        "--n-positions", type=_int_list, default=None, help="token-generation buckets, e.g. 64,128"
+    )
+    p.add_argument(
+        "--context-length-estimate", type=_int_list, default=None, help="context buckets, e.g. 16,32"
+    )
+    p.add_argument("--tp-degree", type=int, default=None, help="tensor-parallel degree (default 1)")
+    p.add_argument("--gqa", default=None, help="shard-over-heads | replicated-heads | shard-over-batch")
+    p.add_argument("--amp", default=None, choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
+    p.add_argument(
+        "--quant",
+        default=None,
+        choices=["int8", "bf16"],
+        help="int8 (per-channel scales) or bf16 weight storage",
+    )
+    p.add_argument("--fuse-qkv", action="store_true", default=None, help="one q/k/v and one gate/up matmul")
+    p.add_argument(
+        "--cache-dir", default=None, help="compile cache dir (default $AOTLM_CACHE_DIR or ./compile_cache)"
+    )
+    p.add_argument("--config", default=None, help="JSON file with any of the options above (flags win)")
+    p.add_argument("--coordinator", default=None, help="multi-host: host:port of process 0")
+    p.add_argument("--num-processes", type=int, default=None, help="multi-host: process count")
+    p.add_argument("--process-id", type=int, default=None, help="multi-host: this process's rank")
+
+
+def model_kwargs(args) -> dict:
+    # joins a multi-host run when flags or $AOTLM_* say so; a no-op for one process
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    if hasattr(args, "checkpoint"):  # a run dir, a bundled name, ~ or $VARS; none: the bundled model
+        args.checkpoint = str(resolve(args.checkpoint))
+    keys = MODEL_KEYS
+    kw: dict = {}
+    if args.config:
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                loaded = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read --config {args.config} ({e}); give a readable JSON file") from e
+        if not isinstance(loaded, dict):
+            raise ValueError(f'--config {args.config} must hold a JSON object, e.g. {{"batch_size": 2}}')
+        unknown = set(loaded) - set(keys)
+        if unknown:
+            raise ValueError(f"unknown keys in {args.config}: {sorted(unknown)}; allowed: {list(keys)}")
+        for k, v in loaded.items():
+            if not _config_value_ok(_CONFIG_TYPES[k], v):
+                raise ValueError(f"{args.config}: {k}={v!r} has the wrong type; expected {_CONFIG_TYPES[k]}")
+        kw.update(loaded)
+    for k in keys:
+        v = getattr(args, k)
+        if v is not None:
+            # a single --n-positions N means "powers of two up to N"; a list in --config is exact
+            kw[k] = v[0] if k == "n_positions" and isinstance(v, list) and len(v) == 1 else v
+    kw["compile_cache"] = args.cache_dir
+    return kw
+
+
+def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
+    cells = [list(map(str, header))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
+    return "\n".join([fmt(cells[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells[1:]])
+
+
+def _gb(n: float) -> str:
+    return f"{n / 2**30:.3f} GB"

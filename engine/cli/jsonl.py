@@ -1,0 +1,136 @@
+"""``aotlm batch-generate`` (JSONL in, JSONL out) and ``aotlm batch-merge`` (re-join shards)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from aotlm.cli.batch import _ints, setup_logging, shard_arg
+from aotlm.cli.common import table
+from aotlm.durable import atomic_write_jsonl, read_jsonl
+from aotlm.jobs import batch
+from aotlm.jobs import plan as batch_plan
+from aotlm.jobs.dryrun import PLAN_HEADER, plan_rows
+
+log = logging.getLogger("aotlm.jobs.batch")
+
+
+def _cli_defaults(args) -> dict:
+    gen = {}
+    for k in ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"):
+        if getattr(args, k) is not None:
+            gen[k] = getattr(args, k)
+    if args.do_sample:
+        gen["do_sample"] = True
+    if args.return_full_text:
+        gen["return_full_text"] = True
+    if args.stop:
+        gen["stop_sequences"] = list(args.stop)
+    n_pos = args.n_positions
+    return {
+        "model": args.model,
+        "tokenizer": args.tokenizer,
+        "dtype": args.dtype,
+        "generation": gen,
+        "n_positions": (n_pos if len(n_pos) > 1 else n_pos[0]) if n_pos else None,
+    }
+
+
+def cmd_batch_generate(args) -> int:
+    setup_logging(args.quiet)
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if os.path.exists(args.output) and os.path.getsize(args.output) and not (args.resume or args.overwrite):
+        if not args.dry_run:
+            raise ValueError(
+                f"{args.output} exists; pass --resume to continue it or --overwrite to replace it"
+            )
+    cli = _cli_defaults(args)
+    merged = batch_plan.merged_generation(cli["generation"], {}, "command-line defaults")
+    cli["generation"] = {k: v for k, v in merged.items() if k in cli["generation"]}
+    records = batch_plan.parse(args.input, cli)
+    groups = batch_plan.group(records)
+    batch_plan.prepare(groups, cli, args.input)
+    mine = batch_plan.select_shard(groups, args.shard)
+    lines, ids = batch.done_keys(args.output, repair=not args.dry_run) if args.resume else (set(), set())
+    todo = {id(g): sum(not batch.is_done(r, lines, ids) for r in g.records) for g in mine}
+    opts = {
+        "batch_size": args.batch_size,
+        "context_length_estimate": args.context_length_estimate,
+        "tp_degree": args.tp_degree,
+        "cache_dir": args.cache_dir,
+    }
+    shard = f" (shard {args.shard[0]}/{args.shard[1]}: {len(mine)} of {len(groups)} groups)"
+    log.info("pre-flight ok: %d records, %d model groups%s", len(records), len(groups), shard)
+    if args.dry_run:
+        print(table(plan_rows(mine, opts, todo), PLAN_HEADER))
+        print(f"dry run: {sum(todo.values())} records to generate; nothing loaded")
+        return 0
+    if args.overwrite and os.path.exists(args.output):
+        os.remove(args.output)
+    t0 = time.perf_counter()
+    written, errors = batch.run(mine, opts, args.output, args.resume)
+    dt = time.perf_counter() - t0
+    print(f"{written} records written to {args.output} in {dt:.2f}s ({errors} with errors)")
+    return 0
+
+
+def cmd_batch_merge(args) -> int:
+    """Concatenate shard outputs back into input order (by ``input_line``), refusing duplicates."""
+    recs = [r for path in args.inputs for r in read_jsonl(path)]
+    seen: dict = {}
+    for r in recs:
+        if "input_line" not in r:
+            raise ValueError("a record without 'input_line': merge only batch-generate outputs")
+        if r["input_line"] in seen:
+            raise ValueError(
+                f"input line {r['input_line']} appears twice; were the shards run with one input?"
+            )
+        seen[r["input_line"]] = r
+    atomic_write_jsonl(args.output, [seen[k] for k in sorted(seen)])
+    print(f"{len(seen)} records from {len(args.inputs)} files written to {args.output}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("batch-generate", help="JSONL of prompts -> JSONL of completions, models grouped")
+    p.add_argument(
+        "--input", required=True, help="JSONL: one {'prompt': ..., 'model': ..., 'generation': ...}"
+    )
+    p.add_argument(
+        "--output", required=True, help="JSONL output (appended per batch, input order at the end)"
+    )
+    p.add_argument("--model", default=None, help="model for records without one (default: the bundled model)")
+    p.add_argument(
+        "--tokenizer", default=None, help="default tokenizer dir (default: next to the checkpoint)"
+    )
+    p.add_argument("--dtype", default=None, help="default dtype: float32 | bfloat16 | float16")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 32")
+    p.add_argument("--do-sample", action="store_true", help="sample (default greedy)")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--return-full-text", action="store_true")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--batch-size", type=int, default=4, help="compiled batch size (default 4)")
+    p.add_argument(
+        "--n-positions", type=_ints, default=None, help="KV-cache buckets (default: from the prompts)"
+    )
+    p.add_argument("--context-length-estimate", type=_ints, default=None)
+    p.add_argument("--tp-degree", type=int, default=1)
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--dry-run", action="store_true", help="pre-flight, print the plan, load nothing")
+    p.add_argument("--resume", action="store_true", help="skip records already in --output")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--shard", type=shard_arg, default=(0, 1), help="I/N: only model groups with g %% N == I")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_batch_generate)
+    p = sub.add_parser("batch-merge", help="join batch-generate --shard outputs back into input order")
+    p.add_argument("--output", required=True)
+    p.add_argument("inputs", nargs="+")
+    p.set_defaults(fn=cmd_batch_merge)

@@ -1,0 +1,119 @@
+"""``model.save(dir)`` / ``model.load(dir)``: compiled graphs as a relocatable directory.
+
+The directory holds one compile-cache entry per graph plus ``aotlm_model.json``, which
+records the configuration as flat readable fields. Nothing in it names a file path, so
+the directory can be moved to another path or a machine of the same kind. Loading into
+a model of another configuration fails with the fields that differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from aotlm.core.compile_cache import MANIFEST as MANIFEST_ENTRY
+from aotlm.core.compile_cache import EntryError, entry_key, environment_fields, read_entry, write_entry
+
+MANIFEST = "aotlm_model.json"
+FORMAT = 1
+
+
+def config_fields(model) -> dict:
+    """Flat, JSON-able description of everything an executable depends on."""
+    fields = {f"arch.{k}": v for k, v in dataclasses.asdict(model.cfg).items()}
+    fields.update(
+        batch_size=model.batch_size,
+        n_positions=model.n_positions,
+        token_buckets=list(model.tg_buckets),
+        context_buckets=list(model.ctx_buckets),
+        amp=model.amp,
+        tp_degree=model.tp_degree,
+        gqa=model.gqa,
+        quant=repr(model.quant),
+        fuse_qkv=model.fuse_qkv,
+    )
+    fields.update({f"env.{k}": v for k, v in environment_fields(model.mesh).items()})
+    return json.loads(json.dumps(fields))  # tuples -> lists, as they come back from disk
+
+
+def save(model, directory: str | os.PathLike) -> None:
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex}")
+    tmp.mkdir()
+    graphs = []
+    try:
+        for key in model.graph_keys():
+            digest, fields = entry_key(model.fingerprint(), key, model.mesh)
+            _write_graph(model, key, tmp, digest, fields)
+            graphs.append({"key": list(key), "entry": digest})
+        manifest = {"format": FORMAT, "fields": config_fields(model), "graphs": graphs}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if directory.exists():
+            old = directory.with_name(f".{directory.name}.old-{uuid.uuid4().hex}")
+            os.rename(directory, old)
+            os.rename(tmp, directory)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_graph(model, key: tuple, tmp: Path, digest: str, fields: dict) -> None:
+    """Store one graph's executable as the entry ``tmp/digest``.
+
+    XLA CPU cannot re-serialize an executable that was itself deserialized (the copy fails at
+    run time with "Function ... not found"), so a graph that came from the compile cache (or
+    from a saved directory) is copied byte for byte from its cache entry, or compiled afresh
+    when the entry is gone; only executables compiled in this process are serialized.
+    """
+    fresh = any(
+        r["graph"] == key[0] and tuple(r["bucket"]) == key[1:] and not r["hit"] for r in model.compile_report
+    )
+    if fresh:
+        write_entry(tmp, digest, fields, model._executables[key], 0.0)
+        return
+    cached = model.compile_cache.dir / digest if model.compile_cache.dir is not None else None
+    if cached is not None and (cached / MANIFEST_ENTRY).is_file():
+        shutil.copytree(cached, tmp / digest)
+        return
+    write_entry(tmp, digest, fields, model._lower(key).compile(), 0.0)
+
+
+def load(model, directory: str | os.PathLike) -> dict:
+    """``{graph key: executable}`` from a saved directory, after checking it fits ``model``."""
+    directory = Path(directory)
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except FileNotFoundError as e:
+        raise ValueError(f"{directory} holds no saved aotlm model ({MANIFEST} is missing)") from e
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{directory / MANIFEST} is unreadable ({e}); save the model again") from e
+    saved, mine = manifest.get("fields", {}), config_fields(model)
+    diffs = [
+        f"{k}: saved {saved.get(k)!r}, this model {mine.get(k)!r}"
+        for k in sorted(set(saved) | set(mine))
+        if saved.get(k) != mine.get(k)
+    ]
+    if diffs:
+        raise ValueError(
+            f"the compiled artifacts in {directory} were built for another configuration; differing fields: "
+            + "; ".join(diffs)
+        )
+    out = {}
+    for g in manifest["graphs"]:
+        key = tuple(g["key"])
+        digest, _ = entry_key(model.fingerprint(), key, model.mesh)
+        if digest != g["entry"]:
+            raise ValueError(f"saved graph {key} in {directory} does not match this model (key {digest})")
+        try:
+            out[key] = read_entry(directory / digest, model.mesh)
+        except EntryError as e:
+            raise ValueError(f"saved graph {key} in {directory} cannot be loaded: {e}; save it again") from e
+    return out

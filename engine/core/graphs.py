@@ -1,0 +1,158 @@
+"""The compiled graph kinds: context encoding (prefill), first-token selection, token generation.
+
+All are pure functions of (params, cache, inputs). What is static (a ``jax.jit`` static
+argument, baked into the executable) and what is traced:
+
+* static: the ``ArchConfig``, the bucket sizes ``(C, W)`` / ``W``, and the widths of the
+  generation state (``MAX_EOS``, ``MAX_STOPS`` x ``MAX_STOP_LEN``, ``sampling.NGRAM_MAX``,
+  ``sampling.TOP_LOGPROBS_MAX``). Changing any of these is a different graph.
+* traced: every weight, the KV cache, token ids, positions, slots, and the whole generation
+  state: per-row sampling parameters and seeds, per-row last slots (``max_new_tokens``),
+  eos ids, stop sequences, pad id, the chunk end. New values never recompile.
+
+The KV cache and the generation state are donated to every call and updated in place.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from aotlm.core import sampling
+from aotlm.models import decoder
+
+MAX_EOS = 32  # eos ids: a traced [MAX_EOS] array padded with -1
+MAX_STOPS = 8  # stop sequences per row
+MAX_STOP_LEN = 16  # tokens per stop sequence (right-aligned, padded with -2)
+
+# finish reasons (state["reason"])
+RUNNING, EOS, STOP_SEQUENCE, LENGTH, STOPPED = 0, 1, 2, 3, 4
+REASONS = {EOS: "eos", STOP_SEQUENCE: "stop_sequence", LENGTH: "length", STOPPED: "stopping_criteria"}
+
+
+def prefill(cfg, width: int, params, cache, tokens, positions, start, last):
+    """Encode ``tokens [B,C]`` at cache slots ``start..start+C-1``.
+
+    Returns the float32 logits ``[B,V]`` of chunk position ``last`` (the last real prompt
+    token) and the updated cache.
+    """
+    # a (C, C) graph always starts at slot 0 (see buckets.prefill_plan): no earlier slots to read
+    old_width = 0 if width == tokens.shape[1] else width
+    h, cache = decoder.forward(cfg, params, cache, tokens, positions, start, old_width)
+    h_last = lax.dynamic_index_in_dim(h, last, axis=1, keepdims=False)
+    return decoder.logits(cfg, params, h_last), cache
+
+
+def emit(st, logits, slot):
+    """Choose the token of ``slot`` for every live row, record it and decide who finishes.
+
+    Finished rows get ``pad``. A row finishes on an eos id (``eos``), on a stop sequence that
+    ends at this token and lies inside the generated tokens (``stop_sequence``; it stays in
+    the output, Cerebras semantics), or at its last slot (``length``).
+    """
+    tok, lp, top_ids, top_lp = sampling.select(
+        logits, st["params"], st["seen"], st["out"], slot - 1, st["pos"], st["want_logprobs"]
+    )
+    live = ~st["done"]
+    tok = jnp.where(live, tok, st["pad"])
+    b = tok.shape[0]
+    col = lambda buf, x: lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, slot))
+    out = col(st["out"], tok)
+    top = lambda buf, x: lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, slot, 0))
+    # stop sequences: compare the last MAX_STOP_LEN tokens with each right-aligned sequence
+    back = slot - (MAX_STOP_LEN - 1) + jnp.arange(MAX_STOP_LEN)
+    window = jnp.take(out, jnp.clip(back, 0, out.shape[1] - 1), axis=1)  # [B, L]
+    window = jnp.where(back[None, :] >= st["first"], window, -3)  # generated tokens only
+    seq = st["stop"]  # [B, S, L]
+    hit = jnp.all((seq == -2) | (seq == window[:, None, :]), -1) & jnp.any(seq != -2, -1)
+    is_eos = jnp.any(tok[:, None] == st["eos"][None, :], -1)
+    reason = jnp.where(
+        is_eos,
+        EOS,
+        jnp.where(jnp.any(hit, -1), STOP_SEQUENCE, jnp.where(slot >= st["last"], LENGTH, RUNNING)),
+    )
+    reason = jnp.where(live, reason, st["reason"])
+    seen = st["seen"].at[jnp.arange(b), tok].set(True)
+    return dict(
+        st,
+        tok=tok,
+        out=out,
+        logp=col(st["logp"], jnp.where(live, lp, 0.0)),
+        top_ids=top(st["top_ids"], top_ids),
+        top_lp=top(st["top_lp"], top_lp),
+        seen=seen,
+        done=reason != RUNNING,
+        reason=reason,
+        end=jnp.where(live & (reason != RUNNING), slot, st["end"]),
+    )
+
+
+def select_first(logits, state):
+    """The first generated token (slot ``state['idx']``) from the prefill logits."""
+    return emit(state, logits, state["idx"])
+
+
+def decode(cfg, width: int, params, cache, state, replicated=None):
+    """Generate tokens on device until slot ``width``, ``state['limit']`` or every row is done.
+
+    ``state['tok']`` is the token at slot ``idx`` (already emitted), ``pos`` its position.
+    One call covers one token-generation bucket (or one streaming chunk: the host sets
+    ``limit``), so the host only switches buckets or hands out chunks. ``replicated`` (a
+    sharding) gathers the vocabulary-sharded logits once per step under tensor parallelism,
+    so the sampler's vocabulary-wide ops need no other collectives.
+    """
+    limit = jnp.minimum(state["limit"], width)
+
+    def cond(carry):
+        _, st = carry
+        return (st["idx"] < limit) & ~jnp.all(st["done"])
+
+    def body(carry):
+        cache, st = carry
+        idx = st["idx"]
+        h, cache = decoder.forward(cfg, params, cache, st["tok"][:, None], st["pos"][:, None], idx, width)
+        logits = decoder.logits(cfg, params, h[:, 0])
+        if replicated is not None:
+            logits = lax.with_sharding_constraint(logits, replicated)
+        st = emit(dict(st, pos=st["pos"] + 1, idx=idx + 1), logits, idx + 1)
+        return cache, st
+
+    return lax.while_loop(cond, body, (cache, state))
+
+
+def state_spec(batch: int, n_slots: int, vocab: int, sharding) -> dict:
+    """Abstract generation state (shapes/dtypes/sharding) used to lower the graphs."""
+    s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
+    row = lambda dt: s((batch,), dt)
+    k = sampling.TOP_LOGPROBS_MAX
+    return {
+        "tok": row(jnp.int32),
+        "pos": row(jnp.int32),
+        "done": row(jnp.bool_),
+        "reason": row(jnp.int32),
+        "end": row(jnp.int32),
+        "last": row(jnp.int32),
+        "out": s((batch, n_slots), jnp.int32),
+        "logp": s((batch, n_slots), jnp.float32),
+        "top_ids": s((batch, n_slots, k), jnp.int32),
+        "top_lp": s((batch, n_slots, k), jnp.float32),
+        "seen": s((batch, vocab), jnp.bool_),
+        "stop": s((batch, MAX_STOPS, MAX_STOP_LEN), jnp.int32),
+        "idx": s((), jnp.int32),
+        "first": s((), jnp.int32),
+        "limit": s((), jnp.int32),
+        "eos": s((MAX_EOS,), jnp.int32),
+        "pad": s((), jnp.int32),
+        "want_logprobs": s((), jnp.bool_),
+        "params": {
+            "do_sample": row(jnp.bool_),
+            "temperature": row(jnp.float32),
+            "top_k": row(jnp.int32),
+            "top_p": row(jnp.float32),
+            "min_p": row(jnp.float32),
+            "repetition_penalty": row(jnp.float32),
+            "ngram": row(jnp.int32),
+            "seed": row(jnp.uint32),
+        },
+    }

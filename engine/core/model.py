@@ -1,0 +1,387 @@
+"""``CompiledModel``: a checkpoint as a set of ahead-of-time compiled bucket graphs.
+
+Lifecycle: the constructor reads the config, loads weights shard by shard onto the mesh and
+allocates the KV cache once; ``compile()`` lowers and compiles every bucket graph (or loads it
+from the on-disk compile cache); ``forward()`` (and ``sample()`` in ``aotlm.generate``) only
+pick buckets and call executables: no tracing, no compiling. Generation strategies that add
+graph kinds (beam search, speculative decoding, broadcasting) plug in through
+``_extra_graph_keys`` / ``_lower_extra`` in the ``aotlm.generate`` subclass, so this layer
+never imports them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from aotlm import kernels
+from aotlm.core import artifacts, graphs, inputs, sampling, sharding
+from aotlm.core import buckets as bk
+from aotlm.core.bucket_config import resolve as merge_bucket_config
+from aotlm.core.compile_cache import CompileCache
+from aotlm.core.resolve import resolve
+from aotlm.models import family_for, packing
+from aotlm.models.arch import ArchConfig
+from aotlm.models.checkpoint import CheckpointError, WeightReader, load_hf_config
+from aotlm.models.quant import ParamRewriter, QuantizationConfig, quant_config
+from aotlm.models.weights import load_params
+from aotlm.progress import bar
+
+AMP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+
+
+def _locked(method):
+    """Run ``method`` holding the model's lock for the whole request.
+
+    A model owns one KV cache (donated to and replaced by every graph call) and one table of
+    executables, so two requests on one object must not interleave: the lock serializes them
+    (streamed requests hold it until their last token). Each model object has its own lock,
+    so a second model (another batch size, another checkpoint) runs concurrently.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _amp_dtype(amp: str):
+    if amp not in AMP_DTYPES:
+        raise ValueError(f"amp={amp!r} is not supported; choose one of {list(AMP_DTYPES)}")
+    return AMP_DTYPES[amp]
+
+
+# from_pretrained arguments the shape flags, --config files and saved artifacts carry
+MODEL_KEYS = (
+    "batch_size",
+    "n_positions",
+    "context_length_estimate",
+    "tp_degree",
+    "gqa",
+    "amp",
+    "quant",
+    "fuse_qkv",
+)
+# graph kinds this layer lowers itself; others come from ``_lower_extra`` (aotlm.generate)
+BASE_KINDS = ("prefill", "select", "decode")
+
+
+class CompiledModel:
+    """A causal LM compiled per bucket (weights, KV cache, graphs). ``aotlm.generate``'s
+    ``CausalLMForSampling`` adds ``sample()``; use ``AutoModelForSampling.from_pretrained``."""
+
+    model_types: tuple[str, ...] | None = None  # subclasses restrict the family
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        batch_size: int | None = None,
+        n_positions: int | Sequence[int] | None = None,
+        context_length_estimate: int | Sequence[int] | None = None,
+        tp_degree: int = 1,
+        amp: str = "f32",
+        compile_cache: str | os.PathLike | None | bool = None,
+        gqa: str | None = None,
+        quant: str | QuantizationConfig | None = None,
+        fuse_qkv: bool = False,
+        bucket_config: str | os.PathLike | dict | None = None,
+    ):
+        # bucket_config: a tuner-written JSON (or dict) of n_positions / context_length_estimate /
+        # batch_size; explicitly passed arguments win over it (aotlm/bucket_config.py)
+        if bucket_config is not None:
+            bc = merge_bucket_config(bucket_config, batch_size=batch_size, n_positions=n_positions,
+                                     context_length_estimate=context_length_estimate)  # fmt: skip
+            batch_size, n_positions = bc.get("batch_size"), bc.get("n_positions")
+            context_length_estimate = bc.get("context_length_estimate")
+        batch_size = 1 if batch_size is None else batch_size
+        n_positions = 128 if n_positions is None else n_positions
+        self._lock = threading.RLock()
+        path = resolve(path)  # a checkpoint dir, a training run (its latest checkpoint), a bundled name
+        self.path = str(path)
+        self.hf_config = load_hf_config(path)
+        mt = self.hf_config.model_type
+        if self.model_types is not None and mt not in self.model_types:
+            raise ValueError(f"{type(self).__name__} loads {list(self.model_types)}, but {path} is {mt!r}")
+        family = family_for(mt)
+        try:
+            self.cfg: ArchConfig = family.arch_config(self.hf_config)
+        except (ArithmeticError, TypeError, KeyError, AttributeError) as e:  # e.g. n_head: 0
+            raise CheckpointError(
+                f"{path}/config.json has unusable values ({type(e).__name__}: {e}); fix config.json"
+            ) from e
+        if inputs.count(batch_size, "batch_size") < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = int(batch_size)
+        self.amp = amp
+        self.dtype = _amp_dtype(amp)
+        # weight storage (models/quant.py): int8 + per-channel scales, fused q/k/v and gate/up.
+        # Both change the params pytree, hence the compile-cache fingerprint (``param_tree``).
+        self.quant = quant_config(quant)
+        self.fuse_qkv = bool(fuse_qkv)
+        self.tg_buckets = bk.token_buckets(n_positions)
+        self.n_positions = max(self.tg_buckets)
+        if self.cfg.position == "learned" and self.n_positions > self.cfg.max_positions:
+            raise ValueError(
+                f"n_positions={self.n_positions} exceeds this model's {self.cfg.max_positions} learned "
+                f"positions; use n_positions <= {self.cfg.max_positions}"
+            )
+        self.ctx_buckets = bk.context_buckets(context_length_estimate, self.tg_buckets)
+        self.tp_degree = int(tp_degree)
+        self.gqa = sharding.choose_gqa(
+            self.cfg.n_heads, self.cfg.n_kv_heads, self.batch_size, self.tp_degree, gqa
+        )
+        self.mesh = sharding.make_mesh(self.tp_degree)
+        self._kv_rep = sharding.kv_replication(self.cfg.n_kv_heads, self.tp_degree, self.gqa)
+        self._rules = sharding.rules(self.gqa, self.tp_degree)
+        self._repl = sharding.replicated(self.mesh)
+        self.compile_cache = CompileCache.create(compile_cache)
+        self._executables: dict[tuple, Any] = {}
+        self._fingerprint: dict | None = None
+        self.compile_report: list[dict] = []
+        self.params = self._load_weights(family)
+        self.cache = self._alloc_cache()
+
+    # ------------------------------------------------------------------ loading
+    def _place(self, path: tuple, arr: np.ndarray):
+        """Pad / repeat for the mesh on the host, then copy each device only its own shard."""
+        arr = sharding.prepare_param(path, arr, self.tp_degree, self.gqa, self.cfg.n_kv_heads)
+        if self._pack:  # int8 weights in the kernels' panel layout (aotlm.models.packing)
+            arr = packing.prepare(
+                path[-1], arr, sharding.param_spec(path, arr.ndim, self._rules), self.tp_degree
+            )
+        shard = sharding.param_sharding(self.mesh, path, arr.ndim, self._rules)
+        return jax.make_array_from_callback(arr.shape, shard, lambda idx: arr[idx])
+
+    def _load_weights(self, family) -> dict:
+        reader = WeightReader(self.path)
+        try:
+            rows = bar(family.weight_rows(self.cfg, self.hf_config), "loading weights", unit="tensor")
+            np_dtype = np.dtype(jnp.dtype(self.dtype))
+            view = self.quant is not None and kernels.enabled()  # int8 embedding copy for a tied lm_head
+            self._pack = view  # int8 / bf16 matrices in the kernels' panel layout
+            rewriter = ParamRewriter(self.quant, self.fuse_qkv, view) if self.quant or self.fuse_qkv else None
+            params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
+            if "lm_head" in params:  # untied: the int8 embedding copy is not needed
+                params.pop("embed_q", None), params.pop("embed_q_scale", None)
+            return params
+        finally:
+            reader.close()
+
+    def _cache_specs(self) -> dict:
+        c = self.cfg
+        sh = sharding.cache_sharding(self.mesh, self.gqa, self.tp_degree)
+        b, kh, s, dh = self.batch_size, c.n_kv_heads * self._kv_rep, self.n_positions, c.head_dim
+        k = jax.ShapeDtypeStruct((b, kh, s, dh), self.dtype, sharding=sh["kv"])
+        v = jax.ShapeDtypeStruct((b, kh, dh, s), self.dtype, sharding=sh["kv"])  # values: slots last
+        pos = jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=sh["pos"])
+        return {"k": [k] * c.n_layers, "v": [v] * c.n_layers, "pos": pos}
+
+    def _alloc_cache(self) -> dict:
+        """Allocate the static KV cache once, directly in its sharded layout."""
+        specs = self._cache_specs()
+        zeros = lambda s: sharding.zeros(s.shape, s.dtype, s.sharding)
+        return {
+            "k": [zeros(s) for s in specs["k"]],
+            "v": [zeros(s) for s in specs["v"]],
+            "pos": sharding.zeros(specs["pos"].shape, np.int32, specs["pos"].sharding, fill=-1),
+        }
+
+    # ------------------------------------------------------------------ compiling
+    def graph_keys(self) -> list[tuple]:
+        return bk.graph_keys(self.ctx_buckets, self.tg_buckets) + self._extra_graph_keys()
+
+    def _extra_graph_keys(self) -> list[tuple]:
+        """Graphs a subclass adds (``aotlm.generate``: beam search, broadcasting)."""
+        return []
+
+    def _lower_extra(self, key: tuple):
+        raise ValueError(f"no graph kind {key[0]!r} in {type(self).__name__}")
+
+    def _abstract(self, tree):
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
+
+    def _lower(self, key: tuple):
+        with kernels.mesh_context(
+            self.mesh, sharding.spec_of(self._rules)
+        ):  # kernel calls shard_map over this mesh
+            if key[0] not in BASE_KINDS:  # beam search, speculative decoding, broadcasting
+                return self._lower_extra(key)
+            return self._lower_graph(key)
+
+    def _lower_graph(self, key: tuple):
+        p, cache = self._abstract(self.params), self._cache_specs()
+        b, rep = self.batch_size, self._repl
+        state = graphs.state_spec(b, self.n_positions, self.cfg.vocab_size, rep)
+        logits = jax.ShapeDtypeStruct((b, self.cfg.vocab_size), jnp.float32, sharding=rep)
+        if key[0] == "prefill":
+            _, c, w = key
+            out = (rep, self._shardings(cache))  # pinned: outputs feed the next call
+            fn = jax.jit(
+                functools.partial(graphs.prefill, self.cfg, w), donate_argnums=(1,), out_shardings=out
+            )
+            tok = jax.ShapeDtypeStruct((b, c), jnp.int32, sharding=rep)
+            scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
+            return fn.lower(p, cache, tok, tok, scalar, scalar)
+        if key[0] == "select":
+            fn = jax.jit(graphs.select_first, donate_argnums=(1,), out_shardings=self._shardings(state))
+            return fn.lower(logits, state)
+        _, w = key
+        out = (self._shardings(cache), self._shardings(state))
+        decode = functools.partial(graphs.decode, self.cfg, w, replicated=rep)
+        fn = jax.jit(decode, donate_argnums=(1, 2), out_shardings=out)
+        return fn.lower(p, cache, state)
+
+    @staticmethod
+    def _shardings(specs):
+        """Output shardings = input shardings: XLA may otherwise pick a layout the next call rejects."""
+        return jax.tree.map(lambda s: s.sharding, specs)
+
+    def fingerprint(self) -> dict:
+        """Everything besides the graph key that changes an executable (compile-cache key).
+
+        Fixed once the model is built, so it is computed once, not once per graph.
+        """
+        if self._fingerprint is None:
+            self._fingerprint = self._compute_fingerprint()
+        return self._fingerprint
+
+    def _compute_fingerprint(self) -> dict:
+        return {
+            "arch": self.cfg,
+            "batch_size": self.batch_size,
+            "n_positions": self.n_positions,
+            "amp": self.amp,
+            "tp_degree": self.tp_degree,
+            "gqa": self.gqa,
+            "generation": (
+                graphs.MAX_EOS,
+                graphs.MAX_STOPS,
+                graphs.MAX_STOP_LEN,
+                sampling.NGRAM_MAX,
+                sampling.TOP_LOGPROBS_MAX,
+                sampling.TOPK_WIDTH,
+            ),
+            "param_tree": self._abstract(self.params),
+            "cache_tree": self._cache_specs(),
+        }
+
+    def _keep(self, key: tuple, exe, info: dict, seconds: float):
+        """Remember a ready executable and report how it was obtained."""
+        info.update(graph=key[0], bucket=key[1:], seconds=seconds)
+        self.compile_report.append(info)
+        self._executables[key] = exe
+        return exe
+
+    def _executable(self, key: tuple):
+        exe = self._executables.get(key)
+        if exe is None:
+            t0 = time.perf_counter()
+            exe, info = self.compile_cache.get_or_compile(
+                self.fingerprint(), key, lambda: self._lower(key), self.mesh
+            )
+            exe = self._keep(key, exe, info, time.perf_counter() - t0)
+        return exe
+
+    @_locked
+    def compile_graph(self, key: tuple):
+        """Compile (or load from the cache) one graph, e.g. ``("decode", 128)``."""
+        if key not in self.graph_keys():
+            raise ValueError(f"{key} is not one of this model's graphs: {self.graph_keys()}")
+        return self._executable(key)
+
+    @_locked
+    def compile(self) -> CompiledModel:
+        """Ahead of time: lower + compile (or load from the cache) every bucket graph now.
+
+        Cached executables are deserialized on a thread per core first (XLA's loading releases
+        the GIL, and it dominates a warm start); the misses are then compiled one by one.
+        """
+        todo = [k for k in self.graph_keys() if k not in self._executables]
+        if self.compile_cache.dir is not None and len(todo) > 1:
+            fp = self.fingerprint()
+
+            def load(key):
+                t0 = time.perf_counter()
+                return key, self.compile_cache.lookup(fp, key, self.mesh), time.perf_counter() - t0
+
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                for key, found, seconds in pool.map(load, todo):
+                    if found is not None:
+                        self._keep(key, *found, seconds)
+        for key in bar(self.graph_keys(), "compiling buckets", unit="graph"):
+            self._executable(key)
+        return self
+
+    @_locked
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write every compiled graph + a manifest to ``directory`` (relocatable)."""
+        self.compile()
+        artifacts.save(self, directory)
+
+    @_locked
+    def load(self, directory: str | os.PathLike) -> CompiledModel:
+        """Load graphs saved by ``save`` (zero compilations); refuses artifacts of another config."""
+        self._executables.update(artifacts.load(self, directory))
+        return self
+
+    # ------------------------------------------------------------------ running
+    def _put(self, x: np.ndarray):
+        return sharding.put(x, self._repl)
+
+    def _put_tree(self, tree):
+        return jax.tree.map(lambda x: self._put(np.asarray(x)), tree)
+
+    def _prepare(self, input_ids, attention_mask, start_ids):
+        ids = inputs.token_ids(input_ids, self.cfg.vocab_size)
+        mask = inputs.prompt_mask(ids, attention_mask, start_ids)
+        n = ids.shape[0]
+        if n > self.batch_size:
+            raise ValueError(
+                f"{n} prompts given but the model was compiled for batch_size={self.batch_size}; "
+                "split the batch or load with a larger batch_size"
+            )
+        if n < self.batch_size:  # pad the batch with copies of row 0, trimmed on return
+            extra = self.batch_size - n
+            ids = np.concatenate([ids, np.repeat(ids[:1], extra, 0)])
+            mask = np.concatenate([mask, np.repeat(mask[:1], extra, 0)])
+        return ids, mask, n
+
+    def _encode(self, ids: np.ndarray, mask: np.ndarray):
+        """Run every prefill step of the prompt; returns (logits of its last token, positions)."""
+        p_len = ids.shape[1]
+        positions = np.where(mask > 0, np.cumsum(mask, 1) - 1, -1).astype(np.int32)
+        logits = None
+        for step in bk.prefill_plan(p_len, self.ctx_buckets, self.tg_buckets):
+            end = step.start + step.n_real
+            tok = np.zeros((self.batch_size, step.bucket), np.int32)
+            pos = np.full((self.batch_size, step.bucket), -1, np.int32)
+            tok[:, : step.n_real] = ids[:, step.start : end]
+            pos[:, : step.n_real] = positions[:, step.start : end]
+            exe = self._executable(("prefill", step.bucket, step.width))
+            logits, self.cache = exe(
+                self.params,
+                self.cache,
+                self._put(tok),
+                self._put(pos),
+                self._put(np.int32(step.start)),
+                self._put(np.int32(step.n_real - 1)),
+            )
+        return logits, positions
+
+    @_locked
+    def forward(self, input_ids, attention_mask=None) -> np.ndarray:
+        """Float32 logits ``[batch, vocab]`` of the last prompt position."""
+        ids, mask, n = self._prepare(input_ids, attention_mask, None)
+        logits, _ = self._encode(ids, mask)
+        return sharding.fetch(logits)[:n]

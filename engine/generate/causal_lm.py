@@ -1,0 +1,136 @@
+"""``CausalLMForSampling``: the compiled model plus generation (``sample()`` and its strategies).
+
+``aotlm.core.model.CompiledModel`` owns weights, KV cache and graphs; this subclass adds what a
+request needs on top: generation parameters, the decode loop (``generation.run``), and the
+strategies that add graph kinds (``extensions``: beam search, speculative decoding, context
+broadcasting), plugged in through the base class's ``_extra_graph_keys`` / ``_lower_extra``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from aotlm.core import graphs, inputs, sampling
+from aotlm.core.model import CompiledModel, _locked
+from aotlm.generate import broadcast, extensions, generation, params
+
+
+class CausalLMForSampling(CompiledModel):
+    """A causal LM compiled per bucket, with ``sample()``. Use ``AutoModelForSampling.from_pretrained``.
+
+    ``prompt_batch_size``, ``num_beams`` and ``speculation_length`` add the graphs of those
+    strategies (``extensions``); every other argument is ``CompiledModel``'s.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *args,
+        prompt_batch_size: int | None = None,
+        num_beams: int = 1,
+        speculation_length: int | Sequence[int] | None = None,
+        **kwargs,
+    ):
+        super().__init__(path, *args, **kwargs)
+        extensions.configure(self, prompt_batch_size, num_beams, speculation_length)
+
+    def _extra_graph_keys(self) -> list[tuple]:
+        return extensions.graph_keys(self)
+
+    def _lower_extra(self, key: tuple):
+        return extensions.lower(self, key)
+
+    _encode = broadcast.encoder(CompiledModel._encode)
+
+    @extensions.routed
+    @_locked
+    def sample(
+        self,
+        input_ids,
+        max_new_tokens: int | Sequence[int] | None = None,
+        sequence_length: int | None = None,
+        attention_mask=None,
+        start_ids=None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        *,
+        generation_config: params.GenerationConfig | None = None,
+        streamer=None,
+        stopping_criteria=None,
+        return_dict: bool = False,
+        **generation_kwargs,
+    ) -> np.ndarray | generation.GenerateOutput:
+        """Generate: ``[batch, prompt_len + new]`` (prompt as given, then new tokens), or a
+        ``GenerateOutput`` with ``return_dict=True``.
+
+        Greedy by default. ``generation_kwargs`` are ``GenerationConfig`` fields with HF names
+        (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``,
+        ``no_repeat_ngram_size``, ``seed``, ``stop_sequences``, ``top_logprobs``); each sampling
+        value and ``max_new_tokens`` may be one value or one per row. They override
+        ``generation_config``. ``sequence_length`` (total length, transformers-neuronx style)
+        or ``max_new_tokens`` bound the output; neither means "up to n_positions". A row stops
+        at an eos id, at a stop sequence (kept in the output) or at its length; finished rows
+        are filled with ``pad_token_id`` (default: the first eos id) and the output is trimmed
+        to the longest row, as transformers does. ``streamer`` (HF ``BaseStreamer``: ``put``
+        gets the prompt, then the new tokens) and ``stopping_criteria`` (HF ``StoppingCriteria``)
+        make the decode loop run in chunks of ``generation.STREAM_CHUNK`` tokens.
+        """
+        cfg = generation_config or params.GenerationConfig()
+        unknown = set(generation_kwargs) - params.FIELDS
+        if unknown:
+            raise TypeError(
+                f"sample() got unknown generation arguments {sorted(unknown)}; known: {sorted(params.FIELDS)}"
+            )
+        given = dict(eos_token_id=eos_token_id, pad_token_id=pad_token_id, max_new_tokens=max_new_tokens)
+        cfg = cfg.replace(**{k: v for k, v in given.items() if v is not None}, **generation_kwargs)
+        if not isinstance(cfg.top_logprobs, int) or not 0 <= cfg.top_logprobs <= sampling.TOP_LOGPROBS_MAX:
+            raise ValueError(f"top_logprobs must be an int in [0, {sampling.TOP_LOGPROBS_MAX}]")
+        generation.check_streamer(streamer)
+        inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS), inputs.count(cfg.pad_token_id, "pad_token_id")
+        criteria = generation.criteria_list(stopping_criteria)
+        ids, mask, n = self._prepare(input_ids, attention_mask, start_ids)
+        new = self._n_new(ids.shape[1], n, cfg.max_new_tokens, sequence_length)
+        cfg = cfg.replace(max_new_tokens=None)
+        generation.sampling_params(cfg, n, self.batch_size)  # validate before any device work
+        generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
+        want = bool(return_dict or cfg.top_logprobs)
+        return generation.run(self, ids, mask, n, new, cfg, streamer, criteria, want)
+
+    def _n_new(self, p_len: int, n: int, max_new_tokens, sequence_length: int | None) -> np.ndarray:
+        """Per-row new-token budgets ``[n]`` (one value may serve every row)."""
+        if max_new_tokens is not None and sequence_length is not None:
+            raise ValueError("give max_new_tokens or sequence_length, not both")
+        if sequence_length is not None:
+            max_new_tokens = inputs.count(sequence_length, "sequence_length") - p_len
+        if max_new_tokens is None:
+            max_new_tokens = self.n_positions - p_len
+        new = generation._per_row(max_new_tokens, "max_new_tokens", n, np.int64)
+        if (new < 1).any():
+            raise ValueError(f"max_new_tokens must be >= 1 (prompt has {p_len} tokens), got {new.min()}")
+        top = int(new.max())
+        if p_len + top > self.n_positions:
+            raise ValueError(
+                f"prompt ({p_len} tokens) + max_new_tokens ({top}) = {p_len + top} "
+                f"exceeds n_positions={self.n_positions}; shorten the request or load the model with "
+                f"n_positions >= {p_len + top}"
+            )
+        return new.astype(np.int32)
+
+
+class AutoModelForSampling(CausalLMForSampling):
+    """Picks the family from ``config.model_type``."""
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **kwargs) -> CausalLMForSampling:
+        return cls(path, **kwargs)
+
+
+class GPT2ForSampling(AutoModelForSampling):
+    model_types = ("gpt2",)
+
+
+class LlamaForSampling(AutoModelForSampling):
+    model_types = ("llama",)

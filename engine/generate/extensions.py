@@ -1,0 +1,157 @@
+"""Generation strategies beyond one greedy/sampled row per prompt, routed from ``sample()``.
+
+``CompiledModel`` knows three graph kinds (prefill, select, decode);
+the modules here add their own kinds, all compiled and cached through ``model._executable``:
+
+* ``aotlm.generate.broadcast``: ``gather`` (copy KV-cache rows), ``bprefill`` (prefill of
+  ``prompt_batch_size`` rows) for ``num_return_sequences`` and beam search;
+* ``aotlm.generate.beam``: ``beam_init``, ``beam`` per token bucket;
+* ``aotlm.generate.speculative``: ``spec`` (target + draft rounds in one loop) per pair of bucket widths.
+
+Graphs a model was built for (``prompt_batch_size=``, ``num_beams=`` in ``from_pretrained``)
+are listed by ``graph_keys()`` and compiled by ``compile()``; the speculative ones depend on the
+draft, so ``SpeculativeGenerator.graph_keys()`` / ``compile()`` list and compile them; other ones
+compile on first use (once; then cached on disk).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Sequence
+
+import numpy as np
+
+from aotlm.core import inputs
+from aotlm.generate import beam, broadcast, speculative
+from aotlm.generate.params import PER_ROW_FIELDS as PER_ROW
+
+KINDS = {  # graph kind -> the module that lowers it
+    "gather": broadcast,
+    "bprefill": broadcast,
+    "beam_init": beam,
+    "beam": beam,
+    "spec": speculative,
+}
+
+
+def configure(model, prompt_batch_size=None, num_beams: int = 1, speculation_length=None) -> None:
+    """Validate and store the construction options that add graphs."""
+    if prompt_batch_size is not None and not 1 <= int(prompt_batch_size) <= model.batch_size:
+        raise ValueError(
+            f"prompt_batch_size must be in [1, batch_size={model.batch_size}], got {prompt_batch_size}"
+        )
+    if not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
+    if num_beams > 1 and model.batch_size % num_beams:
+        raise ValueError(
+            f"batch_size={model.batch_size} is not a multiple of num_beams={num_beams}; compiled batch = "
+            "prompts x num_beams"
+        )
+    if speculation_length is not None:
+        ks = [speculation_length] if isinstance(speculation_length, int) else list(speculation_length)
+        if any(not isinstance(k, int) or k < 1 for k in ks):
+            raise ValueError(f"speculation_length must be an int >= 1, got {speculation_length!r}")
+        speculation_length = tuple(ks)
+    model.prompt_batch_size = None if prompt_batch_size is None else int(prompt_batch_size)
+    model.num_beams = num_beams
+    model.speculation_length = speculation_length
+    model._bcast = None
+    model._spec_drafts = {}  # draft tag -> draft model, for lowering the target's spec graphs
+
+
+def graph_keys(model) -> list[tuple]:
+    keys = []
+    if model.prompt_batch_size or model.num_beams > 1:
+        keys += broadcast.graph_keys(model)
+    return keys + beam.graph_keys(model)  # speculative graphs depend on the draft: SpeculativeGenerator
+
+
+def lower(model, key: tuple):
+    return KINDS[key[0]].lower(model, key)
+
+
+def _expand(value, name: str, n: int, r: int):
+    """A per-row argument given once per prompt, repeated for the prompt's ``r`` rows."""
+    if isinstance(value, Sequence | np.ndarray) and not isinstance(value, str | bytes) and len(value) == n:
+        return np.repeat(np.asarray(value), r, 0)
+    return value
+
+
+def _seeds(seed, n: int, r: int):
+    """Row ``i*r + j`` (prompt ``i``, copy ``j``) gets seed ``seed_i + j``: copies differ, reproducibly."""
+    if seed is None:
+        return None
+    base = np.asarray(seed, np.int64)
+    base = np.full(n, base) if base.ndim == 0 else base
+    if base.shape != (n,):
+        raise ValueError(f"seed has {base.size} values for {n} prompts; give one value or one per prompt")
+    return ((np.repeat(base, r) + np.tile(np.arange(r), n)) % 2**32).tolist()
+
+
+def return_sequences(model, sample, args: dict, r: int):
+    """``num_return_sequences=r``: each prompt's rows repeat it; its prompt is encoded once."""
+    ids = inputs.token_ids(args.pop("input_ids"), model.cfg.vocab_size)
+    mask = inputs.prompt_mask(ids, args.pop("attention_mask", None), args.pop("start_ids", None))
+    n = ids.shape[0]
+    if n * r > model.batch_size:
+        raise ValueError(
+            f"{n} prompt(s) x num_return_sequences={r} = {n * r} rows exceed the compiled batch_size="
+            f"{model.batch_size}; compiled batch = runtime batch x num_return_sequences x num_beams: "
+            "load the model with a larger batch_size"
+        )
+    for name in PER_ROW:
+        if name in args:
+            args[name] = _expand(args[name], name, n, r)
+    if "seed" in args:
+        args["seed"] = _seeds(args["seed"], n, r)
+    model._bcast = (r, n * r)
+    try:
+        return sample(model, np.repeat(ids, r, 0), attention_mask=np.repeat(mask, r, 0), **args)
+    finally:
+        model._bcast = None
+
+
+def routed(sample):
+    """Decorator for ``sample``: ``num_return_sequences``, ``num_beams``, ``draft_model``."""
+    sig = inspect.signature(sample)
+
+    @functools.wraps(sample)
+    def wrapper(
+        model,
+        *args,
+        num_return_sequences: int = 1,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        early_stopping: bool | str = False,
+        draft_model=None,
+        speculation_length: int | None = None,
+        **kwargs,
+    ):
+        if (
+            draft_model is None
+            and speculation_length is None
+            and num_beams == 1
+            and num_return_sequences == 1
+        ):
+            return sample(model, *args, **kwargs)
+        named = {k: v for k, v in kwargs.items() if k in sig.parameters}
+        bound = sig.bind_partial(model, *args, **named).arguments
+        bound.pop("self", None)
+        call = {k: v for k, v in bound.items() if v is not None}
+        call.update(call.pop("generation_kwargs", None) or {})
+        call.update({k: v for k, v in kwargs.items() if k not in sig.parameters})
+        if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+            raise ValueError(f"num_return_sequences must be an int >= 1, got {num_return_sequences!r}")
+        with model._lock:
+            if draft_model is not None or speculation_length is not None:
+                if num_beams != 1 or num_return_sequences != 1:
+                    raise ValueError("speculative decoding runs without num_beams / num_return_sequences")
+                return speculative.sample_with_draft(model, draft_model, speculation_length, call)
+            if num_beams > 1:
+                return beam.sample(
+                    model, call, num_beams, num_return_sequences, length_penalty, early_stopping
+                )
+            return return_sequences(model, sample, call, num_return_sequences)
+
+    return wrapper

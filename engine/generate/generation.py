@@ -1,0 +1,278 @@
+"""Generation requests on the host: HF-named parameters -> one traced state, then the decode loop.
+
+``GenerationConfig`` uses transformers' names and semantics. Every sampling parameter and
+``max_new_tokens`` is a scalar or a sequence with one value per row; all are validated here
+(``ValueError``/``TypeError`` before any device work) and become per-row arrays of the
+decode state (``graphs.state_spec``), so changing them never compiles anything.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aotlm.core import buckets as bk
+from aotlm.core import graphs, inputs, sampling, sharding
+from aotlm.generate.params import GenerationConfig
+
+STREAM_CHUNK = 4  # tokens per decode call while a streamer or stopping criteria listen
+
+
+@dataclass
+class GenerateOutput:
+    """``sample(..., return_dict=True)``: tokens plus per-token scores and finish reasons.
+
+    ``logprobs[b, i]``: log-probability of generated token ``i`` under the distribution row
+    ``b`` drew it from (after penalties and warpers; 0 after the row finished).
+    ``num_generated[b]``: tokens row ``b`` generated, its stop token included.
+    ``top_logprobs`` (when requested): ``(ids [B, new, n], logprobs [B, new, n])``.
+    """
+
+    sequences: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: list[str]
+    num_generated: np.ndarray
+    top_logprobs: tuple[np.ndarray, np.ndarray] | None = None
+    time_to_first_token: float = 0.0  # seconds from the call to the first token on the host
+
+
+def _per_row(value, name: str, n: int, dtype) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        arr = np.full(n, arr)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise ValueError(f"{name} has {arr.size} values for {n} prompts; give one value or one per row")
+    if dtype is bool:
+        if arr.dtype != np.bool_:
+            raise TypeError(f"{name} must be True/False (or one per row), got {value!r}")
+        return arr
+    try:
+        out = arr.astype(dtype)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be a number (or one per row), got {value!r}") from e
+    if np.issubdtype(dtype, np.integer) and not np.all(out == arr):
+        raise TypeError(f"{name} must be an integer (or one per row), got {value!r}")
+    return out
+
+
+def _check(ok: np.ndarray, name: str, rule: str, values: np.ndarray) -> None:
+    if not np.all(ok):
+        bad = values[~ok][0]
+        raise ValueError(f"{name}={bad} is invalid: {rule}")
+
+
+def sampling_params(cfg: GenerationConfig, n: int, rows: int) -> dict:
+    """Validated per-row arrays (``n`` real rows, padded to the compiled ``rows`` with row 0)."""
+    p = {
+        "do_sample": _per_row(cfg.do_sample, "do_sample", n, bool),
+        "temperature": _per_row(cfg.temperature, "temperature", n, np.float32),
+        "top_k": _per_row(cfg.top_k, "top_k", n, np.int32),
+        "top_p": _per_row(cfg.top_p, "top_p", n, np.float32),
+        "min_p": _per_row(cfg.min_p, "min_p", n, np.float32),
+        "repetition_penalty": _per_row(cfg.repetition_penalty, "repetition_penalty", n, np.float32),
+        "ngram": _per_row(cfg.no_repeat_ngram_size, "no_repeat_ngram_size", n, np.int32),
+    }
+    _check(p["temperature"] >= 0, "temperature", "must be >= 0 (0 means greedy)", p["temperature"])
+    _check(p["top_k"] >= 0, "top_k", "must be >= 0 (0 disables top-k)", p["top_k"])
+    _check((p["top_p"] > 0) & (p["top_p"] <= 1), "top_p", "must be in (0, 1]", p["top_p"])
+    _check((p["min_p"] >= 0) & (p["min_p"] <= 1), "min_p", "must be in [0, 1]", p["min_p"])
+    _check(
+        p["repetition_penalty"] > 0,
+        "repetition_penalty",
+        "must be > 0 (1 disables it)",
+        p["repetition_penalty"],
+    )
+    ng = p["ngram"]
+    _check(
+        (ng >= 0) & (ng <= sampling.NGRAM_MAX),
+        "no_repeat_ngram_size",
+        f"must be in [0, {sampling.NGRAM_MAX}]",
+        ng,
+    )
+    if cfg.seed is None:
+        seeds = np.array([secrets.randbits(32) for _ in range(n)], dtype=np.uint64)
+    else:
+        seeds = _per_row(cfg.seed, "seed", n, np.int64)
+        _check((seeds >= 0) & (seeds < 2**32), "seed", "must be in [0, 2**32)", seeds)
+    p["seed"] = seeds.astype(np.uint32)
+    return {k: np.concatenate([v, np.repeat(v[:1], rows - n)]) for k, v in p.items()}
+
+
+def _is_seq(x) -> bool:
+    return isinstance(x, Sequence | np.ndarray) and not isinstance(x, str | bytes)
+
+
+def _is_ids(x) -> bool:
+    return _is_seq(x) and len(x) > 0 and all(isinstance(t, int | np.integer) for t in x)
+
+
+def stop_array(stop_sequences, n: int, rows: int, vocab: int) -> np.ndarray:
+    """``[rows, MAX_STOPS, MAX_STOP_LEN]`` right-aligned stop sequences (-2 = unused).
+
+    ``stop_sequences``: a list of token-id lists for every row, or one such list per row.
+    """
+    out = np.full((rows, graphs.MAX_STOPS, graphs.MAX_STOP_LEN), -2, np.int32)
+    if stop_sequences is None:
+        return out
+    err = (
+        "stop_sequences must be a list of token-id lists, e.g. [[13], [198, 198]] (or one such list per row)"
+    )
+    if not _is_seq(stop_sequences):
+        raise TypeError(err)
+    if all(_is_ids(q) for q in stop_sequences):
+        lists = [stop_sequences] * n
+    elif len(stop_sequences) == n and all(_is_seq(r) and all(_is_ids(q) for q in r) for r in stop_sequences):
+        lists = list(stop_sequences)
+    else:
+        raise TypeError(err)
+    for r, seqs in enumerate(lists):
+        if len(seqs) > graphs.MAX_STOPS:
+            raise ValueError(
+                f"at most {graphs.MAX_STOPS} stop sequences per row are supported, got {len(seqs)}"
+            )
+        for i, seq in enumerate(seqs):
+            if not all(0 <= t < vocab for t in seq):
+                raise ValueError(f"stop sequence {list(seq)} holds ids outside the vocabulary [0, {vocab})")
+            if len(seq) > graphs.MAX_STOP_LEN:
+                raise ValueError(
+                    f"stop sequence of {len(seq)} tokens is longer than the supported {graphs.MAX_STOP_LEN}"
+                )
+            out[r, i, graphs.MAX_STOP_LEN - len(seq) :] = seq
+    out[n:] = out[0]
+    return out
+
+
+def check_streamer(streamer) -> None:
+    if streamer is not None and not (
+        callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))
+    ):
+        raise TypeError(
+            "streamer must have put(tokens) and end() methods (transformers BaseStreamer), "
+            f"got {type(streamer).__name__}"
+        )
+
+
+def criteria_list(stopping_criteria) -> list:
+    if stopping_criteria is None:
+        return []
+    items = list(stopping_criteria) if isinstance(stopping_criteria, Sequence) else [stopping_criteria]
+    for c in items:
+        if not callable(c):
+            raise TypeError(f"stopping_criteria must be callables (transformers StoppingCriteria), got {c!r}")
+    return items
+
+
+def criteria_hit(criteria: list, sequences: np.ndarray) -> np.ndarray:
+    """Rows that any HF StoppingCriteria ends; they get torch tensors when torch is importable."""
+    ids: Any = sequences
+    try:
+        import torch  # local: optional (HF interop / .bin checkpoints): kept out of `import aotlm`
+
+        ids = torch.from_numpy(np.ascontiguousarray(sequences).astype(np.int64))
+    except ImportError:
+        pass
+    hit = np.zeros(sequences.shape[0], bool)
+    for c in criteria:
+        r = c(ids, None)
+        r = r.detach().cpu().numpy() if hasattr(r, "detach") else np.asarray(r)
+        hit |= np.broadcast_to(r.astype(bool), hit.shape)
+    return hit
+
+
+def initial_state(model, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, n: int, last, cfg) -> dict:
+    """The host-side generation state for a prompt batch (see ``graphs.state_spec``)."""
+    b, p_len = ids.shape
+    s, v, k = model.n_positions, model.cfg.vocab_size, sampling.TOP_LOGPROBS_MAX
+
+    eos = inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS)
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else (int(eos[0]) if eos[0] >= 0 else 0)
+    out = np.full((b, s), -1, np.int32)
+    out[:, :p_len] = np.where(mask > 0, ids, -1)
+    seen = np.zeros((b, v), np.bool_)
+    rows, cols = np.nonzero(mask)
+    seen[rows, ids[rows, cols]] = True
+    return {
+        "tok": np.zeros(b, np.int32),
+        "pos": positions.max(1) + 1,
+        "done": np.zeros(b, np.bool_),
+        "reason": np.zeros(b, np.int32),
+        "end": np.zeros(b, np.int32),
+        "last": np.asarray(last, np.int32),
+        "out": out,
+        "logp": np.zeros((b, s), np.float32),
+        "top_ids": np.zeros((b, s, k), np.int32),
+        "top_lp": np.zeros((b, s, k), np.float32),
+        "seen": seen,
+        "stop": stop_array(cfg.stop_sequences, n, b, v),
+        "idx": np.int32(p_len),
+        "first": np.int32(p_len),
+        "limit": np.int32(0),
+        "eos": eos,
+        "pad": np.int32(pad),
+        "want_logprobs": np.bool_(False),
+        "params": sampling_params(cfg, n, b),
+    }
+
+
+def run(
+    model, ids, mask, n: int, new: np.ndarray, cfg: GenerationConfig, streamer, criteria, want_dict: bool
+):
+    """Prefill, first token, then decode calls (whole buckets, or chunks while someone listens)."""
+    t_start = time.perf_counter()
+    b, p_len = ids.shape
+    last = p_len + np.concatenate([new, np.repeat(new[:1], b - n)]) - 1
+    logits, positions = model._encode(ids, mask)
+    state = initial_state(model, ids, mask, positions, n, last, cfg)
+    state["want_logprobs"] = np.bool_(want_dict)
+    state = model._executable(("select",))(logits, model._put_tree(state))
+    fetch = sharding.fetch
+    first_tok = fetch(state["tok"])  # waits for prefill + first token (the decode waits anyway)
+    ttft = time.perf_counter() - t_start
+    if streamer is not None:
+        streamer.put(ids[:n])
+        streamer.put(first_tok[:n])
+    listening = streamer is not None or bool(criteria)
+    stop, idx, done = int(last.max()), p_len, fetch(state["done"])
+    while idx < stop and not done.all():
+        limit = min(stop, idx + STREAM_CHUNK) if listening else stop
+        state["limit"] = model._put(np.int32(limit))
+        exe = model._executable(("decode", bk.decode_bucket(model.tg_buckets, idx)))
+        model.cache, state = exe(model.params, model.cache, state)
+        prev, idx, done = idx, int(fetch(state["idx"])), fetch(state["done"])
+        if streamer is not None and idx > prev:
+            streamer.put(fetch(state["out"])[:n, prev + 1 : idx + 1])  # whole buffer: no slicing graph
+        if criteria and not done[:n].all():
+            seqs = np.concatenate([ids[:n], fetch(state["out"])[:n, p_len : idx + 1]], axis=1)
+            hit = np.zeros(b, bool)
+            hit[:n] = criteria_hit(criteria, seqs) & ~done[:n]
+            if hit.any():
+                reason = np.where(hit, graphs.STOPPED, fetch(state["reason"])).astype(np.int32)
+                end = np.where(hit, idx, fetch(state["end"])).astype(np.int32)
+                done = done | hit
+                state.update(done=model._put(done), reason=model._put(reason), end=model._put(end))
+    if streamer is not None:
+        streamer.end()
+    n_gen = idx - p_len + 1
+    out = fetch(state["out"])[:n, p_len : p_len + n_gen]
+    sequences = np.concatenate([ids[:n], out], axis=1)
+    if not want_dict:
+        return sequences
+    reason = fetch(state["reason"])[:n]
+    top = None
+    if cfg.top_logprobs:
+        w = int(cfg.top_logprobs)
+        sl = slice(p_len, p_len + n_gen)
+        top = (fetch(state["top_ids"])[:n, sl, :w], fetch(state["top_lp"])[:n, sl, :w])
+    return GenerateOutput(
+        sequences=sequences,
+        logprobs=fetch(state["logp"])[:n, p_len : p_len + n_gen],
+        finish_reason=[graphs.REASONS.get(int(r), "length") for r in reason],
+        num_generated=fetch(state["end"])[:n] - p_len + 1,
+        top_logprobs=top,
+        time_to_first_token=ttft,
+    )

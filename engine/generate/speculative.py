@@ -1,0 +1,254 @@
+"""Speculative decoding (host side): ``SpeculativeGenerator(draft, target, k)`` and
+``target.sample(..., draft_model=draft, speculation_length=k)``.
+
+The rounds run on device (``aotlm.generate.spec_graphs``): one graph call per token bucket (or per
+``SPEC_CHUNK`` slots) holds the draft's proposals, the target's check, acceptance, rollback
+and the per-row stop rules, so no token crosses to the host between rounds. The host only
+encodes the prompt in both models, picks the first token with the target's own ``select``
+graph (the same token ``target.sample`` gives) and hands out buckets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from aotlm.core import buckets as bk
+from aotlm.core import compile_cache, inputs, sharding
+from aotlm.generate import generation, params
+from aotlm.generate import spec_graphs as sg
+
+SP_KEYS = sg.SP_KEYS
+
+
+def lower(model, key: tuple):
+    draft = model._spec_drafts.get(key[4])
+    if draft is None:
+        raise ValueError(f"{key}: no draft model attached; use SpeculativeGenerator(draft, target, k)")
+    return sg.lower(model, draft, key)
+
+
+def draft_tag(draft) -> str:
+    """Short hash of the draft's configuration and environment (part of the graph key)."""
+    digest, _ = compile_cache.entry_key(draft.fingerprint(), ("draft",), draft.mesh)
+    return hashlib.sha256(digest.encode()).hexdigest()[:12]
+
+
+def width_pairs(target, draft, k: int) -> list[tuple[int, int]]:
+    """Every (target width, draft width) a round at slot ``idx`` may need (slots ``idx..idx+k``)."""
+    s = min(target.n_positions, draft.n_positions)
+    pairs = {
+        (bk.decode_bucket(target.tg_buckets, x), bk.decode_bucket(draft.tg_buckets, x)) for x in range(k, s)
+    }
+    return sorted(pairs)
+
+
+# ------------------------------------------------------------------------------ host side
+def _tokenizer_vocab(path: str):
+    f = Path(path) / "tokenizer.json"
+    if not f.is_file():
+        return None
+    try:
+        return json.loads(f.read_text()).get("model", {}).get("vocab")
+    except (OSError, ValueError):
+        return None
+
+
+class SpeculativeGenerator:
+    """``SpeculativeGenerator(draft, target, k)``: greedy speculative decoding (transformers-neuronx name).
+
+    ``draft`` and ``target`` are ``AutoModelForSampling`` models with the same vocabulary and
+    tokenizer and the same ``batch_size``. ``generate(input_ids, ...)`` returns what
+    ``target.sample(input_ids, ...)`` returns (greedy), usually in fewer target calls.
+    """
+
+    def __init__(self, draft, target, k: int):
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"speculation_length must be an int >= 1, got {k!r}")
+        if draft is None:
+            raise ValueError("speculative decoding needs a draft_model")
+        if draft.cfg.vocab_size != target.cfg.vocab_size:
+            raise ValueError(
+                f"the draft's vocabulary ({draft.cfg.vocab_size} tokens) differs from the target's "
+                f"({target.cfg.vocab_size}); use a draft trained with the target's tokenizer"
+            )
+        dv, tv = _tokenizer_vocab(draft.path), _tokenizer_vocab(target.path)
+        if dv is not None and tv is not None and dv != tv:
+            raise ValueError(
+                "the draft's tokenizer.json differs from the target's; use a draft with the same tokenizer"
+            )
+        for name in ("bos_token_id", "eos_token_id"):
+            d, t = getattr(draft.hf_config, name, None), getattr(target.hf_config, name, None)
+            if d is not None and t is not None and d != t:
+                raise ValueError(f"draft {name}={d} differs from the target's {t}: not the same tokenizer")
+        if draft.batch_size != target.batch_size:
+            raise ValueError(
+                f"draft batch_size={draft.batch_size} differs from the target's {target.batch_size}; "
+                "load both with the same batch_size"
+            )
+        same_mesh = (
+            draft.mesh.axis_names == target.mesh.axis_names
+            and draft.mesh.devices.shape == target.mesh.devices.shape
+            and [d.id for d in draft.mesh.devices.flat] == [d.id for d in target.mesh.devices.flat]
+        )
+        if not same_mesh:
+            raise ValueError(
+                f"the draft runs on other devices (tp_degree={draft.tp_degree}) than the target "
+                f"(tp_degree={target.tp_degree}); load both with the same tp_degree"
+            )
+        self.draft, self.target, self.k = draft, target, k
+        self.tag = draft_tag(draft)
+        target._spec_drafts[self.tag] = draft
+        self.stats: dict = {}
+
+    def graph_keys(self) -> list[tuple]:
+        """The target's ``("spec", k, Wt, Wd, draft)`` graphs, one per pair of bucket widths."""
+        return [("spec", self.k, wt, wd, self.tag) for wt, wd in width_pairs(self.target, self.draft, self.k)]
+
+    def compile(self) -> SpeculativeGenerator:
+        """Compile (or load) both models' prefill graphs, the target's first-token graph and the
+        speculative loop graphs."""
+        t, d = self.target, self.draft
+        with t._lock, d._lock:
+            for model, kinds in ((t, ("prefill", "select")), (d, ("prefill",))):
+                for key in [key for key in model.graph_keys() if key[0] in kinds]:
+                    model._executable(key)
+            for key in self.graph_keys():
+                t._executable(key)
+        return self
+
+    def generate(
+        self,
+        input_ids,
+        max_new_tokens=None,
+        sequence_length=None,
+        attention_mask=None,
+        start_ids=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        **sampling_kwargs,
+    ) -> np.ndarray:
+        """Greedy by default; ``do_sample=True`` with ``temperature``, ``top_k``, ``top_p``,
+        ``min_p``, ``seed`` (one value or one per row) samples from the target's distribution."""
+        unknown = set(sampling_kwargs) - set(SP_KEYS)
+        if unknown:
+            raise ValueError(f"{sorted(unknown)} not supported with speculative decoding")
+        t, d = self.target, self.draft
+        with t._lock, d._lock:
+            return self._generate(
+                input_ids,
+                max_new_tokens,
+                sequence_length,
+                attention_mask,
+                start_ids,
+                eos_token_id,
+                pad_token_id,
+                sampling_kwargs,
+            )
+
+    def _generate(
+        self, input_ids, max_new_tokens, sequence_length, attention_mask, start_ids, eos_token_id, pad, skw
+    ):
+        t, d, k = self.target, self.draft, self.k
+        ids, mask, n = t._prepare(input_ids, attention_mask, start_ids)
+        b, plen = ids.shape
+        budget = np.zeros(b, np.int32)  # per row; padding rows are done at once
+        budget[:n] = t._n_new(plen, n, max_new_tokens, sequence_length)
+        new = int(budget.max())
+        s = min(t.n_positions, d.n_positions)
+        if plen + new + k - 1 > s:
+            raise ValueError(
+                f"prompt ({plen}) + max_new_tokens ({new}) + speculation_length ({k}) - 1 = "
+                f"{plen + new + k - 1} exceeds n_positions={s} (a verify call writes k+1 slots); "
+                "shorten the request or raise n_positions"
+            )
+        eos = inputs.eos_ids(eos_token_id, sg.MAX_EOS)
+        pad = pad if pad is not None else (int(eos[0]) if eos[0] >= 0 else 0)
+        cfg = params.GenerationConfig(**skw)
+        sp = {key: v for key, v in generation.sampling_params(cfg, n, b).items() if key in SP_KEYS}
+        logits, positions = t._encode(ids, mask)
+        d._encode(ids, mask)
+        # the first token: the target's own select graph (same token as target.sample, same seed)
+        state = generation.initial_state(t, ids, mask, positions, n, np.full(b, plen + new - 1), cfg)
+        first = sharding.fetch(t._executable(("select",))(logits, t._put_tree(state))["tok"]).astype(np.int32)
+        out = np.zeros((b, s), np.int32)
+        out[:, 0] = first
+        done = np.isin(first, eos[eos >= 0]) | (budget <= 1)
+        done[n:] = True
+        st = {
+            "last": first,
+            "pos": (positions.max(1) + 1).astype(np.int32),
+            "n_out": np.ones(b, np.int32),
+            "budget": budget,
+            "idx": np.int32(plen),
+            "rnd": np.int32(0),
+            "limit": np.int32(s),
+            "proposed": np.int32(0),
+            "accepted": np.int32(0),
+            "uneven": np.int32(0),
+            "done": done,
+            "out": out,
+            "eos": eos.astype(np.int32),
+            "sp": sp,
+        }
+        st = t._put_tree(st)
+        idx, calls = plen, 0
+        while not done.all():
+            wt, wd = bk.decode_bucket(t.tg_buckets, idx + k), bk.decode_bucket(d.tg_buckets, idx + k)
+            exe = t._executable(("spec", k, wt, wd, self.tag))
+            t.cache, d.cache, st = exe(t.params, t.cache, d.params, d.cache, st)
+            calls += 1
+            new_idx, done = int(sharding.fetch(st["idx"])), sharding.fetch(st["done"])
+            if new_idx == idx and not done.all():  # pragma: no cover - guarded by the length check
+                raise RuntimeError(f"speculative decoding made no progress at slot {idx}")
+            idx = new_idx
+        host = {
+            key: sharding.fetch(st[key]) for key in ("out", "n_out", "rnd", "proposed", "accepted", "uneven")
+        }
+        proposed, accepted = int(host["proposed"]), int(host["accepted"])
+        self.stats = {
+            "rounds": int(host["rnd"]),
+            "proposed": proposed,
+            "accepted": accepted,
+            "acceptance": accepted / proposed if proposed else 0.0,
+            "uneven_rounds": int(host["uneven"]),  # rounds where rows kept different numbers of tokens
+            "slots": idx - plen,
+            "graph_calls": calls,
+        }
+        n_out = host["n_out"][:n]
+        gen = np.where(np.arange(s)[None, :] < n_out[:, None], host["out"][:n], pad)[:, : int(n_out.max())]
+        return np.concatenate([ids[:n].astype(np.int64), gen.astype(np.int64)], axis=1)
+
+
+def sample_with_draft(target, draft, k, call: dict):
+    """``target.sample(..., draft_model=draft, speculation_length=k)``."""
+    if k is None:
+        k = (getattr(target, "speculation_length", None) or (None,))[0]
+    if k is None:
+        raise ValueError("give speculation_length=k (>= 1) with draft_model")
+    gen = SpeculativeGenerator(draft, target, k)
+    unsupported = {
+        key: v
+        for key, v in call.items()
+        if key
+        not in (
+            "input_ids",
+            "max_new_tokens",
+            "sequence_length",
+            "attention_mask",
+            "start_ids",
+            "eos_token_id",
+            "pad_token_id",
+        )
+    }
+    for key in SP_KEYS:
+        unsupported.pop(key, None)
+    if unsupported:
+        raise ValueError(f"{sorted(unsupported)} not supported with draft_model")
+    call.pop("return_dict", None)
+    out = gen.generate(**call)
+    target.last_speculative_stats = gen.stats
+    return out

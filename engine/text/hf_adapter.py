@@ -1,0 +1,188 @@
+"""``HuggingFaceGenerationModelAdapter``: transformers' ``generate()`` on aotlm's compiled graphs.
+
+Code written for ``model.generate(input_ids=..., attention_mask=..., **kwargs)`` keeps
+working: the adapter reads HF's generation arguments (a ``GenerationConfig`` and/or keyword
+arguments, with HF's defaults taken from the model config), takes and returns torch tensors,
+and routes greedy search, sampling, beam search and ``num_return_sequences`` to aotlm's
+in-graph implementations: no per-token host loop (transformers-neuronx's adapter called the
+device once per token through HF's loop).
+
+Batch rule: the transformers-neuronx guide asks for a compiled batch of ``runtime batch x
+num_return_sequences x num_beams`` rows. That product is always enough here; the exact need is
+``runtime batch x num_beams`` for beam search (the returned sequences are beams, so
+``num_return_sequences <= num_beams`` costs nothing extra) and ``runtime batch x
+num_return_sequences`` otherwise. A smaller compiled batch is a ``ValueError`` naming the
+numbers, before any device work.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+_ALLOWED_DEFAULTS = {  # generation arguments aotlm does not implement: only their no-op values pass
+    "min_length": (0, None),
+    "min_new_tokens": (0, None),
+    "num_beam_groups": (1, None),
+    "penalty_alpha": (None,),
+    "constraints": (None,),
+    "force_words_ids": (None,),
+    "bad_words_ids": (None,),
+    "begin_suppress_tokens": (None,),
+    "suppress_tokens": (None,),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "typical_p": (1.0, None),
+    "epsilon_cutoff": (0.0, None),
+    "eta_cutoff": (0.0, None),
+    "diversity_penalty": (0.0, None),
+    "encoder_repetition_penalty": (1.0, None),
+    "exponential_decay_length_penalty": (None,),
+    "sequence_bias": (None,),
+    "guidance_scale": (None, 1.0),
+    "low_memory": (None, False),
+    "prompt_lookup_num_tokens": (None,),
+    "assistant_model": (None,),
+}
+_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "no_repeat_ngram_size")
+
+
+class HuggingFaceGenerationModelAdapter:
+    """``HuggingFaceGenerationModelAdapter(config, model)``: ``generate()`` with HF's signature."""
+
+    def __init__(self, config, model):
+        import transformers  # local: slow to import (~1-2 s): kept out of `import aotlm` until text is needed
+
+        self.config = config
+        self.model = model
+        self.generation_config = transformers.GenerationConfig.from_model_config(config)
+        self.main_input_name = "input_ids"
+
+    @property
+    def device(self):
+        import torch  # local: optional (HF interop / .bin checkpoints): kept out of `import aotlm`
+
+        return torch.device("cpu")
+
+    def _config(self, generation_config, kwargs: dict):
+        cfg = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
+        unknown = {k: v for k, v in kwargs.items() if not hasattr(cfg, k)}
+        if unknown:
+            raise TypeError(f"generate() got unsupported arguments {sorted(unknown)}")
+        for k, v in kwargs.items():
+            setattr(cfg, k, v)
+        defaults = getattr(type(cfg), "_get_default_generation_params", lambda: {})()
+        for k, v in defaults.items():  # transformers 5 leaves unset fields None until generate()
+            if getattr(cfg, k, None) is None:
+                setattr(cfg, k, v)
+        for name, ok in _ALLOWED_DEFAULTS.items():
+            if getattr(cfg, name, None) not in ok:
+                raise ValueError(
+                    f"{name}={getattr(cfg, name)!r} is not supported by aotlm's generate adapter"
+                )
+        return cfg
+
+    def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs) -> Any:
+        """transformers ``generate`` for decoder-only models: torch tensors in, torch tensors out."""
+        import torch  # local: optional (HF interop / .bin checkpoints): kept out of `import aotlm`
+
+        seed = kwargs.pop("seed", None)
+        for name in ("streamer", "stopping_criteria", "logits_processor"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"{name} is not supported by the adapter; call model.sample() directly")
+            kwargs.pop(name, None)
+        cfg = self._config(generation_config, kwargs)
+        if input_ids is None:
+            raise ValueError("generate() needs input_ids")
+        ids = input_ids.detach().cpu().numpy() if hasattr(input_ids, "detach") else np.asarray(input_ids)
+        ids = ids.astype(np.int64)
+        if ids.ndim == 1:
+            ids = ids[None]
+        eos = cfg.eos_token_id
+        eos_list = [] if eos is None else [int(e) for e in np.atleast_1d(eos)]
+        pad = cfg.pad_token_id
+        if pad is None and eos_list:
+            pad = eos_list[0]  # as generate does (it warns)
+        if isinstance(pad, list | tuple):
+            pad = pad[0]
+        if attention_mask is None:  # HF infers the mask from pad tokens when pad != eos
+            infer = pad is not None and (ids == pad).any() and pad not in eos_list
+            mask = (ids != pad).astype(np.int64) if infer else np.ones_like(ids)
+        else:
+            mask = (
+                attention_mask.detach().cpu().numpy() if hasattr(attention_mask, "detach") else attention_mask
+            )
+            mask = np.asarray(mask, np.int64)
+        n, plen = ids.shape
+        nb = int(cfg.num_beams or 1)
+        nrs = int(cfg.num_return_sequences or 1)
+        rows = n * nb if nb > 1 else n * nrs
+        if rows > self.model.batch_size:
+            what = f"num_beams {nb}" if nb > 1 else f"num_return_sequences {nrs}"
+            raise ValueError(
+                f"runtime batch {n} x {what} = {rows} rows exceed the compiled batch_size="
+                f"{self.model.batch_size} (compiled batch = runtime batch x num_return_sequences x num_beams "
+                "is always enough); load the model with a larger batch_size"
+            )
+        if cfg.max_new_tokens is not None:
+            new = int(cfg.max_new_tokens)
+        else:
+            new = int(cfg.max_length) - plen
+        if new < 1:
+            raise ValueError(f"max_length={cfg.max_length} leaves no room after the {plen}-token prompt")
+        call: dict = dict(
+            max_new_tokens=new, attention_mask=mask, eos_token_id=eos_list or None, pad_token_id=pad
+        )
+        beams = None
+        if nb > 1:
+            if cfg.do_sample:
+                raise ValueError("beam sampling (num_beams > 1 with do_sample=True) is not supported")
+            beams = self.model.sample(
+                ids,
+                num_beams=nb,
+                num_return_sequences=nrs,
+                length_penalty=float(cfg.length_penalty),
+                early_stopping=cfg.early_stopping,
+                return_dict=True,
+                **call,
+            )
+            out = beams.sequences
+        else:
+            if cfg.do_sample:
+                base = self._seed(seed)  # prompt i's rows get seeds base + i*nrs + j: all rows differ
+                call.update(do_sample=True, seed=[base + i * nrs for i in range(n)])
+                for name in _SAMPLING:
+                    value = getattr(cfg, name, None)
+                    if value is not None:
+                        call[name] = value
+            elif (cfg.repetition_penalty or 1.0) != 1.0 or (cfg.no_repeat_ngram_size or 0) > 0:
+                call.update(
+                    repetition_penalty=cfg.repetition_penalty, no_repeat_ngram_size=cfg.no_repeat_ngram_size
+                )
+            if nrs > 1:
+                call["num_return_sequences"] = nrs
+            out = self.model.sample(ids, **call)
+        sequences = torch.from_numpy(np.ascontiguousarray(out).astype(np.int64))
+        if not cfg.return_dict_in_generate:
+            return sequences
+        # local: slow to import (~1-2 s): kept out of `import aotlm` until text is needed
+        from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
+
+        if beams is not None:
+            scores = torch.from_numpy(np.array(beams.sequences_scores)) if cfg.output_scores else None
+            return GenerateBeamDecoderOnlyOutput(sequences=sequences, sequences_scores=scores)
+        return GenerateDecoderOnlyOutput(sequences=sequences)
+
+    @staticmethod
+    def _seed(seed) -> int:
+        """An explicit ``seed``, else one drawn from torch's generator (``torch.manual_seed`` reproduces)."""
+        if seed is not None:
+            return seed
+        import torch  # local: optional (HF interop / .bin checkpoints): kept out of `import aotlm`
+
+        return int(torch.randint(0, 2**31 - 1, (1,)).item())
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError("the adapter only generates; use model.forward() for logits")

@@ -1,0 +1,211 @@
+"""``aotlm.pipeline("text-generation", ...)``: transformers' text-generation pipeline on aotlm.
+
+Same call shape and same output as ``transformers.pipeline("text-generation")`` (greedy
+text is equal, tested), over a model compiled for a fixed batch size: any number of
+prompts is sorted by token length and cut into batches of the compiled size, so prompts
+of one context bucket run together with little padding; results come back in input order.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aotlm import progress as progress_mod
+from aotlm.core.resolve import default_model, validate_checkpoint
+from aotlm.generate.causal_lm import AutoModelForSampling, CausalLMForSampling
+from aotlm.generate.params import FIELDS
+from aotlm.generate.params import PER_ROW_FIELDS as PER_PROMPT
+from aotlm.text import tokens as text
+
+DEFAULT_MAX_NEW_TOKENS = 256  # transformers' pipeline default, capped to what the model was compiled for
+
+
+@dataclass
+class Generation:
+    """One prompt's result, with what the CLI reports about it."""
+
+    prompt: str
+    text: str  # the generated text (without the prompt)
+    tokens: list[int]  # the generated token ids (up to and including an eos)
+    prompt_tokens: int
+    finish_reason: str  # "eos" | "stop_sequence" | "length"
+    time_to_first_token: float | None  # seconds from the start of its batch
+    seconds: float  # wall time of its batch
+    extra: dict = field(default_factory=dict)
+
+
+def _sample_params(model) -> set[str]:
+    """The keyword arguments ``model.sample`` takes (its signature plus GenerationConfig fields)."""
+    return set(inspect.signature(model.sample).parameters) | FIELDS
+
+
+class TextGenerationPipeline:
+    """Prompts (text) in, generated text out, over an aotlm model. Build with :func:`pipeline`."""
+
+    def __init__(self, model, tokenizer, progress_bars: bool = True):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.progress = progress_bars
+        self.eos = text.eos_ids(model.path, model.hf_config, tokenizer)
+        self.default_new = text.generation_defaults(model.path).get("max_new_tokens")
+        self._sample_params = _sample_params(model)
+
+    # ------------------------------------------------------------------ transformers-shaped call
+    def __call__(self, text_inputs: str | Sequence[str], return_full_text: bool = False, **kwargs):
+        """``[{"generated_text": ...}]`` for one string, ``[[{...}], ...]`` for a list.
+
+        ``return_full_text=True`` prepends the prompt, as transformers does. Other keywords:
+        ``max_new_tokens``, the sampling parameters of ``sample()``, ``stop`` (strings),
+        ``skip_special_tokens``, ``clean_up_tokenization_spaces``, ``streamer``.
+        """
+        if kwargs.pop("num_return_sequences", 1) != 1:
+            raise ValueError("num_return_sequences > 1 is not supported; repeat the prompt instead")
+        single = isinstance(text_inputs, str)
+        prompts = [text_inputs] if single else list(text_inputs)
+        gens = self.generate(prompts, **kwargs)
+        out = [[{"generated_text": (g.prompt + g.text) if return_full_text else g.text}] for g in gens]
+        return out[0] if single else out
+
+    # ------------------------------------------------------------------ the work
+    def generate(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int | Sequence[int] | None = None,
+        stop: Sequence[str] | None = None,
+        skip_special_tokens: bool = True,
+        clean_up_tokenization_spaces: bool | None = None,
+        streamer=None,
+        **generation_kwargs,
+    ) -> list[Generation]:
+        """Generate for every prompt; results in input order (see the module docstring).
+
+        Time to first token is measured by ``sample()`` (``GenerateOutput.time_to_first_token``).
+        """
+        rows = text.encode(self.tokenizer, prompts)
+        n = len(rows)
+        per_prompt = {"max_new_tokens": max_new_tokens, **generation_kwargs}
+        for k, v in per_prompt.items():
+            if k in PER_PROMPT and isinstance(v, list | tuple) and len(v) != n:
+                raise ValueError(f"{k} has {len(v)} values for {n} prompts; give one value or one per prompt")
+        if stop:
+            stops = [self.tokenizer.encode(s, add_special_tokens=False) for s in stop]
+            if any(not s for s in stops):
+                raise ValueError("a stop string is empty; give at least one character")
+            generation_kwargs["stop_sequences"] = stops
+        unknown = set(generation_kwargs) - self._sample_params
+        if unknown:
+            raise TypeError(
+                f"sample() of this aotlm does not take {sorted(unknown)}; supported: "
+                f"{sorted(self._sample_params - {'self', 'input_ids', 'generation_kwargs'})}"
+            )
+        if streamer is not None and n != 1:
+            raise ValueError(f"a streamer follows one prompt, got {n}")
+        decode_kw = dict(skip_special=skip_special_tokens, cleanup=clean_up_tokenization_spaces)
+        new = [self._new_tokens(i, len(r), self._pick(max_new_tokens, i)) for i, r in enumerate(rows)]
+        b = self.model.batch_size
+        order = sorted(range(n), key=lambda i: len(rows[i]))  # stable: equal lengths keep input order
+        batches = [order[s : s + b] for s in range(0, n, b)]
+        results: list[Generation | None] = [None] * n
+        with progress_mod.quiet(not self.progress):  # also the bars of graphs compiled on first use
+            for idx in progress_mod.bar(batches, "generating", unit="batch") if n > b else batches:
+                pick = {k: self._slice(k, v, idx) for k, v in generation_kwargs.items()}
+                gens = self._run([rows[i] for i in idx], [new[i] for i in idx], pick, streamer, **decode_kw)
+                for i, g in zip(idx, gens, strict=True):
+                    g.prompt = prompts[i]
+                    results[i] = g
+        return results  # type: ignore[return-value]
+
+    @staticmethod
+    def _pick(value, i: int):
+        return value[i] if isinstance(value, list | tuple) else value
+
+    @staticmethod
+    def _slice(key: str, value, idx: list[int]):
+        if key in PER_PROMPT and isinstance(value, list | tuple):
+            return [value[i] for i in idx]
+        return value
+
+    def _new_tokens(self, i: int, p_len: int, asked: int | None) -> int:
+        room = self.model.n_positions - p_len
+        if asked is None:
+            asked = min(self.default_new or DEFAULT_MAX_NEW_TOKENS, room)
+            if asked < 1:
+                raise ValueError(
+                    f"prompt {i} has {p_len} tokens, which fills n_positions={self.model.n_positions}; "
+                    "shorten it or load the model with a larger n_positions"
+                )
+        if asked < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {asked}")
+        if asked > room:
+            raise ValueError(
+                f"prompt {i} has {p_len} tokens; with max_new_tokens={asked} it needs {p_len + asked} "
+                f"positions but the model was compiled for n_positions={self.model.n_positions}; "
+                "lower max_new_tokens or load the model with a larger n_positions"
+            )
+        return int(asked)
+
+    def _run(self, rows, new, kwargs, streamer, skip_special, cleanup) -> list[Generation]:
+        pad = self.tokenizer.pad_token_id
+        pad = int(pad) if pad is not None else (self.eos[0] if self.eos else 0)
+        ids, mask = text.left_pad(rows, pad)
+        p_len = ids.shape[1]
+        call = dict(kwargs, attention_mask=mask, max_new_tokens=new, return_dict=True, streamer=streamer)
+        call.update(eos_token_id=self.eos or None, pad_token_id=pad)
+        t0 = time.perf_counter()
+        out = self.model.sample(ids, **call)
+        seconds = time.perf_counter() - t0
+        seqs, first = out.sequences, out.time_to_first_token
+        reasons = list(out.finish_reason)
+        gens = []
+        for r, row in enumerate(seqs[: len(rows)]):
+            toks = text.cut_at_eos(row[p_len : p_len + new[r]], self.eos)
+            reason = reasons[r]
+            words = self.tokenizer.decode(
+                toks, skip_special_tokens=skip_special, clean_up_tokenization_spaces=cleanup
+            )
+            gens.append(Generation("", words, toks, len(rows[r]), reason, first, seconds))
+        return gens
+
+
+def pipeline(
+    task: str = "text-generation",
+    model=None,
+    tokenizer=None,
+    progress: bool = True,
+    **model_kwargs,
+) -> TextGenerationPipeline:
+    """A text-generation pipeline over an aotlm model, shaped like ``transformers.pipeline``.
+
+    ``model``: an aotlm model object, or anything ``resolve`` accepts (a checkpoint
+    directory, a training run, ``"aotlm/tiny-py"``; default: the bundled model), loaded with
+    ``model_kwargs`` (``batch_size``, ``n_positions``, ``amp``, ``compile_cache``...).
+    ``tokenizer``: a tokenizer object or directory; default: found next to the checkpoint or
+    at the training run root. ``progress=False`` turns off the progress bars.
+    """
+    if task != "text-generation":
+        raise ValueError(f"aotlm.pipeline supports task='text-generation', got {task!r}")
+
+    text.quiet_transformers()
+    if model is None:
+        model = default_model()
+    with progress_mod.quiet(not progress):
+        if isinstance(model, CausalLMForSampling):
+            if model_kwargs:
+                raise TypeError(f"model is already loaded; {sorted(model_kwargs)} apply to a model path only")
+            tok = text.tokenizer_for(model.path, tokenizer)
+        else:
+            if not isinstance(model, str | os.PathLike):
+                raise TypeError(
+                    f"model must be a path, a bundled name or an aotlm model, not {type(model).__name__}"
+                )
+            tok_obj = None if tokenizer is None or isinstance(tokenizer, str | os.PathLike) else tokenizer
+            files = validate_checkpoint(
+                model, None if tok_obj else tokenizer, require_tokenizer=tok_obj is None
+            )
+            tok = tok_obj or text.load_tokenizer(files.tokenizer)
+            model = AutoModelForSampling.from_pretrained(files.checkpoint, **model_kwargs)
+    return TextGenerationPipeline(model, tok, progress)

@@ -1,0 +1,182 @@
+"""The package's house rules, checked on the source (``ast``, nothing imported or executed).
+
+Layers, lowest first: the top-level utilities (``progress``, ``durable``, ``tiny``), ``kernels``,
+``models``, ``core``, ``generate``, ``text`` / ``tune``, ``jobs``, ``cli``, and the public
+``aotlm`` namespace (``__init__``) above everything. A module may import its own layer or
+lower ones, never a higher one; the module graph has no circles; a function-local import says
+why on its line (an optional or slow dependency kept out of ``import aotlm``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS = {"aotlm": REPO / "engine", "aotlm.models": REPO / "models"}
+LAYERS = {  # package (or top-level module) -> rank
+    "aotlm.progress": 0,
+    "aotlm.durable": 0,
+    "aotlm.tiny": 0,
+    "aotlm.kernels": 1,
+    "aotlm.models": 2,
+    "aotlm.core": 3,
+    "aotlm.generate": 4,
+    "aotlm.text": 5,
+    "aotlm.tune": 5,
+    "aotlm.jobs": 6,
+    "aotlm.cli": 7,
+    "aotlm": 8,
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for prefix, root in ROOTS.items():
+        for f in root.rglob("*.py"):
+            if prefix == "aotlm" and f.relative_to(root).parts[0] == "models":
+                continue
+            parts = f.relative_to(root).with_suffix("").parts
+            name = ".".join((prefix, *parts))
+            found[name.removesuffix(".__init__")] = f
+    return found
+
+
+def layer(module: str) -> int:
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return LAYERS[best]
+
+
+def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, ast.AST, bool]]:
+    """(imported aotlm module, node, inside a function) for every import of ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    local = {
+        id(n)
+        for f in ast.walk(tree)
+        if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+        for n in ast.walk(f)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+    }
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                head = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(head + ([node.module] if node.module else []))
+            for a in node.names:  # ``from pkg import submodule`` imports the submodule
+                targets.append(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        out += [(t, node, id(node) in local) for t in dict.fromkeys(targets) if t in known and t != name]
+    return out
+
+
+def graph() -> tuple[dict[str, Path], dict[str, set[str]]]:
+    mods = modules()
+    edges = {m: {t for t, _, _ in imports(m, p, set(mods))} for m, p in mods.items()}
+    return mods, edges
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts if layer(t) > layer(m))
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def unexplained_local_imports(mods: dict[str, Path]) -> list[str]:
+    """Function-local imports without a ``# local: <why>`` comment, and any of an aotlm module."""
+    bad = []
+    for name, path in mods.items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        tree = ast.parse("\n".join(lines))
+        for f in ast.walk(tree):
+            if not isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for n in ast.walk(f):
+                if not isinstance(n, ast.Import | ast.ImportFrom):
+                    continue
+                if "# local:" not in " ".join(lines[max(n.lineno - 2, 0) : n.lineno]):  # its line or above
+                    bad.append(f"{path.name}:{n.lineno}")
+        bad += [f"{name} -> {t}" for t, _, local in imports(name, path, set(mods)) if local]
+    return bad
+
+
+def test_no_upward_imports():
+    mods, edges = graph()
+    assert len(mods) > 60 and "aotlm.core.model" in mods and "aotlm.models.decoder" in mods
+    assert upward_imports(edges) == []
+
+
+def test_no_import_circles():
+    assert circles(graph()[1]) == []
+
+
+def test_local_imports_say_why():
+    assert unexplained_local_imports(modules()) == []
+
+
+def test_detector_sees_a_planted_upward_import_circle_and_local_import(tmp_path, monkeypatch):
+    """The rules are not vacuous: a core module importing cli, two modules importing each
+    other and unexplained function-local imports are all reported."""
+    eng = tmp_path / "engine"
+    (eng / "core").mkdir(parents=True)
+    (eng / "cli").mkdir()
+    (tmp_path / "models").mkdir()
+    for f in ("__init__.py", "core/__init__.py", "cli/__init__.py"):
+        (eng / f).write_text("")
+    (eng / "core" / "a.py").write_text("from aotlm.cli import app\nfrom aotlm.core import b\n")
+    (eng / "core" / "b.py").write_text("from aotlm.core import a\n")
+    (eng / "cli" / "app.py").write_text(
+        "def f():\n    import json\n    from aotlm.core import b  # local: x\n"
+    )
+    monkeypatch.setitem(ROOTS, "aotlm", eng)
+    monkeypatch.setitem(ROOTS, "aotlm.models", tmp_path / "models")
+    mods, edges = graph()
+    assert upward_imports(edges) == ["aotlm.core.a -> aotlm.cli.app"]
+    assert circles(edges) == [["aotlm.cli.app", "aotlm.core.a", "aotlm.core.b"]]
+    assert unexplained_local_imports(mods) == ["app.py:2", "aotlm.cli.app -> aotlm.core.b"]
+
+
+def test_file_sizes_and_top_level():
+    """At most a handful of modules at the package top; no module over ~450 lines."""
+    top = sorted(p.name for p in (REPO / "engine").glob("*.py"))
+    assert len(top) <= 8, top
+    big = {
+        str(p.relative_to(REPO)): n
+        for root in ROOTS.values()
+        for p in root.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 450
+    }
+    assert big == {}
