@@ -34,8 +34,6 @@ def modules() -> dict[str, Path]:
     found = {}
     for prefix, root in ROOTS.items():
         for f in root.rglob("*.py"):
-            if prefix == "aotlm" and f.relative_to(root).parts[0] == "models":
-                continue
             parts = f.relative_to(root).with_suffix("").parts
             name = ".".join((prefix, *parts))
             found[name.removesuffix(".__init__")] = f

@@ -21,9 +21,9 @@ import numpy as np
 from aotlm.cli import batch, h5, jsonl, text, tune
 from aotlm.cli.common import (
     _days,
-    _int_list,
     _Parser,
     add_model_args,
+    int_list,
     model_kwargs,
     table,
 )
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sample", help="greedy generation from comma-separated token ids")
     add_model_args(p)
     p.add_argument(
-        "--prompt-ids", type=_int_list, action="append", required=True, help="e.g. 1,2,3 (repeat for a batch)"
+        "--prompt-ids", type=int_list, action="append", required=True, help="e.g. 1,2,3 (repeat for a batch)"
     )
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--eos-token-id", type=int, default=None)

@@ -8,38 +8,19 @@ aotlm batch-merge --output out.jsonl out.0.jsonl out.1.jsonl ...   (re-join --sh
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 import time
 
 import jax
 
+from aotlm.cli.common import int_list, setup_logging
 from aotlm.generate import rows
 from aotlm.jobs.artifact_run import load_from_artifacts
 from aotlm.jobs.model_refs import load_tokenizer, resolve
 from aotlm.text.tokens import eos_ids
 
 log = logging.getLogger("aotlm.jobs.batch")
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
-
-
-def shard_arg(text: str) -> tuple[int, int]:
-    """``I/N`` with 0 <= I < N (SLURM: ``--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT``)."""
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"--shard expects I/N (e.g. 0/4), got {text!r}") from e
-    if n < 1 or not 0 <= i < n:
-        raise argparse.ArgumentTypeError(f"--shard {text}: need 0 <= I < N")
-    return i, n
 
 
 class CompileCounter:
@@ -61,17 +42,6 @@ class CompileCounter:
 
     def __str__(self) -> str:
         return ", ".join(f"{v} {k}" for k, v in self.counts.items())
-
-
-def setup_logging(quiet: bool) -> None:
-    """INFO lines of aotlm's own loggers to stderr (third-party loggers untouched)."""
-    root = logging.getLogger("aotlm")
-    if not root.handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("aotlm: %(message)s"))
-        root.addHandler(h)
-        root.propagate = False
-    root.setLevel(logging.WARNING if quiet else logging.INFO)
 
 
 # ---------------------------------------------------------------------------- run
@@ -152,7 +122,7 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="generate from compiled artifacts (aotlm compile --output-artifacts)")
     p.add_argument("--artifacts", required=True, help="directory written by aotlm compile --output-artifacts")
     p.add_argument("--checkpoint", required=True, help="checkpoint with the architecture compiled in")
-    p.add_argument("--prompt-ids", type=_ints, action="append", help="e.g. 1,2,3 (repeatable)")
+    p.add_argument("--prompt-ids", type=int_list, action="append", help="e.g. 1,2,3 (repeatable)")
     p.add_argument("--prompt", action="append", help="text prompt (repeatable; needs a tokenizer)")
     p.add_argument("--prompts-file", help="JSONL, one {'prompt': text} or {'prompt_ids': [...]} per line")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: next to the checkpoint)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 from collections.abc import Sequence
 
 from aotlm.core import distributed
@@ -12,11 +14,33 @@ from aotlm.core.model import MODEL_KEYS
 from aotlm.core.resolve import resolve
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     try:
         return [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def shard_arg(text: str) -> tuple[int, int]:
+    """``I/N`` with 0 <= I < N (SLURM: ``--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT``)."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--shard expects I/N (e.g. 0/4), got {text!r}") from e
+    if n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"--shard {text}: need 0 <= I < N")
+    return i, n
+
+
+def setup_logging(quiet: bool) -> None:
+    """INFO lines of aotlm's own loggers to stderr (third-party loggers untouched)."""
+    root = logging.getLogger("aotlm")
+    if not root.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("aotlm: %(message)s"))
+        root.addHandler(h)
+        root.propagate = False
+    root.setLevel(logging.WARNING if quiet else logging.INFO)
 
 
 def _days(text: str) -> float:
@@ -68,11 +92,9 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
             help="checkpoint dir, training run dir or bundled name (default: the bundled model)",
         )
     p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1)")
+    p.add_argument("--n-positions", type=int_list, default=None, help="token-generation buckets, e.g. 64,128")
     p.add_argument(
-        "--n-positions", type=_int_list, default=None, help="token-generation buckets, e.g. 64,128"
-    )
-    p.add_argument(
-        "--context-length-estimate", type=_int_list, default=None, help="context buckets, e.g. 16,32"
+        "--context-length-estimate", type=int_list, default=None, help="context buckets, e.g. 16,32"
     )
     p.add_argument("--tp-degree", type=int, default=None, help="tensor-parallel degree (default 1)")
     p.add_argument("--gqa", default=None, help="shard-over-heads | replicated-heads | shard-over-batch")

@@ -6,8 +6,7 @@ import logging
 import os
 import time
 
-from aotlm.cli.batch import _ints, setup_logging, shard_arg
-from aotlm.cli.common import table
+from aotlm.cli.common import int_list, setup_logging, shard_arg, table
 from aotlm.durable import atomic_write_jsonl, read_jsonl
 from aotlm.jobs import batch
 from aotlm.jobs import plan as batch_plan
@@ -119,9 +118,9 @@ def register(sub) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--batch-size", type=int, default=4, help="compiled batch size (default 4)")
     p.add_argument(
-        "--n-positions", type=_ints, default=None, help="KV-cache buckets (default: from the prompts)"
+        "--n-positions", type=int_list, default=None, help="KV-cache buckets (default: from the prompts)"
     )
-    p.add_argument("--context-length-estimate", type=_ints, default=None)
+    p.add_argument("--context-length-estimate", type=int_list, default=None)
     p.add_argument("--tp-degree", type=int, default=1)
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--dry-run", action="store_true", help="pre-flight, print the plan, load nothing")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from aotlm import progress
-from aotlm.cli.common import add_model_args, model_kwargs
+from aotlm.cli.common import add_model_args, model_kwargs, setup_logging
 from aotlm.core import buckets as bk
 from aotlm.core.resolve import default_model, expand, validate_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling
@@ -160,7 +160,7 @@ class _Output:
 def cmd_generate(args) -> int:
     if args.quiet:
         progress.set_enabled(False)
-    _setup_logging(args.quiet)
+    setup_logging(args.quiet)
     records = read_prompts(args)
     if args.stream and len(records) != 1:
         raise ValueError(f"--stream prints one prompt as it is generated; got {len(records)} prompts")
@@ -267,13 +267,3 @@ def _record(rec: dict, g, args, files, model) -> dict:
     out["generation"] = gen
     out["timing"] = timing
     return out
-
-
-def _setup_logging(quiet: bool) -> None:
-    if log.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("aotlm: %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.WARNING if quiet else logging.INFO)
-    log.propagate = False

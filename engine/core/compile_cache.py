@@ -74,7 +74,7 @@ def _code_only(source: str) -> str:
 def source_hash(files: list[Path] | None = None) -> str:
     """Hash of the code that can change an executable: a code change never reuses stale ones.
 
-    That code is ``GRAPH_CODE`` (models, kernels, the compiled model and the generation graphs);
+    That code is ``graph_code()`` (models, kernels, the compiled model and the generation graphs);
     front ends, jobs, tuning and this cache's own bookkeeping cannot change what XLA compiles,
     so editing them keeps users' caches. Path-independent: each module's code
     (``_code_only``) is hashed without its file name, and the hashes sorted.

@@ -212,9 +212,8 @@ class CompiledModel:
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
     def _lower(self, key: tuple):
-        with kernels.mesh_context(
-            self.mesh, sharding.spec_of(self._rules)
-        ):  # kernel calls shard_map over this mesh
+        # kernel calls trace a shard_map over this mesh with the params' partition specs
+        with kernels.mesh_context(self.mesh, sharding.spec_of(self._rules)):
             if key[0] not in BASE_KINDS:  # beam search, speculative decoding, broadcasting
                 return self._lower_extra(key)
             return self._lower_graph(key)

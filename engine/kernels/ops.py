@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from aotlm.kernels import build as kernels
+from aotlm.kernels import build as kernels  # the build and its switches (enabled, MAX_ROWS)
 from aotlm.kernels import layout
 
 W_DTYPES = (jnp.int8, jnp.bfloat16, jnp.float16, jnp.float32)
