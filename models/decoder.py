@@ -57,7 +57,8 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
     (m_old, m_new), (b_old, b_new) = mask, alibi_bias or (None, None)
     segments = [(jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1)), m_new, b_new, None)]
     if m_old is not None:  # the whole cache: attend reads its first m_old.shape[-1] slots
-        segments.insert(0, (ck, cv, m_old, b_old, write_idx))  # slots >= write_idx are masked
+        limit = jnp.max(write_idx)  # no row sees a slot at or past its write slot
+        segments.insert(0, (ck, cv, m_old, b_old, limit))
     o = L.attend(q, segments, cfg.scale, cfg.attn_softcap)
     # Make the cache write depend on the attention output so that it is scheduled after the
     # cache read: otherwise XLA may write first and must then copy the whole cache layer every
@@ -100,13 +101,15 @@ def layer(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi_bias):
 def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width: int):
     """Run ``tokens [B,T]`` at cache slots ``write_idx .. write_idx+T-1``.
 
+    ``write_idx`` is traced: a scalar (all rows write the same slots) or ``[B]`` (each row its
+    own slot, as serving slots do; then ``T == 1`` in practice).
     ``positions [B,T]`` are the tokens' model positions (``-1`` marks padding, whose
     slot stays invisible to every query). ``width`` (static) is how many cache slots the
     queries attend to besides their own tokens (0: none, for a prompt starting at slot 0).
     Returns final-normed hidden states ``[B,T,D]`` and the new cache.
     """
     positions = positions.astype(jnp.int32)
-    kv_pos = jax.lax.dynamic_update_slice(cache["pos"], positions, (0, write_idx))
+    kv_pos = L.write_at(cache["pos"], positions, write_idx, 1)
     pos = jnp.maximum(positions, 0)
     windows = {cfg.window(i) for i in range(cfg.n_layers)}  # one mask per distinct window
     masks = {w: L.attention_mask(cache["pos"], positions, write_idx, width, w) for w in windows}

@@ -121,19 +121,33 @@ def alibi_slopes(n_heads: int) -> tuple[float, ...]:
 
 
 # --------------------------------------------------------------------------- attention
+def write_at(buf, x, write_idx, axis: int):
+    """Write ``x [B,...]`` into ``buf`` at index ``write_idx`` of ``axis``.
+
+    ``write_idx`` is a scalar (every row at the same slot: batched prompts) or ``[B]`` (each
+    row at its own slot: the serving slots of ``aotlm.generate.slots``). Per-row writes are one
+    small ``dynamic_update_slice`` per row (the batch is static and small), which XLA does in
+    place; a scatter or a one-hot select would rewrite the whole cache.
+    """
+    if jnp.ndim(write_idx) == 0:
+        return lax.dynamic_update_slice_in_dim(buf, x, write_idx, axis)
+    for b in range(x.shape[0]):
+        start = [jnp.int32(b)] + [jnp.int32(0)] * (buf.ndim - 1)
+        start[axis] = write_idx[b]
+        buf = lax.dynamic_update_slice(buf, x[b : b + 1], start)
+    return buf
+
+
 def update_cache(cache_k, cache_v, k, v, write_idx):
     """Write ``k, v [B,T,K,Dh]`` at slot ``write_idx`` of ``cache_k [B,K,S,Dh]``, ``cache_v [B,K,Dh,S]``.
 
     These are the operand layouts XLA's CPU dot wants (contracting dim last: ``Dh`` for
     ``q.k``, slots for ``p.v``); any other layout made XLA transpose-copy the whole cache in
-    every layer of every decode step.
+    every layer of every decode step. ``write_idx``: a scalar or one slot per row (``write_at``).
     """
     k = jnp.swapaxes(k, 1, 2).astype(cache_k.dtype)
     v = jnp.transpose(v, (0, 2, 3, 1)).astype(cache_v.dtype)
-    return (
-        lax.dynamic_update_slice(cache_k, k, (0, 0, write_idx, 0)),
-        lax.dynamic_update_slice(cache_v, v, (0, 0, 0, write_idx)),
-    )
+    return write_at(cache_k, k, write_idx, 2), write_at(cache_v, v, write_idx, 3)
 
 
 def attention_mask(kv_pos, positions, write_idx, width: int, sliding_window: int | None):
@@ -141,12 +155,14 @@ def attention_mask(kv_pos, positions, write_idx, width: int, sliding_window: int
 
     Returns ``(old [B,T,W] | None, new [B,T,T])``: ``old`` covers the cache slots
     ``0..width-1`` written by earlier calls (only slots ``< write_idx`` holding a real token,
+    ``write_idx`` a scalar or one slot per row,
     ``kv_pos >= 0``), ``new`` the call's own tokens (causal, padding ``positions < 0``
     hidden). With a sliding window, keys more than ``window - 1`` slots behind the query are
     hidden, counted in slots as transformers does. ``width == 0`` means no old segment.
     """
     t = positions.shape[1]
-    q_slot = write_idx + jnp.arange(t, dtype=jnp.int32)[:, None]
+    w_idx = jnp.reshape(write_idx, (-1, 1, 1))  # [1|B, 1, 1]: one write slot, or one per row
+    q_slot = w_idx + jnp.arange(t, dtype=jnp.int32)[None, :, None]  # [1|B, T, 1]
     q_idx = jnp.arange(t, dtype=jnp.int32)
     new = q_idx[None, :] <= q_idx[:, None]
     if sliding_window is not None:
@@ -154,11 +170,11 @@ def attention_mask(kv_pos, positions, write_idx, width: int, sliding_window: int
     new = new[None] & (positions[:, None, :] >= 0)
     if width == 0:
         return None, new
-    k_slot = jnp.arange(width, dtype=jnp.int32)[None, :]
-    old = k_slot < write_idx
+    k_slot = jnp.arange(width, dtype=jnp.int32)[None, None, :]
+    old = k_slot < w_idx
     if sliding_window is not None:
         old &= k_slot > q_slot - sliding_window
-    return old[None] & (kv_pos[:, None, :width] >= 0), new
+    return old & (kv_pos[:, None, :width] >= 0), new
 
 
 def attend(q, segments, scale: float, softcap: float | None = None):

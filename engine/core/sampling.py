@@ -262,14 +262,19 @@ def processed_logprobs(scores, params):
 
 
 # --------------------------------------------------------------------------- selection
-def select(logits, params, seen, out, slot, position, want_logprobs):
+def select(logits, params, seen, out, slot, position, want_logprobs, bias=None):
     """Choose the token of slot ``slot + 1`` for every row.
 
+    ``slot`` is a scalar or ``[B, 1]`` (one per row). ``bias`` (``[B,V]`` or None) is added
+    after the repetition penalty and the n-gram bans: OpenAI's presence / frequency penalties
+    (``aotlm.generate.slots``), applied in that order as vLLM does.
     Returns ``(token [B], logprob [B], top_ids [B,TOP_LOGPROBS_MAX], top_logprobs)``. The
     log-probs (of the distribution the row drew from) are only computed when
     ``want_logprobs`` (traced) is set.
     """
     scores = penalize(logits, params, seen, out, slot)
+    if bias is not None:
+        scores = scores + bias
     greedy = jnp.argmax(scores, -1).astype(jnp.int32)
     samp = sampled_rows(params)
 
