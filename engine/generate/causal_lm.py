@@ -15,14 +15,17 @@ import numpy as np
 
 from aotlm.core import graphs, inputs, sampling
 from aotlm.core.model import CompiledModel, _locked
-from aotlm.generate import broadcast, extensions, generation, params
+from aotlm.generate import broadcast, extensions, generation, params, slot_graphs
 
 
 class CausalLMForSampling(CompiledModel):
     """A causal LM compiled per bucket, with ``sample()``. Use ``AutoModelForSampling.from_pretrained``.
 
     ``prompt_batch_size``, ``num_beams`` and ``speculation_length`` add the graphs of those
-    strategies (``extensions``); every other argument is ``CompiledModel``'s.
+    strategies (``extensions``). ``continuous_batching=True`` makes the model a server's: its
+    graphs are the slot graphs (``slot_graphs``: each batch row a slot that requests enter and
+    leave, driven by ``slots.SlotBatch``); ``sample()`` still works, compiling its graphs on first
+    use. Every other argument is ``CompiledModel``'s.
     """
 
     def __init__(
@@ -32,15 +35,26 @@ class CausalLMForSampling(CompiledModel):
         prompt_batch_size: int | None = None,
         num_beams: int = 1,
         speculation_length: int | Sequence[int] | None = None,
+        continuous_batching: bool = False,
         **kwargs,
     ):
         super().__init__(path, *args, **kwargs)
         extensions.configure(self, prompt_batch_size, num_beams, speculation_length)
+        if not isinstance(continuous_batching, bool):
+            raise TypeError(f"continuous_batching must be True or False, got {continuous_batching!r}")
+        self.continuous_batching = continuous_batching
+
+    def graph_keys(self) -> list[tuple]:
+        if self.continuous_batching:
+            return slot_graphs.graph_keys(self.ctx_buckets, self.tg_buckets)
+        return super().graph_keys()
 
     def _extra_graph_keys(self) -> list[tuple]:
         return extensions.graph_keys(self)
 
     def _lower_extra(self, key: tuple):
+        if key[0].startswith("slot_"):
+            return slot_graphs.lower(self, key)
         return extensions.lower(self, key)
 
     _encode = broadcast.encoder(CompiledModel._encode)

@@ -1,0 +1,187 @@
+"""Host side of continuous batching: a model's KV-cache rows as slots, one request each.
+
+``SlotBatch`` owns the device-resident serving state (``slot_graphs.state_spec``) and calls the
+slot graphs: ``prefill_step`` (one context-bucket chunk of a prompt into its row), ``insert``
+(the request's settings + its first token), ``decode`` (a few steps of every live row) and
+``read`` (what the host needs to stream tokens). It knows nothing of queues or threads: the
+scheduler (``aotlm.serve.engine``) decides who runs when. One SlotBatch per model, used from
+one thread; it holds the model's lock only inside each call, so the model's cache is its
+own between calls (``sample()`` on the same model object would overwrite the slots).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from aotlm.core import buckets as bk
+from aotlm.core import graphs, inputs, sampling, sharding
+from aotlm.generate.generation import stop_array
+from aotlm.generate.slot_graphs import ROW_KEYS
+
+REASONS = {
+    graphs.EOS: "eos",
+    graphs.STOP_SEQUENCE: "stop_sequence",
+    graphs.LENGTH: "length",
+    graphs.STOPPED: "cancelled",
+}
+
+
+@dataclass(frozen=True)
+class RowSettings:
+    """One request's generation settings, already validated (``check``)."""
+
+    max_tokens: int
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    no_repeat_ngram_size: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[tuple[int, ...], ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+
+def check(model, prompt_len: int, s: RowSettings) -> list[tuple[str, str]]:
+    """Problems with a request as ``(field, message)`` pairs (empty: it can run)."""
+    bad: list[tuple[str, str]] = []
+    n = model.n_positions
+    if prompt_len < 1:
+        bad.append(("prompt", "the prompt is empty; give at least one token"))
+    if s.max_tokens < 1:
+        bad.append(("max_tokens", f"max_tokens must be >= 1, got {s.max_tokens}"))
+    elif prompt_len + s.max_tokens > n:
+        bad.append(("max_tokens" if prompt_len < n else "prompt",
+                    f"prompt ({prompt_len} tokens) + max_tokens ({s.max_tokens}) = "
+                    f"{prompt_len + s.max_tokens} exceeds the context of {n} tokens; shorten the prompt "
+                    "or lower max_tokens"))  # fmt: skip
+    rules = [
+        ("temperature", s.temperature >= 0, "must be >= 0 (0 means greedy)"),
+        ("top_k", s.top_k >= 0, "must be >= 0 (0 disables top-k)"),
+        ("top_p", 0 < s.top_p <= 1, "must be in (0, 1]"),
+        ("min_p", 0 <= s.min_p <= 1, "must be in [0, 1]"),
+        ("repetition_penalty", s.repetition_penalty > 0, "must be > 0 (1 disables it)"),
+        ("presence_penalty", -2 <= s.presence_penalty <= 2, "must be in [-2, 2]"),
+        ("frequency_penalty", -2 <= s.frequency_penalty <= 2, "must be in [-2, 2]"),
+        ("no_repeat_ngram_size", 0 <= s.no_repeat_ngram_size <= sampling.NGRAM_MAX,
+         f"must be in [0, {sampling.NGRAM_MAX}]"),
+        ("seed", s.seed is None or 0 <= s.seed < 2**32, "must be in [0, 2**32)"),
+    ]  # fmt: skip
+    bad += [(f, f"{f}={getattr(s, f)} is invalid: {rule}") for f, ok, rule in rules if not ok]
+    if len(s.stop_token_ids) > graphs.MAX_STOPS:
+        bad.append(("stop", f"at most {graphs.MAX_STOPS} token stop sequences are supported"))
+    v = model.cfg.vocab_size
+    for seq in s.stop_token_ids:
+        if not 0 < len(seq) <= graphs.MAX_STOP_LEN or not all(0 <= t < v for t in seq):
+            bad.append(("stop", f"token stop sequence {list(seq)} must hold 1..{graphs.MAX_STOP_LEN} ids "
+                                f"in [0, {v})"))  # fmt: skip
+    return bad
+
+
+class SlotBatch:
+    """The serving state of ``model`` (built with ``continuous_batching=True``)."""
+
+    def __init__(self, model, eos_token_id: Sequence[int] = (), pad_token_id: int | None = None):
+        self.model = model
+        self.slots = model.batch_size
+        self.n_positions = model.n_positions
+        eos = inputs.eos_ids(list(eos_token_id) or None, graphs.MAX_EOS)
+        pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos[0] >= 0 else 0)
+        b, s, v, k = self.slots, self.n_positions, model.cfg.vocab_size, sampling.TOP_LOGPROBS_MAX
+        host = self._row_state(b, s, v, k)
+        host.update(done=np.ones(b, np.bool_), eos=eos, pad=np.int32(pad), steps=np.int32(0))
+        with model._lock:
+            self.state = model._put_tree(host)
+        self._cancel_none = model._put(np.zeros(b, np.bool_))
+
+    @staticmethod
+    def _row_state(b: int, s: int, v: int, k: int) -> dict:
+        z = lambda *shape, dt=np.int32: np.zeros(shape, dt)
+        return {
+            "tok": z(b), "idx": z(b), "done": z(b, dt=np.bool_), "reason": z(b), "last": z(b),
+            "first": z(b), "out": np.full((b, s), -1, np.int32), "logp": z(b, s, dt=np.float32),
+            "top_ids": z(b, s, k), "top_lp": z(b, s, k, dt=np.float32), "seen": z(b, v, dt=np.bool_),
+            "counts": z(b, v), "stop": np.full((b, graphs.MAX_STOPS, graphs.MAX_STOP_LEN), -2, np.int32),
+            "ignore_eos": z(b, dt=np.bool_), "want": z(b, dt=np.bool_), "presence": z(b, dt=np.float32),
+            "frequency": z(b, dt=np.float32),
+            "params": {
+                "do_sample": z(b, dt=np.bool_), "temperature": np.ones(b, np.float32), "top_k": z(b),
+                "top_p": np.ones(b, np.float32), "min_p": z(b, dt=np.float32),
+                "repetition_penalty": np.ones(b, np.float32), "ngram": z(b), "seed": z(b, dt=np.uint32),
+            },
+        }  # fmt: skip
+
+    # ------------------------------------------------------------------ prefill + insert
+    def prefill_plan(self, prompt_len: int) -> tuple[bk.PrefillStep, ...]:
+        m = self.model
+        return bk.prefill_plan(prompt_len, m.ctx_buckets, m.tg_buckets)
+
+    def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep):
+        """Encode one chunk of ``prompt`` into cache row ``row``; returns the (device) logits."""
+        m = self.model
+        end = step.start + step.n_real
+        tok = np.zeros((1, step.bucket), np.int32)
+        pos = np.full((1, step.bucket), -1, np.int32)
+        tok[0, : step.n_real] = prompt[step.start : end]
+        pos[0, : step.n_real] = np.arange(step.start, end, dtype=np.int32)
+        with m._lock:
+            exe = m._executable(("slot_prefill", step.bucket, step.width))
+            put = m._put
+            logits, m.cache = exe(
+                m.params, m.cache, put(tok), put(pos), put(np.int32(step.start)),
+                put(np.int32(step.n_real - 1)), put(np.int32(row)),
+            )  # fmt: skip
+        return logits
+
+    def insert(self, row: int, prompt: np.ndarray, settings: RowSettings, logits) -> None:
+        """Make ``row`` live with ``settings``; its first token is chosen from ``logits``."""
+        m = self.model
+        s, v, k = self.n_positions, m.cfg.vocab_size, sampling.TOP_LOGPROBS_MAX
+        p_len = len(prompt)
+        r = self._row_state(1, s, v, k)
+        r["out"][0, :p_len] = prompt
+        r["seen"][0, prompt] = True
+        r["idx"][0] = r["first"][0] = p_len
+        r["last"][0] = p_len + settings.max_tokens - 1
+        r["stop"][:] = stop_array([list(q) for q in settings.stop_token_ids] or None, 1, 1, v)
+        r["ignore_eos"][0], r["want"][0] = settings.ignore_eos, settings.logprobs
+        r["presence"][0], r["frequency"][0] = settings.presence_penalty, settings.frequency_penalty
+        seed = secrets.randbits(32) if settings.seed is None else settings.seed
+        p = r["params"]
+        p["do_sample"][0] = settings.do_sample and settings.temperature > 0
+        p["temperature"][0], p["top_k"][0], p["top_p"][0] = (
+            settings.temperature,
+            settings.top_k,
+            settings.top_p,
+        )
+        p["min_p"][0], p["repetition_penalty"][0] = settings.min_p, settings.repetition_penalty
+        p["ngram"][0], p["seed"][0] = settings.no_repeat_ngram_size, seed
+        assert set(r) == set(ROW_KEYS)
+        with m._lock:
+            exe = m._executable(("slot_insert",))
+            self.state = exe(self.state, logits, m._put_tree(r), m._put(np.int32(row)))
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, steps: int, max_live_slot: int, cancel: np.ndarray | None = None) -> None:
+        """Run up to ``steps`` decode steps; ``max_live_slot`` is the largest live row's slot."""
+        m = self.model
+        last_slot = min(max_live_slot + steps, self.n_positions) - 1  # the furthest slot fed
+        width = bk.decode_bucket(m.tg_buckets, max(last_slot, 0))
+        with m._lock:
+            self.state["steps"] = m._put(np.int32(steps))
+            c = self._cancel_none if cancel is None or not cancel.any() else m._put(cancel.astype(np.bool_))
+            exe = m._executable(("slot_decode", width))
+            m.cache, self.state = exe(m.params, m.cache, self.state, c)
+
+    def read(self, logprobs: bool = False) -> dict:
+        """The host copy of what streaming needs: idx, done, reason, out (+ logp, top_*)."""
+        keys = ("idx", "done", "reason", "out") + (("logp", "top_ids", "top_lp") if logprobs else ())
+        return {key: sharding.fetch(self.state[key]) for key in keys}

@@ -1,0 +1,121 @@
+"""What a serving request sends and receives: plain dataclasses, no JAX, no HTTP.
+
+``SamplingParams`` uses OpenAI's names (``max_tokens``, ``temperature`` ...) plus the HF extras the
+in-graph sampler has; every value becomes a traced per-slot array, so no value ever compiles.
+A ``Request`` yields ``Token`` items and ends with one ``Finish``; it can be iterated from a
+thread (blocking) or from asyncio (``async for``), and cancelled from anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+
+class QueueFull(Exception):
+    """The engine's waiting queue is at ``max_queue``: retry later (HTTP 429)."""
+
+
+class EngineStopped(Exception):
+    """The engine is shutting down and accepts no new requests (HTTP 503)."""
+
+
+class InvalidRequest(ValueError):
+    """A request the engine cannot run (HTTP 400); ``param`` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's generation settings (validated by ``Engine.validate``).
+
+    ``temperature == 0`` is greedy (OpenAI); ``stop_token_ids`` are token-id stop sequences
+    checked in the graph (text stop strings are the HTTP layer's job); ``logprobs=k`` returns
+    each token's log-probability and its ``k`` most likely alternatives (``k`` may be 0).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[tuple[int, ...], ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    logprob: float | None = None  # of the distribution the token was drawn from
+    top: tuple[tuple[int, float], ...] = ()  # (id, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str  # "eos" | "stop_sequence" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    time_to_first_token: float | None  # seconds from submit to the first token; None if none
+
+
+@dataclass(eq=False)
+class Request:
+    """A submitted request: iterate it for ``Token`` items, then one ``Finish``.
+
+    The engine thread calls ``_push``; a consumer reads with ``for item in req`` (blocking) or
+    ``async for item in req`` (inside one event loop). ``cancel()`` frees its slot at the next
+    scheduling round; the stream then ends with ``Finish(reason="cancelled")``.
+    """
+
+    id: str
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    submitted: float
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    _items: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _wake: asyncio.Event | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def _push(self, item: Token | Finish) -> None:
+        self._items.put(item)
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop closed in between: nobody is listening
+                pass
+
+    def __iter__(self) -> Iterator[Token | Finish]:
+        while True:
+            item = self._items.get()
+            yield item
+            if isinstance(item, Finish):
+                return
+
+    async def __aiter__(self) -> AsyncIterator[Token | Finish]:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        while True:
+            try:
+                item = self._items.get_nowait()
+            except queue.Empty:
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            yield item
+            if isinstance(item, Finish):
+                return
