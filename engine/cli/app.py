@@ -18,13 +18,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aotlm.cli import batch, h5, jsonl, text, tune
+from aotlm.cli import batch, h5, jsonl, serve, text, tune
 from aotlm.cli.common import (
     _days,
     _Parser,
     add_model_args,
     int_list,
     model_kwargs,
+    serve_kwargs,
     table,
 )
 from aotlm.core.compile_cache import CompileCache
@@ -37,8 +38,11 @@ from aotlm.tiny import make_tiny_gpt2
 
 def cmd_compile(args) -> int:
     kw = model_kwargs(args)
+    if args.serve:  # the slot graphs `aotlm serve` uses with the same flags
+        kw = serve_kwargs(kw, args.checkpoint)
     if args.dry_run or args.device_memory_gb is not None:
-        skip = ("compile_cache", "quant", "fuse_qkv")  # the plan counts weights at the amp dtype
+        # the plan counts weights at the amp dtype; the slot graphs have the plain graphs' shapes
+        skip = ("compile_cache", "quant", "fuse_qkv", "continuous_batching")
         plan = plan_for_checkpoint(args.checkpoint, **{k: v for k, v in kw.items() if k not in skip})
         print(format_plan(plan))
         if args.device_memory_gb is not None:
@@ -174,7 +178,7 @@ def cmd_cache(args) -> int:
 
 
 # Front-end commands live in their own modules, each with ``register(subparsers)``.
-COMMAND_MODULES = (text, tune, batch, h5, jsonl)
+COMMAND_MODULES = (text, tune, batch, h5, jsonl, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="also write relocatable artifacts for aotlm run",
+    )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="compile the continuous-batching graphs `aotlm serve` uses with the same flags",
     )
     p.set_defaults(fn=cmd_compile)
     p = sub.add_parser("sample", help="greedy generation from comma-separated token ids")

@@ -91,7 +91,7 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
             default=None,
             help="checkpoint dir, training run dir or bundled name (default: the bundled model)",
         )
-    p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1)")
+    p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1; serve: 8)")
     p.add_argument("--n-positions", type=int_list, default=None, help="token-generation buckets, e.g. 64,128")
     p.add_argument(
         "--context-length-estimate", type=int_list, default=None, help="context buckets, e.g. 16,32"
@@ -144,6 +144,34 @@ def model_kwargs(args) -> dict:
             kw[k] = v[0] if k == "n_positions" and isinstance(v, list) and len(v) == 1 else v
     kw["compile_cache"] = args.cache_dir
     return kw
+
+
+SERVE_BATCH = 8  # slots of `aotlm serve` (and `aotlm compile --serve`) when --batch-size is not given
+SERVE_MAX_POSITIONS = 4096  # the default context of a server: the checkpoint's window, capped here
+
+
+def checkpoint_window(checkpoint: str) -> int | None:
+    """The context window the checkpoint's config.json declares (None: it does not say)."""
+    try:
+        with open(f"{checkpoint}/config.json", encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None  # from_pretrained reports an unreadable checkpoint with its own message
+    for k in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"):
+        if isinstance(cfg.get(k), int) and cfg[k] > 0:
+            return cfg[k]
+    return None
+
+
+def serve_kwargs(kw: dict, checkpoint: str) -> dict:
+    """``model_kwargs`` for serving: slot graphs, 8 slots and the checkpoint's whole window
+    (capped at 4096, token buckets as usual) unless the flags or ``--config`` say otherwise.
+    ``aotlm serve`` and ``aotlm compile --serve`` share it, so both compile the same graphs."""
+    out = dict(kw, continuous_batching=True)
+    out.setdefault("batch_size", SERVE_BATCH)
+    if out.get("n_positions") is None:
+        out["n_positions"] = min(checkpoint_window(checkpoint) or SERVE_MAX_POSITIONS, SERVE_MAX_POSITIONS)
+    return out
 
 
 def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:

@@ -1,0 +1,146 @@
+"""``aotlm serve``: an OpenAI-compatible HTTP server over the continuous-batching engine.
+
+aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-size 8]
+            [--max-queue 64] [--api-key KEY] [--max-tokens-cap N] [--served-model-name NAME]
+
+The model is compiled for every bucket before the port opens, so the first request does not
+compile. Without ``--n-positions`` it serves the checkpoint's whole context window (capped at
+4096 by ``serve_kwargs``, as ``aotlm compile --serve`` does; token buckets are the powers of
+two up to it). SIGTERM / SIGINT:
+``/health`` turns 503 and new requests get 503 at once, uvicorn stops accepting connections
+and waits up to ``--shutdown-timeout`` s for the requests in flight, cancels what is left,
+then the engine stops; exit code 0.
+
+FastAPI, uvicorn and prometheus-client are the optional ``[serve]`` extra: this module (which
+every ``aotlm`` command imports) and ``aotlm.serve.app`` import them only when the server
+starts, so other commands neither load nor need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from aotlm.cli.common import add_model_args, model_kwargs, serve_kwargs, setup_logging
+from aotlm.generate.causal_lm import AutoModelForSampling
+from aotlm.serve.app import create_app
+from aotlm.serve.engine import Engine
+from aotlm.text.tokens import eos_ids, tokenizer_for
+
+SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (continuous batching)")
+    add_model_args(p)
+    p.add_argument("--model", dest="model_alias", default=None, metavar="M", help="the checkpoint (alias)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default 64)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("AOTLM_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1/* (default $AOTLM_API_KEY; none: open)",
+    )
+    p.add_argument("--max-tokens-cap", type=int, default=None, help="upper bound of any request's max_tokens")
+    p.add_argument(
+        "--served-model-name", default=None, help="the model id clients send (default: the checkpoint name)"
+    )
+    p.add_argument(
+        "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+    )
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
+    p.add_argument("--quiet", action="store_true", help="no aotlm INFO lines")
+    p.set_defaults(fn=cmd_serve)
+
+
+def _missing_extra() -> str | None:
+    """The first ``[serve]`` package that is not installed (checked before loading the model)."""
+    return next((name for name in SERVE_EXTRA if importlib.util.find_spec(name) is None), None)
+
+
+def _model_name(args, checkpoint: str) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    given = args.model_alias or args.checkpoint_given
+    return given if given else Path(checkpoint).name
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    missing = _missing_extra()
+    if missing:
+        why = f"{missing} is not installed; install the server extra: pip install -e '.[serve]'"
+        print(f"aotlm serve: error: {why}", file=sys.stderr)
+        return 2
+    if args.model_alias and args.checkpoint and args.model_alias != args.checkpoint:
+        raise ValueError(
+            f"give the model once: positional {args.checkpoint!r} or --model {args.model_alias!r}"
+        )
+    args.checkpoint = args.checkpoint_given = args.checkpoint or args.model_alias
+    if args.port < 0 or args.port > 65535 or args.max_queue < 1:
+        raise ValueError("--port must be in 0..65535 and --max-queue >= 1")
+    if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
+        raise ValueError(f"--max-tokens-cap must be >= 1, got {args.max_tokens_cap}")
+    setup_logging(args.quiet)
+    sock = _bind(args.host, args.port)  # before the model loads: a port in use fails in a second
+    kw = serve_kwargs(model_kwargs(args), args.checkpoint)  # model_kwargs resolves args.checkpoint
+    tokenizer = tokenizer_for(args.checkpoint)
+    model = AutoModelForSampling.from_pretrained(args.checkpoint, **kw)
+    model.compile()
+    engine = Engine(
+        model,
+        eos_token_id=eos_ids(args.checkpoint, model.hf_config, tokenizer),
+        max_queue=args.max_queue,
+        max_tokens_cap=args.max_tokens_cap,
+    ).start()
+    name = _model_name(args, args.checkpoint)
+    try:
+        app = create_app(engine, tokenizer, name, api_key=args.api_key or None)
+        port = sock.getsockname()[1]  # --port 0: the one the system picked
+        ready = f"aotlm serve: http://{args.host}:{port} (model {name}, {model.batch_size} slots)"
+        _serve(app, sock, args, ready)
+    finally:
+        engine.shutdown(timeout=min(args.shutdown_timeout, 5.0))  # in-flight requests drained above
+    return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def _serve(app, sock: socket.socket, args: argparse.Namespace, ready_line: str) -> None:
+    """Run uvicorn until SIGTERM / SIGINT; return (not re-raise the signal) once drained."""
+    import uvicorn  # local: optional [serve] extra
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.state.served.stopping = True  # /health 503, new requests 503, in-flight go on
+            super().handle_exit(sig, frame)
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                print(ready_line, flush=True)
+
+    # uvicorn restores the handlers it found and raises the caught signal again after
+    # draining; these make that a no-op, so the process exits 0 after engine.shutdown
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
+    server = Server(config)
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:  # uvicorn's way to say it could not start (it logged why)
+        raise OSError(f"cannot serve on {args.host}:{args.port}") from None

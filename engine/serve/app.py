@@ -1,0 +1,194 @@
+"""The OpenAI-compatible HTTP app: routes, auth, body limit, errors in OpenAI's shape.
+
+``create_app`` builds a FastAPI app over a started ``Engine``; ``uvicorn`` (or any ASGI
+server) serves it. FastAPI is imported inside ``create_app``: it is the optional ``[serve]``
+extra, and ``aotlm.cli`` imports this module for every command, whose start-up must neither
+pay for nor need it. (For the same reason this module has no ``from __future__ import
+annotations``: FastAPI reads the handlers' ``Request`` annotation, a local name here.)
+
+Status codes: 400 malformed JSON, wrong types or ranges, an empty or too long prompt;
+401 a missing or wrong ``Authorization: Bearer KEY`` on ``/v1/*`` when an API key is set
+(``/health`` and ``/metrics`` stay open, for load balancers and scrapers); 404 an unknown
+``model`` (a request without ``model`` gets the served one) or path; 413 a body over
+``max_body_bytes``; 429 the engine's queue is full; 503 the server is shutting down; 500
+anything unexpected (logged, never a traceback to the client). All in OpenAI's
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+import json
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from aotlm.serve.detok import TokenTexts
+from aotlm.serve.handlers import ClientGone, Served, Streamed, chat_completions, completions, engine_stopped
+from aotlm.serve.metrics import Metrics, StatusCounter
+from aotlm.serve.protocol import APIError, bad, error_body
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+log = logging.getLogger("aotlm.serve")
+
+DEFAULT_MAX_BODY_BYTES = 4 << 20  # a 32k-token prompt as JSON ids is ~250 KB
+PATHS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
+CLIENT_ERRORS = (400, 401, 404, 405, 413)  # OpenAI's "invalid_request_error"; 5xx: "server_error"
+
+
+def engine_running(engine) -> bool:
+    """The engine's own view when it has one (``running``), else assume it runs."""
+    running = getattr(engine, "running", True)
+    return bool(running() if callable(running) else running)
+
+
+async def read_json(request, limit: int) -> dict:
+    """The body as a JSON object, read at most ``limit`` bytes far (413 beyond)."""
+    declared = request.headers.get("content-length")
+    why = f"the request body is over the limit of {limit} bytes"
+    too_big = APIError(413, why, None, code="request_too_large")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    return body
+
+
+def create_app(
+    engine,
+    tokenizer,
+    model_name: str,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_n: int = 16,
+    max_tokens_cap: int | None = None,
+) -> "FastAPI":
+    """The app over a started ``engine``; ``app.state.served.stopping = True`` starts draining.
+
+    ``max_n`` caps the choices of one HTTP request; ``max_tokens_cap`` (default: the
+    engine's ``max_tokens_cap``) caps default and explicit ``max_tokens``.
+    """
+    from fastapi import FastAPI, Request  # local: optional [serve] extra, see the module docstring
+    from fastapi.exceptions import RequestValidationError  # local: optional [serve] extra
+    from fastapi.responses import JSONResponse, Response, StreamingResponse  # local: optional [serve] extra
+    from starlette.exceptions import HTTPException  # local: optional [serve] extra (FastAPI's base)
+    from starlette.requests import ClientDisconnect  # local: optional [serve] extra
+
+    if max_tokens_cap is None:
+        max_tokens_cap = getattr(engine, "max_tokens_cap", None)
+    metrics = Metrics()
+    served = Served(engine, tokenizer, model_name, metrics, TokenTexts(tokenizer), max_n, max_tokens_cap)
+    created = int(time.time())
+    app = FastAPI(title="aotlm", openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.served = served
+    app.add_middleware(StatusCounter, metrics=metrics, known=lambda p: p in PATHS)
+
+    def error(status: int, message: str, param=None, kind=None, code=None, headers=None):
+        kind = kind or ("invalid_request_error" if status in CLIENT_ERRORS else "server_error")
+        body = error_body(message, kind, param, code)
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, e: APIError):
+        headers = {"Retry-After": "1"} if e.status == 429 else None
+        return error(e.status, e.message, e.param, e.type, e.code, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, e: RequestValidationError):
+        first = (e.errors() or [{}])[0]
+        param = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        return error(400, f"invalid request: {first.get('msg', e)}", param)
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, e: HTTPException):
+        return error(e.status_code, str(e.detail), headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, e: Exception):
+        log.exception("%s %s failed", request.method, request.url.path)
+        why = f"internal server error ({type(e).__name__}); see the server log"
+        return error(500, why, code="internal_error")
+
+    def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(key.strip().encode(), api_key.encode()):
+            why = "missing or wrong API key: send 'Authorization: Bearer KEY'"
+            raise APIError(401, why, None, code="invalid_api_key")
+
+    class SSE(StreamingResponse):
+        """Server-sent events whose engine requests are cancelled however the response ends."""
+
+        def __init__(self, result: Streamed):
+            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            super().__init__(result.chunks, media_type="text/event-stream", headers=headers)
+            self.result = result
+
+        async def __call__(self, scope, receive, send):
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                self.result.cancel()
+
+    async def generate(request: Request, handler):
+        check_key(request)
+        if served.stopping or not engine_running(engine):
+            raise engine_stopped()
+
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        try:
+            body = await read_json(request, max_body_bytes)
+            out = await handler(served, body, disconnected)
+        except (ClientGone, ClientDisconnect):
+            return Response(status_code=499)  # nobody reads it; counted as 499 in the metrics
+        return SSE(out) if isinstance(out, Streamed) else JSONResponse(out)
+
+    @app.post("/v1/completions")
+    async def post_completions(request: Request):
+        return await generate(request, completions)
+
+    @app.post("/v1/chat/completions")
+    async def post_chat_completions(request: Request):
+        return await generate(request, chat_completions)
+
+    def model_card() -> dict:
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "aotlm"}
+        return card | {"max_model_len": engine.n_positions}
+
+    @app.get("/v1/models")
+    async def list_models(request: Request):
+        check_key(request)
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(request: Request, model_id: str):
+        check_key(request)
+        if model_id != model_name:
+            raise APIError(404, f"the model '{model_id}' does not exist", "model", code="model_not_found")
+        return model_card()
+
+    @app.get("/health")
+    async def health():
+        if served.stopping or not engine_running(engine):
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def get_metrics():
+        return Response(metrics.render(engine.stats()), media_type=metrics.content_type)
+
+    return app

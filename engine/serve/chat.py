@@ -1,0 +1,86 @@
+"""Chat messages to prompt text: the tokenizer's chat template, or a plain fallback.
+
+OpenAI's ``messages`` are checked here (roles, text content) so a malformed conversation is
+a 400 naming ``messages[i]``, not a template error. A model without a chat template (the
+bundled ``tiny-py`` has none) still answers chat requests with the fallback
+documented in ``render`` instead of refusing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _text(content, where: str, role: str) -> str:
+    """A message's content as one string: a string, or the text parts joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if content is None and role == "assistant":
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ChatError(f"{where}.content[{j}]: only text parts are supported, got {kind!r}", where)
+            if not isinstance(part.get("text"), str):
+                raise ChatError(f"{where}.content[{j}].text must be a string", where)
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise ChatError(f"{where}.content must be a string or a list of text parts", where)
+
+
+class ChatError(ValueError):
+    """A malformed ``messages`` list; ``param`` is ``messages[i]`` (HTTP 400)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def validate_messages(messages) -> list[dict]:
+    """``[{"role", "content"}]`` with string content, or ``ChatError`` naming the message."""
+    if messages is None:
+        raise ChatError("'messages' is required", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise ChatError("'messages' must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ChatError(f"{where} must be an object with 'role' and 'content'", where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise ChatError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", where)
+        if m.get("tool_calls"):
+            raise ChatError(f"{where}.tool_calls: tool calls are not supported", where)
+        out.append({"role": role, "content": _text(m.get("content"), where, role)})
+    return out
+
+
+def render(tokenizer, messages: Sequence[dict]) -> tuple[str, bool]:
+    """``(prompt text, add special tokens when encoding)`` for validated ``messages``.
+
+    With the tokenizer's ``chat_template``: its text with the generation prompt, encoded
+    without added special tokens because the template writes them itself (as
+    ``apply_chat_template(tokenize=True)`` does). Without one, the fallback: every message as
+    ``<|{role}|>\\n{content}\\n``, then ``<|assistant|>\\n`` for the answer, e.g.::
+
+        <|system|>
+        You are terse.
+        <|user|>
+        Hi
+        <|assistant|>
+
+    encoded like a plain prompt (the tokenizer adds its BOS if it has one).
+    """
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # jinja's TemplateError, raise_exception() in templates, ...
+            raise ChatError(f"the model's chat template rejected the messages: {e}", "messages") from e
+        return text, False
+    parts = [f"<|{m['role']}|>\n{m['content']}\n" for m in messages]
+    return "".join(parts) + "<|assistant|>\n", True

@@ -1,0 +1,293 @@
+"""The two generation endpoints without HTTP: parse, tokenize, submit, then collect or stream.
+
+Kept apart from ``app`` (the FastAPI glue) so the work of a request is plain asyncio over
+``Engine`` and ``Request``: one engine request per choice, read with ``async for``. Whatever
+way a handler ends (answer sent, client gone, server shutting down, an error) its engine
+requests are cancelled, so a slot never keeps generating for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from aotlm.serve import protocol
+from aotlm.serve.chat import ChatError, render
+from aotlm.serve.detok import ChoiceText, Piece, TokenTexts, finish_reason
+from aotlm.serve.metrics import Metrics
+from aotlm.serve.protocol import APIError, Common
+from aotlm.serve.responses import CHAT, COMPLETION, Shapes, sse, usage
+from aotlm.serve.types import EngineStopped, InvalidRequest, QueueFull, Request, SamplingParams, Token
+
+log = logging.getLogger("aotlm.serve")
+
+
+@dataclass
+class Served:
+    """What every request handler needs; one per app."""
+
+    engine: object
+    tokenizer: object
+    model_name: str
+    metrics: Metrics
+    texts: TokenTexts
+    max_n: int = 16  # choices per HTTP request (n times the prompts)
+    max_tokens_cap: int | None = None
+    stopping: bool = False  # set on SIGTERM: /health says 503 and new requests are refused
+
+
+class ClientGone(Exception):
+    """The client disconnected before a non-streamed answer was ready."""
+
+
+@dataclass
+class Streamed:
+    """A streamed answer: the SSE chunks, and ``cancel`` for whoever sends them to call at the
+    end whatever happens (a generator that never started has no ``finally`` to run)."""
+
+    chunks: AsyncIterator[str]
+    runs: list[ChoiceRun]
+
+    def cancel(self) -> None:
+        cancel_all(self.runs)
+
+
+class ChoiceRun:
+    """One choice: its engine request, its text, its metrics."""
+
+    def __init__(self, index: int, req: Request, text: ChoiceText, metrics: Metrics, prompt_tokens: int):
+        self.index, self.req, self.text, self.metrics = index, req, text, metrics
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self.t0 = time.perf_counter()
+        self.first: float | None = None
+        self.done: str | None = None  # the finish reason once known
+
+    async def events(self) -> AsyncIterator[tuple[Piece, str | None]]:
+        """``(piece, None)`` while generating, then one ``(piece, finish_reason)``."""
+        last = None
+        async for item in self.req:
+            if isinstance(item, Token):
+                now = time.perf_counter()
+                if last is None:
+                    self.first = now
+                else:
+                    self.metrics.itl.observe(now - last)
+                last = now
+                piece = self.text.push(item)
+                if self.text.stopped:  # a stop string: answer now, free the slot
+                    self.req.cancel()
+                    yield piece, self._done("stop", self.text.n_tokens)
+                    return
+                if piece.text or piece.tokens:
+                    yield piece, None
+            else:
+                if item.reason == "error":  # the scheduler failed (it logged why)
+                    self._done("error", item.completion_tokens)
+                    why = "the engine failed while generating; see the server log"
+                    raise APIError(500, why, None, "server_error", "engine_error")
+                piece = self.text.finish()
+                n = self.text.n_tokens if self.text.stopped else item.completion_tokens
+                yield piece, self._done(finish_reason(item, self.text.stopped), n)
+                return
+
+    def abandon(self) -> None:
+        """Cancel the engine request (a no-op once finished); a choice nobody will read
+        (client gone, server stopping) counts as finished with reason ``"cancelled"``."""
+        self.req.cancel()
+        if self.done is None:
+            self._done("cancelled", self.text.n_tokens)
+
+    def _done(self, reason: str, completion_tokens: int) -> str:
+        self.done = reason
+        self.completion_tokens = completion_tokens
+        now = time.perf_counter()
+        ttft = None if self.first is None else self.first - self.t0
+        self.metrics.finished_request(reason, self.prompt_tokens, completion_tokens, ttft, now - self.t0)
+        return reason
+
+
+def engine_error(e: Exception, prompt_param: str) -> APIError:
+    """The engine's refusals as HTTP errors (400 / 429 / 503)."""
+    if isinstance(e, InvalidRequest):
+        param = prompt_param if e.param in (None, "prompt") else e.param
+        return APIError(400, str(e), param, code="invalid_value")
+    if isinstance(e, QueueFull):
+        why = str(e) or "the queue is full; retry later"
+        return APIError(429, f"the server is busy: {why}", None, "rate_limit_error", "rate_limit_exceeded")
+    return engine_stopped()
+
+
+def engine_stopped() -> APIError:
+    why = "the server is shutting down; retry on another instance"
+    return APIError(503, why, None, "server_error", "service_unavailable")
+
+
+def _submit(
+    served: Served, jobs: Sequence[tuple[list[int], list[SamplingParams]]], rid: str, prompt_param: str
+) -> list[Request]:
+    """Validate every choice first, then submit all; a failure part-way cancels the rest."""
+    if served.stopping:
+        raise engine_stopped()
+    engine = served.engine
+    reqs: list[Request] = []
+    try:
+        for ids, plist in jobs:
+            for p in plist:
+                engine.validate(ids, p)
+        for ids, plist in jobs:
+            for p in plist:
+                reqs.append(engine.submit(ids, p, request_id=f"{rid}-{len(reqs)}"))
+    except (InvalidRequest, QueueFull, EngineStopped) as e:
+        for r in reqs:
+            r.cancel()
+        raise engine_error(e, prompt_param) from None
+    return reqs
+
+
+def _check_model(served: Served, common: Common) -> None:
+    if common.model is not None and common.model != served.model_name:
+        raise APIError(
+            404,
+            f"the model '{common.model}' does not exist; this server serves '{served.model_name}'",
+            "model",
+            code="model_not_found",
+        )
+
+
+def _encode(served: Served, text: str, add_special_tokens: bool, param: str) -> list[int]:
+    ids = list(served.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+    if not ids:
+        raise protocol.bad(f"'{param}' encodes to no tokens: give some text", param)
+    return ids
+
+
+async def completions(served: Served, body: dict, disconnected: Callable[[], Awaitable[None]]):
+    """``POST /v1/completions``: a response dict, or a ``Streamed``."""
+    parsed = protocol.parse_completion(body, served.max_n)
+    common = parsed.common
+    _check_model(served, common)
+    vocab = served.engine.model.cfg.vocab_size
+    prompts = []
+    for p in parsed.prompts:
+        ids = _encode(served, p, True, "prompt") if isinstance(p, str) else list(p)
+        protocol.check_token_ids(ids, vocab)
+        prompts.append(ids)
+    default_max = protocol.COMPLETION_DEFAULT_MAX_TOKENS
+    return await _run(served, COMPLETION, common, prompts, default_max, "prompt", disconnected)
+
+
+async def chat_completions(served: Served, body: dict, disconnected: Callable[[], Awaitable[None]]):
+    """``POST /v1/chat/completions``; ``max_tokens`` defaults to the rest of the context."""
+    parsed = protocol.parse_chat(body, served.max_n)
+    _check_model(served, parsed.common)
+    try:
+        text, add_special = render(served.tokenizer, parsed.messages)
+    except ChatError as e:
+        raise protocol.bad(str(e), e.param) from None
+    ids = _encode(served, text, add_special, "messages")
+    return await _run(served, CHAT, parsed.common, [ids], None, "messages", disconnected)
+
+
+async def _run(served, kind, common, prompts, default_max, prompt_param, disconnected):
+    n_pos = served.engine.n_positions
+    jobs = [
+        (ids, protocol.choice_params(common, len(ids), n_pos, default_max, served.max_tokens_cap))
+        for ids in prompts
+    ]
+    prefix = "chatcmpl" if kind == CHAT else "cmpl"
+    rid = f"{prefix}-{uuid.uuid4().hex}"
+    shapes = Shapes(kind, rid, int(time.time()), served.model_name, served.texts)
+    reqs = _submit(served, jobs, rid, prompt_param)
+    runs, k = [], 0
+    for ids, plist in jobs:
+        for _ in plist:
+            text = ChoiceText(served.tokenizer, common.stop)
+            runs.append(ChoiceRun(k, reqs[k], text, served.metrics, len(ids)))
+            k += 1
+    prompt_tokens = sum(len(ids) for ids in prompts)  # once per prompt, whatever n is (as OpenAI)
+    want_lp = common.params.logprobs is not None
+    if common.stream:
+        return Streamed(_stream(runs, shapes, want_lp, common.include_usage, prompt_tokens), runs)
+    return await _collect(runs, shapes, want_lp, prompt_tokens, disconnected)
+
+
+def cancel_all(runs: Sequence[ChoiceRun]) -> None:
+    for r in runs:
+        r.abandon()
+
+
+async def _collect(runs, shapes: Shapes, want_lp: bool, prompt_tokens: int, disconnected) -> dict:
+    """Gather every choice; a client that goes away first cancels them all."""
+
+    async def one(run: ChoiceRun) -> dict:
+        pieces, reason = [], None
+        async for piece, reason in run.events():  # noqa: B007 -- the last reason is the finish
+            pieces.append(piece)
+        lp = shapes.merge_logprobs(pieces) if want_lp else None
+        return shapes.choice(run.index, "".join(p.text for p in pieces), lp, reason)
+
+    gathered = asyncio.gather(*(one(r) for r in runs))
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not gathered.done():
+            raise ClientGone()
+        choices = gathered.result()
+    finally:
+        watcher.cancel()
+        gathered.cancel()
+        cancel_all(runs)
+    completion_tokens = sum(r.completion_tokens for r in runs)
+    return shapes.response(choices, usage(prompt_tokens, completion_tokens))
+
+
+async def _stream(
+    runs: list[ChoiceRun], shapes: Shapes, want_lp: bool, include_usage: bool, prompt_tokens: int
+) -> AsyncIterator[str]:
+    """SSE chunks of every choice as they come, a usage chunk if asked, then ``[DONE]``.
+
+    A client that disconnects makes the server cancel this generator (or close it): the
+    ``finally`` cancels the engine requests either way.
+    """
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(run: ChoiceRun) -> None:
+        try:
+            async for piece, reason in run.events():
+                queue.put_nowait((run.index, piece, reason))
+        except Exception as e:  # handed to the generator, which reports it in the stream
+            queue.put_nowait((run.index, e, None))
+
+    tasks = [asyncio.ensure_future(pump(r)) for r in runs]
+    try:
+        if shapes.kind == CHAT:
+            for r in runs:
+                yield sse(shapes.chunk(r.index, "", None, None, include_usage, role=True))
+        remaining = len(runs)
+        while remaining:
+            index, piece, reason = await queue.get()
+            if isinstance(piece, Exception):
+                raise piece
+            remaining -= reason is not None
+            if reason is None and not piece.text and not want_lp:
+                continue  # tokens whose text is still held back: nothing to say yet
+            lp = shapes.logprobs(piece) if want_lp else None
+            yield sse(shapes.chunk(index, piece.text, lp, reason, include_usage))
+        if include_usage:
+            completion_tokens = sum(r.completion_tokens for r in runs)
+            yield sse(shapes.usage_chunk(usage(prompt_tokens, completion_tokens)))
+        yield sse("[DONE]")
+    except Exception as e:  # headers are sent: the error goes into the stream, then it ends
+        log.exception("stream %s failed", shapes.id)
+        why = f"internal server error ({type(e).__name__}); see the server log"
+        yield sse(e.body() if isinstance(e, APIError) else protocol.error_body(why, "server_error"))
+        yield sse("[DONE]")
+    finally:
+        for t in tasks:
+            t.cancel()
+        cancel_all(runs)

@@ -1,0 +1,305 @@
+"""OpenAI request bodies in, checked values out; OpenAI's error shape.
+
+Plain Python on the decoded JSON (no pydantic models), so every message names the field the
+way the client sent it, and the HTTP layer turns an ``APIError`` into
+``{"error": {"message", "type", "param", "code"}}`` with its status. Unknown fields are
+ignored (OpenAI clients send extras such as ``user`` or ``metadata``); fields that ask for
+something this server does not do (``echo``, ``suffix``, ``best_of`` != ``n``, ``logit_bias``,
+tools, a JSON ``response_format``) are rejected by name rather than silently dropped.
+
+Completions take ``prompt`` as a string, a list of strings, a list of token ids or a list of
+token-id lists; several prompts give ``len(prompts) * n`` choices, numbered prompt-major as
+OpenAI does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from aotlm.serve.chat import ChatError, validate_messages
+from aotlm.serve.types import SamplingParams
+
+MAX_LOGPROBS = 5  # what the engine returns per token (OpenAI's limit too)
+MAX_STOP = 4  # stop strings per request (OpenAI's limit)
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+SEED_RANGE = 2**32  # the in-graph sampler's seeds are uint32
+
+
+class APIError(Exception):
+    """An error the client gets as OpenAI's error object with an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error shape (``openai`` clients read ``error.message`` into their exceptions)."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param, code="invalid_value" if param else None)
+
+
+@dataclass(frozen=True)
+class Common:
+    """What both endpoints share: the sampling settings and how to answer."""
+
+    model: str | None
+    n: int
+    stream: bool
+    include_usage: bool
+    stop: tuple[str, ...]
+    max_tokens: int | None  # None: the endpoint's default, worked out once the prompt is known
+    params: SamplingParams  # max_tokens and seed are set per choice by ``choice_params``
+
+
+@dataclass(frozen=True)
+class CompletionBody:
+    common: Common
+    prompts: tuple[str | tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class ChatBody:
+    common: Common
+    messages: list[dict]
+
+
+# ------------------------------------------------------------------ field readers
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def get_int(body: dict, name: str, default: int | None, lo: int | None = None, hi: int | None = None):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not _is_int(v):
+        raise bad(f"'{name}' must be an integer, got {v!r}", name)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise bad(f"'{name}' must be {_range(lo, hi)}, got {v}", name)
+    return v
+
+
+def get_float(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not (isinstance(v, int | float) and not isinstance(v, bool)) or math.isnan(v):
+        raise bad(f"'{name}' must be a number, got {v!r}", name)
+    if v < lo or v > hi or (lo_open and v == lo):
+        rng = f"in ({lo:g}, {hi:g}]" if lo_open else f"between {lo:g} and {hi:g}"
+        raise bad(f"'{name}' must be {rng}, got {v}", name)
+    return float(v)
+
+
+def get_bool(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(f"'{name}' must be true or false, got {v!r}", name)
+    return v
+
+
+def _range(lo, hi) -> str:
+    if lo is not None and hi is not None:
+        return f"between {lo} and {hi}"
+    return f">= {lo}" if lo is not None else f"<= {hi}"
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise bad("'stop' must be a string or a list of strings", "stop")
+    if len(items) > MAX_STOP:
+        raise bad(f"'stop' takes at most {MAX_STOP} strings, got {len(items)}", "stop")
+    if any(s == "" for s in items):
+        raise bad("'stop' strings must not be empty", "stop")
+    return tuple(dict.fromkeys(items))
+
+
+def _stop_token_ids(body: dict) -> tuple[tuple[int, ...], ...]:
+    """vLLM's extra ``stop_token_ids``: each id ends generation (checked in the graph)."""
+    v = body.get("stop_token_ids")
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(_is_int(t) and t >= 0 for t in v):
+        raise bad("'stop_token_ids' must be a list of token ids", "stop_token_ids")
+    return tuple((t,) for t in dict.fromkeys(v))
+
+
+def _reject_unsupported(body: dict, n: int) -> None:
+    """Fields that would change the answer in ways this server cannot honour."""
+    if body.get("echo"):
+        raise bad("'echo' is not supported: the response holds only the generated text", "echo")
+    if body.get("suffix"):
+        raise bad("'suffix' (insertion) is not supported", "suffix")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise bad(f"'best_of' is not supported (only best_of == n, got {best_of!r})", "best_of")
+    if body.get("logit_bias"):
+        raise bad("'logit_bias' is not supported", "logit_bias")
+    for name in ("tools", "functions", "function_call"):
+        if body.get(name):
+            raise bad(f"'{name}' is not supported: this server generates text only", name)
+    if body.get("tool_choice") not in (None, "none"):
+        raise bad("'tool_choice' is not supported: this server generates text only", "tool_choice")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise bad("'response_format' supports only {'type': 'text'}", "response_format")
+
+
+def _common(body: dict, max_n: int, max_tokens: int | None, logprobs: int | None) -> Common:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("'model' must be a string", "model")
+    n = get_int(body, "n", 1, 1, max_n)
+    _reject_unsupported(body, n)
+    stream = get_bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise bad("'stream_options' must be an object", "stream_options")
+        if not stream:
+            raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    include_usage = get_bool(options or {}, "include_usage", False)
+    top_k = get_int(body, "top_k", 0, -1)
+    params = SamplingParams(
+        temperature=get_float(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=get_float(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        top_k=max(top_k, 0),  # vLLM's -1 is "off", like 0
+        min_p=get_float(body, "min_p", 0.0, 0.0, 1.0),
+        repetition_penalty=get_float(body, "repetition_penalty", 1.0, 0.0, 10.0, lo_open=True),
+        presence_penalty=get_float(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=get_float(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        seed=get_int(body, "seed", None, -(2**63), 2**63 - 1),
+        stop_token_ids=_stop_token_ids(body),
+        ignore_eos=get_bool(body, "ignore_eos", False),
+        logprobs=logprobs,
+    )
+    return Common(model, n, stream, include_usage, _stop(body), max_tokens, params)
+
+
+def _logprobs_count(body: dict, name: str) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_int(v) or v < 0:
+        raise bad(f"'{name}' must be an integer between 0 and {MAX_LOGPROBS}, got {v!r}", name)
+    if v > MAX_LOGPROBS:
+        raise bad(f"'{name}' must be at most {MAX_LOGPROBS} (the server's limit), got {v}", name)
+    return v
+
+
+# ------------------------------------------------------------------ endpoints
+def _prompts(v) -> tuple[str | tuple[int, ...], ...]:
+    """``prompt``'s four OpenAI forms, as a tuple of strings or token-id tuples."""
+    if isinstance(v, str):
+        items = [v]
+    elif isinstance(v, list) and v and all(_is_int(t) for t in v):
+        items = [tuple(v)]
+    elif isinstance(v, list) and v and all(isinstance(p, str) for p in v):
+        items = v
+    elif isinstance(v, list) and v and all(isinstance(p, list) and all(_is_int(t) for t in p) for p in v):
+        items = [tuple(p) for p in v]
+    elif isinstance(v, list) and not v:
+        raise bad("'prompt' is empty: give at least one prompt", "prompt")
+    elif v is None:
+        raise bad("'prompt' is required", "prompt")
+    else:
+        raise bad(
+            "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
+            "prompt",
+        )
+    for p in items:
+        if len(p) == 0:
+            raise bad("'prompt' is empty: give at least one character or token", "prompt")
+    return tuple(items)
+
+
+def parse_completion(body: dict, max_n: int) -> CompletionBody:
+    """``POST /v1/completions``; ``max_n`` caps the choices (``n`` times the prompts)."""
+    prompts = _prompts(body.get("prompt"))
+    common = _common(
+        body,
+        max_n,
+        get_int(body, "max_tokens", None, 1),
+        _logprobs_count(body, "logprobs"),
+    )
+    if len(prompts) * common.n > max_n:
+        raise bad(f"{len(prompts)} prompts x n={common.n} is over the limit of {max_n} choices", "n")
+    return CompletionBody(common, prompts)
+
+
+def parse_chat(body: dict, max_n: int) -> ChatBody:
+    """``POST /v1/chat/completions``: ``logprobs`` is a flag, ``top_logprobs`` the count."""
+    try:
+        messages = validate_messages(body.get("messages"))
+    except ChatError as e:
+        raise bad(str(e), e.param) from None
+    want = get_bool(body, "logprobs", False)
+    top = _logprobs_count(body, "top_logprobs")
+    if top is not None and not want:
+        raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    max_tokens = get_int(body, "max_completion_tokens", None, 1)
+    if max_tokens is None:
+        max_tokens = get_int(body, "max_tokens", None, 1)
+    return ChatBody(_common(body, max_n, max_tokens, (top or 0) if want else None), messages)
+
+
+def choice_params(
+    common: Common,
+    prompt_len: int,
+    n_positions: int,
+    default_max_tokens: int | None,
+    max_tokens_cap: int | None,
+) -> list[SamplingParams]:
+    """One ``SamplingParams`` per choice: ``max_tokens`` resolved, ``seed + i`` for choice ``i``
+    (modulo 2**32, the sampler's seed range, so any integer OpenAI accepts works).
+
+    Without ``max_tokens`` a request gets ``default_max_tokens`` (None: the rest of the
+    context window), never more than the context has room for nor the server's cap, so a
+    default never makes a request fail. An explicit value over the cap is an error; one that
+    does not fit the context is the engine's ``validate`` error.
+    """
+    room = max(n_positions - prompt_len, 1)  # no room at all: the engine names the prompt length
+    if common.max_tokens is None:
+        max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
+        if max_tokens_cap is not None:
+            max_tokens = min(max_tokens, max_tokens_cap)
+    else:
+        max_tokens = common.max_tokens
+        if max_tokens_cap is not None and max_tokens > max_tokens_cap:
+            raise bad(
+                f"'max_tokens' must be at most {max_tokens_cap} on this server, got {max_tokens}",
+                "max_tokens",
+            )
+    base = replace(common.params, max_tokens=max_tokens)
+    seed = base.seed
+    return [base if seed is None else replace(base, seed=(seed + i) % SEED_RANGE) for i in range(common.n)]
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int, param: str = "prompt") -> None:
+    bad_ids = [t for t in ids if not 0 <= t < vocab_size]
+    if bad_ids:
+        raise bad(
+            f"token id {bad_ids[0]} in '{param}' is outside the vocabulary (0..{vocab_size - 1})", param
+        )

@@ -1,0 +1,120 @@
+"""OpenAI's response objects as dicts: whole responses, stream chunks, logprobs, usage.
+
+One place for the wire shapes, so the completions and chat endpoints (streamed or not)
+cannot drift apart; the handlers only decide what goes in them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from aotlm.serve.detok import Piece
+
+COMPLETION, CHAT = "text_completion", "chat.completion"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def sse(obj: dict | str) -> str:
+    """One server-sent event (``data: [DONE]`` for the string)."""
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+def completion_logprobs(piece: Piece, text_of: Callable[[int], str]) -> dict:
+    """Legacy completions logprobs: parallel lists; ``top_logprobs`` as ``{text: logprob}``.
+
+    ``text_offset`` is each token's start in the choice's generated text (there is no echo).
+    """
+    return {
+        "tokens": [text_of(t.id) for t in piece.tokens],
+        "token_logprobs": [t.logprob for t in piece.tokens],
+        "top_logprobs": [{text_of(i): lp for i, lp in t.top} for t in piece.tokens],
+        "text_offset": list(piece.offsets),
+    }
+
+
+def _entry(text: str, logprob: float | None) -> dict:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(piece: Piece, text_of: Callable[[int], str]) -> dict:
+    """Chat logprobs: ``{"content": [{token, logprob, bytes, top_logprobs: [...]}]}``."""
+    content = []
+    for t in piece.tokens:
+        item = _entry(text_of(t.id), t.logprob)
+        item["top_logprobs"] = [_entry(text_of(i), lp) for i, lp in t.top]
+        content.append(item)
+    return {"content": content}
+
+
+class Shapes:
+    """The response shapes of one HTTP request (``id``, ``created``, ``model`` shared)."""
+
+    def __init__(self, kind: str, rid: str, created: int, model: str, text_of: Callable[[int], str]):
+        self.kind, self.id, self.created, self.model, self.text_of = kind, rid, created, model, text_of
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def logprobs(self, piece: Piece) -> dict:
+        if self.kind == CHAT:
+            return chat_logprobs(piece, self.text_of)
+        return completion_logprobs(piece, self.text_of)
+
+    def merge_logprobs(self, pieces: list[Piece]) -> dict:
+        return self.logprobs(
+            Piece(
+                "".join(p.text for p in pieces),
+                [t for p in pieces for t in p.tokens],
+                [o for p in pieces for o in p.offsets],
+            )
+        )
+
+    def choice(self, index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
+        if self.kind == CHAT:
+            return {
+                "index": index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def response(self, choices: list[dict], use: dict) -> dict:
+        return {**self._head(self.kind), "choices": choices, "usage": use}
+
+    def chunk(
+        self,
+        index: int,
+        text: str | None,
+        logprobs: dict | None,
+        finish_reason: str | None,
+        with_usage: bool,
+        role: bool = False,
+    ) -> dict:
+        """A streamed choice delta; ``role`` marks a chat stream's first chunk of a choice."""
+        if self.kind == CHAT:
+            delta = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            out = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {"index": index, "text": text or "", "logprobs": logprobs}
+            choice["finish_reason"] = finish_reason
+            out = {**self._head(COMPLETION), "choices": [choice]}
+        if with_usage:
+            out["usage"] = None  # OpenAI: null on every chunk but the last when usage is asked for
+        return out
+
+    def usage_chunk(self, use: dict) -> dict:
+        obj = "chat.completion.chunk" if self.kind == CHAT else COMPLETION
+        return {**self._head(obj), "choices": [], "usage": use}

@@ -1,0 +1,219 @@
+"""The slot engine without HTTP: continuous batching gives each request exactly what ``sample()``
+gives it alone, admits and retires requests independently, and compiles nothing after warm-up."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from aotlm.cli.app import main
+from aotlm.cli.common import serve_kwargs
+from aotlm.generate.causal_lm import AutoModelForSampling
+from aotlm.generate.slots import SlotBatch
+from aotlm.serve.engine import Engine
+from aotlm.serve.types import EngineStopped, Finish, InvalidRequest, QueueFull, SamplingParams, Token
+
+SHAPES = dict(n_positions=64, context_length_estimate=[8, 16])
+
+
+@pytest.fixture(scope="module")
+def served(gpt2_path, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("serve_cache")
+    model = AutoModelForSampling.from_pretrained(
+        gpt2_path, batch_size=3, continuous_batching=True, compile_cache=cache, **SHAPES
+    )
+    model.compile()
+    ref = AutoModelForSampling.from_pretrained(gpt2_path, batch_size=1, compile_cache=cache, **SHAPES)
+    return model, ref
+
+
+@pytest.fixture
+def engine(served):
+    eng = Engine(served[0], eos_token_id=[]).start()
+    yield eng
+    eng.shutdown(timeout=5)
+
+
+def collect(req) -> tuple[list[Token], Finish]:
+    items = list(req)
+    return [t for t in items if isinstance(t, Token)], items[-1]
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 101, n).tolist()
+
+
+class CompileCounter:
+    def __init__(self):
+        self.n = 0
+        jax.monitoring.register_event_duration_secs_listener(self._seen)
+
+    def _seen(self, name, _secs, **_kw):
+        if name == "/jax/core/compile/backend_compile_duration":
+            self.n += 1
+
+
+def test_each_request_gets_what_sample_gives_it(served, engine):
+    """Greedy and seeded rows, prompts of every bucket and a chunked one (> 16 tokens), more
+    requests than slots: each equals ``sample()`` of its prompt alone; nothing compiles."""
+    _, ref = served
+    counter = CompileCounter()
+    cases = [
+        (prompt(5, 1), SamplingParams(max_tokens=12, temperature=0)),
+        (prompt(14, 2), SamplingParams(max_tokens=9, temperature=0.9, seed=7)),
+        (prompt(30, 3), SamplingParams(max_tokens=20, temperature=0)),
+        (prompt(2, 4), SamplingParams(max_tokens=3, temperature=0.7, top_k=5, seed=3)),
+        (prompt(9, 5), SamplingParams(max_tokens=25, temperature=1.2, top_p=0.8, seed=11)),
+        (prompt(16, 6), SamplingParams(max_tokens=1, temperature=0)),
+        (prompt(7, 7), SamplingParams(max_tokens=15, temperature=0, repetition_penalty=1.3)),
+    ]
+    reqs = [engine.submit(p, sp) for p, sp in cases]
+    got = [collect(r) for r in reqs]
+    assert counter.n == 0, f"{counter.n} compilations after warm-up"
+    for (p, sp), (toks, fin) in zip(cases, got, strict=True):
+        kw = dict(repetition_penalty=sp.repetition_penalty)
+        if sp.temperature > 0:
+            kw.update(
+                do_sample=True, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, seed=sp.seed
+            )
+        want = ref.sample(np.array([p]), max_new_tokens=sp.max_tokens, **kw)[0, len(p) :].tolist()
+        assert [t.id for t in toks] == want
+        assert fin == Finish("length", len(p), sp.max_tokens, fin.time_to_first_token)
+        assert fin.time_to_first_token is not None and fin.time_to_first_token > 0
+
+
+def test_short_request_finishes_while_a_long_one_runs(engine):
+    long = engine.submit(prompt(4, 8), SamplingParams(max_tokens=55, temperature=0))
+    first = next(iter(long))  # the long request is generating
+    assert isinstance(first, Token)
+    short = engine.submit(prompt(6, 9), SamplingParams(max_tokens=3, temperature=0))
+    toks, fin = collect(short)
+    assert fin.reason == "length" and len(toks) == 3
+    assert engine.stats()["active_slots"] >= 1, "the long request should still hold its slot"
+    rest, fin_long = collect(long)
+    assert fin_long.completion_tokens == 55 and len(rest) == 54
+
+
+def test_cancel_frees_the_slot(served, monkeypatch):
+    slow_decode(monkeypatch, 0.005)
+    eng = Engine(served[0], eos_token_id=[]).start()
+    try:
+        hogs = [eng.submit(prompt(3, i), SamplingParams(max_tokens=60, temperature=0)) for i in range(5)]
+        for h in hogs[:3]:
+            next(iter(h))  # running
+        for h in hogs:  # three running, two still waiting
+            h.cancel()
+        for h in hogs:
+            toks, fin = collect(h)
+            assert fin.reason == "cancelled" and len(toks) < 60
+        done = [eng.submit(prompt(4, 20 + i), SamplingParams(max_tokens=4, temperature=0)) for i in range(6)]
+        assert all(collect(r)[1].reason == "length" for r in done)
+        assert eng.stats() == {"queue_depth": 0, "active_slots": 0, "slots": 3}
+    finally:
+        eng.shutdown(timeout=5)
+
+
+def test_stop_tokens_eos_logprobs_and_penalties(served, engine):
+    _, ref = served
+    p = prompt(6, 30)
+    greedy = ref.sample(np.array([p]), max_new_tokens=10, return_dict=True)
+    out = greedy.sequences[0, len(p) :].tolist()
+    # a token stop sequence (kept in the output) and an eos id end the row early
+    toks, fin = collect(
+        engine.submit(p, SamplingParams(max_tokens=10, temperature=0, stop_token_ids=((out[3],),)))
+    )
+    assert fin.reason == "stop_sequence" and [t.id for t in toks] == out[: out.index(out[3]) + 1]
+    eng2 = Engine(served[0], eos_token_id=[out[2]]).start()
+    try:
+        toks, fin = collect(eng2.submit(p, SamplingParams(max_tokens=10, temperature=0)))
+        assert fin.reason == "eos" and [t.id for t in toks] == out[: out.index(out[2]) + 1]
+        toks, fin = collect(eng2.submit(p, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)))
+        assert fin.reason == "length" and [t.id for t in toks] == out
+    finally:
+        eng2.shutdown(timeout=5)
+    # log-probs: the chosen token's, and the k best, as sample() reports them
+    toks, _ = collect(engine.submit(p, SamplingParams(max_tokens=10, temperature=0, logprobs=3)))
+    np.testing.assert_allclose([t.logprob for t in toks], greedy.logprobs[0], rtol=1e-4, atol=1e-5)
+    assert all(len(t.top) == 3 and t.top[0][0] == t.id for t in toks)
+    # frequency / presence penalties on generated tokens, checked against logits on the host
+    sp = SamplingParams(max_tokens=8, temperature=0, frequency_penalty=1.5, presence_penalty=0.5)
+    toks, _ = collect(engine.submit(p, sp))
+    seq, counts = list(p), np.zeros(101)
+    for t in toks:
+        logits = ref.forward(np.array([seq]))[0] - 1.5 * counts - 0.5 * (counts > 0)
+        assert t.id == int(np.argmax(logits))
+        seq.append(t.id)
+        counts[t.id] += 1
+
+
+def slow_decode(monkeypatch, seconds: float = 0.02) -> None:
+    """The tiny model decodes a token in ~1 ms: slow it so requests stay in flight while we look."""
+    real = SlotBatch.decode
+
+    def decode(self, *a, **kw):
+        time.sleep(seconds)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(SlotBatch, "decode", decode)
+
+
+def test_bad_requests_and_backpressure(served, monkeypatch):
+    model, _ = served
+    slow_decode(monkeypatch)
+    eng = Engine(model, eos_token_id=[], max_queue=2, max_tokens_cap=40)
+    with pytest.raises(EngineStopped):  # not started
+        eng.submit([1, 2], SamplingParams())
+    eng.start()
+    try:
+        for p, sp, field in [
+            ([], SamplingParams(), "prompt"),
+            ([1] * 60, SamplingParams(max_tokens=10), "max_tokens"),
+            ([1] * 64, SamplingParams(max_tokens=1), "prompt"),
+            ([500], SamplingParams(), "prompt"),
+            ([1], SamplingParams(max_tokens=41), "max_tokens"),
+            ([1], SamplingParams(temperature=-1), "temperature"),
+            ([1], SamplingParams(top_p=0), "top_p"),
+            ([1], SamplingParams(presence_penalty=3), "presence_penalty"),
+            ([1], SamplingParams(logprobs=6), "logprobs"),
+            ([1], SamplingParams(seed=2**32), "seed"),
+            ([1], SamplingParams(stop_token_ids=((1000,),)), "stop"),
+        ]:
+            with pytest.raises(InvalidRequest) as e:
+                eng.submit(p, sp)
+            assert e.value.param == field, (p, sp)
+        # 3 slots busy + 2 waiting = full
+        reqs = []
+        for _ in range(3):  # one at a time: the queue holds 2
+            reqs.append(eng.submit([1, 2], SamplingParams(max_tokens=40, temperature=0)))
+            next(iter(reqs[-1]))
+        reqs += [eng.submit([1, 2], SamplingParams(max_tokens=2, temperature=0)) for _ in range(2)]
+        with pytest.raises(QueueFull):
+            eng.submit([1, 2], SamplingParams(max_tokens=2))
+    finally:
+        t0 = time.perf_counter()
+        eng.shutdown(timeout=0.2)  # in-flight requests are cancelled after the timeout
+        assert time.perf_counter() - t0 < 10
+    assert {collect(r)[1].reason for r in reqs} <= {"cancelled", "length"}
+    with pytest.raises(EngineStopped):
+        eng.submit([1, 2], SamplingParams())
+
+
+def test_model_needs_continuous_batching(served):
+    _, ref = served
+    with pytest.raises(ValueError, match="continuous_batching=True"):
+        Engine(ref)
+    assert served[0].graph_keys()[-1] == ("slot_decode", 64)
+
+
+def test_compile_serve_precompiles_every_serving_graph(gpt2_path, tmp_path, capsys):
+    """`aotlm compile --serve` with serve's flags leaves nothing for the server to compile."""
+    flags = ["--n-positions", "32", "--context-length-estimate", "8", "--batch-size", "2"]
+    assert main(["compile", str(gpt2_path), "--serve", "--cache-dir", str(tmp_path), *flags]) == 0
+    assert "slot_decode" in capsys.readouterr().out
+    kw = serve_kwargs(dict(n_positions=32, context_length_estimate=8, batch_size=2), str(gpt2_path))
+    model = AutoModelForSampling.from_pretrained(gpt2_path, compile_cache=tmp_path, **kw).compile()
+    assert [r["hit"] for r in model.compile_report] == [True] * len(model.graph_keys())
+    assert {k[0] for k in model.graph_keys()} == {"slot_prefill", "slot_insert", "slot_decode"}
