@@ -18,10 +18,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from aotlm.core.sampling import TOP_LOGPROBS_MAX as MAX_LOGPROBS  # per token (OpenAI's limit too)
 from aotlm.serve.chat import ChatError, validate_messages
 from aotlm.serve.types import SamplingParams
 
-MAX_LOGPROBS = 5  # what the engine returns per token (OpenAI's limit too)
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 SEED_RANGE = 2**32  # the in-graph sampler's seeds are uint32
