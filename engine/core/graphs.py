@@ -60,18 +60,8 @@ def emit(st, logits, slot):
     col = lambda buf, x: lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, slot))
     out = col(st["out"], tok)
     top = lambda buf, x: lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, slot, 0))
-    # stop sequences: compare the last MAX_STOP_LEN tokens with each right-aligned sequence
-    back = slot - (MAX_STOP_LEN - 1) + jnp.arange(MAX_STOP_LEN)
-    window = jnp.take(out, jnp.clip(back, 0, out.shape[1] - 1), axis=1)  # [B, L]
-    window = jnp.where(back[None, :] >= st["first"], window, -3)  # generated tokens only
-    seq = st["stop"]  # [B, S, L]
-    hit = jnp.all((seq == -2) | (seq == window[:, None, :]), -1) & jnp.any(seq != -2, -1)
     is_eos = jnp.any(tok[:, None] == st["eos"][None, :], -1)
-    reason = jnp.where(
-        is_eos,
-        EOS,
-        jnp.where(jnp.any(hit, -1), STOP_SEQUENCE, jnp.where(slot >= st["last"], LENGTH, RUNNING)),
-    )
+    reason = end_reason(out, slot, st["first"], st["stop"], is_eos, st["last"])
     reason = jnp.where(live, reason, st["reason"])
     seen = st["seen"].at[jnp.arange(b), tok].set(True)
     return dict(
@@ -86,6 +76,23 @@ def emit(st, logits, slot):
         reason=reason,
         end=jnp.where(live & (reason != RUNNING), slot, st["end"]),
     )
+
+
+def end_reason(out, slot, first, stop, is_eos, last):
+    """Why each row ends with the token just written at ``slot`` of ``out [B,S]``, or RUNNING.
+
+    ``slot`` and ``first`` (the first generated slot) are scalars or one per row. A stop
+    sequence counts when the last ``MAX_STOP_LEN`` tokens end with it inside the generated
+    tokens; eos wins over a stop sequence, which wins over the length limit ``last``.
+    """
+    b, s = out.shape
+    back = jnp.reshape(slot, (-1, 1)) - (MAX_STOP_LEN - 1) + jnp.arange(MAX_STOP_LEN)[None, :]
+    back = jnp.broadcast_to(back, (b, MAX_STOP_LEN))
+    window = jnp.take_along_axis(out, jnp.clip(back, 0, s - 1), axis=1)  # [B, L]
+    window = jnp.where(back >= jnp.reshape(first, (-1, 1)), window, -3)  # generated tokens only
+    hit = jnp.all((stop == -2) | (stop == window[:, None, :]), -1) & jnp.any(stop != -2, -1)
+    length = jnp.where(slot >= last, LENGTH, RUNNING)
+    return jnp.where(is_eos, EOS, jnp.where(jnp.any(hit, -1), STOP_SEQUENCE, length))
 
 
 def select_first(logits, state):

@@ -33,6 +33,31 @@ class GenerationConfig:
 
 
 FIELDS = {f.name for f in dataclasses.fields(GenerationConfig)}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One serving request's settings, OpenAI-named (checked by ``aotlm.generate.slots.check``).
+
+    ``temperature == 0`` is greedy (OpenAI); ``stop_token_ids`` are token-id stop sequences
+    checked in the graph (text stop strings are the HTTP layer's job); ``logprobs=k`` returns
+    each token's log-probability and its ``k`` most likely alternatives (``k`` may be 0).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[tuple[int, ...], ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+
 # the sampling settings (one value or one per row) with their greedy defaults
 SAMPLING_FIELDS = (
     "do_sample",

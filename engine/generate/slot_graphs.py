@@ -91,21 +91,8 @@ def emit_rows(st: dict, logits, slot, live):
     col = jnp.where(live, slot, n_slots)  # out of range: dropped
     put = lambda buf, x: buf.at[rows, col].set(x.astype(buf.dtype), mode="drop")
     out = put(st["out"], tok)
-    back = slot[:, None] - (graphs.MAX_STOP_LEN - 1) + jnp.arange(graphs.MAX_STOP_LEN)[None, :]
-    window = jnp.take_along_axis(out, jnp.clip(back, 0, n_slots - 1), axis=1)
-    window = jnp.where(back >= st["first"][:, None], window, -3)  # generated tokens only
-    seq = st["stop"]
-    hit = jnp.all((seq == -2) | (seq == window[:, None, :]), -1) & jnp.any(seq != -2, -1)
     is_eos = jnp.any(tok[:, None] == st["eos"][None, :], -1) & ~st["ignore_eos"]
-    reason = jnp.where(
-        is_eos,
-        graphs.EOS,
-        jnp.where(
-            jnp.any(hit, -1),
-            graphs.STOP_SEQUENCE,
-            jnp.where(slot >= st["last"], graphs.LENGTH, graphs.RUNNING),
-        ),
-    )
+    reason = graphs.end_reason(out, slot, st["first"], st["stop"], is_eos, st["last"])
     reason = jnp.where(live, reason, st["reason"])
     vocab_col = jnp.where(live, tok, st["seen"].shape[1])
     return dict(

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampling, sharding
 from aotlm.generate.generation import stop_array
-from aotlm.generate.slot_graphs import ROW_KEYS
+from aotlm.generate.params import SamplingParams
 
 REASONS = {
     graphs.EOS: "eos",
@@ -30,27 +29,7 @@ REASONS = {
 }
 
 
-@dataclass(frozen=True)
-class RowSettings:
-    """One request's generation settings, already validated (``check``)."""
-
-    max_tokens: int
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    no_repeat_ngram_size: int = 0
-    seed: int | None = None
-    stop_token_ids: tuple[tuple[int, ...], ...] = ()
-    ignore_eos: bool = False
-    logprobs: bool = False
-
-
-def check(model, prompt_len: int, s: RowSettings) -> list[tuple[str, str]]:
+def check(model, prompt_len: int, s: SamplingParams) -> list[tuple[str, str]]:
     """Problems with a request as ``(field, message)`` pairs (empty: it can run)."""
     bad: list[tuple[str, str]] = []
     n = model.n_positions
@@ -71,11 +50,12 @@ def check(model, prompt_len: int, s: RowSettings) -> list[tuple[str, str]]:
         ("repetition_penalty", s.repetition_penalty > 0, "must be > 0 (1 disables it)"),
         ("presence_penalty", -2 <= s.presence_penalty <= 2, "must be in [-2, 2]"),
         ("frequency_penalty", -2 <= s.frequency_penalty <= 2, "must be in [-2, 2]"),
-        ("no_repeat_ngram_size", 0 <= s.no_repeat_ngram_size <= sampling.NGRAM_MAX,
-         f"must be in [0, {sampling.NGRAM_MAX}]"),
         ("seed", s.seed is None or 0 <= s.seed < 2**32, "must be in [0, 2**32)"),
     ]  # fmt: skip
     bad += [(f, f"{f}={getattr(s, f)} is invalid: {rule}") for f, ok, rule in rules if not ok]
+    k = sampling.TOP_LOGPROBS_MAX
+    if s.logprobs is not None and not 0 <= s.logprobs <= k:
+        bad.append(("logprobs", f"logprobs must be in [0, {k}], got {s.logprobs}"))
     if len(s.stop_token_ids) > graphs.MAX_STOPS:
         bad.append(("stop", f"at most {graphs.MAX_STOPS} token stop sequences are supported"))
     v = model.cfg.vocab_size
@@ -141,7 +121,7 @@ class SlotBatch:
             )  # fmt: skip
         return logits
 
-    def insert(self, row: int, prompt: np.ndarray, settings: RowSettings, logits) -> None:
+    def insert(self, row: int, prompt: np.ndarray, settings: SamplingParams, logits) -> None:
         """Make ``row`` live with ``settings``; its first token is chosen from ``logits``."""
         m = self.model
         s, v, k = self.n_positions, m.cfg.vocab_size, sampling.TOP_LOGPROBS_MAX
@@ -152,19 +132,18 @@ class SlotBatch:
         r["idx"][0] = r["first"][0] = p_len
         r["last"][0] = p_len + settings.max_tokens - 1
         r["stop"][:] = stop_array([list(q) for q in settings.stop_token_ids] or None, 1, 1, v)
-        r["ignore_eos"][0], r["want"][0] = settings.ignore_eos, settings.logprobs
+        r["ignore_eos"][0], r["want"][0] = settings.ignore_eos, settings.logprobs is not None
         r["presence"][0], r["frequency"][0] = settings.presence_penalty, settings.frequency_penalty
         seed = secrets.randbits(32) if settings.seed is None else settings.seed
         p = r["params"]
-        p["do_sample"][0] = settings.do_sample and settings.temperature > 0
+        p["do_sample"][0] = settings.temperature > 0  # OpenAI: temperature 0 is greedy
         p["temperature"][0], p["top_k"][0], p["top_p"][0] = (
             settings.temperature,
             settings.top_k,
             settings.top_p,
         )
         p["min_p"][0], p["repetition_penalty"][0] = settings.min_p, settings.repetition_penalty
-        p["ngram"][0], p["seed"][0] = settings.no_repeat_ngram_size, seed
-        assert set(r) == set(ROW_KEYS)
+        p["seed"][0] = seed
         with m._lock:
             exe = m._executable(("slot_insert",))
             self.state = exe(self.state, logits, m._put_tree(r), m._put(np.int32(row)))

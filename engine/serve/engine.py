@@ -29,8 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aotlm.core import buckets as bk
-from aotlm.core import sampling
-from aotlm.generate.slots import REASONS, RowSettings, SlotBatch, check
+from aotlm.generate.slots import REASONS, SlotBatch, check
 from aotlm.serve.types import (
     EngineStopped,
     Finish,
@@ -51,31 +50,12 @@ class _Active:
 
     req: Request
     prompt: np.ndarray
-    settings: RowSettings
     plan: collections.deque
     logits: object = None
     live: bool = False
     idx: int = 0  # the slot of the last token streamed
     first_at: float | None = None
     tokens: int = 0
-
-
-def settings_of(params: SamplingParams) -> RowSettings:
-    return RowSettings(
-        max_tokens=params.max_tokens,
-        do_sample=params.temperature > 0,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        min_p=params.min_p,
-        repetition_penalty=params.repetition_penalty,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        seed=params.seed,
-        stop_token_ids=tuple(tuple(int(t) for t in s) for s in params.stop_token_ids),
-        ignore_eos=params.ignore_eos,
-        logprobs=params.logprobs is not None,
-    )
 
 
 class Engine:
@@ -123,10 +103,7 @@ class Engine:
                 f"max_tokens={params.max_tokens} exceeds this server's cap of {self.max_tokens_cap}",
                 "max_tokens",
             )
-        k = params.logprobs
-        if k is not None and not 0 <= k <= sampling.TOP_LOGPROBS_MAX:
-            raise InvalidRequest(f"logprobs must be in [0, {sampling.TOP_LOGPROBS_MAX}], got {k}", "logprobs")
-        bad = check(self.model, len(prompt), settings_of(params))
+        bad = check(self.model, len(prompt), params)
         if bad:
             raise InvalidRequest(bad[0][1], bad[0][0])
 
@@ -240,7 +217,7 @@ class Engine:
                     req = self._waiting.popleft()
                     prompt = np.asarray(req.prompt, np.int32)
                     plan = collections.deque(self.batch.prefill_plan(len(prompt)))
-                    self._slots[i] = _Active(req, prompt, settings_of(req.params), plan)
+                    self._slots[i] = _Active(req, prompt, plan)
                     self._kill[i] = False  # the row is about to be re-inserted
 
     def _prefill(self) -> None:
@@ -254,7 +231,7 @@ class Engine:
                 budget -= step.bucket
             if a.plan:
                 return  # budget spent; the rest next round
-            self.batch.insert(i, a.prompt, a.settings, a.logits)
+            self.batch.insert(i, a.prompt, a.req.params, a.logits)
             a.logits, a.live, a.idx = None, True, len(a.prompt) - 1
             self._stream([(i, a)])
             if budget <= 0:
@@ -262,7 +239,7 @@ class Engine:
 
     def _stream(self, rows: list[tuple[int, _Active]]) -> None:
         """Push every row's new tokens (slots ``a.idx + 1 .. idx``) and finish the ended rows."""
-        want = any(a.settings.logprobs for _, a in rows)
+        want = any(a.req.params.logprobs is not None for _, a in rows)
         host = self.batch.read(logprobs=want)
         now = time.perf_counter()
         for i, a in rows:
@@ -270,7 +247,7 @@ class Engine:
             k = a.req.params.logprobs or 0
             for slot in range(a.idx + 1, new_idx + 1):
                 tok = int(host["out"][i, slot])
-                if a.settings.logprobs:
+                if a.req.params.logprobs is not None:
                     top = tuple(
                         (int(t), float(lp))
                         for t, lp in zip(

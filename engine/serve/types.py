@@ -1,7 +1,8 @@
 """What a serving request sends and receives: plain dataclasses, no JAX, no HTTP.
 
-``SamplingParams`` uses OpenAI's names (``max_tokens``, ``temperature`` ...) plus the HF extras the
-in-graph sampler has; every value becomes a traced per-slot array, so no value ever compiles.
+``SamplingParams`` (defined in ``aotlm.generate.params``, re-exported here) uses OpenAI's names
+(``max_tokens``, ``temperature`` ...) plus the HF extras the in-graph sampler has; every value
+becomes a traced per-slot array, so no value ever compiles.
 A ``Request`` yields ``Token`` items and ends with one ``Finish``; it can be iterated from a
 thread (blocking) or from asyncio (``async for``), and cancelled from anywhere.
 """
@@ -13,6 +14,10 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+
+from aotlm.generate.params import SamplingParams
+
+__all__ = ["EngineStopped", "Finish", "InvalidRequest", "QueueFull", "Request", "SamplingParams", "Token"]
 
 
 class QueueFull(Exception):
@@ -29,29 +34,6 @@ class InvalidRequest(ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """One request's generation settings (validated by ``Engine.validate``).
-
-    ``temperature == 0`` is greedy (OpenAI); ``stop_token_ids`` are token-id stop sequences
-    checked in the graph (text stop strings are the HTTP layer's job); ``logprobs=k`` returns
-    each token's log-probability and its ``k`` most likely alternatives (``k`` may be 0).
-    """
-
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    stop_token_ids: tuple[tuple[int, ...], ...] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
