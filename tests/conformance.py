@@ -63,6 +63,8 @@ def hf_generate(model, ids: np.ndarray, new: int, mask: np.ndarray | None = None
             max_new_tokens=new,
             min_new_tokens=None,
             do_sample=False,
+            repetition_penalty=1.0,  # over a generation_config.json (sample() never reads one)
+            no_repeat_ngram_size=0,
             eos_token_id=eos,
             pad_token_id=pad,
             **kw,

@@ -26,6 +26,8 @@ def test_adapter_equals_generate(adapter, gpt2_path):
         dict(max_new_tokens=10, do_sample=False),
         dict(max_new_tokens=10, do_sample=False, eos_token_id=eos),
         dict(max_length=14, do_sample=False),
+        dict(max_new_tokens=10, do_sample=False, eos_token_id=eos, min_new_tokens=7),  # eos held back
+        dict(max_new_tokens=10, do_sample=False, eos_token_id=eos, min_length=12),
         dict(max_new_tokens=10, num_beams=2, eos_token_id=eos, length_penalty=0.5),
         dict(max_new_tokens=10, num_beams=2, num_return_sequences=2, early_stopping=True),
     ]
@@ -82,5 +84,7 @@ def test_adapter_batch_rule(adapter):
         adapter.generate(ids, max_new_tokens=2, num_beams=2, num_return_sequences=2)
     with pytest.raises(ValueError, match="compiled batch"):
         adapter.generate(ids[:2], max_new_tokens=2, do_sample=True, num_return_sequences=3)
-    with pytest.raises(ValueError, match="not supported"):
-        adapter.generate(ids, max_new_tokens=2, min_new_tokens=2)
+    with pytest.raises(ValueError, match="typical_p=0.5 is not supported.*supported: max_length"):
+        adapter.generate(ids, max_new_tokens=2, typical_p=0.5)
+    with pytest.raises(TypeError, match="unsupported arguments \\['bogus'\\]; supported: "):
+        adapter.generate(ids, max_new_tokens=2, bogus=1)

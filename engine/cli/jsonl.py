@@ -17,7 +17,8 @@ log = logging.getLogger("aotlm.jobs.batch")
 
 def _cli_defaults(args) -> dict:
     gen = {}
-    for k in ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"):
+    keys = ("max_new_tokens", "min_new_tokens", "temperature", "top_k", "top_p", "min_p")
+    for k in keys + ("repetition_penalty", "seed"):
         if getattr(args, k) is not None:
             gen[k] = getattr(args, k)
     if args.do_sample:
@@ -107,6 +108,7 @@ def register(sub) -> None:
     )
     p.add_argument("--dtype", default=None, help="default dtype: float32 | bfloat16 | float16")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 32")
+    p.add_argument("--min-new-tokens", type=int, default=None, help="no eos before this many tokens")
     p.add_argument("--do-sample", action="store_true", help="sample (default greedy)")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)

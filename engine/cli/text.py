@@ -23,6 +23,7 @@ from aotlm.core import buckets as bk
 from aotlm.core.resolve import default_model, expand, validate_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.generate.params import SAMPLING_FIELDS as SAMPLING_FLAGS
+from aotlm.text import defaults
 from aotlm.text import tokens as text
 from aotlm.text.pipeline import TextGenerationPipeline
 
@@ -41,9 +42,18 @@ def register(sub) -> None:
     p.add_argument("--prompt", action="append", default=None, help="prompt text (repeat for several)")
     p.add_argument("--prompts-file", default=None, help='JSONL, one {"prompt": ...} per line ("-": stdin)')
     p.add_argument("--output", default=None, help="write JSON lines to this file (default stdout)")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"default: the checkpoint's generation_config.json, else {DEFAULT_MAX_NEW_TOKENS}",
+    )
+    p.add_argument("--min-new-tokens", type=int, default=None, help="no eos before this many new tokens")
     p.add_argument("--return-full-text", action="store_true", help="completion = prompt + generated text")
     p.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy")
+    p.add_argument(
+        "--greedy", action="store_true", help="argmax decoding, whatever generation_config.json says"
+    )
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
@@ -117,6 +127,25 @@ def default_shapes(kw: dict, lengths: list[int], max_new: int, max_positions: in
     return out
 
 
+def _effective_generation(args, checkpoint, lengths: list[int]) -> None:
+    """``args.gen`` (sampling settings) and ``args.max_new_tokens``: the flags over the
+    checkpoint's ``generation_config.json`` (``aotlm.text.defaults``), as transformers does."""
+    found = defaults.sampling_defaults(checkpoint)
+    given = {k: getattr(args, k) for k in SAMPLING_FLAGS}
+    if args.greedy:
+        given["do_sample"] = False
+    args.gen = defaults.merged({k: v for k, v in found.items() if k not in defaults.LENGTH_KEYS}, given)
+    if args.max_new_tokens is None:
+        if "max_new_tokens" in found:
+            args.max_new_tokens = int(found["max_new_tokens"])
+        elif "max_length" in found:
+            args.max_new_tokens = max(1, int(found["max_length"]) - max(lengths))
+        else:
+            args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+
+
 def _max_positions(config_file: Path) -> int | None:
     cfg = json.loads(config_file.read_text())
     for k in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"):
@@ -164,11 +193,12 @@ def cmd_generate(args) -> int:
     records = read_prompts(args)
     if args.stream and len(records) != 1:
         raise ValueError(f"--stream prints one prompt as it is generated; got {len(records)} prompts")
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.greedy and args.do_sample:
+        raise ValueError("give --greedy or --do-sample, not both")
     files = validate_checkpoint(args.model, args.tokenizer)
     tok = text.load_tokenizer(files.tokenizer)
     lengths = [len(r) for r in text.encode(tok, [r["prompt"] for r in records])]
+    _effective_generation(args, files.checkpoint, lengths)
     kw = default_shapes(model_kwargs(args), lengths, args.max_new_tokens, _max_positions(files.config))
     output = _Output(args.output)
     ok = False
@@ -219,7 +249,7 @@ def _generate(args, files, tok, kw: dict, prompts: list[str]):
         model.compile_cache.dir or "(memory only)",
     )
     pipe = TextGenerationPipeline(model, tok, progress_bars=not args.quiet)
-    gen_kw = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+    gen_kw = dict(args.gen)
     streamer = None
     if args.stream:
         streamer = text.TextStreamer(tok)
@@ -248,9 +278,9 @@ def _record(rec: dict, g, args, files, model) -> dict:
         "n_positions": model.n_positions,
         "max_new_tokens": args.max_new_tokens,
         "return_full_text": bool(args.return_full_text),
-        "do_sample": bool(args.do_sample),
+        "do_sample": bool(args.gen.get("do_sample", False)),
     }
-    gen.update({k: getattr(args, k) for k in SAMPLING_FLAGS[1:] if getattr(args, k) is not None})
+    gen.update({k: v for k, v in args.gen.items() if k != "do_sample"})
     if args.stop:
         gen["stop"] = list(args.stop)
     new = len(g.tokens)

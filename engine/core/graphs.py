@@ -44,13 +44,26 @@ def prefill(cfg, width: int, params, cache, tokens, positions, start, last):
     return decoder.logits(cfg, params, h_last), cache
 
 
+def mask_eos(logits, eos, slot, min_end):
+    """``min_new_tokens`` / ``min_length``: the eos ids get ``-inf`` in rows whose token at
+    ``slot`` would end them before slot ``min_end [B]`` (transformers' MinLength /
+    MinNewTokensLength processors, applied before every other processor as there). ``eos`` is
+    padded with -1, which indexes past the vocabulary and is dropped."""
+    b, v = logits.shape
+    cols = jnp.where(eos >= 0, eos, v)
+    fill = jnp.where(jnp.reshape(slot, (-1,)) < min_end, -jnp.inf, jnp.inf)
+    return logits.at[:, cols].min(jnp.broadcast_to(fill[:, None], (b, eos.shape[0])), mode="drop")
+
+
 def emit(st, logits, slot):
     """Choose the token of ``slot`` for every live row, record it and decide who finishes.
 
-    Finished rows get ``pad``. A row finishes on an eos id (``eos``), on a stop sequence that
+    Eos ids are masked in rows shorter than their ``min_end`` (``mask_eos``). Finished rows
+    get ``pad``. A row finishes on an eos id (``eos``), on a stop sequence that
     ends at this token and lies inside the generated tokens (``stop_sequence``; it stays in
     the output, Cerebras semantics), or at its last slot (``length``).
     """
+    logits = mask_eos(logits, st["eos"], slot, st["min_end"])
     tok, lp, top_ids, top_lp = sampling.select(
         logits, st["params"], st["seen"], st["out"], slot - 1, st["pos"], st["want_logprobs"]
     )
@@ -140,6 +153,7 @@ def state_spec(batch: int, n_slots: int, vocab: int, sharding) -> dict:
         "reason": row(jnp.int32),
         "end": row(jnp.int32),
         "last": row(jnp.int32),
+        "min_end": row(jnp.int32),
         "out": s((batch, n_slots), jnp.int32),
         "logp": s((batch, n_slots), jnp.float32),
         "top_ids": s((batch, n_slots, k), jnp.int32),

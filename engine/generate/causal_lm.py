@@ -15,7 +15,8 @@ import numpy as np
 
 from aotlm.core import graphs, inputs, sampling
 from aotlm.core.model import CompiledModel, _locked
-from aotlm.generate import broadcast, extensions, generation, params, slot_graphs
+from aotlm.generate import broadcast, extensions, generation, params, slot_graphs, speculative, stopping
+from aotlm.generate import neuron_config as nc
 
 
 class CausalLMForSampling(CompiledModel):
@@ -25,7 +26,9 @@ class CausalLMForSampling(CompiledModel):
     strategies (``extensions``). ``continuous_batching=True`` makes the model a server's: its
     graphs are the slot graphs (``slot_graphs``: each batch row a slot that requests enter and
     leave, driven by ``slots.SlotBatch``); ``sample()`` still works, compiling its graphs on first
-    use. Every other argument is ``CompiledModel``'s.
+    use. ``neuron_config`` (``aotlm.config.NeuronConfig``, transformers-neuronx's) sets ``quant``,
+    ``gqa``, ``fuse_qkv`` and, from ``on_device_generation``, the defaults of ``sample()``. Every
+    other argument is ``CompiledModel``'s.
     """
 
     def __init__(
@@ -36,8 +39,10 @@ class CausalLMForSampling(CompiledModel):
         num_beams: int = 1,
         speculation_length: int | Sequence[int] | None = None,
         continuous_batching: bool = False,
+        neuron_config: nc.NeuronConfig | None = None,
         **kwargs,
     ):
+        self.default_generation = nc.apply(neuron_config, kwargs) or params.GenerationConfig()
         super().__init__(path, *args, **kwargs)
         extensions.configure(self, prompt_batch_size, num_beams, speculation_length)
         if not isinstance(continuous_batching, bool):
@@ -59,6 +64,23 @@ class CausalLMForSampling(CompiledModel):
 
     _encode = broadcast.encoder(CompiledModel._encode)
 
+    def to_neuron(self) -> CausalLMForSampling:
+        """transformers-neuronx's name for ``compile()``: compile (or load from the compile cache
+        or from ``load()``'s artifacts) every graph of ``graph_keys()``; with
+        ``enable_speculative_decoder(k)`` also the speculative graphs of drafts already paired
+        with this model by ``SpeculativeGenerator`` (later pairs compile theirs when created)."""
+        self.compile()
+        for draft in list(self._spec_drafts.values()):
+            for k in self.speculation_length or ():
+                speculative.SpeculativeGenerator(draft, self, k).compile()
+        return self
+
+    def enable_speculative_decoder(self, speculation_length: int | Sequence[int]) -> None:
+        """Make this model a speculative target for ``k`` draft tokens per round (transformers-
+        neuronx). aotlm runs draft and target in one graph per pair of bucket widths, so those
+        graphs depend on the draft: ``SpeculativeGenerator(draft, self, k)`` compiles them."""
+        self.speculation_length = extensions.speculation_lengths(speculation_length)
+
     @extensions.routed
     @_locked
     def sample(
@@ -74,6 +96,7 @@ class CausalLMForSampling(CompiledModel):
         generation_config: params.GenerationConfig | None = None,
         streamer=None,
         stopping_criteria=None,
+        stopping_criteria_list=None,
         return_dict: bool = False,
         **generation_kwargs,
     ) -> np.ndarray | generation.GenerateOutput:
@@ -84,15 +107,21 @@ class CausalLMForSampling(CompiledModel):
         (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``,
         ``no_repeat_ngram_size``, ``seed``, ``stop_sequences``, ``top_logprobs``); each sampling
         value and ``max_new_tokens`` may be one value or one per row. They override
-        ``generation_config``. ``sequence_length`` (total length, transformers-neuronx style)
-        or ``max_new_tokens`` bound the output; neither means "up to n_positions". A row stops
+        ``generation_config``, which defaults to the model's (``NeuronConfig(on_device_generation=
+        ...)``, else greedy). ``sequence_length`` (total length, transformers-neuronx style),
+        ``max_new_tokens`` or the config's ``max_length`` bound the output; none means "up to
+        n_positions". ``min_new_tokens`` / ``min_length`` hold eos back until reached. A row stops
         at an eos id, at a stop sequence (kept in the output) or at its length; finished rows
         are filled with ``pad_token_id`` (default: the first eos id) and the output is trimmed
         to the longest row, as transformers does. ``streamer`` (HF ``BaseStreamer``: ``put``
-        gets the prompt, then the new tokens) and ``stopping_criteria`` (HF ``StoppingCriteria``)
-        make the decode loop run in chunks of ``generation.STREAM_CHUNK`` tokens.
+        gets the prompt, then each new token as it is produced: one ``[batch]`` array per step) and
+        ``stopping_criteria`` (HF ``StoppingCriteria``, or ``stopping_criteria_list`` as
+        transformers-neuronx calls it; checked after every token) make the decode loop run one
+        token per call (``generation.STREAM_CHUNK``).
         """
-        cfg = generation_config or params.GenerationConfig()
+        cfg = generation_config or self.default_generation
+        if stopping_criteria is not None and stopping_criteria_list is not None:
+            raise ValueError("give stopping_criteria or stopping_criteria_list, not both")
         unknown = set(generation_kwargs) - params.FIELDS
         if unknown:
             raise TypeError(
@@ -104,10 +133,14 @@ class CausalLMForSampling(CompiledModel):
             raise ValueError(f"top_logprobs must be an int in [0, {sampling.TOP_LOGPROBS_MAX}]")
         generation.check_streamer(streamer)
         inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS), inputs.count(cfg.pad_token_id, "pad_token_id")
-        criteria = generation.criteria_list(stopping_criteria)
+        criteria = stopping.criteria_list(
+            stopping_criteria if stopping_criteria is not None else stopping_criteria_list
+        )
         ids, mask, n = self._prepare(input_ids, attention_mask, start_ids)
+        if sequence_length is None and cfg.max_new_tokens is None and cfg.max_length is not None:
+            sequence_length = cfg.max_length
         new = self._n_new(ids.shape[1], n, cfg.max_new_tokens, sequence_length)
-        cfg = cfg.replace(max_new_tokens=None)
+        cfg = cfg.replace(max_new_tokens=None, max_length=None)
         generation.sampling_params(cfg, n, self.batch_size)  # validate before any device work
         generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
         want = bool(return_dict or cfg.top_logprobs)
@@ -135,16 +168,8 @@ class CausalLMForSampling(CompiledModel):
 
 
 class AutoModelForSampling(CausalLMForSampling):
-    """Picks the family from ``config.model_type``."""
+    """Picks the family from ``config.model_type`` (``aotlm.generate.families``: one class per family)."""
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **kwargs) -> CausalLMForSampling:
         return cls(path, **kwargs)
-
-
-class GPT2ForSampling(AutoModelForSampling):
-    model_types = ("gpt2",)
-
-
-class LlamaForSampling(AutoModelForSampling):
-    model_types = ("llama",)

@@ -48,16 +48,22 @@ def configure(model, prompt_batch_size=None, num_beams: int = 1, speculation_len
             f"batch_size={model.batch_size} is not a multiple of num_beams={num_beams}; compiled batch = "
             "prompts x num_beams"
         )
-    if speculation_length is not None:
-        ks = [speculation_length] if isinstance(speculation_length, int) else list(speculation_length)
-        if any(not isinstance(k, int) or k < 1 for k in ks):
-            raise ValueError(f"speculation_length must be an int >= 1, got {speculation_length!r}")
-        speculation_length = tuple(ks)
+    speculation_length = speculation_lengths(speculation_length)
     model.prompt_batch_size = None if prompt_batch_size is None else int(prompt_batch_size)
     model.num_beams = num_beams
     model.speculation_length = speculation_length
     model._bcast = None
     model._spec_drafts = {}  # draft tag -> draft model, for lowering the target's spec graphs
+
+
+def speculation_lengths(speculation_length) -> tuple[int, ...] | None:
+    """``k`` or several ``k`` (draft tokens per speculative round) as a tuple, validated."""
+    if speculation_length is None:
+        return None
+    ks = [speculation_length] if isinstance(speculation_length, int) else list(speculation_length)
+    if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
+        raise ValueError(f"speculation_length must be an int >= 1, got {speculation_length!r}")
+    return tuple(ks)
 
 
 def graph_keys(model) -> list[tuple]:
@@ -112,6 +118,16 @@ def return_sequences(model, sample, args: dict, r: int):
         model._bcast = None
 
 
+def _broadcast_rows(model, args: tuple, kwargs: dict) -> int:
+    """transformers-neuronx's context broadcasting: a model built with ``prompt_batch_size=P``
+    and ``batch_size=B`` continues ``P`` prompts in ``B / P`` rows each (output batch ``B``)."""
+    pb = getattr(model, "prompt_batch_size", None)
+    ids = args[0] if args else kwargs.get("input_ids")
+    if not pb or pb == model.batch_size or ids is None or model.batch_size % pb:
+        return 1
+    return model.batch_size // pb if inputs.token_ids(ids, model.cfg.vocab_size).shape[0] == pb else 1
+
+
 def routed(sample):
     """Decorator for ``sample``: ``num_return_sequences``, ``num_beams``, ``draft_model``."""
     sig = inspect.signature(sample)
@@ -120,7 +136,7 @@ def routed(sample):
     def wrapper(
         model,
         *args,
-        num_return_sequences: int = 1,
+        num_return_sequences: int | None = None,
         num_beams: int = 1,
         length_penalty: float = 1.0,
         early_stopping: bool | str = False,
@@ -128,6 +144,8 @@ def routed(sample):
         speculation_length: int | None = None,
         **kwargs,
     ):
+        if num_return_sequences is None:
+            num_return_sequences = _broadcast_rows(model, args, kwargs) if num_beams == 1 else 1
         if (
             draft_model is None
             and speculation_length is None

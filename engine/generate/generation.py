@@ -12,15 +12,18 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampling, sharding
 from aotlm.generate.params import GenerationConfig
+from aotlm.generate.stopping import criteria_hit
 
-STREAM_CHUNK = 4  # tokens per decode call while a streamer or stopping criteria listen
+# tokens per decode call while a streamer or stopping criteria listen: one, so a streamer gets
+# each token as it is produced and criteria see every token (measured: scripts/bench.py, the
+# streamed row); the loop stays on device otherwise
+STREAM_CHUNK = 1
 
 
 @dataclass
@@ -60,6 +63,10 @@ def _per_row(value, name: str, n: int, dtype) -> np.ndarray:
     return out
 
 
+def _or0(value):
+    return 0 if value is None else value
+
+
 def _check(ok: np.ndarray, name: str, rule: str, values: np.ndarray) -> None:
     if not np.all(ok):
         bad = values[~ok][0]
@@ -94,6 +101,10 @@ def sampling_params(cfg: GenerationConfig, n: int, rows: int) -> dict:
         f"must be in [0, {sampling.NGRAM_MAX}]",
         ng,
     )
+    p["min_new"] = _per_row(_or0(cfg.min_new_tokens), "min_new_tokens", n, np.int64)
+    p["min_len"] = _per_row(_or0(cfg.min_length), "min_length", n, np.int64)
+    _check(p["min_new"] >= 0, "min_new_tokens", "must be >= 0", p["min_new"])
+    _check(p["min_len"] >= 0, "min_length", "must be >= 0", p["min_len"])
     if cfg.seed is None:
         seeds = np.array([secrets.randbits(32) for _ in range(n)], dtype=np.uint64)
     else:
@@ -157,36 +168,15 @@ def check_streamer(streamer) -> None:
         )
 
 
-def criteria_list(stopping_criteria) -> list:
-    if stopping_criteria is None:
-        return []
-    items = list(stopping_criteria) if isinstance(stopping_criteria, Sequence) else [stopping_criteria]
-    for c in items:
-        if not callable(c):
-            raise TypeError(f"stopping_criteria must be callables (transformers StoppingCriteria), got {c!r}")
-    return items
-
-
-def criteria_hit(criteria: list, sequences: np.ndarray) -> np.ndarray:
-    """Rows that any HF StoppingCriteria ends; they get torch tensors when torch is importable."""
-    ids: Any = sequences
-    try:
-        import torch  # local: optional (HF interop / .bin checkpoints): kept out of `import aotlm`
-
-        ids = torch.from_numpy(np.ascontiguousarray(sequences).astype(np.int64))
-    except ImportError:
-        pass
-    hit = np.zeros(sequences.shape[0], bool)
-    for c in criteria:
-        r = c(ids, None)
-        r = r.detach().cpu().numpy() if hasattr(r, "detach") else np.asarray(r)
-        hit |= np.broadcast_to(r.astype(bool), hit.shape)
-    return hit
-
-
 def initial_state(model, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, n: int, last, cfg) -> dict:
-    """The host-side generation state for a prompt batch (see ``graphs.state_spec``)."""
+    """The host-side generation state for a prompt batch (see ``graphs.state_spec``).
+
+    ``min_end``: eos is masked for tokens before this slot: ``min_new_tokens`` after the
+    (padded) prompt, or ``min_length`` counted from slot 0 with the padding, as transformers.
+    """
     b, p_len = ids.shape
+    sp = sampling_params(cfg, n, b)
+    min_end = np.maximum(p_len + sp.pop("min_new"), sp.pop("min_len")).clip(0, 2**31 - 1)
     s, v, k = model.n_positions, model.cfg.vocab_size, sampling.TOP_LOGPROBS_MAX
 
     eos = inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS)
@@ -203,6 +193,7 @@ def initial_state(model, ids: np.ndarray, mask: np.ndarray, positions: np.ndarra
         "reason": np.zeros(b, np.int32),
         "end": np.zeros(b, np.int32),
         "last": np.asarray(last, np.int32),
+        "min_end": min_end.astype(np.int32),
         "out": out,
         "logp": np.zeros((b, s), np.float32),
         "top_ids": np.zeros((b, s, k), np.int32),
@@ -215,8 +206,25 @@ def initial_state(model, ids: np.ndarray, mask: np.ndarray, positions: np.ndarra
         "eos": eos,
         "pad": np.int32(pad),
         "want_logprobs": np.bool_(False),
-        "params": sampling_params(cfg, n, b),
+        "params": sp,
     }
+
+
+def _stop_rows(model, state: dict, criteria: list, ids, n: int, p_len: int, idx: int, done):
+    """Evaluate the stopping criteria on the sequences so far (token at slot ``idx`` included);
+    rows they end get reason ``stopping_criteria`` in the device state. Returns the new ``done``."""
+    fetch = sharding.fetch
+    if done[:n].all():
+        return done
+    seqs = np.concatenate([ids[:n], fetch(state["out"])[:n, p_len : idx + 1]], axis=1)
+    hit = np.zeros(done.shape[0], bool)
+    hit[:n] = criteria_hit(criteria, seqs) & ~done[:n]
+    if hit.any():
+        reason = np.where(hit, graphs.STOPPED, fetch(state["reason"])).astype(np.int32)
+        end = np.where(hit, idx, fetch(state["end"])).astype(np.int32)
+        done = done | hit
+        state.update(done=model._put(done), reason=model._put(reason), end=model._put(end))
+    return done
 
 
 def run(
@@ -238,23 +246,20 @@ def run(
         streamer.put(first_tok[:n])
     listening = streamer is not None or bool(criteria)
     stop, idx, done = int(last.max()), p_len, fetch(state["done"])
+    if criteria:
+        done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     while idx < stop and not done.all():
         limit = min(stop, idx + STREAM_CHUNK) if listening else stop
         state["limit"] = model._put(np.int32(limit))
         exe = model._executable(("decode", bk.decode_bucket(model.tg_buckets, idx)))
         model.cache, state = exe(model.params, model.cache, state)
         prev, idx, done = idx, int(fetch(state["idx"])), fetch(state["done"])
-        if streamer is not None and idx > prev:
-            streamer.put(fetch(state["out"])[:n, prev + 1 : idx + 1])  # whole buffer: no slicing graph
-        if criteria and not done[:n].all():
-            seqs = np.concatenate([ids[:n], fetch(state["out"])[:n, p_len : idx + 1]], axis=1)
-            hit = np.zeros(b, bool)
-            hit[:n] = criteria_hit(criteria, seqs) & ~done[:n]
-            if hit.any():
-                reason = np.where(hit, graphs.STOPPED, fetch(state["reason"])).astype(np.int32)
-                end = np.where(hit, idx, fetch(state["end"])).astype(np.int32)
-                done = done | hit
-                state.update(done=model._put(done), reason=model._put(reason), end=model._put(end))
+        if streamer is not None and idx > prev:  # one token per call: the row's newest (pad if done)
+            new_tok = fetch(state["tok"]) if idx == prev + 1 else fetch(state["out"])[:, prev + 1 : idx + 1]
+            for j in range(idx - prev):
+                streamer.put(new_tok[:n] if new_tok.ndim == 1 else new_tok[:n, j])
+        if criteria:
+            done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     if streamer is not None:
         streamer.end()
     n_gen = idx - p_len + 1

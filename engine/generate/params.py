@@ -12,7 +12,13 @@ from typing import Any
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """transformers' generation parameters (greedy by default: no surprise top_k=50)."""
+    """transformers' generation parameters (greedy by default: no surprise top_k=50).
+
+    Also ``aotlm.config.GenerationConfig`` (transformers-neuronx's ``on_device_generation``): one
+    class, so a setting means the same thing wherever it is given. ``max_length`` (prompt + new
+    tokens) applies when neither ``max_new_tokens`` nor ``sequence_length`` is given;
+    ``min_new_tokens`` / ``min_length`` mask the eos ids until reached (transformers' processors).
+    """
 
     do_sample: Any = False
     temperature: Any = 1.0
@@ -26,6 +32,9 @@ class GenerationConfig:
     pad_token_id: int | None = None
     stop_sequences: Any = None
     max_new_tokens: Any = None
+    max_length: int | None = None
+    min_new_tokens: Any = 0
+    min_length: Any = 0
     top_logprobs: int = 0
 
     def replace(self, **kw) -> GenerationConfig:
@@ -67,6 +76,7 @@ SAMPLING_FIELDS = (
     "min_p",
     "repetition_penalty",
     "no_repeat_ngram_size",
+    "min_new_tokens",
     "seed",
 )
 GREEDY_DEFAULTS = {k: getattr(GenerationConfig(), k) for k in SAMPLING_FIELDS}

@@ -99,6 +99,12 @@ class SpeculativeGenerator:
                 f"the draft runs on other devices (tp_degree={draft.tp_degree}) than the target "
                 f"(tp_degree={target.tp_degree}); load both with the same tp_degree"
             )
+        enabled = getattr(target, "speculation_length", None)
+        if enabled and k not in enabled:
+            raise ValueError(
+                f"the target was built for speculation_length {list(enabled)} "
+                f"(enable_speculative_decoder), not k={k}; use one of those"
+            )
         self.draft, self.target, self.k = draft, target, k
         self.tag = draft_tag(draft)
         target._spec_drafts[self.tag] = draft
@@ -119,6 +125,10 @@ class SpeculativeGenerator:
             for key in self.graph_keys():
                 t._executable(key)
         return self
+
+    def sample(self, input_ids, sequence_length: int | None = None, **kwargs) -> np.ndarray:
+        """transformers-neuronx's name: ``generate(input_ids, sequence_length=...)``."""
+        return self.generate(input_ids, sequence_length=sequence_length, **kwargs)
 
     def generate(
         self,

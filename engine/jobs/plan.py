@@ -60,6 +60,7 @@ def check_generation(gen: dict) -> str | None:
         _num(gen["min_p"], "min_p", lo=0, hi=1),
         _num(gen["repetition_penalty"], "repetition_penalty", lo=0, lo_open=True),
         _num(gen["no_repeat_ngram_size"], "no_repeat_ngram_size", lo=0, integer=True),
+        _num(gen["min_new_tokens"], "min_new_tokens", lo=0, integer=True),
         _num(gen["seed"], "seed", lo=0, hi=2**32 - 1, integer=True, none_ok=True),
     ]
     if not isinstance(gen["do_sample"], bool):

@@ -18,13 +18,12 @@ numbers, before any device work.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 _ALLOWED_DEFAULTS = {  # generation arguments aotlm does not implement: only their no-op values pass
-    "min_length": (0, None),
-    "min_new_tokens": (0, None),
     "num_beam_groups": (1, None),
     "penalty_alpha": (None,),
     "constraints": (None,),
@@ -47,6 +46,26 @@ _ALLOWED_DEFAULTS = {  # generation arguments aotlm does not implement: only the
     "assistant_model": (None,),
 }
 _SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "no_repeat_ngram_size")
+# what the adapter applies (the rest of transformers' GenerationConfig must keep its default)
+SUPPORTED = (
+    "max_length",
+    "max_new_tokens",
+    "min_length",
+    "min_new_tokens",
+    "do_sample",
+    *_SAMPLING,
+    "num_beams",
+    "num_return_sequences",
+    "length_penalty",
+    "early_stopping",
+    "eos_token_id",
+    "pad_token_id",
+    "return_dict_in_generate",
+    "output_scores",
+    "seed",
+    "streamer",
+    "stopping_criteria",
+)
 
 
 class HuggingFaceGenerationModelAdapter:
@@ -57,8 +76,18 @@ class HuggingFaceGenerationModelAdapter:
 
         self.config = config
         self.model = model
-        self.generation_config = transformers.GenerationConfig.from_model_config(config)
+        # as transformers' from_pretrained: the checkpoint's generation_config.json, else the model config
+        path = getattr(model, "path", None)
+        if path is not None and (Path(path) / "generation_config.json").is_file():
+            self.generation_config = transformers.GenerationConfig.from_pretrained(path)
+        else:
+            self.generation_config = transformers.GenerationConfig.from_model_config(config)
         self.main_input_name = "input_ids"
+
+    def reset_generation(self) -> None:
+        """transformers-neuronx resets its KV-cache position between ``generate()`` calls; aotlm
+        keeps no state across calls (each call encodes its prompt from slot 0), so there is
+        nothing to reset. Kept so that code written for transformers-neuronx runs unchanged."""
 
     @property
     def device(self):
@@ -70,7 +99,9 @@ class HuggingFaceGenerationModelAdapter:
         cfg = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         unknown = {k: v for k, v in kwargs.items() if not hasattr(cfg, k)}
         if unknown:
-            raise TypeError(f"generate() got unsupported arguments {sorted(unknown)}")
+            raise TypeError(
+                f"generate() got unsupported arguments {sorted(unknown)}; supported: {', '.join(SUPPORTED)}"
+            )
         for k, v in kwargs.items():
             setattr(cfg, k, v)
         defaults = getattr(type(cfg), "_get_default_generation_params", lambda: {})()
@@ -80,7 +111,8 @@ class HuggingFaceGenerationModelAdapter:
         for name, ok in _ALLOWED_DEFAULTS.items():
             if getattr(cfg, name, None) not in ok:
                 raise ValueError(
-                    f"{name}={getattr(cfg, name)!r} is not supported by aotlm's generate adapter"
+                    f"{name}={getattr(cfg, name)!r} is not supported by aotlm's generate adapter; "
+                    f"supported: {', '.join(SUPPORTED)}"
                 )
         return cfg
 
@@ -89,10 +121,12 @@ class HuggingFaceGenerationModelAdapter:
         import torch  # local: optional (HF interop / .bin checkpoints): kept out of `import aotlm`
 
         seed = kwargs.pop("seed", None)
-        for name in ("streamer", "stopping_criteria", "logits_processor"):
-            if kwargs.get(name) is not None:
-                raise ValueError(f"{name} is not supported by the adapter; call model.sample() directly")
-            kwargs.pop(name, None)
+        listeners = {k: kwargs.pop(k, None) for k in ("streamer", "stopping_criteria")}
+        if kwargs.pop("logits_processor", None):
+            raise ValueError(
+                "logits_processor is not supported (aotlm's processors run in the graph); "
+                f"supported: {', '.join(SUPPORTED)}"
+            )
         cfg = self._config(generation_config, kwargs)
         if input_ids is None:
             raise ValueError("generate() needs input_ids")
@@ -135,7 +169,12 @@ class HuggingFaceGenerationModelAdapter:
         call: dict = dict(
             max_new_tokens=new, attention_mask=mask, eos_token_id=eos_list or None, pad_token_id=pad
         )
+        for name in ("min_new_tokens", "min_length"):
+            if getattr(cfg, name, None):
+                call[name] = int(getattr(cfg, name))
         beams = None
+        if nb > 1 and any(v is not None for v in listeners.values()):
+            raise ValueError("streamer / stopping_criteria run with greedy search or sampling, not beams")
         if nb > 1:
             if cfg.do_sample:
                 raise ValueError("beam sampling (num_beams > 1 with do_sample=True) is not supported")
@@ -163,6 +202,7 @@ class HuggingFaceGenerationModelAdapter:
                 )
             if nrs > 1:
                 call["num_return_sequences"] = nrs
+            call.update({k: v for k, v in listeners.items() if v is not None})
             out = self.model.sample(ids, **call)
         sequences = torch.from_numpy(np.ascontiguousarray(out).astype(np.int64))
         if not cfg.return_dict_in_generate:

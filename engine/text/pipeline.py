@@ -4,6 +4,8 @@ Same call shape and same output as ``transformers.pipeline("text-generation")`` 
 text is equal, tested), over a model compiled for a fixed batch size: any number of
 prompts is sorted by token length and cut into batches of the compiled size, so prompts
 of one context bucket run together with little padding; results come back in input order.
+Generation defaults come from the checkpoint's ``generation_config.json`` as in transformers
+(``aotlm.text.defaults``); explicit arguments win.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from aotlm.core.resolve import default_model, validate_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling, CausalLMForSampling
 from aotlm.generate.params import FIELDS
 from aotlm.generate.params import PER_ROW_FIELDS as PER_PROMPT
+from aotlm.text import defaults
 from aotlm.text import tokens as text
 
 DEFAULT_MAX_NEW_TOKENS = 256  # transformers' pipeline default, capped to what the model was compiled for
@@ -51,7 +54,11 @@ class TextGenerationPipeline:
         self.tokenizer = tokenizer
         self.progress = progress_bars
         self.eos = text.eos_ids(model.path, model.hf_config, tokenizer)
-        self.default_new = text.generation_defaults(model.path).get("max_new_tokens")
+        # the checkpoint's generation_config.json: defaults under explicit arguments (text.defaults)
+        found = defaults.sampling_defaults(model.path)
+        self.defaults = {k: v for k, v in found.items() if k not in defaults.LENGTH_KEYS}
+        self.default_new = found.get("max_new_tokens")
+        self.default_length = found.get("max_length")
         self._sample_params = _sample_params(model)
 
     # ------------------------------------------------------------------ transformers-shaped call
@@ -87,6 +94,7 @@ class TextGenerationPipeline:
         """
         rows = text.encode(self.tokenizer, prompts)
         n = len(rows)
+        generation_kwargs = defaults.merged(self.defaults, generation_kwargs)
         per_prompt = {"max_new_tokens": max_new_tokens, **generation_kwargs}
         for k, v in per_prompt.items():
             if k in PER_PROMPT and isinstance(v, list | tuple) and len(v) != n:
@@ -131,6 +139,8 @@ class TextGenerationPipeline:
 
     def _new_tokens(self, i: int, p_len: int, asked: int | None) -> int:
         room = self.model.n_positions - p_len
+        if asked is None and self.default_new is None and self.default_length is not None:
+            asked = max(1, min(int(self.default_length) - p_len, room))  # transformers' max_length
         if asked is None:
             asked = min(self.default_new or DEFAULT_MAX_NEW_TOKENS, room)
             if asked < 1:
