@@ -176,6 +176,12 @@ class HuggingFaceGenerationModelAdapter:
         if nb > 1 and any(v is not None for v in listeners.values()):
             raise ValueError("streamer / stopping_criteria run with greedy search or sampling, not beams")
         if nb > 1:
+            for name, off in (("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0)):
+                if (getattr(cfg, name, None) or off) != off:  # transformers would apply it: never drop it
+                    raise ValueError(
+                        f"{name}={getattr(cfg, name)} (from the arguments or generation_config.json) is not "
+                        f"supported with num_beams > 1; pass {name}={off}"
+                    )
             if cfg.do_sample:
                 raise ValueError("beam sampling (num_beams > 1 with do_sample=True) is not supported")
             beams = self.model.sample(
