@@ -49,7 +49,7 @@ def make_checkpoints() -> None:
     ids = dict(eos_token_id=0, bos_token_id=0, pad_token_id=0)
     llama = dict(hidden_size=64, intermediate_size=128, num_attention_heads=8, num_key_value_heads=2)
     configs = {
-        "gpt2": transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, n_positions=512, vocab_size=n, **ids),
+        "gpt2": transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, n_positions=256, vocab_size=n, **ids),
         "bigscience/bloom-560m": transformers.BloomConfig(
             hidden_size=64, n_layer=1, n_head=4, vocab_size=n, **ids
         ),
@@ -68,7 +68,7 @@ def make_checkpoints() -> None:
             num_attention_heads=4,
             num_key_value_heads=2,
             num_hidden_layers=1,
-            max_position_embeddings=512,
+            max_position_embeddings=256,
             sliding_window=64,
             vocab_size=n,
             **ids,
