@@ -14,6 +14,10 @@ no family needs code of its own: they act on the generic leaf names every family
   copy of the embedding, ``embed_q [V, D]`` + ``embed_q_scale [V]`` (per vocab row): the logits
   matmul reads every embedding row per token (31% of GPT-2-small's bytes), the lookup only B rows.
   It costs 1/4 (f32) or 1/2 (bf16) of the embedding's memory; an untied model drops it.
+* ``QuantizationConfig(quant_dtype="bf16" | "f16")``: the same matrices stored as bfloat16 /
+  float16, no scales (the tied lm_head's copy ``embed_q`` in that dtype, unit scales). This is
+  also how ``amp="bf16"`` / ``"f16"`` store weights on CPU with the kernels
+  (``aotlm.core.precision``).
 * ``fuse_qkv``: ``wq/wk/wv`` become one ``wqkv [D, K, G+2, Dh]`` (per kv head: its ``G = H/K``
   query heads, then its k and v), so one matmul per layer computes q, k and v; the kv-heads axis
   is the sharded one, so every device keeps its query heads with the k/v they read. Gate and up
@@ -30,7 +34,9 @@ import numpy as np
 
 from aotlm.models.axes import CONTRACT_AXES, Path
 
-QUANT_DTYPES = ("s8", "int8", "bf16")
+QUANT_DTYPES = ("s8", "int8", "bf16", "f16")
+DEQUANT_DTYPES = ("bf16", "f16", "f32")  # transformers-neuronx's names; must equal the model's amp
+FLOAT_DTYPES = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}  # weight-only float storage
 
 # fused leaf -> (its parts in order, the axis of the new "part" axis in the fused array)
 FUSED = {
@@ -47,35 +53,51 @@ _PART_OF = {part: fused for fused, (parts, _) in FUSED.items() for part in parts
 class QuantizationConfig:
     """Weight quantization (transformers-neuronx ``QuantizationConfig`` subset).
 
-    ``quant_dtype``: storage dtype, ``"s8"`` (int8, symmetric, per output channel) or ``"bf16"``
-    (weight-only bfloat16, no scales: half the bytes of f32, activations stay in the amp dtype,
-    as llama.cpp runs f16 weights with f32 activations). The dequant dtype is always the model's
-    amp dtype. ``lm_head``: also quantize an untied
-    lm_head (a tied one is the embedding, which is never quantized).
+    ``quant_dtype``: storage dtype, ``"s8"`` (int8, symmetric, per output channel), ``"bf16"`` or
+    ``"f16"`` (weight-only bfloat16 / float16, no scales: half the bytes of f32, activations stay
+    in the compute dtype, as llama.cpp runs f16 weights with f32 activations). ``dequant_dtype``
+    (transformers-neuronx's field): ``"bf16"``, ``"f16"``, ``"f32"`` or None; as in
+    transformers-neuronx it must equal the model's ``amp`` (checked when the model is built,
+    ``aotlm.core.precision``), None meaning the amp. int8 weights are dequantized to the compute
+    dtype (the amp's, or f32 where the CPU kernels take amp as weight storage). ``lm_head``: also
+    quantize an untied lm_head (a tied one is the embedding, which is never quantized).
     """
 
     quant_dtype: str = "s8"
     lm_head: bool = True
+    dequant_dtype: str | None = None
 
     def __post_init__(self):
         if self.quant_dtype not in QUANT_DTYPES:
             raise ValueError(
                 f"quant_dtype={self.quant_dtype!r} is not supported; choose one of {QUANT_DTYPES}"
             )
+        if self.dequant_dtype is not None and self.dequant_dtype not in DEQUANT_DTYPES:
+            raise ValueError(
+                f"dequant_dtype={self.dequant_dtype!r} is not supported; choose one of "
+                f"{DEQUANT_DTYPES} (the model's amp) or None"
+            )
 
 
 def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig | None:
-    """``None`` | ``"int8"`` / ``"s8"`` / ``"bf16"`` | a ``QuantizationConfig`` -> config (or None)."""
+    """``None``, ``"int8"`` / ``"s8"`` / ``"bf16"`` / ``"f16"`` or a ``QuantizationConfig`` -> config."""
     if quant is None or isinstance(quant, QuantizationConfig):
         return quant
     if isinstance(quant, str) and quant in QUANT_DTYPES:
         return QuantizationConfig(quant_dtype=quant)
-    raise ValueError(f"quant={quant!r} is not supported; use None, 'int8', 'bf16' or a QuantizationConfig")
+    raise ValueError(
+        f"quant={quant!r} is not supported; use None, 'int8', 'bf16', 'f16' or a QuantizationConfig"
+    )
 
 
 def to_bf16(w: np.ndarray) -> np.ndarray:
     """Round to nearest even bfloat16 (``ml_dtypes``, as ``jnp.asarray(w, jnp.bfloat16)``)."""
-    return np.asarray(w, np.float32).astype(ml_dtypes.bfloat16)
+    return to_float(w, "bf16")
+
+
+def to_float(w: np.ndarray, dtype: str) -> np.ndarray:
+    """Round to nearest even ``"bf16"`` / ``"f16"`` (as ``jnp.asarray(w, dtype)``)."""
+    return np.asarray(w, np.float32).astype(FLOAT_DTYPES[dtype])
 
 
 def quantize_int8(w: np.ndarray, contract: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -153,6 +175,22 @@ class ParamRewriter:
         out = fuse_qkv_heads(*arrs, axis) if fused in ("wqkv", "bqkv") else np.stack(arrs, axis=axis)
         return self._quantize((*path[:-1], fused), out)
 
+    def float_dtype(self, name: str) -> np.dtype | None:
+        """The bf16 / f16 dtype leaf ``name`` is stored in by this rewriter, else None."""
+        q = self.quant
+        if q is None or q.quant_dtype not in FLOAT_DTYPES:
+            return None
+        if name == "embed_q" or (name in CONTRACT_AXES and (name != "lm_head" or q.lm_head)):
+            return np.dtype(FLOAT_DTYPES[q.quant_dtype])
+        return None
+
+    def restore(self, path: Path, arr: np.ndarray) -> np.ndarray:
+        """``arr`` back in the dtype this rewriter stored it in. ``load_params`` casts every float
+        leaf it is handed to the compute dtype (float16 is a float kind, ml_dtypes' bfloat16 is
+        not), which turned f16 matrices into f32: f16 -> f32 -> f16 is exact."""
+        dt = self.float_dtype(path[-1])
+        return arr if dt is None else arr.astype(dt, copy=False)
+
     def finish(self) -> list[tuple[Path, np.ndarray]]:
         out = []
         for key, held in self._held.items():
@@ -163,16 +201,16 @@ class ParamRewriter:
 
     def _quantize(self, path: Path, arr: np.ndarray) -> list[tuple[Path, np.ndarray]]:
         name = path[-1]
-        bf16 = self.quant is not None and self.quant.quant_dtype == "bf16"
+        floating = self.quant is not None and self.quant.quant_dtype in FLOAT_DTYPES  # bf16 / f16
         if name == "embed" and self.quant is not None and self.quant.lm_head and self.embed_view:
-            if bf16:  # the logits' view: bf16 rows, unit scales (the lookup keeps the amp dtype)
-                q, scale = to_bf16(arr), np.ones(arr.shape[0], np.float32)
+            if floating:  # the logits' view: bf16 / f16 rows, unit scales (the lookup keeps its dtype)
+                q, scale = to_float(arr, self.quant.quant_dtype), np.ones(arr.shape[0], np.float32)
             else:
                 q, scale = quantize_int8(arr, (1,))  # per vocab row: the logits' output channel
             return [(path, arr), ((*path[:-1], "embed_q"), q), ((*path[:-1], "embed_q_scale"), scale)]
         if self.quant is None or name not in CONTRACT_AXES or (name == "lm_head" and not self.quant.lm_head):
             return [(path, arr)]
-        if bf16:
-            return [(path, to_bf16(arr))]
+        if floating:
+            return [(path, to_float(arr, self.quant.quant_dtype))]
         q, scale = quantize_int8(arr, CONTRACT_AXES[name])
         return [(path, q), ((*path[:-1], f"{name}_scale"), scale)]

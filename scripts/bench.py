@@ -3,6 +3,7 @@
     python scripts/bench.py                       # GPT-2-small (124M, random init), batch 1 and 8
     python scripts/bench.py --batch 1 --runs 5 --modes f32 int8
     python scripts/bench.py --tp 2 --peers        # aotlm only, 2 forced CPU devices
+    python scripts/bench.py --only amp            # batch 1: every amp / weight mode + streamed vs plain
     pip install -e '.[bench]'                     # peers: CTranslate2, llama-cpp-python, matplotlib
 
 Rows: aotlm modes, transformers eager fp32, CTranslate2 float32/int8, llama.cpp f32/f16/q8_0
@@ -15,6 +16,11 @@ batch and once per round (it drifts on a shared machine), the median in "bw GB/s
 counts the weights, "KV MB" the mean cache read over the run (prompt + (new - 1) / 2 positions
 per row, at the engine's cache dtype: aotlm and transformers the model dtype, CTranslate2 float32,
 llama.cpp f16, their defaults). The machine is shared and noisy: compare rows of one run.
+
+"aotlm f32 streamed" (batch 1, with ``--stream``, the default): the f32 model's ``sample()`` with a
+streamer whose ``put`` records when each call arrives, in the same round robin; its "vs aotlm f32"
+is streamed / plain, and a second table gives the median gap between consecutive new tokens as
+the streamer sees them (tokens of one ``put`` arrive together: gap 0) and the tokens per ``put``.
 """
 
 from __future__ import annotations
@@ -30,12 +36,15 @@ from aotlm.tiny import cpu_model
 
 MODES = {  # aotlm mode -> from_pretrained kwargs (every mode also gets fuse_qkv=True, see aotlm_engine)
     "f32": {},
-    "bf16": {"amp": "bf16"},
-    "bf16w": {"quant": "bf16"},  # bf16 weights, f32 activations
+    "bf16": {"amp": "bf16"},  # CPU with the kernels: bf16 weights, f32 activations (aotlm.core.precision)
+    "f16": {"amp": "f16"},
+    "bf16w": {"quant": "bf16"},  # bf16 weights, amp f32
     "int8": {"quant": "int8"},
-    "int8+bf16": {"quant": "int8", "amp": "bf16"},
+    # transformers-neuronx's int8 example: QuantizationConfig(quant_dtype="s8", dequant_dtype="bf16")
+    "int8+bf16": {"quant": ("s8", "bf16"), "amp": "bf16"},
 }
 PEERS = ["hf", "ct2-float32", "ct2-int8", "llama-f32", "llama-f16", "llama-q8_0"]
+ONLY = {"amp": {"batch": [1], "modes": list(MODES), "peers": [], "stream": True}}  # --only NAME
 
 
 def parse() -> argparse.Namespace:
@@ -50,7 +59,19 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--work", default="/tmp/aotlm-bench", help="converted peer models, compile cache")
     ap.add_argument("--plot", default=None, help="PNG path: tokens/s vs batch per engine (matplotlib)")
-    return ap.parse_args()
+    ap.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="batch 1 with f32: also the f32 model with a timing streamer (streamed vs plain)",
+    )
+    ap.add_argument(
+        "--only", choices=list(ONLY), help="amp: batch 1, every aotlm mode and streamed vs plain, no peers"
+    )
+    args = ap.parse_args()
+    for k, v in ONLY.get(args.only, {}).items():
+        setattr(args, k, v)
+    return args
 
 
 def read_bandwidth(gib: float = 0.5, runs: int = 7) -> tuple[float, str]:
@@ -98,9 +119,58 @@ def kv_bytes(path, b: int, args, elem: int) -> float:
     return b * c.num_hidden_layers * 2 * (args.prompt + (args.new - 1) / 2) * width * elem
 
 
-def aotlm_engine(path, b: int, mode: str, args, ids):
-    import numpy as np
+class TimingStreamer:
+    """A streamer (``put(tokens)`` / ``end()``) that records when each ``put`` arrives and how
+    many new tokens per row it carries; the first ``put`` is the prompt."""
 
+    def __init__(self):
+        self.puts: list[tuple[float, int]] = []
+
+    def put(self, tokens) -> None:
+        import numpy as np
+
+        t = np.asarray(tokens)
+        self.puts.append((time.perf_counter(), t.shape[-1] if t.ndim > 1 else 1))
+
+    def end(self) -> None:
+        pass
+
+    def token_gaps(self) -> list[float]:
+        """Seconds between consecutive new tokens as they arrive (tokens of one put: 0 apart)."""
+        arrivals = [t for t, n in self.puts[1:] for _ in range(n)]
+        return [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+
+
+def mode_kwargs(mode: str) -> dict:
+    from aotlm.models.quant import QuantizationConfig
+
+    kw = dict(MODES[mode])
+    if isinstance(kw.get("quant"), tuple):
+        quant, dequant = kw["quant"]
+        kw["quant"] = QuantizationConfig(quant_dtype=quant, dequant_dtype=dequant)
+    return kw
+
+
+_models: dict = {}  # (batch, mode) -> compiled model: the streamed row reuses the f32 one
+
+
+def aotlm_engine(path, b: int, mode: str, args, ids, streamers: list | None = None):
+    """(prefill, generate, weight bytes, KV bytes per step); ``streamers``: generate with a fresh
+    ``TimingStreamer`` each call, appended to that list."""
+    model = _models.get((b, mode)) or load_model(path, b, mode, args)
+    _models[b, mode] = model
+
+    def gen():
+        if streamers is None:
+            return model.sample(ids, max_new_tokens=args.new)
+        streamers.append(TimingStreamer())
+        return model.sample(ids, max_new_tokens=args.new, streamer=streamers[-1])
+
+    kv = kv_bytes(path, b, args, model.cache["k"][0].dtype.itemsize)  # the cache's own dtype
+    return (lambda: model.forward(ids)), gen, step_bytes(model.params), kv
+
+
+def load_model(path, b: int, mode: str, args):
     from aotlm import AutoModelForSampling
 
     model = AutoModelForSampling.from_pretrained(
@@ -111,11 +181,10 @@ def aotlm_engine(path, b: int, mode: str, args, ids):
         tp_degree=args.tp,
         compile_cache=str(Path(args.work) / "compile_cache"),
         fuse_qkv=True,  # one q/k/v matmul per layer instead of three (transformers-neuronx's option)
-        **MODES[mode],
+        **mode_kwargs(mode),
     ).compile()
-    gen = lambda: model.sample(ids, max_new_tokens=args.new)
-    kv = kv_bytes(path, b, args, np.dtype(model.dtype).itemsize)
-    return (lambda: model.forward(ids)), gen, step_bytes(model.params), kv
+    print(f"aotlm {mode} (batch {b}): {model.precision.describe()}", flush=True)
+    return model
 
 
 def hf_engine(path, ids, args):
@@ -157,10 +226,13 @@ def peer_engine(peer: str, path: Path, ids, args, f32_bytes: int):
     return pre, gen, int(f32_bytes / 4 * per_weight), kv
 
 
-def bench_batch(path, b: int, args, ids, bw: float) -> list[dict]:
-    engines, skipped = {}, []
+def bench_batch(path, b: int, args, ids, bw: float, stream: list) -> list[dict]:
+    """Rows of one batch size; ``stream`` gets the streamed-vs-plain summary when measured."""
+    engines, skipped, streamers = {}, [], []
     for mode in args.modes:
         engines[f"aotlm {mode}"] = aotlm_engine(path, b, mode, args, ids)
+    if args.stream and b == 1 and "f32" in args.modes:  # the same f32 model, with a streamer
+        engines["aotlm f32 streamed"] = aotlm_engine(path, b, "f32", args, ids, streamers)
     f32_bytes = engines["aotlm f32"][2] if "aotlm f32" in engines else 4 * 124_000_000
     for peer in args.peers:
         try:
@@ -202,6 +274,20 @@ def bench_batch(path, b: int, args, ids, bw: float) -> list[dict]:
     base = next((r["decode tok/s"] for r in rows if r["engine"] == "aotlm f32"), None)
     for r in rows:
         r["vs aotlm f32"] = r["decode tok/s"] / base if base else float("nan")
+    if streamers:
+        streamed = next(r for r in rows if r["engine"] == "aotlm f32 streamed")
+        gaps = [g for s in streamers for g in s.token_gaps()]  # every timed run
+        per_put = [n for s in streamers for _, n in s.puts[1:]]
+        stream.append(
+            {
+                "batch": b,
+                "plain tok/s": base,
+                "streamed tok/s": streamed["decode tok/s"],
+                "streamed/plain": streamed["vs aotlm f32"],
+                "median token gap ms": 1e3 * statistics.median(gaps) if gaps else float("nan"),
+                "tokens per put": statistics.mean(per_put) if per_put else float("nan"),
+            }
+        )
     return rows
 
 
@@ -229,6 +315,14 @@ def plot(rows: list[dict], out: str, title: str) -> None:
     print(f"plot: {out}")
 
 
+def table(rows: list[dict]) -> None:
+    cols = list(rows[0])
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+
+
 def main() -> int:
     args = parse()
     if args.tp > 1:
@@ -250,10 +344,11 @@ def main() -> int:
         f"read bandwidth {bw:.1f} GB/s ({bw_how})",
         flush=True,
     )
-    rows = []
+    rows, stream = [], []
     rng = np.random.default_rng(0)
     for b in args.batch:
-        new = bench_batch(path, b, args, rng.integers(0, 50000, (b, args.prompt)), bw)
+        new = bench_batch(path, b, args, rng.integers(0, 50000, (b, args.prompt)), bw, stream)
+        _models.clear()  # free this batch's models before the next batch loads its own
         for r in new:  # as each batch finishes: a long run cut short still reports
             print(
                 {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()},
@@ -261,11 +356,10 @@ def main() -> int:
                 flush=True,
             )
         rows += new
-    cols = list(rows[0])
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
-    for r in rows:
-        print("| " + " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    table(rows)
+    if stream:
+        print("\nstreamed vs plain (f32, same round robin):")
+        table(stream)
     if args.plot:
         plot(rows, args.plot, f"GPT-2-small decode, {cpu_model().split(',')[0]}, bw {bw:.0f} GB/s")
     return 0

@@ -252,7 +252,12 @@ def test_model_errors_before_device_work(llama_gqa_path, gpt2_path):
         AutoModelForSampling.from_pretrained(gpt2_path, tp_degree=2, compile_cache=False)
 
 
-def test_memory_plan_and_check_fits():
+def test_memory_plan_and_check_fits(monkeypatch):
+    from aotlm.core import precision
+
+    resolve = precision.resolve
+    cpu = lambda amp, quant: resolve(amp, quant, kernels_on=True)  # bf16 matrices, f32 rest
+    monkeypatch.setattr(precision, "resolve", lambda amp, quant: resolve(amp, quant, kernels_on=False))
     cfg = transformers.LlamaConfig(
         hidden_size=4096,
         num_attention_heads=32,
@@ -281,6 +286,12 @@ def test_memory_plan_and_check_fits():
     with pytest.raises(memory.MemoryPlanError, match=r"needs 16\.96 GiB per device .* has 16\.00 GiB"):
         memory.check_fits(p1, 16)
     assert "tp=8 gqa=shard-over-heads" in memory.format_plan(p8)
+    monkeypatch.setattr(precision, "resolve", cpu)  # amp="bf16" on CPU with the kernels
+    cpu_plan = memory.memory_plan(arch, batch_size=4, n_positions=4096, amp="bf16", tp=1)
+    assert cpu_plan["kv_cache_bytes"] == 2 * p1["kv_cache_bytes"]  # the KV cache stays f32
+    embed = 128256 * 4096
+    norms = (2 * 32 + 1) * 4096
+    assert cpu_plan["weights_bytes"] - p1["weights_bytes"] == (embed + norms) * 2  # these stay f32
     with pytest.raises(ValueError, match="cannot be split over tp=3"):
         memory.memory_plan(arch, 1, 128, "bf16", tp=3)
 

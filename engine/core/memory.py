@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import jax.numpy as jnp
+
 from aotlm.core import buckets as bk
-from aotlm.core import sharding
+from aotlm.core import precision, sharding
 from aotlm.models import family_for
 from aotlm.models.arch import ArchConfig
+from aotlm.models.axes import CONTRACT_AXES
 from aotlm.models.checkpoint import load_hf_config
 
 AMP_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
@@ -101,7 +104,10 @@ def memory_plan(
     """
     if amp not in AMP_BYTES:
         raise ValueError(f"amp={amp!r} is not supported; choose one of {list(AMP_BYTES)}")
-    item = AMP_BYTES[amp]
+    # what amp means on this backend (aotlm.core.precision): on CPU with the kernels, bf16 / f16
+    # matrices with f32 activations, embedding, norms and KV cache
+    prec = precision.resolve(amp, None)
+    item, other = AMP_BYTES[amp], jnp.dtype(prec.compute).itemsize
     strategy = sharding.choose_gqa(cfg.n_heads, cfg.n_kv_heads, batch_size, tp, gqa)
     rule = sharding.rules(strategy, tp)
     shapes = dict(param_shapes) if param_shapes is not None else estimate_param_shapes(cfg)
@@ -111,12 +117,14 @@ def memory_plan(
         spec = sharding.param_spec(path, len(padded), rule)
         axes = tuple(spec) + (None,) * (len(padded) - len(spec))
         local = [n // tp if ax == sharding.TP else n for n, ax in zip(padded, axes, strict=True)]
-        w_total += _prod(shape) * item
-        w_dev += _prod(local) * item
+        size = item if path[-1] in CONTRACT_AXES or path[-1] == "lm_head" else other
+        w_total += _prod(shape) * size
+        w_dev += _prod(local) * size
     rep = sharding.kv_replication(cfg.n_kv_heads, tp, strategy)
     kv_heads = cfg.n_kv_heads * rep
-    per_layer = batch_size * n_positions * kv_heads * cfg.head_dim * item
-    kv_total = 2 * cfg.n_layers * batch_size * n_positions * cfg.n_kv_heads * cfg.head_dim * item
+    kv_item = jnp.dtype(prec.kv).itemsize
+    per_layer = batch_size * n_positions * kv_heads * cfg.head_dim * kv_item
+    kv_total = 2 * cfg.n_layers * batch_size * n_positions * cfg.n_kv_heads * cfg.head_dim * kv_item
     kv_dev = 2 * cfg.n_layers * per_layer // tp + batch_size * n_positions * 4  # + replicated slot positions
     return {
         "tp": tp,

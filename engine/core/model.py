@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from aotlm import kernels
-from aotlm.core import artifacts, graphs, inputs, sampling, sharding
+from aotlm.core import artifacts, graphs, inputs, precision, sampling, sharding
 from aotlm.core import buckets as bk
 from aotlm.core.bucket_config import resolve as merge_bucket_config
 from aotlm.core.compile_cache import CompileCache
@@ -36,7 +36,8 @@ from aotlm.models.quant import ParamRewriter, QuantizationConfig, quant_config
 from aotlm.models.weights import load_params
 from aotlm.progress import bar
 
-AMP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+COMPILE_THREADS = int(os.environ.get("AOTLM_COMPILE_THREADS", "0"))  # 0: one per core
+DEFAULT_N_POSITIONS = 2048  # capped at config.json's maximum positions
 
 
 def _locked(method):
@@ -54,12 +55,6 @@ def _locked(method):
             return method(self, *args, **kwargs)
 
     return wrapper
-
-
-def _amp_dtype(amp: str):
-    if amp not in AMP_DTYPES:
-        raise ValueError(f"amp={amp!r} is not supported; choose one of {list(AMP_DTYPES)}")
-    return AMP_DTYPES[amp]
 
 
 # from_pretrained arguments the shape flags, --config files and saved artifacts carry
@@ -105,14 +100,16 @@ class CompiledModel:
             batch_size, n_positions = bc.get("batch_size"), bc.get("n_positions")
             context_length_estimate = bc.get("context_length_estimate")
         batch_size = 1 if batch_size is None else batch_size
-        n_positions = 128 if n_positions is None else n_positions
         self._lock = threading.RLock()
         path = resolve(path)  # a checkpoint dir, a training run (its latest checkpoint), a bundled name
         self.path = str(path)
         self.hf_config = load_hf_config(path)
         mt = self.hf_config.model_type
         if self.model_types is not None and mt not in self.model_types:
-            raise ValueError(f"{type(self).__name__} loads {list(self.model_types)}, but {path} is {mt!r}")
+            raise ValueError(
+                f"{type(self).__name__} loads {list(self.model_types)} checkpoints, but {path} is {mt!r}; "
+                "use AutoModelForSampling (or NeuronAutoModelForCausalLM), which picks the family"
+            )
         family = family_for(mt)
         try:
             self.cfg: ArchConfig = family.arch_config(self.hf_config)
@@ -123,12 +120,15 @@ class CompiledModel:
         if inputs.count(batch_size, "batch_size") < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = int(batch_size)
-        self.amp = amp
-        self.dtype = _amp_dtype(amp)
+        self.amp = amp  # as asked; what it means on this backend is ``self.precision``
         # weight storage (models/quant.py): int8 + per-channel scales, fused q/k/v and gate/up.
         # Both change the params pytree, hence the compile-cache fingerprint (``param_tree``).
-        self.quant = quant_config(quant)
+        self.quant = quant_config(quant)  # as given (artifacts record it)
+        self.precision = precision.resolve(amp, self.quant)  # compute / KV dtype, matrices' storage
+        self.dtype = self.precision.compute
         self.fuse_qkv = bool(fuse_qkv)
+        if n_positions is None:  # transformers-neuronx's default, capped at the checkpoint's positions
+            n_positions = min(DEFAULT_N_POSITIONS, self.cfg.max_positions)
         self.tg_buckets = bk.token_buckets(n_positions)
         self.n_positions = max(self.tg_buckets)
         if self.cfg.position == "learned" and self.n_positions > self.cfg.max_positions:
@@ -138,6 +138,7 @@ class CompiledModel:
             )
         self.ctx_buckets = bk.context_buckets(context_length_estimate, self.tg_buckets)
         self.tp_degree = int(tp_degree)
+        gqa = None if gqa is None else str(getattr(gqa, "value", gqa))  # aotlm.config.GQA members too
         self.gqa = sharding.choose_gqa(
             self.cfg.n_heads, self.cfg.n_kv_heads, self.batch_size, self.tp_degree, gqa
         )
@@ -168,10 +169,12 @@ class CompiledModel:
         try:
             rows = bar(family.weight_rows(self.cfg, self.hf_config), "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
-            view = self.quant is not None and kernels.enabled()  # int8 embedding copy for a tied lm_head
+            quant = self.precision.quant  # the matrices' storage (amp's on CPU with the kernels)
+            view = quant is not None and kernels.enabled()  # int8 / bf16 embedding copy for a tied lm_head
             self._pack = view  # int8 / bf16 matrices in the kernels' panel layout
-            rewriter = ParamRewriter(self.quant, self.fuse_qkv, view) if self.quant or self.fuse_qkv else None
-            params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
+            rewriter = ParamRewriter(quant, self.fuse_qkv, view) if quant or self.fuse_qkv else None
+            place = self._place if rewriter is None else lambda p, a: self._place(p, rewriter.restore(p, a))
+            params = load_params(rows, reader, family.PREFIXES, np_dtype, place, rewriter, self.cfg)
             if "lm_head" in params:  # untied: the int8 embedding copy is not needed
                 params.pop("embed_q", None), params.pop("embed_q_scale", None)
             return params
@@ -182,8 +185,8 @@ class CompiledModel:
         c = self.cfg
         sh = sharding.cache_sharding(self.mesh, self.gqa, self.tp_degree)
         b, kh, s, dh = self.batch_size, c.n_kv_heads * self._kv_rep, self.n_positions, c.head_dim
-        k = jax.ShapeDtypeStruct((b, kh, s, dh), self.dtype, sharding=sh["kv"])
-        v = jax.ShapeDtypeStruct((b, kh, dh, s), self.dtype, sharding=sh["kv"])  # values: slots last
+        k = jax.ShapeDtypeStruct((b, kh, s, dh), self.precision.kv, sharding=sh["kv"])
+        v = jax.ShapeDtypeStruct((b, kh, dh, s), self.precision.kv, sharding=sh["kv"])  # values: slots last
         pos = jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=sh["pos"])
         return {"k": [k] * c.n_layers, "v": [v] * c.n_layers, "pos": pos}
 
@@ -261,6 +264,7 @@ class CompiledModel:
             "batch_size": self.batch_size,
             "n_positions": self.n_positions,
             "amp": self.amp,
+            "precision": self.precision.describe(),  # what amp means here (aotlm.core.precision)
             "tp_degree": self.tp_degree,
             "gqa": self.gqa,
             "generation": (
@@ -318,7 +322,14 @@ class CompiledModel:
                 for key, found, seconds in pool.map(load, todo):
                     if found is not None:
                         self._keep(key, *found, seconds)
-        for key in bar(self.graph_keys(), "compiling buckets", unit="graph"):
+        misses = [k for k in self.graph_keys() if k not in self._executables]
+        workers = min(len(misses), COMPILE_THREADS or os.cpu_count() or 1)
+        if workers > 1:  # lowering holds the GIL, XLA's compile does not: overlap them
+            self.fingerprint()
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for _ in bar(pool.map(self._executable, misses), "compiling buckets", len(misses), "graph"):
+                    pass
+        for key in self.graph_keys():
             self._executable(key)
         return self
 
