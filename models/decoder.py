@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from aotlm import kernels
+from aotlm.models import flash, packing
 from aotlm.models import layers as L
-from aotlm.models import packing
 from aotlm.models.arch import ArchConfig
 from aotlm.models.moe import moe_mlp
 
@@ -54,12 +54,11 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
         q = L.apply_rotary(q, positions, cfg.inv_freq, cfg.rope_interleaved)
         k = L.apply_rotary(k, positions, cfg.inv_freq, cfg.rope_interleaved)
     ck, cv = kv
-    (m_old, m_new), (b_old, b_new) = mask, alibi_bias or (None, None)
-    segments = [(jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1)), m_new, b_new, None)]
-    if m_old is not None:  # the whole cache: attend reads its first m_old.shape[-1] slots
-        limit = jnp.max(write_idx)  # no row sees a slot at or past its write slot
-        segments.insert(0, (ck, cv, m_old, b_old, limit))
-    o = L.attend(q, segments, cfg.scale, cfg.attn_softcap)
+    if isinstance(mask, flash.Keys):  # a long call: key blocks with an online softmax
+        slopes = cfg.alibi if cfg.position == "alibi" else None
+        o = flash.attend(q, k, v, kv, mask, cfg.scale, cfg.attn_softcap, slopes)
+    else:
+        o = whole_attention(cfg, q, k, v, kv, write_idx, mask, alibi_bias)
     # Make the cache write depend on the attention output so that it is scheduled after the
     # cache read: otherwise XLA may write first and must then copy the whole cache layer every
     # step to keep the read correct (optimization_barrier is removed too early on CPU). The
@@ -70,6 +69,16 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
     return L.dense_in(o, p["wo"], p.get("bo"), p.get("wo_scale"), name="wo"), L.update_cache(
         ck, cv, k, v, write_idx
     )
+
+
+def whole_attention(cfg: ArchConfig, q, k, v, kv, write_idx, mask, alibi_bias) -> jax.Array:
+    """``layers.attend`` over the old cache and the call's new keys, with whole masks ``[B,T,W]``."""
+    (m_old, m_new), (b_old, b_new) = mask, alibi_bias or (None, None)
+    segments = [(jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1)), m_new, b_new, None)]
+    if m_old is not None:  # the whole cache: attend reads its first m_old.shape[-1] slots
+        limit = jnp.max(write_idx)  # no row sees a slot at or past its write slot
+        segments.insert(0, (*kv, m_old, b_old, limit))
+    return L.attend(q, segments, cfg.scale, cfg.attn_softcap)
 
 
 def feed_forward(cfg: ArchConfig, p, x):
@@ -98,6 +107,25 @@ def layer(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi_bias):
     return x + m, kv
 
 
+def visibility(cfg: ArchConfig, cache_pos, positions, write_idx, width: int) -> tuple[dict, tuple | None]:
+    """Per distinct sliding window, what a layer's attention needs to know who sees whom.
+
+    Whole masks (``layers.attention_mask``) and ALiBi biases for a short call; for a long one
+    (``flash.use_blocked``, static shapes) a ``flash.Keys`` from which each key block's
+    visibility and bias are rebuilt, since a whole ``[T, W]`` mask would not fit.
+    Returns ``({window: mask or Keys}, alibi bias or None)``.
+    """
+    windows = {cfg.window(i) for i in range(cfg.n_layers)}  # one mask per distinct window
+    if flash.use_blocked(positions.shape[1], width):
+        return {w: flash.Keys(cache_pos, positions, write_idx, width, w) for w in windows}, None
+    masks = {w: L.attention_mask(cache_pos, positions, write_idx, width, w) for w in windows}
+    if cfg.position != "alibi":
+        return masks, None
+    slopes = jnp.asarray(cfg.alibi, jnp.float32)[None, :, None, None]  # slope * key position:
+    key_bias = lambda kp: slopes * jnp.maximum(kp, 0).astype(jnp.float32)[:, None, None, :]
+    return masks, (key_bias(cache_pos[:, :width]) if width else None, key_bias(positions))  # [B,H,1,W|T]
+
+
 def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width: int):
     """Run ``tokens [B,T]`` at cache slots ``write_idx .. write_idx+T-1``.
 
@@ -111,13 +139,7 @@ def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width:
     positions = positions.astype(jnp.int32)
     kv_pos = L.write_at(cache["pos"], positions, write_idx, 1)
     pos = jnp.maximum(positions, 0)
-    windows = {cfg.window(i) for i in range(cfg.n_layers)}  # one mask per distinct window
-    masks = {w: L.attention_mask(cache["pos"], positions, write_idx, width, w) for w in windows}
-    bias = None
-    if cfg.position == "alibi":  # slope * key position, per segment: [B,H,1,W] and [B,H,1,T]
-        slopes = jnp.asarray(cfg.alibi, jnp.float32)[None, :, None, None]
-        key_bias = lambda kp: slopes * jnp.maximum(kp, 0).astype(jnp.float32)[:, None, None, :]
-        bias = (key_bias(cache["pos"][:, :width]) if width else None, key_bias(positions))
+    masks, bias = visibility(cfg, cache["pos"], positions, write_idx, width)
     x = embed(cfg, params, tokens, pos)
     new_k, new_v = [], []
     for i, p in enumerate(params["layers"]):

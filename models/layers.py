@@ -188,7 +188,9 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     back, in the same step, so XLA updates it in place (reading the updated cache made it copy
     the cache every step). Scores
     and softmax run in float32. Few query tokens on one CPU device take the ``bdot`` kernel
-    (``aotlm.kernels``), which reads the cache slots in place; otherwise XLA's einsum.
+    (``aotlm.kernels``), which reads the cache slots in place; otherwise XLA's einsum. Long
+    prefill calls take ``flash.attend`` instead (key blocks, no whole ``[T, W]`` scores or mask;
+    ``decoder.visibility`` chooses).
     """
     b, t, h, dh = q.shape
     k_heads = segments[0][0].shape[1]
