@@ -133,3 +133,16 @@ def check_conformance(
     exp = hf_generate(ref, ids, new_tokens, mask=mask, eos=eos)
     np.testing.assert_array_equal(out, exp)
     return model
+
+
+class Recorder:
+    """A streamer (``put`` / ``end``) that keeps what it was given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def put(self, tokens):
+        self.calls.append(np.asarray(tokens).copy())
+
+    def end(self):
+        self.calls.append("end")

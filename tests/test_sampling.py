@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 import transformers
-from conformance import hf_generate, hf_model
+from conformance import Recorder, hf_generate, hf_model
 
 from aotlm import AutoModelForSampling, GenerationConfig
 
@@ -100,17 +100,6 @@ def test_logprobs_are_those_of_the_processed_distribution(model, prompts):
     assert (s.logprobs > np.log(1 / 3) - 1e-6).any(axis=1).all()  # renormalized over 3 tokens
 
 
-class Recorder:
-    def __init__(self):
-        self.calls = []
-
-    def put(self, tokens):
-        self.calls.append(np.asarray(tokens).copy())
-
-    def end(self):
-        self.calls.append("end")
-
-
 def test_streamers_and_stopping_criteria(model, prompts, capsys):
     one = AutoModelForSampling.from_pretrained(model.path, batch_size=1, **KW)
     ids = prompts[:1]
@@ -120,7 +109,7 @@ def test_streamers_and_stopping_criteria(model, prompts, capsys):
     np.testing.assert_array_equal(rec.calls[0], ids)  # the prompt first, as HF does
     streamed = np.concatenate([c.reshape(-1) for c in rec.calls[1:-1]])
     np.testing.assert_array_equal(streamed, out[0, 6:])
-    assert len(rec.calls) > 3, "tokens arrive in chunks, not all at the end"
+    assert len(rec.calls) == 1 + 13 + 1, "one put per token, as it is produced"
     # transformers' TextStreamer prints exactly the decoded generation
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -130,7 +119,7 @@ def test_streamers_and_stopping_criteria(model, prompts, capsys):
     tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tk)
     one.sample(ids, max_new_tokens=13, streamer=transformers.TextStreamer(tok, skip_prompt=True))
     assert capsys.readouterr().out.strip() == tok.decode(out[0, 6:]).strip()
-    # a StoppingCriteria ends generation between chunks
+    # a StoppingCriteria ends generation between tokens
     crit = transformers.MaxTimeCriteria(max_time=0.0, initial_timestamp=time.time() - 1)
     stopped = one.sample(ids, max_new_tokens=50, stopping_criteria=[crit], return_dict=True)
     assert stopped.finish_reason == ["stopping_criteria"] and stopped.sequences.shape[1] < 6 + 50

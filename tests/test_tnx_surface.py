@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conformance import hf_model
+from conformance import Recorder, hf_model
 from textkit import shared_text_checkpoint
 
 from aotlm import (
@@ -80,17 +80,6 @@ def test_default_n_positions_is_2048_capped_at_the_checkpoint(gpt2_path, llama_p
     assert AutoModelForSampling.from_pretrained(gpt2_path, compile_cache=False).n_positions == 256
     big = AutoModelForSampling.from_pretrained(llama_path, compile_cache=False)
     assert big.n_positions == 256 and big.tg_buckets == (128, 256)
-
-
-class Recorder:
-    def __init__(self):
-        self.calls = []
-
-    def put(self, tokens):
-        self.calls.append(np.asarray(tokens).copy())
-
-    def end(self):
-        self.calls.append("end")
 
 
 def test_streamer_gets_every_token_and_criteria_run_after_each(gpt2):
