@@ -116,9 +116,9 @@ def test_kernel_inside_while_loop_and_layers_dense():
     np.testing.assert_allclose(np.asarray(compiled(x)), ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("wdt", [jnp.int8, jnp.bfloat16])
+@pytest.mark.parametrize("wdt", [jnp.int8, jnp.bfloat16, jnp.float16])
 def test_packed_kernel_matches_numpy(wdt):
-    """int8 / bf16 weights in the panel layout (``aotlm.models.packing``): rows 1..16, K even,
+    """int8 / bf16 / f16 weights in the panel layout (``aotlm.models.packing``): rows 1..16, K even,
     N % 16 == 0, multi-dim contractions (``wo``) and outputs (``wqkv``), the tied lm_head's
     ``embed_q [V, D]``."""
     rng = np.random.default_rng(5)
@@ -170,6 +170,7 @@ def test_pack_if_keeps_row_major_what_it_cannot_pack():
     assert packing.pack_if("w_up", w[:, :40], (False, False), 1).shape == (40, 40)  # N % 16
     assert packing.pack_if("w_up", w.astype(np.float32), (False, False), 1).dtype == np.float32  # f32: no
     assert packing.pack_if("w_up", w.astype(jnp.bfloat16), (False, False), 1).shape == (4, 20, 16, 2)
+    assert packing.pack_if("w_up", w.astype(np.float16), (False, False), 1).shape == (4, 20, 16, 2)
     assert packing.pack_if("router", w, (False, False), 1).shape == w.shape  # not a packed leaf
 
 
@@ -190,6 +191,75 @@ def test_tensor_parallel_shards_in_subprocess(tmp_path):
     for case, (err, in_hlo) in out["cases"].items():
         assert in_hlo, f"{case}: no kernel call in the compiled graph"
         assert err <= TOL_INT8, f"{case}: relative error {err:.2e}"  # int8 weights
+
+
+# f16 panels on 2 devices (``kernels_tp_child.py`` covers int8 and bf16): each device multiplies
+# and unpacks its packed shard; prints {case: [relative error, kernel call in the compiled HLO]}
+_F16_TP_CHILD = """
+import json
+import jax
+import numpy as np
+from aotlm import kernels
+from aotlm.core import sharding
+from aotlm.models import packing
+
+mesh = sharding.make_mesh(2)
+rules = sharding.rules("shard-over-heads", 2)
+rng = np.random.default_rng(0)
+put = lambda a, leaf: sharding.put(a, sharding.param_sharding(mesh, (leaf,), a.ndim, rules))
+out = {"devices": jax.device_count()}
+cases = {  # name: (leaf, x shape, logical w shape, axes, nt)
+    "column w_up": ("w_up", (1, 1, 40), (40, 64), 1, False),  # 2 panels per device
+    "row w_down": ("w_down", (3, 1, 64), (64, 48), 1, False),  # 16 pairs of rows per device: psum
+    "row wo": ("wo", (2, 1, 4, 10), (4, 10, 32), 2, False),
+    "vocab embed_q": ("embed_q", (5, 34), (96, 34), 1, True),
+}
+for case, (name, xs, ws, axes, nt) in cases.items():
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float16)
+    wp = packing.prepare(name, w, sharding.param_spec((name,), w.ndim, rules), 2)
+    assert packing.is_packed(name, wp.ndim) and wp.dtype == np.float16, case
+    pk = packing.packed_k(name, wp.ndim)
+    wd, xd = put(wp, name), sharding.put(x, sharding.replicated(mesh))
+    fn = jax.jit(lambda x, w: kernels.matmul(x, w, None, axes, name, nt, packed_k=pk))
+    with kernels.mesh_context(mesh, sharding.spec_of(rules)):
+        compiled = fn.lower(xd, wd).compile()
+    y = np.asarray(sharding.fetch(compiled(xd, wd)), np.float64)
+    k = int(np.prod(w.shape[1:] if nt else w.shape[:axes]))
+    w64 = np.asarray(w, np.float64)
+    w64 = w64.reshape(w.shape[0], k).T if nt else w64.reshape(k, -1)
+    ref = np.asarray(x, np.float64).reshape(-1, k) @ w64
+    err = float(np.abs(y.reshape(ref.shape) - ref).max() / np.abs(ref).max())
+    out[case] = [err, "aotlm_wmm_pk" in compiled.as_text()]
+    if not nt:  # prefill: each device unpacks its shard to the logical layout, exactly
+        conv = jax.jit(lambda w: kernels.convert(w, np.float32, name, packed_k=pk))
+        with kernels.mesh_context(mesh, sharding.spec_of(rules)):
+            compiled = conv.lower(wd).compile()
+        got = np.asarray(sharding.fetch(compiled(wd)))
+        bad = float(np.abs(got - np.asarray(w, np.float32)).max())
+        out["unpack " + case] = [bad, "aotlm_unpack" in compiled.as_text()]
+print(json.dumps(out))
+"""
+
+
+def test_tensor_parallel_f16_panels_in_subprocess():
+    """f16 weights in the panel layout on 2 forced devices: column-, row- and vocab-parallel
+    matmuls equal float64 NumPy, and each device unpacks its shard to the exact logical f32."""
+    flags = "--xla_force_host_platform_device_count=2 " + os.environ.get("AOTLM_TEST_XLA_FLAGS", "")
+    env = dict(os.environ, XLA_FLAGS=flags, TF_CPP_MIN_LOG_LEVEL="2")
+    p = subprocess.run(
+        [sys.executable, "-c", _F16_TP_CHILD], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out.pop("devices") == 2
+    assert len(out) == 7
+    for case, (err, in_hlo) in out.items():
+        assert in_hlo, f"{case}: no kernel call in the compiled graph"
+        if case.startswith("unpack"):
+            assert err == 0, f"{case}: max |error| {err}"
+        else:
+            assert err <= TOL[jnp.float32], f"{case}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("wdt", [jnp.int8, jnp.bfloat16, jnp.float16])

@@ -24,7 +24,8 @@ decode speed as a ratio to f32):
 | f32 | bf16, row-major | f32 | 1.60x | 34 (f32: 34) |
 | f32 | bf16, panel layout | f32 (**amp="bf16" here**) | 1.91x | 34 |
 | f16 (amp="f16" as compute) | f16, row-major | f16 | 1.49x | 408 |
-| f32 | f16, row-major (**amp="f16" here**) | f32 | 1.58x | 34 |
+| f32 | f16, row-major | f32 | 1.58x | 34 |
+| f32 | f16, panel layout (**amp="f16" here**) | f32 | 1.97x (bf16 panels: 1.90x) | 34 |
 | bf16, int8 weights | int8, panel | bf16 | 2.29x | 1588 |
 | f32, int8 weights (**int8 + amp="bf16" here**) | int8, panel | f32 | 3.33x (quant="int8": 3.26x) | 34 |
 
@@ -35,10 +36,11 @@ step (``f32[1,12,256,64]`` converts, 24 per step: that alone took 1.60x to 1.19x
 convert x to f32 before the product anyway, so f32 activations and an f32 cache cost the matmuls
 nothing and give up only the cache's memory, while amp's point on this backend -- half the weight
 bytes per token -- comes from the storage. (An f16 cache measured 1.65x against the f32 cache's
-1.58x, within noise; one rule, f32, keeps bf16 and f16 alike.) f16 weights stay row-major: the
-panel-layout kernel (``aotlm.models.packing``) reads int8 and bf16 only, and row-major bf16
-measured the same as row-major f16 (1.60x vs 1.58x), so ``amp="f16"`` reaches ~1.6x until that
-kernel reads f16 too. int8 weights with amp bf16 (the transformers-neuronx int8 example) then run
+1.58x, within noise; one rule, f32, keeps bf16 and f16 alike.) f16 weights take the panel layout
+(``aotlm.models.packing``) like bf16: row-major bf16 measured the same as row-major f16 (1.60x vs
+1.58x), so the layout was the difference, and the panel kernel reads f16 with F16C conversions
+(``packed.h``): in one run row-major f16 went 1.59x (bf16 panels 1.85x), f16 panels 1.97x (bf16
+panels 1.90x). int8 weights with amp bf16 (the transformers-neuronx int8 example) then run
 exactly ``quant="int8"``'s graphs.
 """
 

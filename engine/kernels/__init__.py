@@ -3,7 +3,7 @@
 XLA:CPU converts a whole bf16 / int8 weight matrix before a GEMV (1-2 GB/s of weights), so
 decode with such weights was slower than f32. ``wmatmul.cc`` streams the stored bytes once per
 call, converts them in registers (int8: integer dot products with x rounded to int16 per row,
-``int8.h``; int8 and bf16 weights stored in the panel layout at load, ``packed.h`` and
+``int8.h``; int8, bf16 and f16 weights stored in the panel layout at load, ``packed.h`` and
 ``aotlm.models.packing``) and splits the work over every core. ``bdot.h``: decode attention's batched small
 products, which XLA:CPU ran at ~2 GFLOP/s, computed over the KV cache in place.
 

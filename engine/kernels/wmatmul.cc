@@ -2,7 +2,7 @@
 //
 //   aotlm_wmm_nn:  y[M,N] = x[M,K] @ W[K,N]      (dense weights, row-major [in, out])
 //   aotlm_wmm_nt:  y[M,N] = x[M,K] @ W[N,K]^T    (embedding rows: tied lm_head)
-//   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N]      (int8 W in the panel layout, packed.h)
+//   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N]      (int8 / bf16 / f16 W in the panel layout, packed.h)
 //
 // W is bf16, f16, f32 or int8 (then times a per-output-channel f32 scale); x and y are f32,
 // bf16 or f16 (y has x's dtype); products accumulate in f32. Why: XLA:CPU converts a whole
@@ -33,7 +33,7 @@ namespace {
 
 #include "bdot.h"     // batched attention dots: uses the element types and hsum of wfloat.h
 #include "convert.h"  // whole-matrix conversion for prefill
-#include "packed.h"   // int8 weights in the panel layout (decode matmuls and prefill unpacking)
+#include "packed.h"   // int8 / bf16 / f16 weights in the panel layout (decode matmuls, prefill unpacking)
 
 // ------------------------------------------------------------------ driver
 // x as f32 (converted once, shared read-only by the workers).
@@ -196,38 +196,42 @@ ffi::Error wmm_nt(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer s, ffi::Res
   return wmm(true, x, w, s, y);
 }
 
-// Packed int8 / bf16 W (any shape, K * N elements): x [M, K] -> y [M, N].
+// The element type of a packed W, if the panel kernels read it (int8, bf16 or f16).
+bool packed_type(const ffi::AnyBuffer& w) {
+  const DataType t = w.element_type();
+  return t == DataType::S8 || t == DataType::BF16 || t == DataType::F16;
+}
+
+// Packed int8 / bf16 / f16 W (any shape, K * N elements): x [M, K] -> y [M, N].
 ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::Result<ffi::AnyBuffer> y) {
   auto xd = x.dimensions(), yd = y->dimensions();
   if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
     return ffi::Error::InvalidArgument("aotlm_wmm_pk: x [M, K] and y [M, N] must be 2-D with equal M");
   const int64_t M = xd[0], K = xd[1], N = yd[1];
-  const bool bf16 = w.element_type() == DataType::BF16;
-  if ((!bf16 && w.element_type() != DataType::S8) || int64_t(w.element_count()) != K * N || K % 2 ||
-      N % aotlm_pk::P)
-    return ffi::Error::InvalidArgument("aotlm_wmm_pk: w must be int8 or bf16, K * N elements, K even, N % 16 == 0");
+  if (!packed_type(w) || int64_t(w.element_count()) != K * N || K % 2 || N % aotlm_pk::P)
+    return ffi::Error::InvalidArgument(
+        "aotlm_wmm_pk: w must be int8, bf16 or f16, K * N elements, K even, N % 16 == 0");
   const DataType xt = x.element_type();
   if (y->element_type() != xt || (xt != DataType::F32 && xt != DataType::BF16 && xt != DataType::F16))
     return ffi::Error::InvalidArgument("aotlm_wmm_pk: x and y must both be f32, bf16 or f16");
   const float* s = nullptr;
   if (!scale_of(scale, N, &s)) return ffi::Error::InvalidArgument("aotlm_wmm_pk: scale must be f32 [N]");
   std::vector<float> tmp;
-  aotlm_pk::run(bf16, x_f32(x, M * K, tmp), w.untyped_data(), s, M, K, N, Out{y->untyped_data(), xt});
+  aotlm_pk::run(w.element_type(), x_f32(x, M * K, tmp), w.untyped_data(), s, M, K, N, Out{y->untyped_data(), xt});
   return ffi::Error::Success();
 }
 
-// Packed int8 / bf16 W -> y [K, N] (f32, bf16 or f16); ``after``: unused (orders the call, see convert).
+// Packed int8 / bf16 / f16 W -> y [K, N] (f32, bf16 or f16); ``after``: unused (orders the call, see convert).
 ffi::Error unpack(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyBuffer> y) {
   auto yd = y->dimensions();
   const DataType yt = y->element_type();
   if (yd.size() != 2 || (yt != DataType::F32 && yt != DataType::BF16 && yt != DataType::F16))
     return ffi::Error::InvalidArgument("aotlm_unpack: y must be 2-D f32, bf16 or f16");
   const int64_t K = yd[0], N = yd[1];
-  const bool bf16 = w.element_type() == DataType::BF16;
-  if ((!bf16 && w.element_type() != DataType::S8) || int64_t(w.element_count()) != K * N || K % 2 ||
-      N % aotlm_pk::P)
-    return ffi::Error::InvalidArgument("aotlm_unpack: w must be int8 or bf16, K * N elements, K even, N % 16 == 0");
-  aotlm_pk::run_unpack(bf16, w.untyped_data(), K, N, Out{y->untyped_data(), yt});
+  if (!packed_type(w) || int64_t(w.element_count()) != K * N || K % 2 || N % aotlm_pk::P)
+    return ffi::Error::InvalidArgument(
+        "aotlm_unpack: w must be int8, bf16 or f16, K * N elements, K even, N % 16 == 0");
+  aotlm_pk::run_unpack(w.element_type(), w.untyped_data(), K, N, Out{y->untyped_data(), yt});
   return ffi::Error::Success();
 }
 
