@@ -184,13 +184,6 @@ class ParamRewriter:
             return np.dtype(FLOAT_DTYPES[q.quant_dtype])
         return None
 
-    def restore(self, path: Path, arr: np.ndarray) -> np.ndarray:
-        """``arr`` back in the dtype this rewriter stored it in. ``load_params`` casts every float
-        leaf it is handed to the compute dtype (float16 is a float kind, ml_dtypes' bfloat16 is
-        not), which turned f16 matrices into f32: f16 -> f32 -> f16 is exact."""
-        dt = self.float_dtype(path[-1])
-        return arr if dt is None else arr.astype(dt, copy=False)
-
     def finish(self) -> list[tuple[Path, np.ndarray]]:
         out = []
         for key, held in self._held.items():

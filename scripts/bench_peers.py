@@ -32,12 +32,11 @@ def _byte_symbols() -> list[str]:
     return [chr(c) for _, c in sorted(zip(bs, cs, strict=True))]
 
 
-def write_byte_vocab(path: Path, vocab_size: int) -> list[str]:
-    """Write ``vocab.json`` / ``merges.txt`` / tokenizer configs; returns the token of every id."""
-    base = _byte_symbols()
-    n_merges = vocab_size - 1 - len(base)
-    merges = [(base[i // 256], base[i % 256]) for i in range(n_merges)]
-    tokens = base + [a + b for a, b in merges] + ["<|endoftext|>"]
+def write_bpe(path: Path, merges: list[tuple[str, str]]) -> list[str]:
+    """A GPT-2 byte-level BPE of the 256 byte symbols, ``merges`` and ``<|endoftext|>`` in ``path``
+    (``vocab.json``, ``merges.txt``, tokenizer configs; kept when already there); returns the
+    token of every id."""
+    tokens = _byte_symbols() + [a + b for a, b in merges] + ["<|endoftext|>"]
     if not (path / "vocab.json").is_file():
         (path / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
         (path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
@@ -46,6 +45,13 @@ def write_byte_vocab(path: Path, vocab_size: int) -> list[str]:
         eos = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
         (path / "special_tokens_map.json").write_text(json.dumps(eos))
     return tokens
+
+
+def write_byte_vocab(path: Path, vocab_size: int) -> list[str]:
+    """``vocab_size`` tokens: the bytes, then merges of byte pairs in order (``write_bpe``)."""
+    base = _byte_symbols()
+    n_merges = vocab_size - 1 - len(base)
+    return write_bpe(path, [(base[i // 256], base[i % 256]) for i in range(n_merges)])
 
 
 # ------------------------------------------------------------------ CTranslate2

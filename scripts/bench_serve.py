@@ -43,7 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from bench_peers import Skip, _byte_symbols, gguf_path  # Skip: this engine (or level) cannot run; says why
+
+# Skip: this engine (or level) cannot run; says why
+from bench_peers import Skip, _byte_symbols, gguf_path, write_bpe
 
 from aotlm.tiny import cpu_model, make_gpt2_small
 from aotlm.tune.lengths import LengthDist, from_counts, load_lengths
@@ -87,19 +89,11 @@ def parse() -> argparse.Namespace:
 def write_ascii_vocab(path: Path, vocab_size: int) -> None:
     """A GPT-2-style byte-level BPE whose merged tokens are 2-3 printable ASCII bytes (valid UTF-8
     alone, so servers that hold back partial characters still stream one event per token)."""
-    if (path / "vocab.json").is_file():
-        return
     base = _byte_symbols()
     ascii_ = [base[b] for b in range(32, 127)]
     merges = [(a, b) for a in ascii_ for b in ascii_]
     merges += [(a + b, c) for a, b in merges for c in ascii_][: vocab_size - 1 - len(base) - len(merges)]
-    tokens = base + [a + b for a, b in merges] + ["<|endoftext|>"]
-    (path / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
-    (path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
-    cfg = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024}
-    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
-    eos = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
-    (path / "special_tokens_map.json").write_text(json.dumps(eos))
+    write_bpe(path, merges)
 
 
 def length_dist(args: argparse.Namespace) -> LengthDist:

@@ -22,7 +22,6 @@ from aotlm.models.arch import ArchConfig
 from aotlm.models.axes import CONTRACT_AXES
 from aotlm.models.checkpoint import load_hf_config
 
-AMP_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 GIB = 2**30
 
 
@@ -102,12 +101,10 @@ def memory_plan(
     default: ``estimate_param_shapes(cfg)``. ``gqa=None`` picks the strategy the engine would
     pick (invalid tp / gqa raise the engine's errors).
     """
-    if amp not in AMP_BYTES:
-        raise ValueError(f"amp={amp!r} is not supported; choose one of {list(AMP_BYTES)}")
     # what amp means on this backend (aotlm.core.precision): on CPU with the kernels, bf16 / f16
     # matrices with f32 activations, embedding, norms and KV cache
-    prec = precision.resolve(amp, None)
-    item, other = AMP_BYTES[amp], jnp.dtype(prec.compute).itemsize
+    prec = precision.resolve(amp, None)  # an unknown amp: the engine's error
+    item, other = jnp.dtype(precision.amp_dtype(amp)).itemsize, jnp.dtype(prec.compute).itemsize
     strategy = sharding.choose_gqa(cfg.n_heads, cfg.n_kv_heads, batch_size, tp, gqa)
     rule = sharding.rules(strategy, tp)
     shapes = dict(param_shapes) if param_shapes is not None else estimate_param_shapes(cfg)

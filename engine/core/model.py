@@ -173,8 +173,7 @@ class CompiledModel:
             view = quant is not None and kernels.enabled()  # int8 / bf16 embedding copy for a tied lm_head
             self._pack = view  # int8 / bf16 matrices in the kernels' panel layout
             rewriter = ParamRewriter(quant, self.fuse_qkv, view) if quant or self.fuse_qkv else None
-            place = self._place if rewriter is None else lambda p, a: self._place(p, rewriter.restore(p, a))
-            params = load_params(rows, reader, family.PREFIXES, np_dtype, place, rewriter, self.cfg)
+            params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
             if "lm_head" in params:  # untied: the int8 embedding copy is not needed
                 params.pop("embed_q", None), params.pop("embed_q_scale", None)
             return params

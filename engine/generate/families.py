@@ -80,26 +80,3 @@ class Qwen2ForSampling(AutoModelForSampling):
 
 class Qwen3ForSampling(AutoModelForSampling):
     model_types = ("qwen3",)
-
-
-FAMILY_CLASSES = {
-    cls.model_types[0]: cls
-    for cls in (
-        BloomForSampling,
-        FalconForSampling,
-        GemmaForSampling,
-        Gemma2ForSampling,
-        GPT2ForSampling,
-        GPTBigCodeForSampling,
-        GPTJForSampling,
-        GPTNeoXForSampling,
-        LlamaForSampling,
-        MistralForSampling,
-        MixtralForSampling,
-        MPTForSampling,
-        OPTForSampling,
-        Phi3ForSampling,
-        Qwen2ForSampling,
-        Qwen3ForSampling,
-    )
-}

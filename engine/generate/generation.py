@@ -254,10 +254,8 @@ def run(
         exe = model._executable(("decode", bk.decode_bucket(model.tg_buckets, idx)))
         model.cache, state = exe(model.params, model.cache, state)
         prev, idx, done = idx, int(fetch(state["idx"])), fetch(state["done"])
-        if streamer is not None and idx > prev:  # one token per call: the row's newest (pad if done)
-            new_tok = fetch(state["tok"]) if idx == prev + 1 else fetch(state["out"])[:, prev + 1 : idx + 1]
-            for j in range(idx - prev):
-                streamer.put(new_tok[:n] if new_tok.ndim == 1 else new_tok[:n, j])
+        if streamer is not None and idx > prev:  # STREAM_CHUNK = 1: the rows' newest token (pad if done)
+            streamer.put(fetch(state["tok"])[:n])
         if criteria:
             done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     if streamer is not None:
