@@ -95,6 +95,9 @@ def test_tp_matches_tp1_tokens_and_logits(tp_run):
         diff = np.abs(np.array(c["logits"]) - np.array(ref["logits"])).max()
         assert diff <= 1e-4, f"{name}: logits differ from tp=1 by {diff}"
         assert c["tokens"] == ref["tokens"], f"{name}: greedy tokens differ from tp=1"
+        diff = np.abs(np.array(c["logprobs"]) - np.array(ref["logprobs"])).max()
+        assert diff <= 1e-4, f"{name}: score() log-probs differ from tp=1 by {diff}"
+        assert c["is_greedy"] == ref["is_greedy"], f"{name}: score() argmax flags differ from tp=1"
     got = {(c["model"], c["tp"], c["gqa"]) for c in tp_run["cases"]}
     assert got == {(m, t, g or "shard-over-heads") for m, t, g in CASES}  # default gqa = shard-over-heads
 
@@ -139,11 +142,14 @@ def test_hlo_has_one_all_reduce_after_attention_and_one_after_mlp(tp_run):
             pre = c["hlo"]["prefill"]
             assert len([s for s in pre["all-reduce"] if _shape(s) == [BATCH, 64, d]]) == 1 + 2 * n_layers
             assert all(_shape(s)[0] == BATCH for s in pre["all-gather"]), (name, pre)
+        # score: the [B, T, vocab] logits stay vocabulary-sharded (reductions, never a gather of them)
+        sc = c["hlo"]["score"]
+        assert not [s for s in sc["all-gather"] if _shape(s) and _shape(s)[-1] >= 100], (name, sc)
 
 
 def test_compile_cache_entries_for_tp2_and_tp4_coexist(tp_run):
     meshes = sorted(tuple(e) for e in tp_run["entries"])
-    assert meshes == [(2,)] * 3 + [(4,)] * 3  # prefill, select and decode for each mesh
+    assert meshes == [(2,)] * 4 + [(4,)] * 4  # prefill, select, decode and score for each mesh
     reload = tp_run["reload"]
     assert reload["hits"] and all(reload["hits"]), reload["hits"]
     want = next(c for c in tp_run["cases"] if (c["model"], c["tp"], c["gqa"]) == CACHED[0])

@@ -94,6 +94,7 @@ def run_case(path: str, tp: int, gqa: str | None, batch: int, cache_dir=None) ->
     ids, mask = prompts(batch, m.cfg.vocab_size)
     logits = m.forward(ids, attention_mask=mask)
     tokens = m.sample(ids, max_new_tokens=NEW, attention_mask=mask)
+    scores = m.score(ids, attention_mask=mask)  # vocabulary-sharded log-softmax under tp
     rep = shard_report(m)
     shapes = memory.estimate_param_shapes(m.cfg, biases=m.cfg.model_type == "gpt2")
     plan = memory.memory_plan(m.cfg, batch, N_POS, m.amp, tp, m.gqa, shapes)
@@ -106,6 +107,8 @@ def run_case(path: str, tp: int, gqa: str | None, batch: int, cache_dir=None) ->
         "hidden": m.cfg.hidden_size,
         "tokens": tokens.tolist(),
         "logits": np.asarray(logits).tolist(),
+        "logprobs": scores.logprobs.tolist(),
+        "is_greedy": scores.is_greedy.tolist(),
         "shards": rep,
         "plan": plan,
         "hlo": hlo,

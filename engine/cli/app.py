@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aotlm.cli import batch, h5, jsonl, serve, text, tune
+from aotlm.cli import batch, h5, jsonl, score, serve, text, tune
 from aotlm.cli.common import (
     _days,
     _Parser,
@@ -178,7 +178,7 @@ def cmd_cache(args) -> int:
 
 
 # Front-end commands live in their own modules, each with ``register(subparsers)``.
-COMMAND_MODULES = (text, tune, batch, h5, jsonl, serve)
+COMMAND_MODULES = (text, tune, batch, h5, jsonl, score, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

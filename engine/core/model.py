@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from aotlm import kernels
-from aotlm.core import artifacts, graphs, inputs, precision, sampling, sharding
+from aotlm.core import artifacts, graphs, inputs, precision, sampling, scoring, sharding
 from aotlm.core import buckets as bk
 from aotlm.core.bucket_config import resolve as merge_bucket_config
 from aotlm.core.compile_cache import CompileCache
@@ -69,7 +69,7 @@ MODEL_KEYS = (
     "fuse_qkv",
 )
 # graph kinds this layer lowers itself; others come from ``_lower_extra`` (aotlm.generate)
-BASE_KINDS = ("prefill", "select", "decode")
+BASE_KINDS = ("prefill", "select", "decode", "score")
 
 
 class CompiledModel:
@@ -91,7 +91,9 @@ class CompiledModel:
         quant: str | QuantizationConfig | None = None,
         fuse_qkv: bool = False,
         bucket_config: str | os.PathLike | dict | None = None,
+        scoring: bool = False,
     ):
+        # scoring: list the score graphs (aotlm.core.scoring) in graph_keys(), so compile() makes them
         # bucket_config: a tuner-written JSON (or dict) of n_positions / context_length_estimate /
         # batch_size; explicitly passed arguments win over it (aotlm/bucket_config.py)
         if bucket_config is not None:
@@ -138,6 +140,9 @@ class CompiledModel:
             )
         self.ctx_buckets = bk.context_buckets(context_length_estimate, self.tg_buckets)
         self.tp_degree = int(tp_degree)
+        if not isinstance(scoring, bool):
+            raise TypeError(f"scoring must be True or False, got {scoring!r}")
+        self.scoring = scoring
         gqa = None if gqa is None else str(getattr(gqa, "value", gqa))  # aotlm.config.GQA members too
         self.gqa = sharding.choose_gqa(
             self.cfg.n_heads, self.cfg.n_kv_heads, self.batch_size, self.tp_degree, gqa
@@ -201,7 +206,8 @@ class CompiledModel:
 
     # ------------------------------------------------------------------ compiling
     def graph_keys(self) -> list[tuple]:
-        return bk.graph_keys(self.ctx_buckets, self.tg_buckets) + self._extra_graph_keys()
+        score = scoring.graph_keys(self.ctx_buckets, self.tg_buckets) if self.scoring else []
+        return bk.graph_keys(self.ctx_buckets, self.tg_buckets) + score + self._extra_graph_keys()
 
     def _extra_graph_keys(self) -> list[tuple]:
         """Graphs a subclass adds (``aotlm.generate``: beam search, broadcasting)."""
@@ -218,7 +224,7 @@ class CompiledModel:
         with kernels.mesh_context(self.mesh, sharding.spec_of(self._rules)):
             if key[0] not in BASE_KINDS:  # beam search, speculative decoding, broadcasting
                 return self._lower_extra(key)
-            return self._lower_graph(key)
+            return scoring.lower(self, key) if key[0] == "score" else self._lower_graph(key)
 
     def _lower_graph(self, key: tuple):
         p, cache = self._abstract(self.params), self._cache_specs()
@@ -394,3 +400,10 @@ class CompiledModel:
         ids, mask, n = self._prepare(input_ids, attention_mask, None)
         logits, _ = self._encode(ids, mask)
         return sharding.fetch(logits)[:n]
+
+    @_locked
+    def score(self, input_ids, attention_mask=None) -> scoring.ScoreOutput:
+        """Per-token log-probabilities of ``input_ids [n, L]`` (left-padded batch, ``L <= n_positions + 1``)
+        and argmax flags, computed in the score graphs (``aotlm.core.scoring.ScoreOutput``)."""
+        ids, mask, n = self._prepare(input_ids, attention_mask, None)
+        return scoring.run(self, ids, mask, n)

@@ -36,8 +36,13 @@ def _comparable(fields: dict) -> str:
 
 def graph_status(g: Group, opts: dict) -> list[tuple[tuple, bool]]:
     """[(graph key, already in the compile cache)] for one group's model configuration."""
-    m = _ShapeOnly(g.key[0], compile_cache=opts.get("cache_dir"), **g.model_kwargs(opts))
-    cache = CompileCache.create(opts.get("cache_dir"))
+    return model_graph_status(g.key[0], g.model_kwargs(opts), opts.get("cache_dir"))
+
+
+def model_graph_status(checkpoint: str, model_kwargs: dict, cache_dir) -> list[tuple[tuple, bool]]:
+    """[(graph key, already in the compile cache)] of ``from_pretrained(checkpoint, **model_kwargs)``."""
+    m = _ShapeOnly(checkpoint, **{**model_kwargs, "compile_cache": cache_dir})
+    cache = CompileCache.create(cache_dir)
     have = set()
     for e in cache.entries():
         try:
