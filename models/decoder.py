@@ -126,8 +126,12 @@ def visibility(cfg: ArchConfig, cache_pos, positions, write_idx, width: int) -> 
     return masks, (key_bias(cache_pos[:, :width]) if width else None, key_bias(positions))  # [B,H,1,W|T]
 
 
-def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width: int):
+def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width: int, first_layer: int = 0):
     """Run ``tokens [B,T]`` at cache slots ``write_idx .. write_idx+T-1``.
+
+    A pipeline stage (``aotlm.core.pipeline``) passes its own layers from ``first_layer`` (static)
+    on, and hidden states ``[B,T,D]`` instead of token ids unless it is the first stage; the
+    final norm runs where its weights are (the last stage).
 
     ``write_idx`` is traced: a scalar (all rows write the same slots) or ``[B]`` (each row its
     own slot, as serving slots do; then ``T == 1`` in practice).
@@ -140,11 +144,11 @@ def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width:
     kv_pos = L.write_at(cache["pos"], positions, write_idx, 1)
     pos = jnp.maximum(positions, 0)
     masks, bias = visibility(cfg, cache["pos"], positions, write_idx, width)
-    x = embed(cfg, params, tokens, pos)
+    x = embed(cfg, params, tokens, pos) if tokens.ndim == 2 else tokens
     new_k, new_v = [], []
     for i, p in enumerate(params["layers"]):
         kv = (cache["k"][i], cache["v"][i])
-        x, (ck, cv) = layer(cfg, p, x, pos, kv, write_idx, masks[cfg.window(i)], bias)
+        x, (ck, cv) = layer(cfg, p, x, pos, kv, write_idx, masks[cfg.window(first_layer + i)], bias)
         new_k.append(ck)
         new_v.append(cv)
     if "final_norm_scale" in params:

@@ -36,6 +36,13 @@ from aotlm.models.checkpoint import CheckpointError
 from aotlm.tiny import make_tiny_gpt2
 
 
+def _graph_name(key: tuple) -> tuple[str, str]:
+    """(graph, bucket) for tables: ``("prefill", 16, 64)`` -> prefill 16x64; a pipeline stage's
+    ``("stage", 1, "pp_step", 64)`` -> stage1:pp_step 64."""
+    name, bucket = (f"stage{key[1]}:{key[2]}", key[3:]) if key[0] == "stage" else (key[0], key[1:])
+    return name, "x".join(map(str, bucket))
+
+
 def cmd_compile(args) -> int:
     kw = model_kwargs(args)
     if args.serve:  # the slot graphs `aotlm serve` uses with the same flags
@@ -48,7 +55,7 @@ def cmd_compile(args) -> int:
         if args.device_memory_gb is not None:
             check_fits(plan, args.device_memory_gb)
         if args.dry_run:
-            rows = [(g[0], "x".join(map(str, g[1:])), plan["batch_size"]) for g in plan["graphs"]]
+            rows = [(*_graph_name(g), plan["batch_size"]) for g in plan["graphs"]]
             print(table(rows, ("graph", "bucket", "batch")))
             print(f"{len(plan['graphs'])} graphs would be compiled (dry run: nothing compiled)")
             return 0
@@ -61,7 +68,7 @@ def cmd_compile(args) -> int:
         model.compile_graph(key)
         info = model.compile_report[-1]
         print(
-            f"[{i}/{len(keys)}] {key[0]} {'x'.join(map(str, key[1:]))}: "
+            f"[{i}/{len(keys)}] {' '.join(_graph_name(key))}: "
             f"{'hit' if info['hit'] else 'compiled'} in {time.perf_counter() - t:.2f}s",
             file=sys.stderr,
         )

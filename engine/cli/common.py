@@ -66,6 +66,7 @@ _CONFIG_TYPES = {
     "n_positions": "ints",
     "context_length_estimate": "ints",
     "tp_degree": "int",
+    "pp_degree": "int",
     "gqa": "str",
     "amp": "str",
     "quant": "str",
@@ -97,6 +98,7 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
         "--context-length-estimate", type=int_list, default=None, help="context buckets, e.g. 16,32"
     )
     p.add_argument("--tp-degree", type=int, default=None, help="tensor-parallel degree (default 1)")
+    p.add_argument("--pp-degree", type=int, default=None, help="pipeline stages (default 1; pp x tp devices)")
     p.add_argument("--gqa", default=None, help="shard-over-heads | replicated-heads | shard-over-batch")
     p.add_argument("--amp", default=None, choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
     p.add_argument(

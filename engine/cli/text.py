@@ -226,7 +226,9 @@ def needed_graphs(model, lengths: list[int], max_new: int) -> list[tuple]:
         }
     for slot in range(min(lengths), min(max(lengths) + max_new, model.n_positions)):
         keys.add(("decode", bk.decode_bucket(model.tg_buckets, slot)))
-    return [k for k in model.graph_keys() if k in keys]
+    staged = {"prefill": "pp_prefill", "decode": "pp_step"}  # pipeline stages: ("stage", s, *key)
+    keys |= {(staged.get(k[0], k[0]), *k[1:]) for k in keys}
+    return [k for k in model.graph_keys() if k in keys or k[2:] in keys]
 
 
 def _generate(args, files, tok, kw: dict, prompts: list[str]):

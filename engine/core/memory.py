@@ -16,7 +16,8 @@ from collections.abc import Mapping
 import jax.numpy as jnp
 
 from aotlm.core import buckets as bk
-from aotlm.core import precision, sharding
+from aotlm.core import pipeline, precision, sharding
+from aotlm.core.model import DEFAULT_N_POSITIONS
 from aotlm.models import family_for
 from aotlm.models.arch import ArchConfig
 from aotlm.models.axes import CONTRACT_AXES
@@ -94,6 +95,8 @@ def memory_plan(
     tp: int = 1,
     gqa: str | None = None,
     param_shapes: Mapping[tuple, tuple[int, ...]] | None = None,
+    pp: int = 1,
+    micro_batches: int | None = None,
 ) -> dict:
     """Bytes per device of the weights and the KV cache for one configuration.
 
@@ -105,10 +108,13 @@ def memory_plan(
     # matrices with f32 activations, embedding, norms and KV cache
     prec = precision.resolve(amp, None)  # an unknown amp: the engine's error
     item, other = jnp.dtype(precision.amp_dtype(amp)).itemsize, jnp.dtype(prec.compute).itemsize
-    strategy = sharding.choose_gqa(cfg.n_heads, cfg.n_kv_heads, batch_size, tp, gqa)
+    stages = pipeline.split_layers(cfg.n_layers, pp)
+    n_micro = pipeline.micro_batches(batch_size, pp, micro_batches) if pp > 1 else 1
+    strategy = sharding.choose_gqa(cfg.n_heads, cfg.n_kv_heads, batch_size // n_micro, tp, gqa)
     rule = sharding.rules(strategy, tp)
     shapes = dict(param_shapes) if param_shapes is not None else estimate_param_shapes(cfg)
-    w_total = w_dev = 0
+    tied = ("lm_head",) not in shapes
+    w_total, w_stage = 0, [0] * pp  # per stage: the bytes on each of its devices
     for path, shape in shapes.items():
         padded = sharding.prepared_shape(path, tuple(shape), tp, strategy, cfg.n_kv_heads)
         spec = sharding.param_spec(path, len(padded), rule)
@@ -116,14 +122,20 @@ def memory_plan(
         local = [n // tp if ax == sharding.TP else n for n, ax in zip(padded, axes, strict=True)]
         size = item if path[-1] in CONTRACT_AXES or path[-1] == "lm_head" else other
         w_total += _prod(shape) * size
-        w_dev += _prod(local) * size
+        for st in pipeline.owners(stages, path, tied):
+            w_stage[st.index] += _prod(local) * size
     rep = sharding.kv_replication(cfg.n_kv_heads, tp, strategy)
     kv_heads = cfg.n_kv_heads * rep
     kv_item = jnp.dtype(prec.kv).itemsize
     per_layer = batch_size * n_positions * kv_heads * cfg.head_dim * kv_item
     kv_total = 2 * cfg.n_layers * batch_size * n_positions * cfg.n_kv_heads * cfg.head_dim * kv_item
-    kv_dev = 2 * cfg.n_layers * per_layer // tp + batch_size * n_positions * 4  # + replicated slot positions
+    # each stage: its layers' cache (every micro-batch's) + the replicated slot positions
+    kv_dev = 2 * stages[0].count * per_layer // tp + batch_size * n_positions * 4
+    w_dev = max(w_stage)  # the fullest stage's devices
     return {
+        "pp": pp,
+        "micro_batches": n_micro,
+        "weights_bytes_per_stage_device": w_stage,
         "tp": tp,
         "gqa": strategy,
         "amp": amp,
@@ -156,8 +168,9 @@ def check_fits(plan: dict, device_memory_gb: float) -> None:
 def format_plan(plan: dict) -> str:
     """One readable line for ``--dry-run`` output."""
     g = lambda b: f"{b / GIB:.3f} GiB"
+    pp = f"pp={plan['pp']} ({plan['micro_batches']} micro-batches) " if plan.get("pp", 1) > 1 else ""
     return (
-        f"tp={plan['tp']} gqa={plan['gqa']} amp={plan['amp']}: per device weights "
+        f"{pp}tp={plan['tp']} gqa={plan['gqa']} amp={plan['amp']}: per device weights "
         f"{g(plan['weights_bytes_per_device'])} + KV cache {g(plan['kv_cache_bytes_per_device'])} = "
         f"{g(plan['total_bytes_per_device'])} (whole model: weights {g(plan['weights_bytes'])}, "
         f"KV cache {g(plan['kv_cache_bytes'])})"
@@ -167,17 +180,29 @@ def format_plan(plan: dict) -> str:
 def plan_for_checkpoint(
     path,
     batch_size: int = 1,
-    n_positions=128,
+    n_positions=None,
     context_length_estimate=None,
     tp_degree: int = 1,
     gqa: str | None = None,
     amp: str = "f32",
+    pp_degree: int = 1,
+    micro_batches: int | None = None,
 ) -> dict:
     """The memory plan plus the list of graphs for a checkpoint, from its config.json only."""
     hf = load_hf_config(path)
     cfg = family_for(hf.model_type).arch_config(hf)
+    if n_positions is None:  # the engine's default (core/model.py)
+        n_positions = min(DEFAULT_N_POSITIONS, cfg.max_positions)
     tg = bk.token_buckets(n_positions)
     ctx = bk.context_buckets(context_length_estimate, tg)
-    plan = memory_plan(cfg, batch_size, max(tg), amp, tp_degree, gqa)
-    plan["graphs"] = bk.graph_keys(ctx, tg)
+    plan = memory_plan(cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches)
+    if pp_degree == 1:
+        plan["graphs"] = bk.graph_keys(ctx, tg)
+    else:  # every stage: prefill shapes and a decode step per token bucket; the last also "select"
+        per = [("pp_prefill", c, w) for c, w in bk.prefill_graph_shapes(ctx, tg)] + [
+            ("pp_step", w) for w in tg
+        ]
+        plan["graphs"] = [
+            ("stage", s, *k) for s in range(pp_degree) for k in per + [("select",)] * (s == pp_degree - 1)
+        ]
     return plan

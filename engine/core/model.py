@@ -63,6 +63,7 @@ MODEL_KEYS = (
     "n_positions",
     "context_length_estimate",
     "tp_degree",
+    "pp_degree",
     "gqa",
     "amp",
     "quant",
@@ -147,7 +148,7 @@ class CompiledModel:
         self.gqa = sharding.choose_gqa(
             self.cfg.n_heads, self.cfg.n_kv_heads, self.batch_size, self.tp_degree, gqa
         )
-        self.mesh = sharding.make_mesh(self.tp_degree)
+        self.mesh = self._make_mesh()
         self._kv_rep = sharding.kv_replication(self.cfg.n_kv_heads, self.tp_degree, self.gqa)
         self._rules = sharding.rules(self.gqa, self.tp_degree)
         self._repl = sharding.replicated(self.mesh)
@@ -159,6 +160,14 @@ class CompiledModel:
         self.cache = self._alloc_cache()
 
     # ------------------------------------------------------------------ loading
+    def _make_mesh(self):
+        """The devices this model runs on (a pipeline stage: its own, ``aotlm.core.pipeline``)."""
+        return sharding.make_mesh(self.tp_degree)
+
+    def _weight_rows(self, family) -> list:
+        """The HF tensors to load (a pipeline stage: its own layers', ``aotlm.core.pipeline``)."""
+        return family.weight_rows(self.cfg, self.hf_config)
+
     def _place(self, path: tuple, arr: np.ndarray):
         """Pad / repeat for the mesh on the host, then copy each device only its own shard."""
         arr = sharding.prepare_param(path, arr, self.tp_degree, self.gqa, self.cfg.n_kv_heads)
@@ -172,7 +181,7 @@ class CompiledModel:
     def _load_weights(self, family) -> dict:
         reader = WeightReader(self.path)
         try:
-            rows = bar(family.weight_rows(self.cfg, self.hf_config), "loading weights", unit="tensor")
+            rows = bar(self._weight_rows(family), "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
             quant = self.precision.quant  # the matrices' storage (amp's on CPU with the kernels)
             view = quant is not None and kernels.enabled()  # int8 / bf16 embedding copy for a tied lm_head

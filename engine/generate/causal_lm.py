@@ -9,13 +9,23 @@ broadcasting), plugged in through the base class's ``_extra_graph_keys`` / ``_lo
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 
-from aotlm.core import graphs, inputs, sampling
+from aotlm.core import graphs, inputs, pipeline, sampling, sharding
 from aotlm.core.model import CompiledModel, _locked
-from aotlm.generate import broadcast, extensions, generation, params, slot_graphs, speculative, stopping
+from aotlm.generate import (
+    broadcast,
+    extensions,
+    generation,
+    params,
+    pp_run,
+    slot_graphs,
+    speculative,
+    stopping,
+)
 from aotlm.generate import neuron_config as nc
 
 
@@ -144,7 +154,11 @@ class CausalLMForSampling(CompiledModel):
         generation.sampling_params(cfg, n, self.batch_size)  # validate before any device work
         generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
         want = bool(return_dict or cfg.top_logprobs)
-        return generation.run(self, ids, mask, n, new, cfg, streamer, criteria, want)
+        return self._run(ids, mask, n, new, cfg, streamer, criteria, want)
+
+    def _run(self, *args):
+        """The request on the device (a pipelined model chains its stages: ``PipelineForSampling``)."""
+        return generation.run(self, *args)
 
     def _n_new(self, p_len: int, n: int, max_new_tokens, sequence_length: int | None) -> np.ndarray:
         """Per-row new-token budgets ``[n]`` (one value may serve every row)."""
@@ -168,8 +182,132 @@ class CausalLMForSampling(CompiledModel):
 
 
 class AutoModelForSampling(CausalLMForSampling):
-    """Picks the family from ``config.model_type`` (``aotlm.generate.families``: one class per family)."""
+    """Picks the family from ``config.model_type`` (``aotlm.generate.families``: one class per family);
+    ``pp_degree > 1`` gives a ``PipelineForSampling``."""
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, **kwargs) -> CausalLMForSampling:
+    def from_pretrained(cls, path: str | os.PathLike, pp_degree: int = 1, **kwargs) -> CausalLMForSampling:
+        if pp_degree != 1:
+            return PipelineForSampling(path, pp_degree=pp_degree, model_types=cls.model_types, **kwargs)
         return cls(path, **kwargs)
+
+
+UNSUPPORTED_PP = {  # construction options pipelined models refuse (each needs graphs of its own)
+    "prompt_batch_size": None,
+    "num_beams": 1,
+    "speculation_length": None,
+    "continuous_batching": False,
+    "scoring": False,
+}
+
+
+class PipelineForSampling(CausalLMForSampling):
+    """``pp_degree`` stages chained by the host (``aotlm.core.pipeline``, ``aotlm.generate.pp_run``).
+
+    ``sample()``, ``forward()``, ``compile()`` / ``to_neuron()``, ``save()`` / ``load()`` and
+    ``graph_keys()`` work as on one-stage models; each stage compiles and caches its own graphs.
+    Beam search, ``num_return_sequences``, speculative decoding, continuous batching and the
+    score graphs are refused with a clear error (each needs graphs the stages do not have).
+    ``micro_batches`` (default: the largest divisor of ``batch_size`` up to ``pp_degree``) splits
+    the batch so that stages work concurrently.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        pp_degree: int,
+        tp_degree: int = 1,
+        batch_size: int | None = None,
+        micro_batches: int | None = None,
+        model_types: tuple[str, ...] | None = None,
+        neuron_config: nc.NeuronConfig | None = None,
+        **kwargs,
+    ):
+        for name, default in UNSUPPORTED_PP.items():
+            if kwargs.pop(name, default) != default:
+                raise ValueError(f"{name} is not supported with pp_degree > 1 yet; load with pp_degree=1")
+        self.default_generation = nc.apply(neuron_config, kwargs) or params.GenerationConfig()
+        self._lock = threading.RLock()
+        stages = pipeline.split_layers(pipeline.n_layers(path), pp_degree)
+        batch = 1 if batch_size is None else inputs.count(batch_size, "batch_size")
+        if batch < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch}")
+        self.micro_batches = pipeline.micro_batches(batch, pp_degree, micro_batches)
+        meshes = pipeline.stage_meshes(pp_degree, int(tp_degree))
+        kw = dict(
+            kwargs, batch_size=batch // self.micro_batches, tp_degree=tp_degree, model_types=model_types
+        )
+        self.stages = [pipeline.StageModel(path, st, mesh, self.micro_batches, **kw)
+                       for st, mesh in zip(stages, meshes, strict=True)]  # fmt: skip
+        head = self.stages[-1]
+        for name in ("path", "hf_config", "cfg", "amp", "quant", "precision", "dtype", "fuse_qkv", "gqa",
+                     "tp_degree", "tg_buckets", "n_positions", "ctx_buckets", "compile_cache"):  # fmt: skip
+            setattr(self, name, getattr(head, name))
+        self.batch_size, self.pp_degree = batch, pp_degree
+        self.mesh = None  # each stage has its own: self.stages[s].mesh
+        extensions.configure(self, None, 1, None)
+        self.continuous_batching, self.scoring = False, False
+
+    @property
+    def compile_report(self) -> list[dict]:
+        return [
+            dict(info, stage=s, graph=f"stage{s}:{info['graph']}")
+            for s, st in enumerate(self.stages)
+            for info in st.compile_report
+        ]
+
+    def graph_keys(self) -> list[tuple]:
+        """``("stage", s, *key)`` for every graph of every stage."""
+        return [("stage", s, *k) for s, st in enumerate(self.stages) for k in st.graph_keys()]
+
+    @_locked
+    def compile_graph(self, key: tuple):
+        """Compile (or load) one graph of ``graph_keys()``: ``("stage", s, *stage_key)``."""
+        if key not in self.graph_keys():
+            raise ValueError(f"{key} is not one of this model's graphs: {self.graph_keys()}")
+        return self.stages[key[1]].compile_graph(tuple(key[2:]))
+
+    @_locked
+    def compile(self) -> PipelineForSampling:
+        for st in self.stages:
+            st.compile()
+        return self
+
+    def to_neuron(self) -> PipelineForSampling:
+        return self.compile()
+
+    @_locked
+    def save(self, directory: str | os.PathLike) -> None:
+        """One artifacts directory per stage (``stage-0`` ..), written next to each other."""
+        self.compile()
+        pipeline.save(self.stages, directory)
+
+    @_locked
+    def load(self, directory: str | os.PathLike) -> PipelineForSampling:
+        pipeline.load(self.stages, directory)
+        return self
+
+    @_locked
+    def forward(self, input_ids, attention_mask=None) -> np.ndarray:
+        ids, mask, n = self._prepare(input_ids, attention_mask, None)
+        logits, _ = pp_run.encode(self, ids, mask)
+        return np.concatenate([sharding.fetch(x) for x in logits])[:n]
+
+    def score(self, *args, **kwargs):
+        raise ValueError("score() is not supported with pp_degree > 1 yet; load the model with pp_degree=1")
+
+    def enable_speculative_decoder(self, speculation_length) -> None:
+        raise ValueError("speculative decoding is not supported with pp_degree > 1 yet; use pp_degree=1")
+
+    def sample(self, *args, **kwargs):
+        """``CausalLMForSampling.sample`` (its arguments and output) on the stages."""
+        refused = {"num_return_sequences": (None, 1), "num_beams": (1,), "draft_model": (None,),
+                   "speculation_length": (None,)}  # fmt: skip
+        for name, ok in refused.items():
+            if kwargs.pop(name, ok[0]) not in ok:
+                raise ValueError(f"{name} is not supported with pp_degree > 1 yet; use a pp_degree=1 model")
+        return CausalLMForSampling.sample.__wrapped__(self, *args, **kwargs)
+
+    def _run(self, *args):
+        return pp_run.run(self, *args)

@@ -33,6 +33,7 @@ def model_args(model, quant=None) -> dict:
         "n_positions": list(model.tg_buckets),
         "context_length_estimate": list(model.ctx_buckets),
         "tp_degree": model.tp_degree,
+        "pp_degree": getattr(model, "pp_degree", 1),
         "gqa": model.gqa,
         "amp": model.amp,
         "quant": quant if quant is None or isinstance(quant, str) else "int8",
@@ -75,10 +76,13 @@ def read_args(directory: str | os.PathLike) -> dict:
 def check_architecture(directory: str | os.PathLike, checkpoint: str | os.PathLike) -> None:
     """Refuse a checkpoint whose architecture differs from the compiled one (reads config.json only)."""
     directory = Path(directory)
+    manifest = directory / artifacts.MANIFEST
+    if not manifest.is_file() and (directory / "stage-0" / artifacts.MANIFEST).is_file():
+        manifest = directory / "stage-0" / artifacts.MANIFEST  # pipelined: every stage has the architecture
     try:
-        saved = json.loads((directory / artifacts.MANIFEST).read_text())["fields"]
+        saved = json.loads(manifest.read_text())["fields"]
     except (OSError, json.JSONDecodeError, KeyError) as e:
-        raise ValueError(f"{directory / artifacts.MANIFEST} is missing or unreadable ({e})") from e
+        raise ValueError(f"{manifest} is missing or unreadable ({e})") from e
     hf = load_hf_config(checkpoint)
     arch = json.loads(json.dumps(dataclasses.asdict(family_for(hf.model_type).arch_config(hf))))
     diffs = [
