@@ -1,8 +1,8 @@
 """The package's house rules, checked on the source (``ast``, nothing imported or executed).
 
 Layers, lowest first: the top-level utilities (``progress``, ``durable``, ``tiny``), ``kernels``,
-``models``, ``core``, ``generate``, ``text`` / ``tune``, ``jobs`` / ``serve``, ``cli``, and the public
-``aotlm`` namespace (``__init__``) above everything. A module may import its own layer or
+``models``, ``core``, ``generate``, ``text`` / ``tune``, ``jobs`` / ``serve`` / ``eval``, ``cli``, and
+the public ``aotlm`` namespace (``__init__``) above everything. A module may import its own layer or
 lower ones, never a higher one; the module graph has no circles; a function-local import says
 why on its line (an optional or slow dependency kept out of ``import aotlm``).
 """
@@ -26,6 +26,7 @@ LAYERS = {  # package (or top-level module) -> rank
     "aotlm.tune": 5,
     "aotlm.jobs": 6,
     "aotlm.serve": 6,
+    "aotlm.eval": 6,
     "aotlm.cli": 7,
     "aotlm": 8,
 }

@@ -133,17 +133,29 @@ def prefix_token(tokenizer) -> int:
     raise ValueError("the tokenizer has neither a bos nor an eos token; pass prefix_token explicitly")
 
 
+def tok_encode(tokenizer, text: str, prefix: int, add_special_tokens: bool | None = None) -> list[int]:
+    """Token ids as lm-eval's hf backend encodes a request: with the tokenizer's own special
+    tokens (a Llama bos, say) unless asked otherwise or the text already starts with the prefix
+    token's text (they would be doubled)."""
+    if add_special_tokens is None:
+        first = tokenizer.decode([prefix])
+        add_special_tokens = not (first and text.startswith(first))
+    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+
 def encode_pair(tokenizer, context: str, continuation: str, prefix: int | None = None):
-    """``(context ids, continuation ids)`` as lm-eval tokenizes a request: whitespace ending the
-    context moves to the continuation, the whole string is encoded once (no special tokens) and
-    split where the context's own encoding ends; an empty context becomes ``[prefix]``."""
+    """``(context ids, continuation ids)`` as lm-eval tokenizes a loglikelihood request: whitespace
+    ending the context moves to the continuation, the whole string is encoded once and split where
+    the context's own encoding ends; an empty context becomes ``[prefix]`` (bos, else eos) unless
+    the continuation already starts with that token."""
+    prefix = prefix_token(tokenizer) if prefix is None else prefix
+    if not context:
+        cont = tok_encode(tokenizer, continuation, prefix, add_special_tokens=False)
+        return (cont[:1], cont[1:]) if cont and cont[0] == prefix else ([prefix], cont)
     cut = len(context.rstrip())
     context, continuation = context[:cut], context[cut:] + continuation
-    if not context:
-        first = prefix_token(tokenizer) if prefix is None else prefix
-        return [first], tokenizer(continuation, add_special_tokens=False)["input_ids"]
-    whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
-    n_ctx = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+    whole = tok_encode(tokenizer, context + continuation, prefix)
+    n_ctx = len(tok_encode(tokenizer, context, prefix))
     return whole[:n_ctx], whole[n_ctx:]
 
 
