@@ -6,7 +6,7 @@ GPT-2-small (random init) on ``--devices`` forced CPU devices as tp=N, pp=N and 
 decode tokens/s, prefill ms (median of runs, configurations called round-robin), the fullest
 device's weight bytes, and the bytes that leave a device per generated token and row, read from
 the compiled graphs: the hidden states each stage hands the next (the lecture's 2D bytes per
-boundary, here float32 so 4D, plus the token and position sent back to the first stage), the
+boundary, here float32 so 4D, plus the sampled token sent back to the first stage), the
 all-reduce payloads of tensor parallelism (two per layer, one for the embedding) and its
 all-gathers (the logits, once per step, for the sampler).
 
@@ -79,7 +79,7 @@ def crossing_bytes(model, width: int) -> dict:
             hidden += int(exe.out_info[0].size * exe.out_info[0].dtype.itemsize) // mb
         a, g = tp_bytes(exe, mb)
         ar, ag = ar + a, ag + g
-    ints = 4 * 2 + 4 * (len(stages) - 2)  # token + position to stage 0, position to middle stages
+    ints = 4  # the sampled token, back to stage 0 (positions come from the host)
     return {"stage hand-offs B": hidden + ints, "tp all-reduce B": ar, "tp all-gather B": ag}
 
 

@@ -1,6 +1,7 @@
 """Subprocess worker for tests/test_pp.py: pipeline parallelism on 8 forced CPU devices.
 
-    python tests/pp_worker.py <job.json>
+    python tests/pp_worker.py <job.json>          # every case on 8 forced CPU devices
+    python tests/pp_worker.py <job.json> multi    # one process of a 2-process pipeline ($AOTLM_*)
 
 Runs every case against the one-stage model and writes the raw results (tokens, logits, bytes,
 compile counts, error messages) to ``job["out"]``; test_pp.py makes the assertions.
@@ -13,13 +14,20 @@ import os
 import sys
 
 JOB = json.loads(open(sys.argv[1]).read())
+MULTI = sys.argv[2:] == ["multi"]
+DEVICES = JOB.get("local_devices", 2) if MULTI else 8
 os.environ["XLA_FLAGS"] = (
-    f"--xla_force_host_platform_device_count=8 {os.environ.get('AOTLM_TEST_XLA_FLAGS', '')}"
+    f"--xla_force_host_platform_device_count={DEVICES} {os.environ.get('AOTLM_TEST_XLA_FLAGS', '')}"
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+
+from aotlm.core import distributed  # noqa: E402
+
+if MULTI:
+    distributed.initialize(initialization_timeout=60)  # from $AOTLM_* (set by the test), before any work
 
 sys.path.insert(0, os.path.dirname(__file__))
 from compile_counter import count_compiles  # noqa: E402
@@ -135,7 +143,18 @@ def main() -> dict:
     return res
 
 
+def multi() -> dict:
+    """One stage per process: pp=2 over 2 processes (tp = this process's device count)."""
+    m = AutoModelForSampling.from_pretrained(
+        PATH, pp_degree=2, tp_degree=jax.local_device_count(), batch_size=4, compile_cache=False, **SHAPES
+    )
+    out = run(m, 4)
+    out["local_stages"] = [st.stage.index for st in m.stages if st.local]
+    distributed.shutdown()
+    return out
+
+
 if __name__ == "__main__":
-    result = main()
+    result = multi() if MULTI else main()
     with open(JOB["out"], "w") as f:
         json.dump(result, f)

@@ -6,6 +6,7 @@ Multi-device runs need XLA_FLAGS before jax starts, so everything runs in one su
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,13 @@ import pytest
 import transformers
 from conformance import make_checkpoint
 
+from aotlm.core import distributed
+
 WORKER = str(Path(__file__).parent / "pp_worker.py")
 
 
 @pytest.fixture(scope="module")
-def pp_run(tmp_path_factory, ckpt_dir):
+def llama4(ckpt_dir):
     cfg = transformers.LlamaConfig(
         hidden_size=64,
         num_attention_heads=4,
@@ -29,7 +32,12 @@ def pp_run(tmp_path_factory, ckpt_dir):
         vocab_size=101,
         max_position_embeddings=128,
     )
-    llama = make_checkpoint(ckpt_dir / "llama4", cfg)
+    return make_checkpoint(ckpt_dir / "llama4", cfg)
+
+
+@pytest.fixture(scope="module")
+def pp_run(tmp_path_factory, llama4):
+    llama = llama4
     tmp = tmp_path_factory.mktemp("pp")
     job = {
         "llama": str(llama),
@@ -99,3 +107,40 @@ def test_errors(pp_run):
     assert "pp_degree=4 x tp_degree=4 needs 16 devices but only 8" in e["devices"]
     assert "num_beams is not supported with pp_degree > 1" in e["beams"]
     assert "continuous_batching is not supported with pp_degree > 1" in e["serve"]
+
+
+@pytest.mark.parametrize("local_devices", [2])
+def test_one_stage_per_process(tmp_path, llama4, pp_run, local_devices):
+    """Multi-host: 2 processes, each running one stage (tp = its devices); hand-offs are a
+    collective-permute between them; both return the one-stage model's tokens and logits."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for pid in range(2):
+        job = {"llama": str(llama4), "cache_dir": "", "local_devices": local_devices,
+               "out": str(tmp_path / f"out{pid}.json")}  # fmt: skip
+        (tmp_path / f"job{pid}.json").write_text(json.dumps(job))
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
+               distributed.ENV_NUM_PROCESSES: "2", distributed.ENV_PROCESS_ID: str(pid)}  # fmt: skip
+        env.pop("XLA_FLAGS", None)
+        cmd = [sys.executable, WORKER, str(tmp_path / f"job{pid}.json"), "multi"]
+        procs.append(
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        )
+    errs = []
+    try:
+        for p in procs:
+            errs.append(p.communicate(timeout=300)[1])
+    finally:
+        for p in procs:  # never leave a process waiting on its peer
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-3000:] for e in errs)
+    ref = pp_run["cases"]["1x1/b4"]
+    for pid in range(2):
+        got = json.loads((tmp_path / f"out{pid}.json").read_text())
+        assert got["local_stages"] == [pid]
+        assert got["greedy"] == ref["greedy"] and got["sampled"] == ref["sampled"]
+        assert np.abs(np.array(got["logits"]) - np.array(ref["logits"])).max() < 1e-5

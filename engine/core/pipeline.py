@@ -44,6 +44,7 @@ from aotlm.core import artifacts, graphs, sharding
 from aotlm.core import buckets as bk
 from aotlm.core.model import CompiledModel
 from aotlm.core.resolve import resolve
+from aotlm.durable import atomic_write_bytes
 from aotlm.models import decoder, family_for
 from aotlm.models.checkpoint import load_hf_config
 
@@ -101,14 +102,25 @@ def stage_meshes(pp_degree: int, tp_degree: int) -> list[Mesh]:
             f"pp_degree={pp_degree} x tp_degree={tp_degree} needs {need} devices but only {len(devices)} are "
             f"visible ({devices[0].platform}, {jax.process_count()} process(es)); {hint}, or lower them"
         )
-    if jax.process_count() > 1:
+    if jax.process_count() > 1 and need != len(devices):
         raise ValueError(
-            "pp_degree > 1 runs in one process for now (stages are chained by the host that owns every "
-            "stage's devices); use tp_degree across processes, or one process with all devices"
+            f"pp_degree={pp_degree} x tp_degree={tp_degree} = {need} devices in a "
+            f"{jax.process_count()}-process run: the stages must cover every process's devices "
+            f"({len(devices)}); use pp x tp = {len(devices)}"
         )
-    return [
-        Mesh(np.array(devices[s * tp_degree : (s + 1) * tp_degree]), (sharding.TP,)) for s in range(pp_degree)
-    ]
+    grid = np.array(devices[:need]).reshape(pp_degree, tp_degree)
+    for s, row in enumerate(grid):
+        if len({d.process_index for d in row}) > 1:
+            raise ValueError(
+                f"stage {s} would span processes {sorted({d.process_index for d in row})}: each stage runs "
+                "in one process; use a tp_degree that divides every process's device count"
+            )
+    return [Mesh(row, (sharding.TP,)) for row in grid]
+
+
+def is_local(mesh: Mesh) -> bool:
+    """Whether this process owns the stage's devices (all of them: a stage never spans processes)."""
+    return mesh.devices.flat[0].process_index == jax.process_index()
 
 
 def n_layers(path: str | os.PathLike) -> int:
@@ -146,11 +158,30 @@ def owners(stages: tuple[Stage, ...], path: tuple, tied: bool) -> list[Stage]:
     return [st for st in stages if _keeps(st, path[0], tied)]
 
 
+class RemoteStage:
+    """A stage another process runs (multi-host): its layout, no weights, no graphs."""
+
+    local = False
+    compile_report: list = []
+
+    def __init__(self, stage: Stage, mesh: Mesh, batch_size: int):
+        self.stage, self.mesh, self.batch_size = stage, mesh, batch_size
+        self._repl = sharding.replicated(mesh)
+
+    def graph_keys(self) -> list[tuple]:
+        return []
+
+    def compile(self) -> RemoteStage:
+        return self
+
+
 class StageModel(CompiledModel):
     """One pipeline stage: its layers (and the embedding / head it owns) on its own devices.
 
     ``batch_size`` here is the micro-batch; ``caches[m]`` is micro-batch ``m``'s KV cache.
     """
+
+    local = True
 
     def __init__(self, path: str | os.PathLike, stage: Stage, mesh: Mesh, n_micro: int, model_types=None,
                  **kwargs):  # fmt: skip
@@ -268,13 +299,18 @@ def save(stages: list[StageModel], directory: str | os.PathLike) -> None:
     """``directory/stage-<s>`` per stage (``artifacts.save``) and a manifest naming the stages;
     written under a temporary name and renamed, so a crash leaves the old directory or none."""
     directory = Path(directory)
+    if jax.process_count() > 1:  # each host writes its own stages (each directory atomically)
+        for st in stages:
+            if st.local:
+                artifacts.save(st, directory / f"stage-{st.stage.index}")
+        if jax.process_index() == 0:
+            atomic_write_bytes(directory / MANIFEST, _manifest(stages).encode())
+        return
     tmp = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex}")
     try:
         for st in stages:
             artifacts.save(st, tmp / f"stage-{st.stage.index}")
-        (tmp / MANIFEST).write_text(
-            json.dumps({"pp_degree": len(stages), "stages": [dataclasses.asdict(s.stage) for s in stages]})
-        )
+        (tmp / MANIFEST).write_text(_manifest(stages))
         if directory.exists():
             old = directory.with_name(f".{directory.name}.old-{uuid.uuid4().hex}")
             os.rename(directory, old)
@@ -285,6 +321,10 @@ def save(stages: list[StageModel], directory: str | os.PathLike) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _manifest(stages) -> str:
+    return json.dumps({"pp_degree": len(stages), "stages": [dataclasses.asdict(s.stage) for s in stages]})
 
 
 def load(stages: list[StageModel], directory: str | os.PathLike) -> None:
@@ -303,4 +343,5 @@ def load(stages: list[StageModel], directory: str | os.PathLike) -> None:
             f"this model has pp_degree={len(stages)}: load it with the saved layout"
         )
     for st in stages:
-        st.load(directory / f"stage-{st.stage.index}")
+        if st.local:
+            st.load(directory / f"stage-{st.stage.index}")

@@ -12,7 +12,9 @@ import os
 import threading
 from collections.abc import Sequence
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from aotlm.core import graphs, inputs, pipeline, sampling, sharding
 from aotlm.core.model import CompiledModel, _locked
@@ -235,12 +237,15 @@ class PipelineForSampling(CausalLMForSampling):
             raise ValueError(f"batch_size must be >= 1, got {batch}")
         self.micro_batches = pipeline.micro_batches(batch, pp_degree, micro_batches)
         meshes = pipeline.stage_meshes(pp_degree, int(tp_degree))
-        kw = dict(
-            kwargs, batch_size=batch // self.micro_batches, tp_degree=tp_degree, model_types=model_types
-        )
-        self.stages = [pipeline.StageModel(path, st, mesh, self.micro_batches, **kw)
-                       for st, mesh in zip(stages, meshes, strict=True)]  # fmt: skip
-        head = self.stages[-1]
+        mb = batch // self.micro_batches
+        kw = dict(kwargs, batch_size=mb, tp_degree=tp_degree, model_types=model_types)
+        self.stages = [  # another process's stages (multi-host): their layout only
+            pipeline.StageModel(path, st, mesh, self.micro_batches, **kw)
+            if pipeline.is_local(mesh)
+            else pipeline.RemoteStage(st, mesh, mb)
+            for st, mesh in zip(stages, meshes, strict=True)
+        ]
+        head = next(st for st in self.stages if st.local)
         for name in ("path", "hf_config", "cfg", "amp", "quant", "precision", "dtype", "fuse_qkv", "gqa",
                      "tp_degree", "tg_buckets", "n_positions", "ctx_buckets", "compile_cache"):  # fmt: skip
             setattr(self, name, getattr(head, name))
@@ -292,7 +297,12 @@ class PipelineForSampling(CausalLMForSampling):
     def forward(self, input_ids, attention_mask=None) -> np.ndarray:
         ids, mask, n = self._prepare(input_ids, attention_mask, None)
         logits, _ = pp_run.encode(self, ids, mask)
-        return np.concatenate([sharding.fetch(x) for x in logits])[:n]
+        if not self.stages[-1].local:  # multi-host: the last stage's process has them
+            logits = [np.zeros((self.stages[0].batch_size, self.cfg.vocab_size), np.float32)] * len(logits)
+        out = np.concatenate([sharding.fetch(x) for x in logits])
+        if jax.process_count() > 1:
+            out = multihost_utils.broadcast_one_to_all(out, is_source=self.stages[-1].local)
+        return out[:n]
 
     def score(self, *args, **kwargs):
         raise ValueError("score() is not supported with pp_degree > 1 yet; load the model with pp_degree=1")

@@ -4,8 +4,14 @@ Every call below returns at once (JAX dispatches asynchronously) and each device
 in order, so issuing micro-batch after micro-batch lets stage ``s`` work on micro-batch ``m``
 while stage ``s - 1`` works on ``m + 1``; with ``M = S`` micro-batches, micro-batch ``m``'s next
 step enters the first stage right after its token leaves the last (a ring, no bubble in the
-steady state). Hidden states move to the next stage with ``jax.device_put`` (``b x D`` values per
-token: the lecture's 2D bytes per token per boundary).
+steady state). Hidden states move to the next stage with ``core.handoff`` (``jax.device_put`` in one process,
+a collective-permute between the two stages' devices across processes): ``b x D`` values per
+token and boundary, the lecture's 2D bytes.
+
+Across processes (a stage per host) every process runs the same loop, dispatching its own
+stages' graphs and taking part in the hand-offs next to them; the rows step to the longest
+row's budget (no host can read the last stage's done flags without a collective per step), and
+the results are broadcast from the last stage's process at the end.
 
 Semantics are the one-program loop's (``generation.run``): rows are independent (per-row
 sampling seeds and attention), every micro-batch steps until all rows are done or the longest
@@ -18,18 +24,15 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from aotlm.core import buckets as bk
-from aotlm.core import graphs, sharding
+from aotlm.core import graphs, sampling, sharding
+from aotlm.core.handoff import hand_off
 from aotlm.generate import generation
 from aotlm.generate.stopping import criteria_hit
 
 SCALARS = ("idx", "first", "limit", "eos", "pad", "want_logprobs")  # state leaves shared by all rows
-
-
-def _to(stage, x):
-    """``x`` (on the previous stage's devices) onto ``stage``'s, replicated over its tp devices."""
-    return jax.device_put(x, stage._repl)
 
 
 def _rows(state: dict, lo: int, hi: int) -> dict:
@@ -45,8 +48,8 @@ def _rows(state: dict, lo: int, hi: int) -> dict:
 
 def encode(model, ids: np.ndarray, mask: np.ndarray):
     """Prefill every micro-batch through the stages; returns (per micro-batch logits on the last
-    stage's devices, positions ``[B, P]``)."""
-    stages, b = model.stages, model.stages[0].batch_size
+    stage's devices, None where another process runs it; positions ``[B, P]``)."""
+    stages, b, d = model.stages, model.stages[0].batch_size, model.cfg.hidden_size
     positions = np.where(mask > 0, np.cumsum(mask, 1) - 1, -1).astype(np.int32)
     logits = [None] * model.micro_batches
     for step in bk.prefill_plan(ids.shape[1], model.ctx_buckets, model.tg_buckets):
@@ -57,30 +60,43 @@ def encode(model, ids: np.ndarray, mask: np.ndarray):
             pos = np.full((b, step.bucket), -1, np.int32)
             tok[:, : step.n_real] = ids[m * b : (m + 1) * b, step.start : end]
             pos[:, : step.n_real] = positions[m * b : (m + 1) * b, step.start : end]
-            x = stages[0]._put(tok)
+            x = stages[0]._put(tok) if stages[0].local else None
             for s, st in enumerate(stages):
-                scalars = st._put(np.int32(step.start)), st._put(np.int32(step.n_real - 1))
-                out, st.caches[m] = st._executable(key)(st.params, st.caches[m], x, st._put(pos), *scalars)
-                x = out if st.stage.is_last else _to(stages[s + 1], out)
-            logits[m] = x
+                out = None
+                if st.local:
+                    scalars = st._put(np.int32(step.start)), st._put(np.int32(step.n_real - 1))
+                    out, st.caches[m] = st._executable(key)(
+                        st.params, st.caches[m], x, st._put(pos), *scalars
+                    )
+                if st.stage.is_last:
+                    logits[m] = out
+                else:
+                    x = hand_off(st, stages[s + 1], out, (b, step.bucket, d), model.dtype)
     return logits, positions
 
 
-def _step(model, m: int, idx: int, state: dict) -> dict:
-    """Dispatch one decode step of micro-batch ``m`` through every stage; returns its new state."""
-    stages = model.stages
+def _step(model, m: int, idx: int, state: dict | None, pos: np.ndarray) -> dict | None:
+    """Dispatch one decode step of micro-batch ``m`` through every stage; returns its new state
+    (None where another process runs the last stage).
+
+    ``pos [b]``: the model positions of the tokens at slot ``idx``, known on the host (one more
+    per step after the prompt's), so only the sampled token travels back to the first stage."""
+    stages, head = model.stages, model.stages[-1]
+    b, d = stages[0].batch_size, model.cfg.hidden_size
     w = bk.decode_bucket(model.tg_buckets, idx)
-    x = _to(stages[0], state["tok"])
+    x = hand_off(head, stages[0], state["tok"] if head.local else None, (b,), np.int32)
     for s, st in enumerate(stages[:-1]):
-        exe = st._executable(("pp_step", w))
-        h, st.caches[m] = exe(st.params, st.caches[m], x, _to(st, state["pos"]), st._put(np.int32(idx)))
-        x = _to(stages[s + 1], h)
-    head = stages[-1]
-    head.caches[m], state = head._executable(("pp_step", w))(head.params, head.caches[m], x, state)
+        h = None
+        if st.local:
+            exe = st._executable(("pp_step", w))
+            h, st.caches[m] = exe(st.params, st.caches[m], x, st._put(pos), st._put(np.int32(idx)))
+        x = hand_off(st, stages[s + 1], h, (b, 1, d), model.dtype)
+    if head.local:
+        head.caches[m], state = head._executable(("pp_step", w))(head.params, head.caches[m], x, state)
     return state
 
 
-def _step_all(model, states: list, idx: int, known: list, listening: bool) -> bool:
+def _step_all(model, states: list, idx: int, known: list, listening: bool, pos: np.ndarray) -> bool:
     """Step every micro-batch at slot ``idx``; False once all rows are known to be done.
 
     Without listeners the host reads a micro-batch's ``done`` only when it is about to step it
@@ -92,7 +108,8 @@ def _step_all(model, states: list, idx: int, known: list, listening: bool) -> bo
             known[m] = sharding.fetch(states[m]["done"])
             if all(k.all() for k in known):
                 return False
-        states[m] = _step(model, m, idx, states[m])
+        b = len(known[m])
+        states[m] = _step(model, m, idx, states[m], pos[m * b : (m + 1) * b])
     return True
 
 
@@ -120,25 +137,42 @@ def run(model, ids, mask, n: int, new: np.ndarray, cfg, streamer, criteria, want
     t_start, fetch = time.perf_counter(), sharding.fetch
     big_b, p_len = ids.shape
     b, n_micro, head = model.stages[0].batch_size, model.micro_batches, model.stages[-1]
+    multi = jax.process_count() > 1
+    if multi and (streamer is not None or criteria):
+        raise ValueError(
+            "a streamer or stopping criteria need the tokens on every host: not supported with pp_degree > 1 "
+            "across processes; run them without, or in one process"
+        )
     last = p_len + np.concatenate([new, np.repeat(new[:1], big_b - n)]) - 1
     logits, positions = encode(model, ids, mask)
     full = generation.initial_state(model, ids, mask, positions, n, last, cfg)
     full["want_logprobs"] = np.bool_(want_dict)
-    select = head._executable(("select",))
-    states = [select(logits[m], head._put_tree(_rows(full, m * b, (m + 1) * b))) for m in range(n_micro)]
+    states: list = [None] * n_micro
+    if head.local:
+        select = head._executable(("select",))
+        states = [select(logits[m], head._put_tree(_rows(full, m * b, (m + 1) * b))) for m in range(n_micro)]
     cat = lambda key: np.concatenate([fetch(st[key]) for st in states])
+    stop, idx = int(last.max()), p_len
+    first_pos = (positions.max(1) + 1).astype(np.int32)  # of the first generated token (state["pos"])
+    if multi:  # every process runs the same steps (no host reads another's done flags)
+        ttft = time.perf_counter() - t_start
+        for idx in range(p_len, stop):
+            for m in range(n_micro):
+                states[m] = _step(model, m, idx, states[m], (first_pos + (idx - p_len))[m * b : (m + 1) * b])
+        res = _broadcast(model, states, cat)
+        return _output(res, ids, n, p_len, cfg, want_dict, ttft)
     first_tok = cat("tok")
     ttft = time.perf_counter() - t_start
     if streamer is not None:
         streamer.put(ids[:n])
         streamer.put(first_tok[:n])
     listening = streamer is not None or bool(criteria)
-    stop, idx, done = int(last.max()), p_len, cat("done")
+    done = cat("done")
     if criteria:
         done = _stop_rows(model, states, criteria, ids, n, p_len, idx, done)
     known = [done[m * b : (m + 1) * b] for m in range(n_micro)]  # done as of each one's last step
     while idx < stop and not done.all():
-        if not _step_all(model, states, idx, known, listening):
+        if not _step_all(model, states, idx, known, listening, first_pos + (idx - p_len)):
             break  # every row was done: nothing more to generate
         idx += 1
         if listening:  # one synchronous step at a time: the streamer and criteria see every token
@@ -149,24 +183,45 @@ def run(model, ids, mask, n: int, new: np.ndarray, cfg, streamer, criteria, want
                 done = _stop_rows(model, states, criteria, ids, n, p_len, idx, done)
     if streamer is not None:
         streamer.end()
-    return _output(states, cat, ids, n, p_len, cfg, want_dict, ttft, int(fetch(states[0]["pad"])))
+    res = {k: cat(k) for k in RESULT_KEYS}
+    res["pad"] = int(fetch(states[0]["pad"]))
+    return _output(res, ids, n, p_len, cfg, want_dict, ttft)
 
 
-def _output(states, cat, ids, n, p_len, cfg, want_dict, ttft, pad):
-    end = cat("end")
+RESULT_KEYS = ("out", "end", "reason", "logp", "top_ids", "top_lp")
+
+
+def _broadcast(model, states: list, cat) -> dict:
+    """The results, from the process that runs the last stage to every process."""
+    head, big_b = model.stages[-1], model.batch_size
+    s, k = model.n_positions, sampling.TOP_LOGPROBS_MAX
+    shapes = {"out": ((big_b, s), np.int32), "end": ((big_b,), np.int32), "reason": ((big_b,), np.int32),
+              "logp": ((big_b, s), np.float32), "top_ids": ((big_b, s, k), np.int32),
+              "top_lp": ((big_b, s, k), np.float32), "pad": ((), np.int32)}  # fmt: skip
+    res = {}
+    for key, (shape, dtype) in shapes.items():
+        mine = (cat(key) if key != "pad" else sharding.fetch(states[0]["pad"])) if head.local else None
+        value = np.asarray(mine if mine is not None else np.zeros(shape, dtype), dtype)
+        res[key] = multihost_utils.broadcast_one_to_all(value, is_source=head.local)
+    res["pad"] = int(res["pad"])
+    return res
+
+
+def _output(res: dict, ids, n, p_len, cfg, want_dict, ttft):
+    end = res["end"]
     n_gen = int(end.max()) - p_len + 1  # the longest row, as the one-program loop stops there
-    out = cat("out")[:n, p_len : p_len + n_gen]
-    sequences = np.concatenate([ids[:n], np.where(out < 0, pad, out)], axis=1)
+    out = res["out"][:n, p_len : p_len + n_gen]
+    sequences = np.concatenate([ids[:n], np.where(out < 0, res["pad"], out)], axis=1)
     if not want_dict:
         return sequences
     top = None
     if cfg.top_logprobs:
         w, sl = int(cfg.top_logprobs), slice(p_len, p_len + n_gen)
-        top = (cat("top_ids")[:n, sl, :w], cat("top_lp")[:n, sl, :w])
+        top = (res["top_ids"][:n, sl, :w], res["top_lp"][:n, sl, :w])
     return generation.GenerateOutput(
         sequences=sequences,
-        logprobs=cat("logp")[:n, p_len : p_len + n_gen],
-        finish_reason=[graphs.REASONS.get(int(r), "length") for r in cat("reason")[:n]],
+        logprobs=res["logp"][:n, p_len : p_len + n_gen],
+        finish_reason=[graphs.REASONS.get(int(r), "length") for r in res["reason"][:n]],
         num_generated=end[:n] - p_len + 1,
         top_logprobs=top,
         time_to_first_token=ttft,
