@@ -83,6 +83,17 @@ def crossing_bytes(model, width: int) -> dict:
     return {"stage hand-offs B": hidden + ints, "tp all-reduce B": ar, "tp all-gather B": ag}
 
 
+def bubble(stages: int, micro: int) -> dict:
+    """Idle share of each device by the schedule: prefill runs the micro-batches through the
+    stages once ((S - 1) / (M + S - 1) idle); decode is a ring (micro-batch m's next token enters
+    stage 0 as its last token leaves stage S - 1), idle 1 - M / S while M < S, none once M >= S."""
+    if stages == 1:
+        return {"prefill bubble": "0%", "decode bubble": "0%"}
+    pre = (stages - 1) / (micro + stages - 1)
+    dec = max(0.0, 1 - micro / stages)
+    return {"prefill bubble": f"{pre:.0%}", "decode bubble": f"{dec:.0%}"}
+
+
 def main() -> int:
     args = parse()
     os.environ["XLA_FLAGS"] = (
@@ -94,7 +105,12 @@ def main() -> int:
     from aotlm.tiny import cpu_model, make_gpt2_small
 
     n = args.devices
-    configs = {f"tp={n}": (1, n), f"pp={n}": (n, 1), f"pp={n // 2} x tp=2": (n // 2, 2)}
+    configs = {  # name -> (pp, tp, micro-batches: None = the default, min(batch, pp))
+        f"tp={n}": (1, n, None),
+        f"pp={n}": (n, 1, None),
+        f"pp={n}, 1 micro-batch": (n, 1, 1),
+        f"pp={n // 2} x tp=2": (n // 2, 2, None),
+    }
     path = args.checkpoint or make_gpt2_small(Path(args.work) / "gpt2-small")
     print(f"CPU: {cpu_model()}")
     print(f"{path}: prompt {args.prompt}, {args.new} new, greedy, {n} forced devices, median of {args.runs}")
@@ -103,8 +119,12 @@ def main() -> int:
         ids = np.random.default_rng(0).integers(0, 50000, (b, args.prompt))
         shapes = dict(batch_size=b, n_positions=args.prompt + args.new, context_length_estimate=args.prompt)
         models = {}
-        for name, (pp, tp) in configs.items():
-            m = AutoModelForSampling.from_pretrained(path, pp_degree=pp, tp_degree=tp, **shapes).compile()
+        for name, (pp, tp, micro) in configs.items():
+            if micro is not None and b == 1:
+                continue  # batch 1 has one micro-batch anyway
+            extra = {} if micro is None else {"micro_batches": micro}
+            m = AutoModelForSampling.from_pretrained(path, pp_degree=pp, tp_degree=tp, **shapes, **extra)
+            m.compile()
             m.sample(ids, max_new_tokens=4)  # warm
             models[name] = m
         times: dict = {name: ([], []) for name in models}
@@ -123,6 +143,7 @@ def main() -> int:
                     "config": name,
                     "batch": b,
                     "micro-batches": getattr(m, "micro_batches", 1),
+                    **bubble(getattr(m, "pp_degree", 1), getattr(m, "micro_batches", 1)),
                     "decode tok/s": b * (args.new - 1) / (gen - pre),
                     "prefill ms": pre * 1e3,
                     "weights MB/device": device_weight_bytes(m) / 1e6,

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 
 from aotlm.cli.common import int_list, setup_logging, shard_arg
+from aotlm.cli.jsonl import add_ray_args, check_ray_args
 from aotlm.core.memory import check_fits, format_plan, plan_for_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.jobs import h5 as h5job
+from aotlm.jobs import ray_jobs
 from aotlm.jobs.model_refs import resolve
 from aotlm.models import family_for
 from aotlm.models.checkpoint import load_hf_config
@@ -23,6 +26,7 @@ def _round_up(n: int, to: int = 32) -> int:
 
 def cmd_run_h5(args) -> int:
     setup_logging(args.quiet)
+    check_ray_args(args)
 
     job = h5job.read_params(args.params)
     ckpt, _ = resolve(args.checkpoint, need_tokenizer=False)
@@ -41,6 +45,7 @@ def cmd_run_h5(args) -> int:
         n_positions=n_positions,
         context_length_estimate=args.context_length_estimate,
         tp_degree=args.tp_degree,
+        pp_degree=args.pp_degree,
         amp=args.amp,
     )
     log.info(
@@ -63,6 +68,17 @@ def cmd_run_h5(args) -> int:
         log.info("nothing to do: every step of this run already has its predictions file in %s", out_dir)
         return 0
 
+    if args.ray and not args.compile_only:  # --compile-only stays here: it warms the shared cache
+        t0 = time.perf_counter()
+        try:
+            written, _ = ray_jobs.run_h5(
+                job, ckpt, kw, args.cache_dir, out_dir, steps, args.ray_workers, args.ray_address, args.quiet
+            )
+        except ray_jobs.RayJobError as e:
+            print(f"aotlm run-h5: error: {e}; re-run to finish the missing steps", file=sys.stderr)
+            return 1
+        print(f"wrote {len(written)} predictions files to {out_dir} in {time.perf_counter() - t0:.2f}s")
+        return 0
     t0 = time.perf_counter()
     log.info("loading model %s", ckpt)
     model = AutoModelForSampling.from_pretrained(ckpt, compile_cache=args.cache_dir, **kw)
@@ -99,10 +115,12 @@ def register(sub) -> None:
     )
     p.add_argument("--context-length-estimate", type=int_list, default=None, help="context buckets")
     p.add_argument("--tp-degree", type=int, default=1)
+    p.add_argument("--pp-degree", type=int, default=1, help="pipeline stages (pp x tp devices)")
     p.add_argument("--amp", default="f32", choices=["f32", "bf16", "f16"])
     p.add_argument(
         "--cache-dir", default=None, help="compile cache (default $AOTLM_CACHE_DIR or ./compile_cache)"
     )
     p.add_argument("--device-memory-gb", type=float, default=None, help="fail if the model does not fit")
+    add_ray_args(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_run_h5)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 
 from aotlm.cli.common import int_list, setup_logging, shard_arg, table
 from aotlm.durable import atomic_write_jsonl, read_jsonl
-from aotlm.jobs import batch
+from aotlm.jobs import batch, ray_data, ray_jobs
 from aotlm.jobs import plan as batch_plan
 from aotlm.jobs.dryrun import PLAN_HEADER, plan_rows
 
@@ -47,6 +48,7 @@ def cmd_batch_generate(args) -> int:
             raise ValueError(
                 f"{args.output} exists; pass --resume to continue it or --overwrite to replace it"
             )
+    check_ray_args(args)
     cli = _cli_defaults(args)
     merged = batch_plan.merged_generation(cli["generation"], {}, "command-line defaults")
     cli["generation"] = {k: v for k, v in merged.items() if k in cli["generation"]}
@@ -60,6 +62,7 @@ def cmd_batch_generate(args) -> int:
         "batch_size": args.batch_size,
         "context_length_estimate": args.context_length_estimate,
         "tp_degree": args.tp_degree,
+        "pp_degree": args.pp_degree,
         "cache_dir": args.cache_dir,
     }
     shard = f" (shard {args.shard[0]}/{args.shard[1]}: {len(mine)} of {len(groups)} groups)"
@@ -71,7 +74,16 @@ def cmd_batch_generate(args) -> int:
     if args.overwrite and os.path.exists(args.output):
         os.remove(args.output)
     t0 = time.perf_counter()
-    written, errors = batch.run(mine, opts, args.output, args.resume)
+    if args.ray:
+        try:
+            written, errors, _ = ray_jobs.run_batch_generate(
+                mine, opts, args.output, args.resume, args.ray_workers, args.ray_address, args.quiet
+            )
+        except ray_jobs.RayJobError as e:
+            print(f"aotlm batch-generate: error: {e}; finish it with --resume", file=sys.stderr)
+            return 1
+    else:
+        written, errors = batch.run(mine, opts, args.output, args.resume)
     dt = time.perf_counter() - t0
     print(f"{written} records written to {args.output} in {dt:.2f}s ({errors} with errors)")
     return 0
@@ -92,6 +104,29 @@ def cmd_batch_merge(args) -> int:
     atomic_write_jsonl(args.output, [seen[k] for k in sorted(seen)])
     print(f"{len(seen)} records from {len(args.inputs)} files written to {args.output}")
     return 0
+
+
+def add_ray_args(p) -> None:
+    """``--ray``: the same job on a pool of Ray actors (jobs/ray_jobs.py); shared with run-h5."""
+    p.add_argument(
+        "--ray", action="store_true", help="run the batches on Ray actors (pip install -e '.[ray]')"
+    )
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local Ray)")
+    p.add_argument("--ray-workers", type=int, default=None, help="Ray actors, one model each (default 2)")
+
+
+def check_ray_args(args) -> None:
+    """Refuse Ray flags without ``--ray`` and a bad worker count; with ``--ray``, fail fast (before
+    pre-flight) when Ray is not installed, with the install hint."""
+    if not args.ray:
+        if args.ray_address or args.ray_workers is not None:
+            raise ValueError("--ray-address / --ray-workers only apply with --ray; add --ray")
+        return
+    if args.ray_workers is None:
+        args.ray_workers = 2
+    if args.ray_workers < 1:
+        raise ValueError(f"--ray-workers must be >= 1, got {args.ray_workers}")
+    ray_data.import_ray()
 
 
 def register(sub) -> None:
@@ -124,11 +159,13 @@ def register(sub) -> None:
     )
     p.add_argument("--context-length-estimate", type=int_list, default=None)
     p.add_argument("--tp-degree", type=int, default=1)
+    p.add_argument("--pp-degree", type=int, default=1, help="pipeline stages (pp x tp devices)")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--dry-run", action="store_true", help="pre-flight, print the plan, load nothing")
     p.add_argument("--resume", action="store_true", help="skip records already in --output")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--shard", type=shard_arg, default=(0, 1), help="I/N: only model groups with g %% N == I")
+    add_ray_args(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_batch_generate)
     p = sub.add_parser("batch-merge", help="join batch-generate --shard outputs back into input order")

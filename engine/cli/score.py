@@ -43,6 +43,10 @@ def cmd_score(args) -> int:
                 f"{args.output} exists; pass --resume to continue it or --overwrite to replace it"
             )
     kw = model_kwargs(args)
+    if (kw.get("pp_degree") or 1) > 1:
+        raise ValueError(
+            "aotlm score runs on one pipeline stage; drop --pp-degree (tp_degree spreads the model)"
+        )
     kw.setdefault("batch_size", DEFAULT_BATCH)
     if kw["batch_size"] < 1:
         raise ValueError(f"--batch-size must be >= 1, got {kw['batch_size']}")

@@ -53,16 +53,22 @@ def save(model, directory: str | os.PathLike) -> None:
             graphs.append({"key": list(key), "entry": digest})
         manifest = {"format": FORMAT, "fields": config_fields(model), "graphs": graphs}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old-{uuid.uuid4().hex}")
-            os.rename(directory, old)
-            os.rename(tmp, directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, directory)
+        swap_in(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def swap_in(tmp: Path, directory: Path) -> None:
+    """Put the finished directory ``tmp`` at ``directory`` by renames: a crash leaves the old one
+    (or none), never a half-written one."""
+    if directory.exists():
+        old = directory.with_name(f".{directory.name}.old-{uuid.uuid4().hex}")
+        os.rename(directory, old)
+        os.rename(tmp, directory)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, directory)
 
 
 def _write_graph(model, key: tuple, tmp: Path, digest: str, fields: dict) -> None:

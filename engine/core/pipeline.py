@@ -90,18 +90,8 @@ def stage_meshes(pp_degree: int, tp_degree: int) -> list[Mesh]:
     process per host, each host's devices form whole stages)."""
     if tp_degree < 1:
         raise ValueError(f"tp_degree must be >= 1, got {tp_degree}")
-    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     need = pp_degree * tp_degree
-    if need > len(devices):
-        hint = (
-            f"on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={need} before importing jax"
-            if jax.process_count() == 1
-            else "start more processes or give each more devices"
-        )
-        raise ValueError(
-            f"pp_degree={pp_degree} x tp_degree={tp_degree} needs {need} devices but only {len(devices)} are "
-            f"visible ({devices[0].platform}, {jax.process_count()} process(es)); {hint}, or lower them"
-        )
+    devices = sharding.global_devices(need, f"pp_degree={pp_degree} x tp_degree={tp_degree}")
     if jax.process_count() > 1 and need != len(devices):
         raise ValueError(
             f"pp_degree={pp_degree} x tp_degree={tp_degree} = {need} devices in a "
@@ -311,13 +301,7 @@ def save(stages: list[StageModel], directory: str | os.PathLike) -> None:
         for st in stages:
             artifacts.save(st, tmp / f"stage-{st.stage.index}")
         (tmp / MANIFEST).write_text(_manifest(stages))
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old-{uuid.uuid4().hex}")
-            os.rename(directory, old)
-            os.rename(tmp, directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, directory)
+        artifacts.swap_in(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

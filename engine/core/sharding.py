@@ -52,23 +52,29 @@ def make_mesh(tp_degree: int) -> Mesh:
     """
     if tp_degree < 1:
         raise ValueError(f"tp_degree must be >= 1, got {tp_degree}")
-    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-    if tp_degree > len(devices):
-        hint = (
-            f"on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={tp_degree} before importing jax"
-            if jax.process_count() == 1
-            else "start more processes or give each more devices"
-        )
-        raise ValueError(
-            f"tp_degree={tp_degree} needs {tp_degree} devices but only {len(devices)} are visible "
-            f"({devices[0].platform}, {jax.process_count()} process(es)); {hint}"
-        )
+    devices = global_devices(tp_degree, f"tp_degree={tp_degree}")
     if jax.process_count() > 1 and tp_degree != len(devices):
         raise ValueError(
             f"tp_degree={tp_degree} in a {jax.process_count()}-process run: the mesh must span every "
             f"process, so use tp_degree={len(devices)} (the global device count)"
         )
     return Mesh(np.array(devices[:tp_degree]), (TP,))
+
+
+def global_devices(need: int, what: str) -> list:
+    """Every device of the run, process by process, or a clear error when fewer than ``need``."""
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    if need > len(devices):
+        hint = (
+            f"on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={need} before importing jax"
+            if jax.process_count() == 1
+            else "start more processes or give each more devices"
+        )
+        raise ValueError(
+            f"{what} needs {need} devices but only {len(devices)} are visible "
+            f"({devices[0].platform}, {jax.process_count()} process(es)); {hint}"
+        )
+    return devices
 
 
 def divisors(n: int) -> list[int]:

@@ -108,17 +108,38 @@ def _generate(model, batch: list[Record], eos: list[int]) -> list[tuple[rows.Row
     return [_generate(model, [r], eos)[0] for r in batch]
 
 
+def load_error(g: Group, e: BaseException) -> str:
+    """The soft error every record of a group gets when its model cannot be loaded."""
+    return f"model {g.key[0]} could not be loaded: {type(e).__name__}: {e}"
+
+
+def load_group_model(g: Group, opts: dict):
+    """A group's model (graphs compiled on first use); raises one of ``SOFT_ERRORS`` when the
+    weights are unusable.
+
+    Shared by the plain run and the Ray workers (jobs/ray_jobs.py), so both build the same model.
+    """
+    return AutoModelForSampling.from_pretrained(
+        g.key[0], compile_cache=opts.get("cache_dir"), **g.model_kwargs(opts)
+    )
+
+
+def batch_outputs(model, g: Group, tok, eos: list[int], batch: list[Record]) -> tuple[list[dict], int]:
+    """One batch's output records (sorted by input line) and how many carry an error."""
+    results = _generate(model, batch, eos)
+    outs = [_output(r, g, tok, res, err) for r, (res, err) in zip(batch, results, strict=True)]
+    return sorted(outs, key=lambda o: o["input_line"]), sum(err is not None for _, err in results)
+
+
 def run_group(g: Group, todo: list[Record], opts: dict, sink: JsonlAppender) -> int:
     """Load the group's model once and write every record; returns the number of errors."""
     ckpt, amp, tok_dir = g.key
     tok = load_tokenizer(tok_dir)
     log.info("loading model %s (dtype %s) for %d records", ckpt, amp, len(todo))
     try:
-        model = AutoModelForSampling.from_pretrained(
-            ckpt, compile_cache=opts.get("cache_dir"), **g.model_kwargs(opts)
-        )
+        model = load_group_model(g, opts)
     except SOFT_ERRORS as e:
-        msg = f"model {ckpt} could not be loaded: {type(e).__name__}: {e}"
+        msg = load_error(g, e)
         log.warning("%s; %d records get an error", msg, len(todo))
         sink.write([_output(r, g, tok, None, msg) for r in sorted(todo, key=lambda r: r.line)])
         return len(todo)
@@ -127,10 +148,9 @@ def run_group(g: Group, todo: list[Record], opts: dict, sink: JsonlAppender) -> 
     errors = 0
     try:
         for batch in _batches(todo, model.batch_size):
-            results = _generate(model, batch, eos)
-            outs = [_output(r, g, tok, res, err) for r, (res, err) in zip(batch, results, strict=True)]
-            errors += sum(err is not None for _, err in results)
-            sink.write(sorted(outs, key=lambda o: o["input_line"]))
+            outs, n_err = batch_outputs(model, g, tok, eos, batch)
+            errors += n_err
+            sink.write(outs)
     finally:
         del model  # one model in memory at a time
         gc.collect()
@@ -153,7 +173,15 @@ def run(groups: list[Group], opts: dict, output: str | None, resume: bool) -> tu
                 written += len(todo)
     finally:
         sink.close()
-    if output and os.path.isfile(output):  # done: rewrite in input order
-        recs = sorted(read_jsonl(output), key=lambda o: o.get("input_line", 0))
-        atomic_write_jsonl(output, recs)
+    rewrite_in_order(output)
     return written, errors
+
+
+def rewrite_in_order(output: str | None) -> None:
+    """When a run is done: the output rewritten (atomically) in input order, one record per input
+    line (the first; a Ray task retried after its reply was lost could deliver a batch twice)."""
+    if output and os.path.isfile(output):
+        first: dict = {}
+        for o in read_jsonl(output):
+            first.setdefault(o.get("input_line", 0), o)
+        atomic_write_jsonl(output, [first[k] for k in sorted(first)])

@@ -207,13 +207,26 @@ def run_step(model, job: H5Job, ds, step: int, out_dir: Path) -> Path:
     return path
 
 
+def clean_stale(out_dir: Path, steps: list[int]) -> None:
+    """Remove leftovers of a kill mid-write (never under a final name), of these steps only."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        for stale in out_dir.glob(f".predictions_{step}.npz.tmp-*"):
+            stale.unlink(missing_ok=True)
+
+
+def open_data(job: H5Job):
+    """(h5py file, its checked "data" dataset) for ``run_step``; the caller closes the file."""
+    import h5py  # local: heavy, only for HDF5 jobs: kept out of `import aotlm`
+
+    f = h5py.File(job.data_file, "r")
+    return f, _dataset(f, job)
+
+
 def run(model, job: H5Job, out_dir: Path, steps: list[int]) -> list[Path]:
     import h5py  # local: heavy, only for HDF5 jobs: kept out of `import aotlm`
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for step in steps:  # leftovers of a kill mid-write (never under a final name); own steps only
-        for stale in out_dir.glob(f".predictions_{step}.npz.tmp-*"):
-            stale.unlink(missing_ok=True)
+    clean_stale(out_dir, steps)
     written = []
     with h5py.File(job.data_file, "r") as f:
         ds = _dataset(f, job)

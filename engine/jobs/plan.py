@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from aotlm.core.resolve import default_model
@@ -99,6 +100,7 @@ class Group:
             n_positions=self.n_positions,
             context_length_estimate=opts.get("context_length_estimate"),
             tp_degree=opts.get("tp_degree") or 1,
+            pp_degree=opts.get("pp_degree") or 1,
             amp=self.key[1],
         )
 
@@ -152,10 +154,9 @@ def model_spec(rec: dict, cli: dict, where: str) -> tuple[str, str | None, str]:
         raise ValueError(f"{where}: {e}") from e
 
 
-def parse(path: str, cli: dict) -> list[Record]:
-    """Every record of the input, validated and resolved (no weights, no tokenizer loaded)."""
-    resolved: dict = {}
-    records = []
+def json_records(path: str, fields: set) -> Iterator[tuple[int, str, dict]]:
+    """``(line number, "PATH line N", record)`` for every non-blank line of a JSONL input; invalid
+    JSON, a line that is not an object or a field outside ``fields`` is a ``ValueError`` naming it."""
     with open(expand(path), encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -167,21 +168,29 @@ def parse(path: str, cli: dict) -> list[Record]:
                 raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
             if not isinstance(rec, dict):
                 raise ValueError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
-            unknown = sorted(set(rec) - TOP_FIELDS)
+            unknown = sorted(set(rec) - fields)
             if unknown:
-                raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(TOP_FIELDS)}")
-            prompt = rec.get("prompt")
-            if not isinstance(prompt, str) or not prompt:
-                raise ValueError(f"{where}: missing or empty 'prompt' (a non-empty string is required)")
-            gen = merged_generation(cli.get("generation", {}), rec.get("generation"), where)
-            spec = model_spec(rec, cli, where)
-            if spec[:2] not in resolved:
-                try:
-                    resolved[spec[:2]] = resolve(spec[0], spec[1])
-                except ValueError as e:  # CheckpointError too
-                    raise ValueError(f"{where}: {e}") from e
-            ckpt, tok = resolved[spec[:2]]
-            records.append(Record(n, rec, prompt, gen, (ckpt, spec[2], tok)))
+                raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(fields)}")
+            yield n, where, rec
+
+
+def parse(path: str, cli: dict) -> list[Record]:
+    """Every record of the input, validated and resolved (no weights, no tokenizer loaded)."""
+    resolved: dict = {}
+    records = []
+    for n, where, rec in json_records(path, TOP_FIELDS):
+        prompt = rec.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f"{where}: missing or empty 'prompt' (a non-empty string is required)")
+        gen = merged_generation(cli.get("generation", {}), rec.get("generation"), where)
+        spec = model_spec(rec, cli, where)
+        if spec[:2] not in resolved:
+            try:
+                resolved[spec[:2]] = resolve(spec[0], spec[1])
+            except ValueError as e:  # CheckpointError too
+                raise ValueError(f"{where}: {e}") from e
+        ckpt, tok = resolved[spec[:2]]
+        records.append(Record(n, rec, prompt, gen, (ckpt, spec[2], tok)))
     if not records:
         raise ValueError(f"{path} holds no records")
     return records
@@ -197,6 +206,17 @@ def group(records: list[Record]) -> list[Group]:
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+def tokenize(r: Record, tok, vocab_size: int, where: str) -> None:
+    """Fill ``r.prompt_ids`` / ``r.stop_ids``; a prompt the model cannot take is a ValueError."""
+    r.prompt_ids = list(tok(r.prompt, add_special_tokens=False)["input_ids"]) or []
+    if not r.prompt_ids:
+        raise ValueError(f"{where}: the prompt tokenizes to no tokens")
+    bad = [t for t in r.prompt_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{where}: token id {bad[0]} is outside the model's vocabulary ({vocab_size})")
+    r.stop_ids = [list(tok(s, add_special_tokens=False)["input_ids"]) for s in r.gen["stop_sequences"]]
 
 
 def prepare(groups: list[Group], cli: dict, path: str) -> None:
@@ -217,18 +237,7 @@ def prepare(groups: list[Group], cli: dict, path: str) -> None:
         tok = tokenizers[tok_dir]
         need, need_line = 0, 0
         for r in g.records:
-            where = f"{path} line {r.line}"
-            r.prompt_ids = list(tok(r.prompt, add_special_tokens=False)["input_ids"]) or []
-            if not r.prompt_ids:
-                raise ValueError(f"{where}: the prompt tokenizes to no tokens")
-            bad = [t for t in r.prompt_ids if not 0 <= t < g.vocab_size]
-            if bad:
-                raise ValueError(
-                    f"{where}: token id {bad[0]} is outside the model's vocabulary ({g.vocab_size})"
-                )
-            r.stop_ids = [
-                list(tok(s, add_special_tokens=False)["input_ids"]) for s in r.gen["stop_sequences"]
-            ]
+            tokenize(r, tok, g.vocab_size, f"{path} line {r.line}")
             total = len(r.prompt_ids) + r.gen["max_new_tokens"]
             if total > need:
                 need, need_line = total, r.line

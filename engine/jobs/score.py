@@ -21,12 +21,11 @@ written (by ``id``, else by input line); ``--shard I/N`` takes records ``k % N =
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 
 from aotlm.durable import JsonlAppender, atomic_write_jsonl, read_jsonl
 from aotlm.jobs.batch import done_keys, is_done
-from aotlm.jobs.model_refs import expand
+from aotlm.jobs.plan import json_records
 from aotlm.text import scoring
 
 log = logging.getLogger("aotlm.jobs.score")
@@ -61,33 +60,20 @@ def _ids(value, where: str, name: str, vocab: int) -> list[int]:
 def parse(path: str, vocab: int) -> list[ScoreRecord]:
     """Every record, validated (JSON, fields, types, id ranges); nothing tokenized or loaded."""
     records = []
-    with open(expand(path), encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path} line {n}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
-            if not isinstance(rec, dict):
-                raise ValueError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
-            unknown = sorted(set(rec) - FIELDS)
-            if unknown:
-                raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(FIELDS)}")
-            kinds = [k for k, fs in KINDS.items() if any(f in rec for f in fs)]
-            if len(kinds) != 1 or not all(f in rec for f in KINDS[kinds[0]]):
-                raise ValueError(
-                    f"{where}: give exactly one of 'text', 'input_ids', 'context' + 'continuation' or "
-                    "'context_ids' + 'continuation_ids'"
-                )
-            kind = kinds[0]
-            for name in KINDS[kind]:
-                if kind in ("text", "pair") and not isinstance(rec[name], str):
-                    raise ValueError(f"{where}: {name!r} must be a string")
-                if kind in ("ids", "pair_ids"):
-                    _ids(rec[name], where, name, vocab)
-            records.append(ScoreRecord(n, rec, kind))
+    for n, where, rec in json_records(path, FIELDS):
+        kinds = [k for k, fs in KINDS.items() if any(f in rec for f in fs)]
+        if len(kinds) != 1 or not all(f in rec for f in KINDS[kinds[0]]):
+            raise ValueError(
+                f"{where}: give exactly one of 'text', 'input_ids', 'context' + 'continuation' or "
+                "'context_ids' + 'continuation_ids'"
+            )
+        kind = kinds[0]
+        for name in KINDS[kind]:
+            if kind in ("text", "pair") and not isinstance(rec[name], str):
+                raise ValueError(f"{where}: {name!r} must be a string")
+            if kind in ("ids", "pair_ids"):
+                _ids(rec[name], where, name, vocab)
+        records.append(ScoreRecord(n, rec, kind))
     if not records:
         raise ValueError(f"{path} holds no records")
     return records
