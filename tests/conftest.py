@@ -1,3 +1,4 @@
+import logging
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,18 @@ if "jax" not in sys.modules:  # XLA reads its flags once, when jax starts its ba
 sys.path.insert(0, str(Path(__file__).parent))
 
 from conformance import make_checkpoint  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _restore_aotlm_logger():
+    """CLI commands run in-process (``aotlm.cli.main``) give the ``aotlm`` logger a handler and stop
+    its propagation; undo that after each test so later tests' ``caplog`` still sees aotlm's logs."""
+    log = logging.getLogger("aotlm")
+    saved = (list(log.handlers), log.propagate, log.level)
+    yield
+    log.handlers[:] = saved[0]
+    log.propagate = saved[1]
+    log.setLevel(saved[2])
 
 
 @pytest.fixture(scope="session")

@@ -144,7 +144,8 @@ def test_hlo_has_one_all_reduce_after_attention_and_one_after_mlp(tp_run):
             assert all(_shape(s)[0] == BATCH for s in pre["all-gather"]), (name, pre)
         # score: the [B, T, vocab] logits stay vocabulary-sharded (reductions, never a gather of them)
         sc = c["hlo"]["score"]
-        assert not [s for s in sc["all-gather"] if _shape(s) and _shape(s)[-1] >= 100], (name, sc)
+        vocab = [s for s in sc["all-gather"] if len(_shape(s)) >= 3 and 101 <= _shape(s)[-1] <= 104]
+        assert not vocab, (name, sc)  # (padded vocab 101 -> 102 / 104 under tp 2 / 4, 8)
 
 
 def test_compile_cache_entries_for_tp2_and_tp4_coexist(tp_run):
