@@ -19,17 +19,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conformance import make_checkpoint  # noqa: E402
 
+_AOTLM_LOG = logging.getLogger("aotlm")
+_PRISTINE_LOG = (list(_AOTLM_LOG.handlers), _AOTLM_LOG.propagate, _AOTLM_LOG.level)
+
 
 @pytest.fixture(autouse=True)
 def _restore_aotlm_logger():
-    """CLI commands run in-process (``aotlm.cli.main``) give the ``aotlm`` logger a handler and stop
-    its propagation; undo that after each test so later tests' ``caplog`` still sees aotlm's logs."""
-    log = logging.getLogger("aotlm")
-    saved = (list(log.handlers), log.propagate, log.level)
+    """CLI commands run in-process (``aotlm.cli.main``, also from module-scoped fixtures) give the
+    ``aotlm`` logger a handler and stop its propagation; put back the state of the session's start
+    after each test, so later tests' ``caplog`` still sees aotlm's logs."""
     yield
-    log.handlers[:] = saved[0]
-    log.propagate = saved[1]
-    log.setLevel(saved[2])
+    _AOTLM_LOG.handlers[:] = _PRISTINE_LOG[0]
+    _AOTLM_LOG.propagate = _PRISTINE_LOG[1]
+    _AOTLM_LOG.setLevel(_PRISTINE_LOG[2])
 
 
 @pytest.fixture(scope="session")
