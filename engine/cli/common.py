@@ -32,6 +32,14 @@ def shard_arg(text: str) -> tuple[int, int]:
     return i, n
 
 
+def add_job_args(p: argparse.ArgumentParser, shard_help: str) -> None:
+    """The batch front ends' run controls: ``--dry-run``, ``--resume``, ``--overwrite``, ``--shard``."""
+    p.add_argument("--dry-run", action="store_true", help="pre-flight, print the plan, load nothing")
+    p.add_argument("--resume", action="store_true", help="skip records already in --output")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--shard", type=shard_arg, default=(0, 1), help=shard_help)
+
+
 def setup_logging(quiet: bool) -> None:
     """INFO lines of aotlm's own loggers to stderr (third-party loggers untouched)."""
     root = logging.getLogger("aotlm")

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from aotlm.cli.common import int_list, setup_logging, shard_arg, table
+from aotlm.cli.common import add_job_args, int_list, setup_logging, table
 from aotlm.durable import atomic_write_jsonl, read_jsonl
 from aotlm.jobs import batch, ray_data, ray_jobs
 from aotlm.jobs import plan as batch_plan
@@ -161,10 +161,7 @@ def register(sub) -> None:
     p.add_argument("--tp-degree", type=int, default=1)
     p.add_argument("--pp-degree", type=int, default=1, help="pipeline stages (pp x tp devices)")
     p.add_argument("--cache-dir", default=None)
-    p.add_argument("--dry-run", action="store_true", help="pre-flight, print the plan, load nothing")
-    p.add_argument("--resume", action="store_true", help="skip records already in --output")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
-    p.add_argument("--shard", type=shard_arg, default=(0, 1), help="I/N: only model groups with g %% N == I")
+    add_job_args(p, "I/N: only model groups with g %% N == I")
     add_ray_args(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_batch_generate)

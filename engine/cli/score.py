@@ -11,7 +11,7 @@ import math
 import os
 import time
 
-from aotlm.cli.common import add_model_args, model_kwargs, setup_logging, shard_arg, table
+from aotlm.cli.common import add_job_args, add_model_args, model_kwargs, setup_logging, table
 from aotlm.core.resolve import default_model
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.jobs import score as job
@@ -108,9 +108,6 @@ def register(sub) -> None:
         "--stride", type=int, default=None, help="new tokens per later window (default --max-length)"
     )
     add_model_args(p, checkpoint=False)
-    p.add_argument("--dry-run", action="store_true", help="pre-flight, print the plan, load nothing")
-    p.add_argument("--resume", action="store_true", help="skip records already in --output")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
-    p.add_argument("--shard", type=shard_arg, default=(0, 1), help="I/N: only records with k %% N == I")
+    add_job_args(p, "I/N: only records with k %% N == I")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_score)

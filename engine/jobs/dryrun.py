@@ -29,6 +29,10 @@ class _ShapeOnly(AutoModelForSampling):
         return None
 
 
+class _PerStage(Exception):
+    """A pipelined model: each stage has its own graphs (listed by ``aotlm compile --dry-run``)."""
+
+
 def _comparable(fields: dict) -> str:
     model = {k: v for k, v in fields["model"].items() if k not in IGNORED}
     return json.dumps({"graph": fields["graph"], "model": model, "env": fields["env"]}, sort_keys=True)
@@ -66,9 +70,13 @@ def plan_rows(groups: list[Group], opts: dict, todo: dict) -> list[tuple]:
     for k, g in enumerate(groups, 1):
         ckpt, amp, _ = g.key
         try:
+            if (opts.get("pp_degree") or 1) > 1:
+                raise _PerStage()
             status = graph_status(g, opts)
             cached = sum(c for _, c in status)
             graphs = f"{len(status) - cached} compile, {cached} cached"
+        except _PerStage:
+            status, graphs = [], "per stage (pp)"
         except Exception as e:  # the plan must not fail where the run would not
             status, graphs = [], f"unknown ({type(e).__name__})"
         mem = plan_for_checkpoint(ckpt, **g.model_kwargs(opts))
