@@ -12,36 +12,14 @@ import json
 import logging
 import time
 
-import jax
-
 from aotlm.cli.common import int_list, setup_logging
+from aotlm.core.compile_cache import CompileCounter
 from aotlm.generate import rows
 from aotlm.jobs.artifact_run import load_from_artifacts
 from aotlm.jobs.model_refs import load_tokenizer, resolve
 from aotlm.text.tokens import eos_ids
 
 log = logging.getLogger("aotlm.jobs.batch")
-
-
-class CompileCounter:
-    """Counts tracing / lowering / XLA compiles in this process (``jax.monitoring`` events)."""
-
-    EVENTS = {
-        "/jax/core/compile/backend_compile_duration": "compiles",
-        "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowerings",
-        "/jax/core/compile/jaxpr_trace_duration": "traces",
-    }
-
-    def __init__(self):
-        self.counts = dict.fromkeys(self.EVENTS.values(), 0)
-        jax.monitoring.register_event_duration_secs_listener(self._on)
-
-    def _on(self, event: str, duration: float, **kw) -> None:
-        if event in self.EVENTS:
-            self.counts[self.EVENTS[event]] += 1
-
-    def __str__(self) -> str:
-        return ", ".join(f"{v} {k}" for k, v in self.counts.items())
 
 
 # ---------------------------------------------------------------------------- run

@@ -366,3 +366,24 @@ class CompileCache:
             total -= e.get("bytes", 0)
             n += 1
         return n
+
+
+class CompileCounter:
+    """Counts tracing / lowering / XLA compiles in this process (``jax.monitoring`` events)."""
+
+    EVENTS = {
+        "/jax/core/compile/backend_compile_duration": "compiles",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowerings",
+        "/jax/core/compile/jaxpr_trace_duration": "traces",
+    }
+
+    def __init__(self):
+        self.counts = dict.fromkeys(self.EVENTS.values(), 0)
+        jax.monitoring.register_event_duration_secs_listener(self._on)
+
+    def _on(self, event: str, duration: float, **kw) -> None:
+        if event in self.EVENTS:
+            self.counts[self.EVENTS[event]] += 1
+
+    def __str__(self) -> str:
+        return ", ".join(f"{v} {k}" for k, v in self.counts.items())

@@ -38,6 +38,7 @@ from aotlm.core.resolve import validate_checkpoint
 from aotlm.generate import rows
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.generate.params import SAMPLING_FIELDS
+from aotlm.jobs.model_refs import AMP_NAMES
 from aotlm.text import scoring
 from aotlm.text.defaults import merged, sampling_defaults
 from aotlm.text.tokens import eos_ids, load_tokenizer
@@ -45,8 +46,6 @@ from aotlm.text.tokens import eos_ids, load_tokenizer
 log = logging.getLogger("aotlm.eval")
 
 MODEL_NAME = "aotlm"  # the name lm-eval's ``--model`` takes
-AMP = {"float32": "f32", "fp32": "f32", "f32": "f32", "bfloat16": "bf16", "bf16": "bf16",
-       "float16": "f16", "fp16": "f16", "f16": "f16"}  # fmt: skip
 # lm-eval passes these to every model (``--batch_size``'s companions); aotlm has no use for them
 IGNORED_ARGS = ("device", "max_batch_size")
 CHUNK_BATCHES = 8  # batches per scoring call: the progress bar's step
@@ -158,9 +157,11 @@ class LMEvalModel(LM):
 
     @staticmethod
     def _build(pretrained, batch_size, n_positions, dtype, quant, tp_degree, cache_dir):
-        amp = AMP.get(str(dtype).lower())
+        amp = AMP_NAMES.get(str(dtype).lower())
         if amp is None:
-            raise ValueError(f"model argument dtype={dtype!r} is not supported; use one of {sorted(AMP)}")
+            raise ValueError(
+                f"model argument dtype={dtype!r} is not supported; use one of {sorted(AMP_NAMES)}"
+            )
         return AutoModelForSampling.from_pretrained(
             _checkpoint_name(str(pretrained)),
             batch_size=_batch_size(batch_size),

@@ -26,10 +26,9 @@ import logging
 import os
 from pathlib import Path
 
-import jax
 import numpy as np
 
-from aotlm.core.compile_cache import DEFAULT_DIR
+from aotlm.core.compile_cache import DEFAULT_DIR, CompileCounter
 from aotlm.jobs import batch, plan
 from aotlm.jobs.model_refs import load_tokenizer, resolve
 from aotlm.text.tokens import eos_ids
@@ -53,27 +52,15 @@ def import_ray():
 
 
 # ---------------------------------------------------------------- compile counting and warm-up
-_COUNTS = {"compiles": 0, "lowerings": 0, "traces": 0}
-_EVENTS = {
-    "/jax/core/compile/backend_compile_duration": "compiles",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowerings",
-    "/jax/core/compile/jaxpr_trace_duration": "traces",
-}
-_listening = False
-
-
-def _on_event(event: str, duration: float, **kw) -> None:
-    if event in _EVENTS:
-        _COUNTS[_EVENTS[event]] += 1
+_counter: CompileCounter | None = None
 
 
 def compile_counts() -> dict:
     """This process's traces / lowerings / XLA compiles since its first call (``jax.monitoring``)."""
-    global _listening
-    if not _listening:
-        jax.monitoring.register_event_duration_secs_listener(_on_event)
-        _listening = True
-    return {"pid": os.getpid(), **_COUNTS}
+    global _counter
+    if _counter is None:
+        _counter = CompileCounter()
+    return {"pid": os.getpid(), **_counter.counts}
 
 
 def cache_path(cache_dir: str | os.PathLike | None) -> str:
