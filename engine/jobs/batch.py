@@ -177,11 +177,15 @@ def run(groups: list[Group], opts: dict, output: str | None, resume: bool) -> tu
     return written, errors
 
 
-def rewrite_in_order(output: str | None) -> None:
+def rewrite_in_order(output: str | None) -> list[dict]:
     """When a run is done: the output rewritten (atomically) in input order, one record per input
-    line (the first; a Ray task retried after its reply was lost could deliver a batch twice)."""
-    if output and os.path.isfile(output):
-        first: dict = {}
-        for o in read_jsonl(output):
-            first.setdefault(o.get("input_line", 0), o)
-        atomic_write_jsonl(output, [first[k] for k in sorted(first)])
+    line (the first; a Ray task retried after its reply was lost could deliver a batch twice).
+    Returns the records written."""
+    if not (output and os.path.isfile(output)):
+        return []
+    first: dict = {}
+    for o in read_jsonl(output):
+        first.setdefault(o.get("input_line", 0), o)
+    recs = [first[k] for k in sorted(first)]
+    atomic_write_jsonl(output, recs)
+    return recs

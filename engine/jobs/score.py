@@ -23,8 +23,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from aotlm.durable import JsonlAppender, atomic_write_jsonl, read_jsonl
-from aotlm.jobs.batch import done_keys, is_done
+from aotlm.durable import JsonlAppender
+from aotlm.jobs.batch import done_keys, is_done, rewrite_in_order
 from aotlm.jobs.plan import json_records
 from aotlm.text import scoring
 
@@ -162,8 +162,7 @@ def run(
             log.info("scored %d / %d records", lo + len(outs), len(todo))
     finally:
         sink.close()
-    recs = sorted(read_jsonl(output), key=lambda o: o.get("input_line", 0))
-    atomic_write_jsonl(output, recs)
+    recs = rewrite_in_order(output)
     texts = [o for o in recs if "nats_per_token" in o]
     n_tok = sum(o["tokens"] for o in texts)
     total = {"records": len(texts), "tokens": n_tok, "logprob": sum(o["logprob"] for o in texts)}
