@@ -109,7 +109,6 @@ def test_errors(pp_run):
     assert "continuous_batching is not supported with pp_degree > 1" in e["serve"]
 
 
-@pytest.mark.slow  # hung once in 6 runs (2026-11-25, a fresh-clone CI): under investigation, see README
 @pytest.mark.parametrize("local_devices", [2])
 def test_one_stage_per_process(tmp_path, llama4, pp_run, local_devices):
     """Multi-host: 2 processes, each running one stage (tp = its devices); hand-offs are a

@@ -6,6 +6,14 @@ is a tiny SPMD program over the two stages' devices: a ``(2, tp)`` mesh, the arr
 ``[2 * rows, ...]`` split over the pair (the sender's devices hold the data, the receiver's a
 zero block), and a ``ppermute`` from the first half to the second; both processes call it (the
 others do nothing). Only ``rows x features`` values cross: the lecture's ``2D`` bytes per token.
+
+Across processes every program is also waited for (``settle``) before the next is dispatched.
+XLA:CPU starts a program on a device as soon as its inputs are ready, not in dispatch order, so
+a hand-off whose inputs are ready (the receiver's zero block) could start on one local device
+while the other was still in the previous stage graph's tensor-parallel all-reduce: each waited
+for the other (seen as a hang in about one run in ten of a 2-process pipeline). One program in
+flight per process keeps every device's collectives in the same order; the processes (stages)
+still overlap each other.
 """
 
 from __future__ import annotations
@@ -36,11 +44,19 @@ def hand_off(src, dst, x, shape: tuple, dtype):
         shards += [_zeros(d, shape, np.dtype(dtype)) for d in dst_devs]
     spec = NamedSharding(mesh, PartitionSpec(PP))
     pair = jax.make_array_from_single_device_arrays((2 * shape[0], *shape[1:]), spec, shards)
-    out = fn(pair)
+    out = settle(fn(pair))
     if not dst.local:
         return None
     got = {s.device: s.data for s in out.addressable_shards}
     return jax.make_array_from_single_device_arrays(tuple(shape), dst._repl, [got[d] for d in dst_devs])
+
+
+def settle(tree):
+    """``tree`` once computed, when several processes share the pipeline (see the module
+    docstring); at once (asynchronous dispatch kept) in one process."""
+    if jax.process_count() > 1:
+        jax.block_until_ready(tree)
+    return tree
 
 
 @functools.cache

@@ -28,7 +28,7 @@ from jax.experimental import multihost_utils
 
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, sampling, sharding
-from aotlm.core.handoff import hand_off
+from aotlm.core.handoff import hand_off, settle
 from aotlm.generate import generation
 from aotlm.generate.stopping import criteria_hit
 
@@ -65,8 +65,8 @@ def encode(model, ids: np.ndarray, mask: np.ndarray):
                 out = None
                 if st.local:
                     scalars = st._put(np.int32(step.start)), st._put(np.int32(step.n_real - 1))
-                    out, st.caches[m] = st._executable(key)(
-                        st.params, st.caches[m], x, st._put(pos), *scalars
+                    out, st.caches[m] = settle(
+                        st._executable(key)(st.params, st.caches[m], x, st._put(pos), *scalars)
                     )
                 if st.stage.is_last:
                     logits[m] = out
@@ -89,10 +89,12 @@ def _step(model, m: int, idx: int, state: dict | None, pos: np.ndarray) -> dict 
         h = None
         if st.local:
             exe = st._executable(("pp_step", w))
-            h, st.caches[m] = exe(st.params, st.caches[m], x, st._put(pos), st._put(np.int32(idx)))
+            h, st.caches[m] = settle(exe(st.params, st.caches[m], x, st._put(pos), st._put(np.int32(idx))))
         x = hand_off(st, stages[s + 1], h, (b, 1, d), model.dtype)
     if head.local:
-        head.caches[m], state = head._executable(("pp_step", w))(head.params, head.caches[m], x, state)
+        head.caches[m], state = settle(
+            head._executable(("pp_step", w))(head.params, head.caches[m], x, state)
+        )
     return state
 
 
@@ -150,7 +152,9 @@ def run(model, ids, mask, n: int, new: np.ndarray, cfg, streamer, criteria, want
     states: list = [None] * n_micro
     if head.local:
         select = head._executable(("select",))
-        states = [select(logits[m], head._put_tree(_rows(full, m * b, (m + 1) * b))) for m in range(n_micro)]
+        states = [
+            settle(select(logits[m], head._put_tree(_rows(full, m * b, (m + 1) * b)))) for m in range(n_micro)
+        ]
     cat = lambda key: np.concatenate([fetch(st[key]) for st in states])
     stop, idx = int(last.max()), p_len
     first_pos = (positions.max(1) + 1).astype(np.int32)  # of the first generated token (state["pos"])
