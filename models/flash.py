@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from aotlm.models.layers import NEG_INF
+from aotlm.models.layers import NEG_INF, cache_view
 
 # Blocked when a call's score block (queries x attended keys, per head and batch row) has at
 # least this many elements: 2^18 float32 scores are 1 MiB per head and row. Measured on the
@@ -138,8 +138,9 @@ def _old_blocks(carry, qb, i: jax.Array, bq: int, keys: Keys, ck, cv, score):
         vis = vis[None, None, :] & (slot[None, None, :] < w_idx[:, None, None]) & (kp[:, None, :] >= 0)
         if keys.window is not None:
             vis &= slot[None, None, :] > q_slot[:, :, None] - keys.window
-        s = score(qb, lax.dynamic_slice_in_dim(ck, st, kb, 2), vis, kp)
-        return _online_step(carry, s, lax.dynamic_slice_in_dim(cv, st, kb, 3))
+        s = score(qb, cache_view(lax.dynamic_slice_in_dim(ck, st, kb, 2)), vis, kp)
+        vb = cache_view(lax.dynamic_slice_in_dim(cv, st, kb, 3))
+        return _online_step(carry, s, vb.astype(jnp.promote_types(qb.dtype, vb.dtype)))  # bf16 cache: f32
 
     return lax.fori_loop(lo, hi, body, carry)
 

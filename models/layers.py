@@ -7,7 +7,9 @@ slots (the bucket width, static), ``H`` query heads, ``K`` kv heads, ``Dh`` head
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,7 @@ from aotlm import kernels
 from aotlm.models import packing
 
 NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
+_opts = threading.local()  # options of the graph being traced (``int8_activations``)
 
 
 # --------------------------------------------------------------------------- norms
@@ -138,6 +141,24 @@ def write_at(buf, x, write_idx, axis: int):
     return buf
 
 
+def cache_view(buf):
+    """A KV-cache buffer (or a slice of it) as its float dtype: a ``uint16`` buffer holds bf16 bits.
+
+    Why bits: XLA:CPU upcasts a bf16 ``dynamic_update_slice`` to f32, so every cache write converted
+    the whole layer's cache to f32 and back (48 whole-cache converts per GPT-2-small decode step; a
+    bf16 cache then decoded at ~0.7x the f32 one). An integer buffer is updated in place; the
+    ``bdot`` kernel reads the bits as bf16 directly, XLA's path through this view.
+    """
+    return lax.bitcast_convert_type(buf, jnp.bfloat16) if buf.dtype == jnp.uint16 else buf
+
+
+def cache_store(x, dtype):
+    """``x`` ready to be written into a cache buffer of ``dtype`` (rounded; bf16 bits for ``uint16``)."""
+    if jnp.dtype(dtype) == jnp.uint16:
+        return lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+    return x.astype(dtype)
+
+
 def update_cache(cache_k, cache_v, k, v, write_idx):
     """Write ``k, v [B,T,K,Dh]`` at slot ``write_idx`` of ``cache_k [B,K,S,Dh]``, ``cache_v [B,K,Dh,S]``.
 
@@ -145,8 +166,8 @@ def update_cache(cache_k, cache_v, k, v, write_idx):
     ``q.k``, slots for ``p.v``); any other layout made XLA transpose-copy the whole cache in
     every layer of every decode step. ``write_idx``: a scalar or one slot per row (``write_at``).
     """
-    k = jnp.swapaxes(k, 1, 2).astype(cache_k.dtype)
-    v = jnp.transpose(v, (0, 2, 3, 1)).astype(cache_v.dtype)
+    k = cache_store(jnp.swapaxes(k, 1, 2), cache_k.dtype)
+    v = cache_store(jnp.transpose(v, (0, 2, 3, 1)), cache_v.dtype)
     return write_at(cache_k, k, write_idx, 2), write_at(cache_v, v, write_idx, 3)
 
 
@@ -188,7 +209,8 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     back, in the same step, so XLA updates it in place (reading the updated cache made it copy
     the cache every step). Scores
     and softmax run in float32. Few query tokens on one CPU device take the ``bdot`` kernel
-    (``aotlm.kernels``), which reads the cache slots in place; otherwise XLA's einsum. Long
+    (``aotlm.kernels``), which reads the cache slots in place (a bf16 / f16 cache converted in
+    registers); otherwise XLA's einsum, on the cache converted to the compute dtype. Long
     prefill calls take ``flash.attend`` instead (key blocks, no whole ``[T, W]`` scores or mask;
     ``decoder.visibility`` chooses).
     """
@@ -206,7 +228,8 @@ def attend(q, segments, scale: float, softcap: float | None = None):
             s = kernels.bdot(qk, keys.reshape(b * k_heads, keys.shape[2], dh), w, n_limit=limit)
             s = s.reshape(b, k_heads, g, t, w) * scale
         else:
-            s = jnp.einsum("btkgd,bksd->bkgts", qg, keys[:, :, :w], preferred_element_type=jnp.float32)
+            kw = cache_view(keys[:, :, :w])
+            s = jnp.einsum("btkgd,bksd->bkgts", qg, kw, preferred_element_type=jnp.float32)
             s = s * scale
         if softcap is not None:
             s = jnp.tanh(s / softcap) * softcap
@@ -222,13 +245,52 @@ def attend(q, segments, scale: float, softcap: float | None = None):
             ov = kernels.bdot(pw, values.reshape(b * k_heads, dh, values.shape[-1]), dh, l_limit=limit)
             o = o + jnp.transpose(ov.reshape(b, k_heads, g, t, dh), (0, 3, 1, 2, 4))
         else:
-            pw = p[..., start : start + w].astype(values.dtype)
-            o = o + jnp.einsum("bkgts,bkds->btkgd", pw, values[..., :w], preferred_element_type=jnp.float32)
+            vw = cache_view(values[..., :w])
+            dt = jnp.promote_types(q.dtype, vw.dtype)  # a bf16 cache under f32 compute: read as f32
+            pw, vw = p[..., start : start + w].astype(dt), vw.astype(dt)
+            o = o + jnp.einsum("bkgts,bkds->btkgd", pw, vw, preferred_element_type=jnp.float32)
         start += w
     return o.reshape(b, t, h, dh).astype(q.dtype)
 
 
 # --------------------------------------------------------------------------- dense helpers
+@contextlib.contextmanager
+def int8_activations(on: bool):
+    """Graphs traced inside multiply int8 weights by int8 activations in prefill (W8A8,
+    ``QuantizationConfig(activations="s8")``): a static option of the whole graph, set by the model
+    around lowering like the kernels' mesh (``dense`` has no config to read it from)."""
+    old = getattr(_opts, "w8a8", False)
+    _opts.w8a8 = bool(on)
+    try:
+        yield
+    finally:
+        _opts.w8a8 = old
+
+
+def quantize_rows(x, axes: int = 1):
+    """Per-row symmetric int8 of ``x [..., *K]`` over its last ``axes`` dims: ``(q int8, s f32 [...])``
+    with ``s = max|x| / 127`` (1 for an all-zero row), ``q * s ~ x``. Dynamic (computed in the graph
+    from each prompt's activations), so no calibration data is needed."""
+    xf = x.astype(jnp.float32)
+    red = tuple(range(x.ndim - axes, x.ndim))
+    amax = jnp.max(jnp.abs(xf), axis=red)
+    s = jnp.where(amax > 0, amax / 127.0, 1.0)
+    q = jnp.clip(jnp.round(xf / s.reshape(*s.shape, *(1,) * axes)), -127, 127).astype(jnp.int8)
+    return q, s
+
+
+def _w8a8(x, w, scale, axes: int, name: str | None, pk: int | None):
+    """``x @ (w * scale)`` as W8A8: int8 rows of x times int8 w summed in int32 (exact), then
+    ``* s_x[row] * scale[col]`` -- in the GEMM kernel (``aotlm_gemm_i8``) or XLA's integer dot,
+    the same numbers either way."""
+    xq, sx = quantize_rows(x, axes)
+    if kernels.gemm_supported(xq, w, axes, name, pk):
+        return kernels.matmul(xq, w, scale, axes, name, packed_k=pk, sx=sx)
+    wl = packing.unpack(w, name) if pk else w
+    acc = jnp.tensordot(xq, wl, axes=axes, preferred_element_type=jnp.int32).astype(jnp.float32)
+    return acc * sx.reshape(*sx.shape, *(1,) * (acc.ndim - sx.ndim)) * scale.astype(jnp.float32)
+
+
 def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None):
     """``x [..., D] @ w [D, ...]`` (+ bias), accumulating in float32.
 
@@ -237,10 +299,18 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None):
     equals ``x @ (w * scale)`` because the scale is constant along the contracted dims.
     Low-precision weights (int8 / bf16 / f16) with few rows (decode) go to the CPU kernels
     (``aotlm.kernels``), which read the stored bytes instead of converting the whole matrix;
-    ``name`` (the weight's leaf name) gives them its sharding under tensor parallelism.
+    ``name`` (the weight's leaf name) gives them its sharding under tensor parallelism. More rows
+    (prefill): int8 weights under ``int8_activations`` take W8A8 (``_w8a8``, any backend), and
+    on CPU packed int8 and f32 weights take the GEMM kernels (``gemm.h``) where they beat XLA.
     """
-    if kernels.supported(x, w, axes, name):
-        y = kernels.matmul(x, w, scale, axes, name, packed_k=packing.packed_k(name, w.ndim))
+    pk = packing.packed_k(name, w.ndim)
+    rows = math.prod(x.shape[: x.ndim - axes])
+    if scale is not None and rows > kernels.MAX_ROWS and getattr(_opts, "w8a8", False):
+        y = _w8a8(x, w, scale, axes, name, pk)
+    elif kernels.supported(x, w, axes, name):
+        y = kernels.matmul(x, w, scale, axes, name, packed_k=pk)
+    elif _prefill_gemm(x, w, axes, name, pk):
+        y = kernels.matmul(x, w, scale, axes, name, packed_k=pk)
     elif scale is not None:
         y = jnp.tensordot(x, xla_weight(w, x, True, name), axes=axes, preferred_element_type=jnp.float32)
         y = y * scale.astype(jnp.float32)
@@ -249,6 +319,21 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None):
     if b is not None:
         y = y + b
     return y.astype(x.dtype)
+
+
+# Prefill on the GEMM kernels instead of XLA's dot, where measured faster (GPT-2-small prefill 1x128,
+# shared 2-core EPYC Zen 2, one process, round robin): packed int8 weights 445 ms (aotlm_gemm_i8, x
+# rounded to int16 in it) vs 583 ms unpacked for XLA's dot; f32 weights 657 ms (aotlm_gemm) vs 456 ms
+# XLA -- the f32 kernel reaches ~70% of one core's FMA peak alone but lost inside the model, so off.
+GEMM_F32 = False
+GEMM_INT8 = True
+
+
+def _prefill_gemm(x, w, axes: int, name: str | None, pk: int | None) -> bool:
+    """Static: does this prefill product take a GEMM kernel (``GEMM_F32`` / ``GEMM_INT8``)?"""
+    if not kernels.gemm_supported(x, w, axes, name, pk):
+        return False
+    return GEMM_INT8 if pk else GEMM_F32
 
 
 def xla_weight(w, x, scaled: bool, name: str | None = None):

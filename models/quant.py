@@ -61,11 +61,16 @@ class QuantizationConfig:
     ``aotlm.core.precision``), None meaning the amp. int8 weights are dequantized to the compute
     dtype (the amp's, or f32 where the CPU kernels take amp as weight storage). ``lm_head``: also
     quantize an untied lm_head (a tied one is the embedding, which is never quantized).
+    ``activations`` (aotlm's, not transformers-neuronx's): ``"s8"`` with int8 weights (``quant="w8a8"``)
+    also rounds prefill's activations to int8 per row (dynamic scale ``max|x| / 127``, computed in
+    the graph) and sums int8 x int8 products in int32 (W8A8); decode keeps int8 weights with float
+    activations, where reading the weights, not the arithmetic, is the cost.
     """
 
     quant_dtype: str = "s8"
     lm_head: bool = True
     dequant_dtype: str | None = None
+    activations: str | None = None
 
     def __post_init__(self):
         if self.quant_dtype not in QUANT_DTYPES:
@@ -77,16 +82,28 @@ class QuantizationConfig:
                 f"dequant_dtype={self.dequant_dtype!r} is not supported; choose one of "
                 f"{DEQUANT_DTYPES} (the model's amp) or None"
             )
+        int8 = self.quant_dtype in ("s8", "int8")
+        if self.activations not in (None, "s8") or (self.activations and not int8):
+            raise ValueError(
+                f"activations={self.activations!r} is not supported; use None, or 's8' with int8 weights"
+            )
+
+    @property
+    def w8a8(self) -> bool:
+        """int8 activations in prefill (``activations="s8"``)."""
+        return self.activations == "s8"
 
 
 def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig | None:
-    """``None``, ``"int8"`` / ``"s8"`` / ``"bf16"`` / ``"f16"`` or a ``QuantizationConfig`` -> config."""
+    """``None``, ``"int8"`` / ``"s8"`` / ``"w8a8"`` / ``"bf16"`` / ``"f16"`` or a config -> config."""
     if quant is None or isinstance(quant, QuantizationConfig):
         return quant
     if isinstance(quant, str) and quant in QUANT_DTYPES:
         return QuantizationConfig(quant_dtype=quant)
+    if quant == "w8a8":
+        return QuantizationConfig(quant_dtype="s8", activations="s8")
     raise ValueError(
-        f"quant={quant!r} is not supported; use None, 'int8', 'bf16', 'f16' or a QuantizationConfig"
+        f"quant={quant!r} is not supported; use None, 'int8', 'w8a8', 'bf16', 'f16' or a QuantizationConfig"
     )
 
 

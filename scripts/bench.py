@@ -1,6 +1,7 @@
 """Decode/prefill speed of aotlm (f32 / bf16 / int8) against its peers, one run, same checkpoint.
 
     python scripts/bench.py                       # GPT-2-small (124M, random init), batch 1 and 8
+    python scripts/bench.py --batch 8 32 --modes int8 int8+kvbf16 --peers ct2-int8 llama-q8_0
     python scripts/bench.py --batch 1 --runs 5 --modes f32 int8
     python scripts/bench.py --tp 2 --peers        # aotlm only, 2 forced CPU devices
     python scripts/bench.py --only amp            # batch 1: every amp / weight mode + streamed vs plain
@@ -15,7 +16,10 @@ and the KV cache of the positions written so far, so it cannot beat (bytes read 
 batch and once per round (it drifts on a shared machine), the median in "bw GB/s". "weights MB"
 counts the weights, "KV MB" the mean cache read over the run (prompt + (new - 1) / 2 positions
 per row, at the engine's cache dtype: aotlm and transformers the model dtype, CTranslate2 float32,
-llama.cpp f16, their defaults). The machine is shared and noisy: compare rows of one run.
+llama.cpp f16, their defaults; "+kvbf16" modes: ``kv_cache_dtype="bf16"``). Any batch size works
+(1 8 16 32 64: the peers run the same batch, CTranslate2 through ``generate_batch``, llama.cpp through
+its batched API, ``bench_peers``); the last table puts each batch's fastest aotlm mode beside each
+peer's fastest. The machine is shared and noisy: compare rows of one run.
 
 "aotlm f32 streamed" (batch 1, with ``--stream``, the default): the f32 model's ``sample()`` with a
 streamer whose ``put`` records when each call arrives, in the same round robin; its "vs aotlm f32"
@@ -42,6 +46,12 @@ MODES = {  # aotlm mode -> from_pretrained kwargs (every mode also gets fuse_qkv
     "int8": {"quant": "int8"},
     # transformers-neuronx's int8 example: QuantizationConfig(quant_dtype="s8", dequant_dtype="bf16")
     "int8+bf16": {"quant": ("s8", "bf16"), "amp": "bf16"},
+    # a bf16 KV cache (aotlm.core.precision): at batch 8 the f32 cache is ~half of a decode step's bytes
+    "int8+kvbf16": {"quant": "int8", "kv_cache_dtype": "bf16"},
+    "f32+kvbf16": {"kv_cache_dtype": "bf16"},
+    # int8 weights and, in prefill, int8 activations (per-row dynamic scales, int32 sums: gemm.h)
+    "w8a8": {"quant": "w8a8"},
+    "w8a8+kvbf16": {"quant": "w8a8", "kv_cache_dtype": "bf16"},
 }
 PEERS = ["hf", "ct2-float32", "ct2-int8", "llama-f32", "llama-f16", "llama-q8_0"]
 ONLY = {"amp": {"batch": [1], "modes": list(MODES), "peers": [], "stream": True}}  # --only NAME
@@ -357,6 +367,11 @@ def main() -> int:
             )
         rows += new
     table(rows)
+    from bench_peers import best_by_batch  # local: main() puts scripts/ on sys.path first
+
+    if best := best_by_batch(rows):
+        print("\nfastest aotlm mode vs each peer's fastest, per batch (decode tok/s):")
+        table(best)
     if stream:
         print("\nstreamed vs plain (f32, same round robin):")
         table(stream)

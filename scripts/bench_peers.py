@@ -54,6 +54,25 @@ def write_byte_vocab(path: Path, vocab_size: int) -> list[str]:
     return write_bpe(path, [(base[i // 256], base[i % 256]) for i in range(n_merges)])
 
 
+def best_by_batch(rows: list[dict]) -> list[dict]:
+    """Per batch: the fastest aotlm mode and the fastest mode of each peer (decode tok/s)."""
+    kinds = {"aotlm": "aotlm", "ct2": "CTranslate2", "llama": "llama.cpp", "hf": "transformers"}
+    out = []
+    for b in dict.fromkeys(r["batch"] for r in rows):
+        best: dict[str, dict] = {}
+        for r in rows:
+            kind = kinds.get(r["engine"].split(" ")[0].split("-")[0])
+            if r["batch"] == b and kind and r["decode tok/s"] > best.get(kind, {}).get("decode tok/s", -1):
+                best[kind] = r
+        top = best.pop("aotlm", None)
+        for r in best.values():
+            ratio = top["decode tok/s"] / r["decode tok/s"] if top else float("nan")
+            out.append({"batch": b, "aotlm best": top["engine"] if top else "-", "tok/s": top["decode tok/s"]
+                        if top else float("nan"), "peer best": r["engine"], "peer tok/s": r["decode tok/s"],
+                        "aotlm / peer": ratio})  # fmt: skip
+    return out
+
+
 # ------------------------------------------------------------------ CTranslate2
 def ctranslate2_runner(ckpt: Path, work: Path, quant: str, ids, new: int):
     try:

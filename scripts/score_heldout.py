@@ -8,7 +8,7 @@ library, writes the windows as ``{"input_ids": [...]}`` records (the first id is
 in training) and runs ``aotlm score`` on them; then it scores every held-out file as a
 ``{"text": ...}`` record (rolling windows, the first token conditioned on ``<|endoftext|>``).
 
-    python scripts/score_heldout.py [--out DIR] [--skip-texts]
+    python scripts/score_heldout.py [--out DIR] [--skip-texts] [--quant w8a8]
 
 Needs the Python (3.11.7) whose standard library the model was trained on: other versions ship
 other file contents.
@@ -91,18 +91,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="where the JSONL files go (default: a temp dir)")
     ap.add_argument("--skip-texts", action="store_true", help="only the model card's windows")
+    ap.add_argument("--quant", default=None, help="weight option for aotlm score (int8, w8a8, bf16)")
     args = ap.parse_args()
+    quant = ("--quant", args.quant) if args.quant else ()
     out = Path(args.out or tempfile.mkdtemp(prefix="aotlm-heldout-"))
     out.mkdir(parents=True, exist_ok=True)
     info = card()
     texts = heldout_texts(info)
     w = windows(texts, info["eval_tokens"] // SEQ)
     recs, dt = run_score(write_jsonl(out / "windows.jsonl", [{"input_ids": x.tolist()} for x in w]),
-                         out / "windows.scores.jsonl", "--batch-size", "8")  # fmt: skip
+                         out / "windows.scores.jsonl", "--batch-size", "8", *quant)  # fmt: skip
     rows = [("model card windows", len(recs), sum(r["tokens"] for r in recs), mean_nats(recs), dt)]
     if not args.skip_texts:
         inp = write_jsonl(out / "files.jsonl", [{"text": t} for t in texts])
-        flags = ("--batch-size", "8", "--max-length", str(SEQ))
+        flags = ("--batch-size", "8", "--max-length", str(SEQ), *quant)
         recs, dt = run_score(inp, out / "files.scores.jsonl", *flags)
         rows.append(
             ("whole files, rolling 256", len(recs), sum(r["tokens"] for r in recs), mean_nats(recs), dt)
@@ -112,7 +114,7 @@ def main() -> None:
     )
     print("| input | records | tokens | nats/token | perplexity | seconds |\n|---|---|---|---|---|---|")
     for name, n, toks, nats, secs in rows:
-        print(f"| {name} | {n} | {toks:,} | {nats:.4f} | {np.exp(nats):.2f} | {secs:.1f} |")
+        print(f"| {name} | {n} | {toks:,} | {nats:.5f} | {np.exp(nats):.2f} | {secs:.1f} |")
 
 
 if __name__ == "__main__":

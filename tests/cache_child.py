@@ -20,6 +20,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("checkpoint")
 ap.add_argument("cache_dir")
 ap.add_argument("--amp", default="f32")
+ap.add_argument("--quant", default=None)
 ap.add_argument("--n-positions", default="32,64")
 ap.add_argument("--load", default=None)
 ap.add_argument("--save", default=None)
@@ -34,6 +35,7 @@ with warnings.catch_warnings(record=True) as caught:
         n_positions=[int(x) for x in a.n_positions.split(",")],
         context_length_estimate=[16],
         amp=a.amp,
+        quant=a.quant,
         compile_cache=cache,
     )
     with count_compiles() as c:

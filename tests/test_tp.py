@@ -263,8 +263,9 @@ def test_memory_plan_and_check_fits(monkeypatch):
     from aotlm.core import precision
 
     resolve = precision.resolve
-    cpu = lambda amp, quant: resolve(amp, quant, kernels_on=True)  # bf16 matrices, f32 rest
-    monkeypatch.setattr(precision, "resolve", lambda amp, quant: resolve(amp, quant, kernels_on=False))
+    cpu = lambda amp, quant, _=None, kv=None: resolve(amp, quant, True, kv)  # bf16 matrices, f32 rest
+    gpu = lambda amp, quant, _=None, kv=None: resolve(amp, quant, False, kv)  # amp = compute dtype
+    monkeypatch.setattr(precision, "resolve", gpu)
     cfg = transformers.LlamaConfig(
         hidden_size=4096,
         num_attention_heads=32,

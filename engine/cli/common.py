@@ -79,6 +79,7 @@ _CONFIG_TYPES = {
     "amp": "str",
     "quant": "str",
     "fuse_qkv": "bool",
+    "kv_cache_dtype": "str",
 }
 
 
@@ -112,10 +113,16 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
     p.add_argument(
         "--quant",
         default=None,
-        choices=["int8", "bf16"],
-        help="int8 (per-channel scales) or bf16 weight storage",
+        choices=["int8", "w8a8", "bf16"],
+        help="int8 (per-channel scales) or bf16 weight storage; w8a8: int8 weights and prefill activations",
     )
     p.add_argument("--fuse-qkv", action="store_true", default=None, help="one q/k/v and one gate/up matmul")
+    p.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        choices=["f32", "bf16", "f16"],
+        help="KV cache storage (default: follows --amp; f32 on CPU with the kernels)",
+    )
     p.add_argument(
         "--cache-dir", default=None, help="compile cache dir (default $AOTLM_CACHE_DIR or ./compile_cache)"
     )

@@ -35,6 +35,7 @@ def config_fields(model) -> dict:
         gqa=model.gqa,
         quant=repr(model.quant),
         fuse_qkv=model.fuse_qkv,
+        kv_cache_dtype=model.kv_cache_dtype,  # None (follows amp) is also what older manifests give
     )
     fields.update({f"env.{k}": v for k, v in environment_fields(model.mesh).items()})
     return json.loads(json.dumps(fields))  # tuples -> lists, as they come back from disk

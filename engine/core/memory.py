@@ -97,16 +97,18 @@ def memory_plan(
     param_shapes: Mapping[tuple, tuple[int, ...]] | None = None,
     pp: int = 1,
     micro_batches: int | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> dict:
     """Bytes per device of the weights and the KV cache for one configuration.
 
     ``param_shapes`` maps parameter paths (``("layers", 0, "wq")``) to their unpadded shapes;
     default: ``estimate_param_shapes(cfg)``. ``gqa=None`` picks the strategy the engine would
-    pick (invalid tp / gqa raise the engine's errors).
+    pick (invalid tp / gqa raise the engine's errors). ``kv_cache_dtype``: the model's option
+    (None follows amp), so a bf16 cache counts half an f32 one.
     """
     # what amp means on this backend (aotlm.core.precision): on CPU with the kernels, bf16 / f16
-    # matrices with f32 activations, embedding, norms and KV cache
-    prec = precision.resolve(amp, None)  # an unknown amp: the engine's error
+    # matrices with f32 activations, embedding, norms and (unless kv_cache_dtype says) KV cache
+    prec = precision.resolve(amp, None, None, kv_cache_dtype)  # unknown names: the engine's errors
     item, other = jnp.dtype(precision.amp_dtype(amp)).itemsize, jnp.dtype(prec.compute).itemsize
     stages = pipeline.split_layers(cfg.n_layers, pp)
     n_micro = pipeline.micro_batches(batch_size, pp, micro_batches) if pp > 1 else 1
@@ -139,6 +141,7 @@ def memory_plan(
         "tp": tp,
         "gqa": strategy,
         "amp": amp,
+        "kv_dtype": jnp.dtype(prec.kv).name,
         "batch_size": batch_size,
         "n_positions": n_positions,
         "kv_heads_per_device": kv_heads if strategy == "shard-over-batch" else kv_heads // tp,
@@ -161,7 +164,7 @@ def check_fits(plan: dict, device_memory_gb: float) -> None:
         f"the model needs {need / GIB:.2f} GiB per device (weights {w:.2f} GiB + KV cache {kv:.2f} GiB "
         f"for batch_size={plan['batch_size']} x n_positions={plan['n_positions']}, amp={plan['amp']}, "
         f"tp={plan['tp']}, gqa={plan['gqa']!r}) but each device has {float(device_memory_gb):.2f} GiB; "
-        "use a larger tp_degree, amp='bf16', a smaller batch_size or n_positions"
+        "use a larger tp_degree, amp='bf16', kv_cache_dtype='bf16', a smaller batch_size or n_positions"
     )
 
 
@@ -170,7 +173,8 @@ def format_plan(plan: dict) -> str:
     g = lambda b: f"{b / GIB:.3f} GiB"
     pp = f"pp={plan['pp']} ({plan['micro_batches']} micro-batches) " if plan.get("pp", 1) > 1 else ""
     return (
-        f"{pp}tp={plan['tp']} gqa={plan['gqa']} amp={plan['amp']}: per device weights "
+        f"{pp}tp={plan['tp']} gqa={plan['gqa']} amp={plan['amp']} kv={plan.get('kv_dtype', '?')}: "
+        "per device weights "
         f"{g(plan['weights_bytes_per_device'])} + KV cache {g(plan['kv_cache_bytes_per_device'])} = "
         f"{g(plan['total_bytes_per_device'])} (whole model: weights {g(plan['weights_bytes'])}, "
         f"KV cache {g(plan['kv_cache_bytes'])})"
@@ -187,6 +191,7 @@ def plan_for_checkpoint(
     amp: str = "f32",
     pp_degree: int = 1,
     micro_batches: int | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> dict:
     """The memory plan plus the list of graphs for a checkpoint, from its config.json only."""
     hf = load_hf_config(path)
@@ -195,7 +200,9 @@ def plan_for_checkpoint(
         n_positions = min(DEFAULT_N_POSITIONS, cfg.max_positions)
     tg = bk.token_buckets(n_positions)
     ctx = bk.context_buckets(context_length_estimate, tg)
-    plan = memory_plan(cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches)
+    plan = memory_plan(
+        cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches, kv_cache_dtype
+    )
     if pp_degree == 1:
         plan["graphs"] = bk.graph_keys(ctx, tg)
     else:  # every stage: prefill shapes and a decode step per token bucket; the last also "select"

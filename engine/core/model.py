@@ -29,7 +29,7 @@ from aotlm.core import buckets as bk
 from aotlm.core.bucket_config import resolve as merge_bucket_config
 from aotlm.core.compile_cache import CompileCache
 from aotlm.core.resolve import resolve
-from aotlm.models import family_for, packing
+from aotlm.models import family_for, layers, packing
 from aotlm.models.arch import ArchConfig
 from aotlm.models.checkpoint import CheckpointError, WeightReader, load_hf_config
 from aotlm.models.quant import ParamRewriter, QuantizationConfig, quant_config
@@ -68,6 +68,7 @@ MODEL_KEYS = (
     "amp",
     "quant",
     "fuse_qkv",
+    "kv_cache_dtype",
 )
 # graph kinds this layer lowers itself; others come from ``_lower_extra`` (aotlm.generate)
 BASE_KINDS = ("prefill", "select", "decode", "score")
@@ -93,6 +94,7 @@ class CompiledModel:
         fuse_qkv: bool = False,
         bucket_config: str | os.PathLike | dict | None = None,
         scoring: bool = False,
+        kv_cache_dtype: str | None = None,
     ):
         # scoring: list the score graphs (aotlm.core.scoring) in graph_keys(), so compile() makes them
         # bucket_config: a tuner-written JSON (or dict) of n_positions / context_length_estimate /
@@ -127,7 +129,8 @@ class CompiledModel:
         # weight storage (models/quant.py): int8 + per-channel scales, fused q/k/v and gate/up.
         # Both change the params pytree, hence the compile-cache fingerprint (``param_tree``).
         self.quant = quant_config(quant)  # as given (artifacts record it)
-        self.precision = precision.resolve(amp, self.quant)  # compute / KV dtype, matrices' storage
+        self.kv_cache_dtype = precision.kv_cache_name(kv_cache_dtype)  # as asked (None: follows amp)
+        self.precision = precision.resolve(amp, self.quant, None, kv_cache_dtype)  # compute / KV / matrices
         self.dtype = self.precision.compute
         self.fuse_qkv = bool(fuse_qkv)
         if n_positions is None:  # transformers-neuronx's default, capped at the checkpoint's positions
@@ -198,8 +201,9 @@ class CompiledModel:
         c = self.cfg
         sh = sharding.cache_sharding(self.mesh, self.gqa, self.tp_degree)
         b, kh, s, dh = self.batch_size, c.n_kv_heads * self._kv_rep, self.n_positions, c.head_dim
-        k = jax.ShapeDtypeStruct((b, kh, s, dh), self.precision.kv, sharding=sh["kv"])
-        v = jax.ShapeDtypeStruct((b, kh, dh, s), self.precision.kv, sharding=sh["kv"])  # values: slots last
+        kv = self.precision.kv_buffer  # bf16 on CPU: its bits (aotlm.core.precision)
+        k = jax.ShapeDtypeStruct((b, kh, s, dh), kv, sharding=sh["kv"])
+        v = jax.ShapeDtypeStruct((b, kh, dh, s), kv, sharding=sh["kv"])  # values: slots last
         pos = jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=sh["pos"])
         return {"k": [k] * c.n_layers, "v": [v] * c.n_layers, "pos": pos}
 
@@ -230,7 +234,8 @@ class CompiledModel:
 
     def _lower(self, key: tuple):
         # kernel calls trace a shard_map over this mesh with the params' partition specs
-        with kernels.mesh_context(self.mesh, sharding.spec_of(self._rules)):
+        w8a8 = self.precision.quant is not None and self.precision.quant.w8a8  # int8 prefill activations
+        with kernels.mesh_context(self.mesh, sharding.spec_of(self._rules)), layers.int8_activations(w8a8):
             if key[0] not in BASE_KINDS:  # beam search, speculative decoding, broadcasting
                 return self._lower_extra(key)
             return scoring.lower(self, key) if key[0] == "score" else self._lower_graph(key)

@@ -247,7 +247,8 @@ class PipelineForSampling(CausalLMForSampling):
         ]
         head = next(st for st in self.stages if st.local)
         for name in ("path", "hf_config", "cfg", "amp", "quant", "precision", "dtype", "fuse_qkv", "gqa",
-                     "tp_degree", "tg_buckets", "n_positions", "ctx_buckets", "compile_cache"):  # fmt: skip
+                     "kv_cache_dtype", "tp_degree", "tg_buckets", "n_positions", "ctx_buckets",
+                     "compile_cache"):  # fmt: skip
             setattr(self, name, getattr(head, name))
         self.batch_size, self.pp_degree = batch, pp_degree
         self.mesh = None  # each stage has its own: self.stages[s].mesh

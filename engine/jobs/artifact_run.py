@@ -38,6 +38,7 @@ def model_args(model, quant=None) -> dict:
         "amp": model.amp,
         "quant": quant if quant is None or isinstance(quant, str) else "int8",
         "fuse_qkv": model.fuse_qkv,
+        "kv_cache_dtype": model.kv_cache_dtype,
     }
 
 

@@ -15,9 +15,11 @@ installs on machines without a compiler or AVX2: here any failure only means the
 
 Used when: the default backend is CPU, the CPU has AVX2+FMA+F16C, the build succeeded and
 ``AOTLM_KERNELS`` is not ``0``. Weights of every dtype take the kernel for 1..``MAX_ROWS`` rows
-(decode, batched decode, the ``k + 1`` tokens a speculative check feeds); more rows (prefill)
-and other backends keep XLA's dot, with low-precision matrices converted (or unpacked) by the
-kernels first.
+(decode, batched decode, the ``k + 1`` tokens a speculative check feeds). More rows (prefill):
+packed int8 weights take the GEMM of ``gemm.h`` (``aotlm_gemm_i8``: x rounded to int16 per row,
+or int8 x with per-row scales under ``quant="w8a8"``); an f32 GEMM (``aotlm_gemm``) exists but
+``models.layers.GEMM_F32`` keeps XLA's dot, which measured faster inside the model; other
+low-precision matrices are converted (or unpacked) by the kernels for XLA's dot.
 """
 
 from __future__ import annotations
@@ -29,10 +31,19 @@ from aotlm.kernels.build import (
     cache_tag,
     enabled,
     ensure_registered,
+    fma_peak,
     read_gbps,
     threads,
 )
-from aotlm.kernels.ops import attention_ok, bdot, convert, matmul, mesh_context, supported
+from aotlm.kernels.ops import (
+    attention_ok,
+    bdot,
+    convert,
+    gemm_supported,
+    matmul,
+    mesh_context,
+    supported,
+)
 
 __all__ = [
     "MAX_ROWS",
@@ -44,6 +55,8 @@ __all__ = [
     "convert",
     "enabled",
     "ensure_registered",
+    "fma_peak",
+    "gemm_supported",
     "matmul",
     "mesh_context",
     "read_gbps",

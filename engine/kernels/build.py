@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import jaxlib
 
-SOURCES = ("wmatmul.cc", "wfloat.h", "int8.h", "packed.h", "bdot.h", "convert.h", "pool.h")
+SOURCES = ("wmatmul.cc", "wfloat.h", "int8.h", "packed.h", "bdot.h", "convert.h", "pool.h", "gemm.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-shared", "-pthread")
 TARGETS = {
     "aotlm_wmm_nn": "AotlmWmmNN",
@@ -28,11 +28,17 @@ TARGETS = {
     "aotlm_convert": "AotlmConvert",
     "aotlm_wmm_pk": "AotlmWmmPK",
     "aotlm_unpack": "AotlmUnpack",
+    "aotlm_gemm": "AotlmGemm",
+    "aotlm_gemm_i8": "AotlmGemmI8",
 }
 # More rows than this (prefill) stay on XLA's dot. f32 weights take the kernels too: XLA runs 2..16
 # rows (batched decode, a speculative check) as a GEMM reading W 2-4x slower, and its one-row GEMV
 # reached 87% of the read bandwidth in GPT-2-small decode where the kernel's row stream reaches 96%.
 MAX_ROWS = 16
+# Batched decode with more rows (17..ROW_KERNEL_ROWS: batch 32, 64) still takes the row kernels for
+# int8 / bf16 / f16 weights (``ops.row_limit``); more rows (prompts) take the GEMMs of gemm.h or
+# XLA's dot. W8A8 and the bdot attention keep MAX_ROWS as the prefill / decode line.
+ROW_KERNEL_ROWS = 64
 _DIR = Path(__file__).resolve().parent  # the sources ship beside this module
 
 
@@ -122,3 +128,12 @@ def read_gbps(mib: int = 512, runs: int = 7) -> float | None:
         return None
     lib.aotlm_read_gbps.restype = ctypes.c_double
     return float(lib.aotlm_read_gbps(ctypes.c_int64(mib), ctypes.c_int(runs)))
+
+
+def fma_peak(runs: int = 5) -> float | None:
+    """f32 FMA peak (GFLOP/s, best of runs) of the kernels' threads; None without them."""
+    lib = _load()
+    if lib is None:
+        return None
+    lib.aotlm_fma_peak.restype = ctypes.c_double
+    return float(lib.aotlm_fma_peak(ctypes.c_int(runs)))

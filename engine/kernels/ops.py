@@ -46,9 +46,17 @@ def supported(x, w, axes: int = 1, name: str | None = None) -> bool:
     if jnp.dtype(w.dtype) not in W_DTYPES or jnp.dtype(x.dtype) not in X_DTYPES:
         return False
     rows = math.prod(x.shape[: x.ndim - axes])
-    if not 1 <= rows <= kernels.MAX_ROWS or not kernels.enabled():
+    if not 1 <= rows <= row_limit(w) or not kernels.enabled():
         return False
     return _one_device() or name is not None
+
+
+def row_limit(w) -> int:
+    """Most rows the row kernels take for this weight: ``ROW_KERNEL_ROWS`` for int8 / bf16 / f16
+    (GPT-2-small, 64 rows, same process: int8 87 vs 98 ms on the GEMM, bf16 106 vs 149 ms on XLA's
+    dot of the converted matrix; batch-32 int8 decode 1.39x), ``MAX_ROWS`` for f32, whose row kernel
+    lost to XLA's GEMM there (195 vs 106 ms; even at 32 rows)."""
+    return kernels.MAX_ROWS if jnp.dtype(w.dtype) == jnp.float32 else kernels.ROW_KERNEL_ROWS
 
 
 def _one_device() -> bool:
@@ -67,14 +75,42 @@ def _logical_ndim(packed_k: int | None, w) -> int:
     return w.ndim - 2 if packed_k else w.ndim
 
 
-def _call(x, w, scale, axes: int, nt: bool, packed_k: int | None = None):
+def gemm_supported(x, w, axes: int = 1, name: str | None = None, packed_k: int | None = None) -> bool:
+    """Static check: can ``matmul`` take this product of more rows than ``row_limit(w)`` (prefill;
+    int8 x of W8A8: more than ``MAX_ROWS``) with a GEMM kernel (``gemm.h``)? f32 x with an f32
+    row-major ``w`` or a packed int8 one."""
+    rows = math.prod(x.shape[: x.ndim - axes])
+    xd, wd = jnp.dtype(x.dtype), jnp.dtype(w.dtype)
+    least = kernels.MAX_ROWS if xd == jnp.int8 else row_limit(w)  # W8A8 from 17 rows
+    if rows <= least or not kernels.enabled() or not (_one_device() or name is not None):
+        return False
+    if packed_k:
+        return wd == jnp.int8 and xd in (jnp.float32, jnp.int8)
+    return wd == xd == jnp.float32
+
+
+def _call(x, w, scale, axes: int, nt: bool, packed_k: int | None = None, sx=None):
     """The kernel on local arrays: ``x [..., *K] @ w [*K, *N]`` (or ``w [N, K]`` when ``nt``, or
-    ``w`` in the panel layout with ``packed_k`` contracted dims, ``layout``)."""
+    ``w`` in the panel layout with ``packed_k`` contracted dims, ``layout``). More rows than
+    ``row_limit(w)``, or int8 ``x`` with per-row scales ``sx`` (W8A8), take the GEMMs (``gemm.h``):
+    ``aotlm_gemm_i8`` for packed int8 ``w``, ``aotlm_gemm`` for f32."""
     kernels.ensure_registered()
     lead = x.shape[: x.ndim - axes]
     k = math.prod(x.shape[x.ndim - axes :])
     x2 = x.reshape(-1, k)
     s = scale.reshape(-1) if scale is not None else jnp.zeros((0,), jnp.float32)
+    if (x2.shape[0] > row_limit(w) or sx is not None) and not nt:
+        if packed_k:
+            tail = layout.logical_dims(w.shape, packed_k)[1]
+            out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), jnp.float32)
+            r = sx.reshape(-1) if sx is not None else jnp.zeros((0,), jnp.float32)
+            y = jax.ffi.ffi_call("aotlm_gemm_i8", out)(x2, w, s.astype(jnp.float32), r)
+        else:
+            tail = w.shape[axes:]
+            out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), jnp.float32)
+            y = jax.ffi.ffi_call("aotlm_gemm", out)(x2, w.reshape(k, -1))
+            y = y * s if scale is not None else y
+        return y.reshape(*lead, *tail)
     if packed_k:
         target, w2, tail = "aotlm_wmm_pk", w, layout.logical_dims(w.shape, packed_k)[1]
     elif nt:
@@ -87,16 +123,24 @@ def _call(x, w, scale, axes: int, nt: bool, packed_k: int | None = None):
 
 
 def matmul(
-    x, w, scale=None, axes: int = 1, name: str | None = None, nt: bool = False, packed_k: int | None = None
+    x,
+    w,
+    scale=None,
+    axes: int = 1,
+    name: str | None = None,
+    nt: bool = False,
+    packed_k: int | None = None,
+    sx=None,
 ):
     """``x @ w`` (times ``scale`` per output channel) in ``x``'s dtype, f32 accumulation.
 
     ``nt``: ``w`` is ``[N, K]`` (embedding rows) instead of ``[K, N]``. ``name`` is the
     weight's leaf name, which gives its sharding under tensor parallelism. ``packed_k``: ``w``
-    is in the panel layout with that many contracted dims.
+    is in the panel layout with that many contracted dims. ``sx`` (W8A8 prefill): ``x`` is int8
+    and ``sx [...]`` its per-row scales; the result is then f32.
     """
     if _one_device():
-        return _call(x, w, scale, axes, nt, packed_k)
+        return _call(x, w, scale, axes, nt, packed_k, sx)
     mesh, spec_of = _ctx.value
     pspec = _weight_spec(name, w.ndim, spec_of)  # the stored leaf's (packed or not)
     wspec = _weight_spec(name, _logical_ndim(packed_k, w), spec_of)
@@ -106,16 +150,17 @@ def matmul(
     s_spec = P(*outs)
     summed = tuple(a for a in contract if a is not None)  # mesh axes a contracted dim is split over
 
-    def local(xl, wl, sl):
-        y = _call(xl, wl, sl, axes, nt, packed_k)
+    # the optional operands (scale, sx) join the shard_map only when given
+    extra = [(a, spec) for a, spec in ((scale, s_spec), (sx, P(*lead))) if a is not None]
+
+    def local(xl, wl, *rest):
+        it = iter(rest)
+        sl, sxl = (next(it) if a is not None else None for a in (scale, sx))
+        y = _call(xl, wl, sl, axes, nt, packed_k, sxl)
         return jax.lax.psum(y, summed) if summed else y
 
-    if scale is None:
-        fn = lambda xl, wl: local(xl, wl, None)
-        return jax.shard_map(fn, mesh=mesh, in_specs=(x_spec, P(*pspec)), out_specs=out_spec)(x, w)
-    return jax.shard_map(local, mesh=mesh, in_specs=(x_spec, P(*pspec), s_spec), out_specs=out_spec)(
-        x, w, scale
-    )
+    specs = (x_spec, P(*pspec), *(spec for _, spec in extra))
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_spec)(x, w, *(a for a, _ in extra))
 
 
 def convert(w, dtype, name: str | None = None, after=None, packed_k: int | None = None):
@@ -167,7 +212,9 @@ def attention_ok(t: int) -> bool:
 def bdot(a, b, n: int, n_limit=None, l_limit=None):
     """``c[i, m, j] = sum_l a[i, m, l] * b[i, j, l]`` for ``j < n``, ``l < a.shape[2]`` (f32).
 
-    ``b [I, NB >= n, LB >= L]`` may be a whole KV cache: only its leading block is read.
+    ``b [I, NB >= n, LB >= L]`` may be a whole KV cache: only its leading block is read. ``b`` is
+    f32, bf16, f16, or uint16 holding bf16 bits (how CPU models store a bf16 cache); converted in
+    registers, accumulated in f32.
     ``n_limit`` / ``l_limit`` (traced ints): only ``j < n_limit`` (other outputs are 0) and
     ``l < l_limit`` are computed -- the cache slots written so far.
     """

@@ -34,6 +34,7 @@ namespace {
 #include "bdot.h"     // batched attention dots: uses the element types and hsum of wfloat.h
 #include "convert.h"  // whole-matrix conversion for prefill
 #include "packed.h"   // int8 / bf16 / f16 weights in the panel layout (decode matmuls, prefill unpacking)
+#include "gemm.h"     // prefill GEMMs: f32 W, int8 panels (weight-only and W8A8)
 
 // ------------------------------------------------------------------ driver
 // x as f32 (converted once, shared read-only by the workers).
@@ -235,6 +236,52 @@ ffi::Error unpack(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyBu
   return ffi::Error::Success();
 }
 
+// Prefill GEMM, f32: x [M, K] @ w [K, N] -> y [M, N], all f32 (gemm.h).
+ffi::Error gemm_f32(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y) {
+  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2 || wd[0] != xd[1] || yd[0] != xd[0] || yd[1] != wd[1])
+    return ffi::Error::InvalidArgument("aotlm_gemm: x [M, K], w [K, N] and y [M, N] must be 2-D");
+  if (x.element_type() != DataType::F32 || w.element_type() != DataType::F32 || y->element_type() != DataType::F32)
+    return ffi::Error::InvalidArgument("aotlm_gemm: x, w and y must be f32");
+  aotlm_gm::f32_gemm(static_cast<const float*>(x.untyped_data()), static_cast<const float*>(w.untyped_data()), xd[0],
+                     xd[1], wd[1], static_cast<float*>(y->untyped_data()));
+  return ffi::Error::Success();
+}
+
+// Prefill GEMM, packed int8 W: x f32 [M, K] (rounded to int16 per row here, sx empty) or int8 with
+// its per-row scale sx f32 [M] (W8A8) -> y [M, N] f32 = (x @ W) * sx * scale (gemm.h).
+ffi::Error gemm_i8(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::AnyBuffer sx,
+                   ffi::Result<ffi::AnyBuffer> y) {
+  auto xd = x.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
+    return ffi::Error::InvalidArgument("aotlm_gemm_i8: x [M, K] and y [M, N] must be 2-D with equal M");
+  const int64_t M = xd[0], K = xd[1], N = yd[1];
+  if (w.element_type() != DataType::S8 || int64_t(w.element_count()) != K * N || K % 2 || N % aotlm_pk::P)
+    return ffi::Error::InvalidArgument("aotlm_gemm_i8: w must be packed int8, K * N elements, K even, N % 16 == 0");
+  if (y->element_type() != DataType::F32) return ffi::Error::InvalidArgument("aotlm_gemm_i8: y must be f32");
+  const float* s = nullptr;
+  if (!scale_of(scale, N, &s)) return ffi::Error::InvalidArgument("aotlm_gemm_i8: scale must be f32 [N]");
+  const int64_t Kp = (K + 16) / 16 * 16;
+  std::vector<int16_t> xq(M * Kp, 0);
+  std::vector<float> rs(M);
+  const bool exact = x.element_type() == DataType::S8;
+  if (exact) {  // W8A8: int8 x and its scales from the graph
+    if (sx.element_type() != DataType::F32 || int64_t(sx.element_count()) != M)
+      return ffi::Error::InvalidArgument("aotlm_gemm_i8: int8 x needs sx f32 [M]");
+    const int8_t* xi = static_cast<const int8_t*>(x.untyped_data());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) xq[m * Kp + k] = xi[m * K + k];
+    std::memcpy(rs.data(), sx.untyped_data(), M * sizeof(float));
+  } else if (x.element_type() == DataType::F32) {
+    aotlm_i8::quantize_rows(static_cast<const float*>(x.untyped_data()), M, K, Kp, xq.data(), rs.data());
+  } else {
+    return ffi::Error::InvalidArgument("aotlm_gemm_i8: x must be f32, or int8 with sx");
+  }
+  aotlm_gm::i8_gemm(xq.data(), Kp, rs.data(), exact, static_cast<const int8_t*>(w.untyped_data()), s, M, K, N,
+                    Out{y->untyped_data(), DataType::F32});
+  return ffi::Error::Success();
+}
+
 ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer lim, ffi::Result<ffi::AnyBuffer> c) {
   auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
@@ -255,9 +302,12 @@ ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer lim, ffi::Res
   float* cf = static_cast<float*>(c->untyped_data());
   switch (b.element_type()) {
     case DataType::F32: aotlm_bd::run<F32>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, n_lim, l_lim); break;
-    case DataType::BF16: aotlm_bd::run<BF16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, n_lim, l_lim); break;
+    case DataType::BF16:
+    case DataType::U16:  // a bf16 KV cache stored as its bits (XLA:CPU upcasts bf16 cache writes, layers.py)
+      aotlm_bd::run<BF16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, n_lim, l_lim);
+      break;
     case DataType::F16: aotlm_bd::run<F16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, n_lim, l_lim); break;
-    default: return ffi::Error::InvalidArgument("aotlm_bdot: b must be f32, bf16 or f16");
+    default: return ffi::Error::InvalidArgument("aotlm_bdot: b must be f32, bf16 (or its bits as u16) or f16");
   }
   return ffi::Error::Success();
 }
@@ -295,6 +345,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmNT, wmm_nt,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmGemm, gemm_f32,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmGemmI8, gemm_i8,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmBdot, bdot,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
@@ -306,6 +365,8 @@ extern "C" int aotlm_kernels_cpu_ok() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 extern "C" int aotlm_kernels_threads() { return aotlm::pool_size(); }
+// f32 FMA peak (GFLOP/s) of the pool's threads, best of ``runs`` (gemm.h): scripts/bench_gemm.py.
+extern "C" double aotlm_fma_peak(int runs) { return aotlm_gm::fma_peak(runs); }
 
 // Streaming read bandwidth in GB/s (median of ``runs``) over ``mib`` MiB, read by the kernels'
 // own threads the way the one-row kernels read weights: the roofline of scripts/bench.py.

@@ -1,0 +1,86 @@
+"""Prefill GEMM throughput: XLA's f32 dot against the kernels' GEMMs (``engine/kernels/gemm.h``).
+
+Prints the CPU model, the f32 FMA peak of the kernels' threads (``aotlm.kernels.fma_peak``) and,
+per GPT-2-small prefill shape (rows x K x N), GFLOP/s (median of ``--runs``) of: XLA's f32 dot,
+the f32 GEMM kernel, the int8-weight kernel with x rounded to int16 in it (``quant="int8"``
+prefill) and W8A8 (int8 x with per-row scales, ``quant="w8a8"``; the graph's quantization of x
+included). One process, one run: on a shared machine quote ratios within a run.
+
+    python scripts/bench_gemm.py [--runs 7] [--rows 128,1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from aotlm import kernels
+from aotlm.models import packing
+from aotlm.models.layers import quantize_rows
+
+SHAPES = ((768, 2304), (768, 768), (768, 3072), (3072, 768))  # GPT-2-small: qkv, o, up, down
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def median_s(fn, args, runs: int) -> float:
+    jax.block_until_ready(fn(*args))
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--rows", default="128,1024", help="comma-separated row counts (prompt x batch)")
+    a = ap.parse_args()
+    print(f"cpu: {cpu_model()}; threads: {kernels.threads()}; jax {jax.__version__}")
+    peak = kernels.fma_peak(5)
+    print(f"f32 FMA peak (kernel threads, best of 5): {peak:.1f} GFLOP/s")
+    rng = np.random.default_rng(0)
+    xla = jax.jit(lambda x, w: x @ w)
+    f32 = jax.jit(lambda x, w: kernels.matmul(x, w))
+    i8 = jax.jit(lambda x, w, s: kernels.matmul(x, w, s, packed_k=1))
+
+    def w8a8(x, w, s):
+        xq, sx = quantize_rows(x)
+        return kernels.matmul(xq, w, s, packed_k=1, sx=sx)
+
+    w8a8 = jax.jit(w8a8)
+    head = ("M x K x N", "XLA f32", "kern f32", "kern int8", "w8a8")
+    print(f"{head[0]:>18} | {head[1]:>8} | {head[2]:>8} | {head[3]:>9} | {head[4]:>8} | f32 % peak")
+    for m in (int(r) for r in a.rows.split(",")):
+        for k, n in SHAPES:
+            x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+            w = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
+            wq = jnp.asarray(packing.pack(rng.integers(-127, 128, (k, n)).astype(np.int8), (0,)))
+            s = jnp.asarray(rng.random(n), jnp.float32)
+            gf = lambda t, m=m, k=k, n=n: 2 * m * k * n / t / 1e9
+            r = [gf(median_s(f, args, a.runs)) for f, args in ((xla, (x, w)), (f32, (x, w)))]
+            r += [gf(median_s(f, (x, wq, s), a.runs)) for f in (i8, w8a8)]
+            best = max(r[0], r[1])
+            print(
+                f"{m:>5} x {k:>4} x {n:>4} | {r[0]:8.1f} | {r[1]:8.1f} | {r[2]:9.1f} | {r[3]:8.1f} | "
+                f"{100 * best / peak:.0f}%"
+            )
+
+
+if __name__ == "__main__":
+    main()

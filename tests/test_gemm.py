@@ -1,0 +1,194 @@
+"""Prefill GEMM kernels (``engine/kernels/gemm.h``) and W8A8 (``quant="w8a8"``).
+
+NumPy references on odd shapes (rows 1..64 across the decode / GEMM boundary, K and N not
+multiples of the 8-lane vector or the 16-column panel), the kernels inside compiled model graphs,
+W8A8 against f32 (logits error, greedy agreement), the forced fallback (``AOTLM_KERNELS=0``: the
+same W8A8 math in XLA, identical tokens), tp=2 shards in a subprocess and a warm start from the
+compile cache that compiles nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from test_kernels import _sample
+from test_weight_options import _llama, _save
+
+from aotlm import kernels
+from aotlm.core import precision
+from aotlm.models import layers, packing
+from aotlm.models.quant import QuantizationConfig, quant_config
+
+pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="aotlm kernels unavailable on this machine")
+HERE = Path(__file__).parent
+ROWS = (1, 5, 16, 17, 33, 64, 65, 100)  # row kernels up to 16 (f32) / 64 (int8); more: the GEMMs
+
+
+def _rel(y, ref) -> float:
+    return float(np.abs(np.asarray(y, np.float64) - ref).max() / np.abs(ref).max())
+
+
+def test_f32_gemm_matches_numpy_on_odd_shapes():
+    rng = np.random.default_rng(0)
+    f = jax.jit(lambda x, w: kernels.matmul(x, w))
+    for m in ROWS:
+        for k, n in ((37, 19), (300, 70), (520, 33)):  # K past one 256-row block; N tails of 3, 6, 1
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            w = rng.standard_normal((k, n)).astype(np.float32)
+            err = _rel(f(x, w), x.astype(np.float64) @ w)
+            assert err <= 1e-5, (m, k, n, err)
+
+
+def test_int8_gemm_matches_numpy_and_w8a8_is_exact():
+    """Packed int8 W: f32 x (int16 rounding in the kernel) within 1e-4; int8 x with its row scales
+    (W8A8) equal to the int64 product scaled in f32, bit for bit, and to ``layers._w8a8``'s XLA path."""
+    rng = np.random.default_rng(1)
+    f = jax.jit(lambda x, w, s: kernels.matmul(x, w, s, packed_k=1))
+    g = jax.jit(lambda x, w, s, sx: kernels.matmul(x, w, s, packed_k=1, sx=sx))
+    for m in ROWS:
+        for k, n in ((38, 16), (1030, 48)):  # K/2 odd; several 256-row flushes
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            wq = rng.integers(-127, 128, (k, n)).astype(np.int8)
+            s = (rng.random(n) / 50).astype(np.float32)
+            wp = packing.pack(wq, (0,))
+            ref = (x.astype(np.float64) @ wq) * s
+            assert _rel(f(x, wp, s), ref) <= 1e-4, (m, k, n)
+            if m <= kernels.MAX_ROWS:
+                continue
+            xq, sx = (np.asarray(a) for a in layers.quantize_rows(x))
+            exact = (xq.astype(np.int64) @ wq).astype(np.float32) * sx[:, None] * s
+            got = np.asarray(g(xq, wp, s, sx))
+            np.testing.assert_array_equal(got, exact)
+            if m in (17, 65):
+                xla = jax.jit(lambda x, w, s: layers._w8a8(x, w, s, 1, None, None))
+                os.environ["AOTLM_KERNELS"] = "0"  # layers._w8a8 on XLA's integer dot
+                try:
+                    np.testing.assert_array_equal(np.asarray(xla(x, wq, s)), exact)
+                finally:
+                    os.environ.pop("AOTLM_KERNELS")
+
+
+def test_quant_option_and_config():
+    q = quant_config("w8a8")
+    assert q == QuantizationConfig(quant_dtype="s8", activations="s8") and q.w8a8
+    assert not quant_config("int8").w8a8
+    with pytest.raises(ValueError, match="activations"):
+        QuantizationConfig(quant_dtype="bf16", activations="s8")
+    # the compile-cache fingerprint carries precision.describe(): w8a8 and int8 never share entries
+    assert precision.resolve("f32", "w8a8").describe() != precision.resolve("f32", "int8").describe()
+
+
+@pytest.fixture(scope="module")
+def runs(ckpt_dir):
+    """f32, w8a8 and w8a8 with the kernels forced off, on the peaked checkpoint of
+    test_weight_options (top-1 margins >= 20% of max|logit|): (logits, tokens, used, model) each."""
+    path = _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)
+    with pytest.MonkeyPatch.context() as mp:
+        return {
+            "f32": _sample(path, mp, True),
+            "w8a8": _sample(path, mp, True, quant="w8a8"),
+            "w8a8 off": _sample(path, mp, False, quant="w8a8"),
+        }
+
+
+def test_prefill_graphs_call_the_gemms(runs):
+    """w8a8 prefill graphs (2 x 32 rows) call the GEMM (f32 ones when ``GEMM_F32``), decode graphs do
+    not; W8A8 logits
+    stay within the int8 bound of f32 and greedy tokens agree."""
+    for mode, on in (("f32", layers.GEMM_F32), ("w8a8", True)):
+        texts = {str(k): exe.as_text() for k, exe in runs[mode][3]._executables.items()}
+        assert any("aotlm_gemm" in t for k, t in texts.items() if "prefill" in k) == on, mode
+        assert not any("aotlm_gemm" in t for k, t in texts.items() if "decode" in k)
+    lg32, tok32 = runs["f32"][:2]
+    lg8, tok8 = runs["w8a8"][:2]
+    err = np.abs(lg8 - lg32).max() / np.abs(lg32).max()
+    assert err <= 1.5e-2, err  # int8 weights alone: 1e-2 (test_weight_options)
+    np.testing.assert_array_equal(tok8, tok32)
+
+
+def test_forced_fallback_w8a8_gives_identical_tokens(runs):
+    """``AOTLM_KERNELS=0``: the graphs quantize x and multiply in XLA's int8 dot, no kernel call."""
+    lg_on, tok_on = runs["w8a8"][:2]
+    lg_off, tok_off, used, m = runs["w8a8 off"]
+    assert not used and not any("aotlm_" in e.as_text() for e in m._executables.values())
+    np.testing.assert_array_equal(tok_on, tok_off)
+    assert np.abs(lg_on - lg_off).max() <= 1e-2 * np.abs(lg_off).max()
+
+
+_TP_CHILD = """
+import json
+import jax
+import numpy as np
+from aotlm import kernels
+from aotlm.core import precision
+from aotlm.core import sharding
+from aotlm.models import layers, packing
+
+mesh = sharding.make_mesh(2)
+rules = sharding.rules("shard-over-heads", 2)
+rng = np.random.default_rng(0)
+put = lambda a, leaf: sharding.put(a, sharding.param_sharding(mesh, (leaf,), a.ndim, rules))
+rep = lambda a: sharding.put(a, sharding.replicated(mesh))
+out = {"devices": jax.device_count()}
+for name, ws in (("w_up", (40, 64)), ("w_down", (64, 48))):  # column / row-parallel (psum)
+    x = rng.standard_normal((3, 11, ws[0])).astype(np.float32)  # 33 rows: the GEMMs
+    w = rng.standard_normal(ws).astype(np.float32)
+    with kernels.mesh_context(mesh, sharding.spec_of(rules)):
+        c = jax.jit(lambda x, w: kernels.matmul(x, w, None, 1, name)).lower(rep(x), put(w, name)).compile()
+    y = np.asarray(sharding.fetch(c(rep(x), put(w, name))), np.float64)
+    ref = x.astype(np.float64) @ w
+    out["f32 " + name] = [float(np.abs(y - ref).max() / np.abs(ref).max()), "aotlm_gemm" in c.as_text()]
+    wq = rng.integers(-127, 128, ws).astype(np.int8)
+    s = (rng.random(ws[1]) / 50).astype(np.float32)
+    wp = packing.prepare(name, wq, sharding.param_spec((name,), 2, rules), 2)
+    assert packing.is_packed(name, wp.ndim)
+    pk = packing.packed_k(name, wp.ndim)
+    fn = lambda x, w, s: layers._w8a8(x, w, s, 1, name, pk)
+    with kernels.mesh_context(mesh, sharding.spec_of(rules)):
+        c = jax.jit(fn).lower(rep(x), put(wp, name), put(s, name + "_scale")).compile()
+    y = np.asarray(sharding.fetch(c(rep(x), put(wp, name), put(s, name + "_scale"))))
+    xq, sx = (np.asarray(a) for a in jax.jit(layers.quantize_rows)(x))
+    exact = (xq.astype(np.int64) @ wq).astype(np.float32) * sx[..., None] * s
+    err = float(np.abs(y - exact).max() / np.abs(exact).max())
+    out["w8a8 " + name] = [err, "aotlm_gemm_i8" in c.as_text()]
+print(json.dumps(out))
+"""
+
+
+def test_tensor_parallel_gemms_in_subprocess():
+    """f32 and W8A8 GEMMs on 2 forced devices: column- and row-parallel (psum) shards."""
+    flags = "--xla_force_host_platform_device_count=2 " + os.environ.get("AOTLM_TEST_XLA_FLAGS", "")
+    env = dict(os.environ, XLA_FLAGS=flags, TF_CPP_MIN_LOG_LEVEL="2")
+    cmd = [sys.executable, "-c", _TP_CHILD]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out.pop("devices") == 2 and len(out) == 4
+    for case, (err, in_hlo) in out.items():
+        assert in_hlo, f"{case}: no kernel call in the compiled graph"
+        assert err <= (1e-5 if case.startswith("f32") else 1e-6), f"{case}: relative error {err:.2e}"
+
+
+def test_warm_start_w8a8_compiles_nothing(llama_path, tmp_path):
+    """W8A8 graphs (GEMM calls in prefill) load from the compile cache in a new process."""
+    args = [str(llama_path), str(tmp_path / "cc"), "--quant", "w8a8", "--n-positions", "64"]
+    run = lambda: subprocess.run(
+        [sys.executable, str(HERE / "cache_child.py"), *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", AOTLM_KERNELS="1"),
+        timeout=600,
+    )
+    cold, warm = run(), run()
+    assert cold.returncode == 0 and warm.returncode == 0, (cold.stderr + warm.stderr)[-3000:]
+    cold, warm = (json.loads(p.stdout.strip().splitlines()[-1]) for p in (cold, warm))
+    assert not any(cold["hits"]) and all(warm["hits"])
+    assert warm["counts"] == {"backend": 0, "lowering": 0, "tracing": 0}
+    assert warm["tokens"] == cold["tokens"]
