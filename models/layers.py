@@ -321,19 +321,22 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None):
     return y.astype(x.dtype)
 
 
-# Prefill on the GEMM kernels instead of XLA's dot, where measured faster (GPT-2-small prefill 1x128,
-# shared 2-core EPYC Zen 2, one process, round robin): packed int8 weights 445 ms (aotlm_gemm_i8, x
-# rounded to int16 in it) vs 583 ms unpacked for XLA's dot; f32 weights 657 ms (aotlm_gemm) vs 456 ms
-# XLA -- the f32 kernel reaches ~70% of one core's FMA peak alone but lost inside the model, so off.
+# Prefill on the GEMM kernels instead of XLA's dot, where measured faster (GPT-2-small prefill, 2-core
+# EPYC Zen 2, same process, medians of 5-7): packed int8 weights on aotlm_gemm_i8 (x rounded to int16
+# in it) vs unpacked for XLA's f32 dot: 128 rows 212 vs 246 ms, 512 rows 755 vs 667, 1024 rows 1515
+# vs 1293 -- XLA's GEMM reaches 81-90% of the FMA peak on 1024 rows, the kernel 60-75% -- so int8
+# takes the kernel up to GEMM_INT8_ROWS rows. f32 weights: aotlm_gemm 260 vs 196 ms at 128 rows (it
+# repacks each matrix from memory every call), so off.
 GEMM_F32 = False
 GEMM_INT8 = True
+GEMM_INT8_ROWS = 256
 
 
 def _prefill_gemm(x, w, axes: int, name: str | None, pk: int | None) -> bool:
     """Static: does this prefill product take a GEMM kernel (``GEMM_F32`` / ``GEMM_INT8``)?"""
     if not kernels.gemm_supported(x, w, axes, name, pk):
         return False
-    return GEMM_INT8 if pk else GEMM_F32
+    return GEMM_INT8 and math.prod(x.shape[: x.ndim - axes]) <= GEMM_INT8_ROWS if pk else GEMM_F32
 
 
 def xla_weight(w, x, scaled: bool, name: str | None = None):
