@@ -1,10 +1,10 @@
 """Prefill GEMM kernels (``engine/kernels/gemm.h``) and W8A8 (``quant="w8a8"``).
 
-NumPy references on odd shapes (rows 1..64 across the decode / GEMM boundary, K and N not
+NumPy references on odd shapes (rows 1..100 across the row-kernel / GEMM lines, K and N not
 multiples of the 8-lane vector or the 16-column panel), the kernels inside compiled model graphs,
 W8A8 against f32 (logits error, greedy agreement), the forced fallback (``AOTLM_KERNELS=0``: the
 same W8A8 math in XLA, identical tokens), tp=2 shards in a subprocess and a warm start from the
-compile cache that compiles nothing.
+compile cache that compiles nothing (``test_kernels.test_warm_start_with_kernels_compiles_nothing[w8a8]``).
 """
 
 from __future__ import annotations
@@ -174,21 +174,3 @@ def test_tensor_parallel_gemms_in_subprocess():
     for case, (err, in_hlo) in out.items():
         assert in_hlo, f"{case}: no kernel call in the compiled graph"
         assert err <= (1e-5 if case.startswith("f32") else 1e-6), f"{case}: relative error {err:.2e}"
-
-
-def test_warm_start_w8a8_compiles_nothing(llama_path, tmp_path):
-    """W8A8 graphs (GEMM calls in prefill) load from the compile cache in a new process."""
-    args = [str(llama_path), str(tmp_path / "cc"), "--quant", "w8a8", "--n-positions", "64"]
-    run = lambda: subprocess.run(
-        [sys.executable, str(HERE / "cache_child.py"), *args],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", AOTLM_KERNELS="1"),
-        timeout=600,
-    )
-    cold, warm = run(), run()
-    assert cold.returncode == 0 and warm.returncode == 0, (cold.stderr + warm.stderr)[-3000:]
-    cold, warm = (json.loads(p.stdout.strip().splitlines()[-1]) for p in (cold, warm))
-    assert not any(cold["hits"]) and all(warm["hits"])
-    assert warm["counts"] == {"backend": 0, "lowering": 0, "tracing": 0}
-    assert warm["tokens"] == cold["tokens"]

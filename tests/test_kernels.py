@@ -384,20 +384,13 @@ def test_tied_int8_lm_head_view(gpt2_path, monkeypatch):
     assert "embed_q" not in m_off.params  # no kernels: no copy (XLA reads the embedding itself)
 
 
-def test_warm_start_with_kernels_compiles_nothing(llama_path, tmp_path):
-    """bf16 weights put kernel calls in every graph; a new process loads them from the cache."""
-    child = str(HERE / "cache_child.py")
+@pytest.mark.parametrize("opts", [["--amp", "bf16"], ["--quant", "w8a8"]], ids=["bf16", "w8a8"])
+def test_warm_start_with_kernels_compiles_nothing(llama_path, tmp_path, opts):
+    """bf16 weights put kernel calls in every graph, W8A8 GEMM calls in prefill (``gemm.h``); a new
+    process loads them from the cache."""
+    args = [str(llama_path), str(tmp_path / "cc"), *opts, "--n-positions", "64"]
     run = lambda: subprocess.run(
-        [
-            sys.executable,
-            child,
-            str(llama_path),
-            str(tmp_path / "cc"),
-            "--amp",
-            "bf16",
-            "--n-positions",
-            "64",
-        ],
+        [sys.executable, str(HERE / "cache_child.py"), *args],
         capture_output=True,
         text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", AOTLM_KERNELS="1"),

@@ -26,6 +26,11 @@ ARGS_FILE = "aotlm_args.json"
 ARG_KEYS = MODEL_KEYS
 
 
+def _quant_name(q) -> str:
+    """A ``QuantizationConfig`` as the string option that rebuilds it (its dequant dtype is the amp)."""
+    return "w8a8" if q.w8a8 else {"s8": "int8"}.get(q.quant_dtype, q.quant_dtype)
+
+
 def model_args(model, quant=None) -> dict:
     """The constructor arguments that rebuild ``model``'s exact configuration."""
     return {
@@ -36,7 +41,7 @@ def model_args(model, quant=None) -> dict:
         "pp_degree": getattr(model, "pp_degree", 1),
         "gqa": model.gqa,
         "amp": model.amp,
-        "quant": quant if quant is None or isinstance(quant, str) else "int8",
+        "quant": quant if quant is None or isinstance(quant, str) else _quant_name(quant),
         "fuse_qkv": model.fuse_qkv,
         "kv_cache_dtype": model.kv_cache_dtype,
     }
