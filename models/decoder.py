@@ -42,9 +42,9 @@ def embed(cfg: ArchConfig, params, tokens, positions):
     return x
 
 
-def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi_bias):
-    """Self-attention of one layer; returns the output and the updated (k, v) cache."""
-    q, k, v = L.project_qkv(x, p)  # [B,T,H,Dh], [B,T,K,Dh], [B,T,K,Dh]
+def qkv_heads(cfg: ArchConfig, p, x, positions):
+    """q ``[B,T,H,Dh]``, k, v ``[B,T,K,Dh]`` of one layer: projected, clipped, normed, rotated."""
+    q, k, v = L.project_qkv(x, p)
     if cfg.clip_qkv is not None:  # MPT / DBRX attn_config.clip_qkv (elementwise, so per q/k/v)
         q, k, v = (jnp.clip(y, -cfg.clip_qkv, cfg.clip_qkv) for y in (q, k, v))
     if cfg.qk_norm:
@@ -53,7 +53,21 @@ def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi
     if cfg.position == "rope":
         q = L.apply_rotary(q, positions, cfg.inv_freq, cfg.rope_interleaved)
         k = L.apply_rotary(k, positions, cfg.inv_freq, cfg.rope_interleaved)
+    return q, k, v
+
+
+def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi_bias):
+    """Self-attention of one layer; returns the output and the updated (k, v) cache."""
     ck, cv = kv
+    if own_tokens_kernel(cfg, x, mask, alibi_bias):  # a prompt from slot 0: no cache read
+        plain = cfg.clip_qkv is None and not cfg.qk_norm and cfg.position != "rope"
+        qkv = L.fused_qkv(x, p) if plain else None  # read in place by the kernel: no slicing copies
+        q, k, v = (qkv, None, None) if qkv is not None else qkv_heads(cfg, p, x, positions)
+        o, kt, vt = kernels.causal_attention(q, k, v, mask[1], cfg.scale)
+        return L.dense_in(o, p["wo"], p.get("bo"), p.get("wo_scale"), name="wo"), L.write_cache(
+            ck, cv, kt, vt, write_idx
+        )
+    q, k, v = qkv_heads(cfg, p, x, positions)
     if isinstance(mask, flash.Keys):  # a long call: key blocks with an online softmax
         slopes = cfg.alibi if cfg.position == "alibi" else None
         o = flash.attend(q, k, v, kv, mask, cfg.scale, cfg.attn_softcap, slopes)
@@ -79,6 +93,16 @@ def whole_attention(cfg: ArchConfig, q, k, v, kv, write_idx, mask, alibi_bias) -
         limit = jnp.max(write_idx)  # no row sees a slot at or past its write slot
         segments.insert(0, (*kv, m_old, b_old, limit))
     return L.attend(q, segments, cfg.scale, cfg.attn_softcap)
+
+
+def own_tokens_kernel(cfg: ArchConfig, x, mask, alibi_bias) -> bool:
+    """Static: does this call attend with ``kernels.causal_attention``? A prompt from slot 0 (whole
+    masks, no old segment) without ALiBi or soft-capping, on the CPU kernels: one call per layer
+    instead of XLA's two batched dots, masking, softmax and layout copies, only the causal half of
+    the scores, and k / v come back in the cache's layouts."""
+    if isinstance(mask, flash.Keys) or mask[0] is not None or alibi_bias is not None:
+        return False
+    return cfg.attn_softcap is None and kernels.causal_attention_ok(x)
 
 
 def feed_forward(cfg: ArchConfig, p, x):

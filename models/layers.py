@@ -52,8 +52,11 @@ def norm(kind: str, x, p: dict, prefix: str, eps: float, offset: float = 0.0):
 
 
 # --------------------------------------------------------------------------- activations
+GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_tanh")
+
+
 def activation(name: str, x):
-    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_tanh"):
+    if name in GELU_TANH:
         return jax.nn.gelu(x, approximate=True)
     if name == "gelu":
         return jax.nn.gelu(x, approximate=False)
@@ -166,8 +169,13 @@ def update_cache(cache_k, cache_v, k, v, write_idx):
     ``q.k``, slots for ``p.v``); any other layout made XLA transpose-copy the whole cache in
     every layer of every decode step. ``write_idx``: a scalar or one slot per row (``write_at``).
     """
-    k = cache_store(jnp.swapaxes(k, 1, 2), cache_k.dtype)
-    v = cache_store(jnp.transpose(v, (0, 2, 3, 1)), cache_v.dtype)
+    return write_cache(cache_k, cache_v, jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1)), write_idx)
+
+
+def write_cache(cache_k, cache_v, kt, vt, write_idx):
+    """``update_cache`` for keys and values already in the cache's layouts: ``kt [B,K,T,Dh]``,
+    ``vt [B,K,Dh,T]`` (as ``kernels.causal_attention`` returns them)."""
+    k, v = cache_store(kt, cache_k.dtype), cache_store(vt, cache_v.dtype)
     return write_at(cache_k, k, write_idx, 2), write_at(cache_v, v, write_idx, 3)
 
 
@@ -281,7 +289,7 @@ def quantize_rows(x, axes: int = 1):
 
 def _w8a8(x, w, scale, axes: int, name: str | None, pk: int | None):
     """``x @ (w * scale)`` as W8A8: int8 rows of x times int8 w summed in int32 (exact), then
-    ``* s_x[row] * scale[col]`` -- in the GEMM kernel (``aotlm_gemm_i8``) or XLA's integer dot,
+    ``* s_x[row] * scale[col]`` -- in the GEMM kernel (``aotlm_gemm_pk``) or XLA's integer dot,
     the same numbers either way."""
     xq, sx = quantize_rows(x, axes)
     if kernels.gemm_supported(xq, w, axes, name, pk):
@@ -291,7 +299,7 @@ def _w8a8(x, w, scale, axes: int, name: str | None, pk: int | None):
     return acc * sx.reshape(*sx.shape, *(1,) * (acc.ndim - sx.ndim)) * scale.astype(jnp.float32)
 
 
-def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None):
+def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act: str | None = None):
     """``x [..., D] @ w [D, ...]`` (+ bias), accumulating in float32.
 
     ``scale`` (int8 weights, ``models/quant.py``): ``w`` is converted to ``x``'s dtype (the
@@ -301,11 +309,18 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None):
     (``aotlm.kernels``), which read the stored bytes instead of converting the whole matrix;
     ``name`` (the weight's leaf name) gives them its sharding under tensor parallelism. More rows
     (prefill): int8 weights under ``int8_activations`` take W8A8 (``_w8a8``, any backend), and
-    on CPU packed int8 and f32 weights take the GEMM kernels (``gemm.h``) where they beat XLA.
+    on CPU packed int8 / bf16 / f16 weights take the GEMM kernel (``gemm.h``), which beat XLA's dot.
+    ``act`` (an ``activation`` name) is applied to the result: by the GEMM itself, with the bias,
+    where ``kernels.gemm_fuses`` says it can (one pass over the output instead of XLA's two).
     """
     pk = packing.packed_k(name, w.ndim)
     rows = math.prod(x.shape[: x.ndim - axes])
-    if scale is not None and rows > kernels.MAX_ROWS and getattr(_opts, "w8a8", False):
+    kact = "gelu_tanh" if act in GELU_TANH else act
+    w8a8 = scale is not None and rows > kernels.MAX_ROWS and getattr(_opts, "w8a8", False)
+    if not w8a8 and _prefill_gemm(x, w, axes, name, pk) and kernels.gemm_fuses(x, w, axes, name, pk, kact):
+        y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, b=b, act=kact)
+        return y.astype(x.dtype)
+    if w8a8:
         y = _w8a8(x, w, scale, axes, name, pk)
     elif kernels.supported(x, w, axes, name):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk)
@@ -318,25 +333,22 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None):
         y = jnp.tensordot(x, xla_weight(w, x, False, name), axes=axes)
     if b is not None:
         y = y + b
-    return y.astype(x.dtype)
+    return (y if act is None else activation(act, y)).astype(x.dtype)
 
 
 # Prefill on the GEMM kernels instead of XLA's dot, where measured faster (GPT-2-small prefill, 2-core
-# EPYC Zen 2, same process, medians of 5-7): packed int8 weights on aotlm_gemm_i8 (x rounded to int16
-# in it) vs unpacked for XLA's f32 dot: 128 rows 212 vs 246 ms, 512 rows 755 vs 667, 1024 rows 1515
-# vs 1293 -- XLA's GEMM reaches 81-90% of the FMA peak on 1024 rows, the kernel 60-75% -- so int8
-# takes the kernel up to GEMM_INT8_ROWS rows. f32 weights: aotlm_gemm 260 vs 196 ms at 128 rows (it
-# repacks each matrix from memory every call), so off.
+# EPYC Zen 2): packed int8 / bf16 / f16 weights on aotlm_gemm_pk (each panel block widened to f32,
+# f32 x) at every row count; f32 weights on aotlm_gemm up to GEMM_F32_ROWS rows.
 GEMM_F32 = False
-GEMM_INT8 = True
-GEMM_INT8_ROWS = 256
+GEMM_F32_ROWS = 256
+GEMM_PACKED = True
 
 
 def _prefill_gemm(x, w, axes: int, name: str | None, pk: int | None) -> bool:
-    """Static: does this prefill product take a GEMM kernel (``GEMM_F32`` / ``GEMM_INT8``)?"""
+    """Static: does this prefill product take a GEMM kernel (``GEMM_F32`` / ``GEMM_PACKED``)?"""
     if not kernels.gemm_supported(x, w, axes, name, pk):
         return False
-    return GEMM_INT8 and math.prod(x.shape[: x.ndim - axes]) <= GEMM_INT8_ROWS if pk else GEMM_F32
+    return GEMM_PACKED if pk else GEMM_F32 and math.prod(x.shape[: x.ndim - axes]) <= GEMM_F32_ROWS
 
 
 def xla_weight(w, x, scaled: bool, name: str | None = None):
@@ -382,6 +394,14 @@ def project_qkv(x, p: dict):
     return _add_bias(q, p.get("bq")), _add_bias(k, p.get("bk")), _add_bias(v, p.get("bv"))
 
 
+def fused_qkv(x, p: dict):
+    """The fused projection ``[B,T,K,G+2,Dh]`` itself (``project_qkv`` slices it), or None when the
+    layer has no ``wqkv`` or separate q / k / v biases."""
+    if "wqkv" not in p or any(b in p for b in ("bq", "bk", "bv")):
+        return None
+    return dense(x, p["wqkv"], p.get("bqkv"), p.get("wqkv_scale"), name="wqkv")
+
+
 def mlp(x, p: dict, act: str, gated: bool):
     """``down(act(gate(x)) * up(x))`` when gated (SwiGLU), else ``down(act(up(x)))``.
 
@@ -391,7 +411,10 @@ def mlp(x, p: dict, act: str, gated: bool):
         gu = dense(x, p["w_gu"], p.get("b_gu"), p.get("w_gu_scale"), name="w_gu")  # [B,T,2,F]
         gate, up = _add_bias(gu[..., 0, :], p.get("b_gate")), _add_bias(gu[..., 1, :], p.get("b_up"))
     else:
+        if not gated:  # the activation may run in the GEMM's output pass (dense)
+            hidden = dense(x, p["w_up"], p.get("b_up"), p.get("w_up_scale"), name="w_up", act=act)
+            return dense(hidden, p["w_down"], p.get("b_down"), p.get("w_down_scale"), name="w_down")
         up = dense(x, p["w_up"], p.get("b_up"), p.get("w_up_scale"), name="w_up")
-        gate = dense(x, p["w_gate"], p.get("b_gate"), p.get("w_gate_scale"), name="w_gate") if gated else None
+        gate = dense(x, p["w_gate"], p.get("b_gate"), p.get("w_gate_scale"), name="w_gate")
     hidden = activation(act, gate) * up if gated else activation(act, up)
     return dense(hidden, p["w_down"], p.get("b_down"), p.get("w_down_scale"), name="w_down")

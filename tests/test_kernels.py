@@ -353,7 +353,7 @@ def test_forced_fallback_gives_identical_greedy_tokens(ckpt_dir, monkeypatch, kw
     if kw.get("quant") == "int8":  # prefill reads the packed int8 matrices in a kernel, never unpacked:
         # the row kernel up to ROW_KERNEL_ROWS rows, the GEMM past it
         prefill = [exe.as_text() for k, exe in m_on._executables.items() if "prefill" in str(k)]
-        assert prefill and all("aotlm_gemm_i8" in t or "aotlm_wmm_pk" in t for t in prefill)
+        assert prefill and all("aotlm_gemm_pk" in t or "aotlm_wmm_pk" in t for t in prefill)
         assert not any("aotlm_unpack" in t for t in prefill)
     np.testing.assert_array_equal(tok_on, tok_off)
     assert np.abs(lg_on - lg_off).max() <= 1e-2 * np.abs(lg_off).max()

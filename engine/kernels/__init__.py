@@ -16,10 +16,11 @@ installs on machines without a compiler or AVX2: here any failure only means the
 Used when: the default backend is CPU, the CPU has AVX2+FMA+F16C, the build succeeded and
 ``AOTLM_KERNELS`` is not ``0``. Weights of every dtype take the kernel for 1..``MAX_ROWS`` rows
 (decode, batched decode, the ``k + 1`` tokens a speculative check feeds). More rows (prefill):
-packed int8 weights take the GEMM of ``gemm.h`` (``aotlm_gemm_i8``: x rounded to int16 per row,
-or int8 x with per-row scales under ``quant="w8a8"``); an f32 GEMM (``aotlm_gemm``) exists but
-``models.layers.GEMM_F32`` keeps XLA's dot, which measured faster inside the model; other
-low-precision matrices are converted (or unpacked) by the kernels for XLA's dot.
+packed int8 / bf16 / f16 weights take the GEMM of ``gemm.h`` (``aotlm_gemm_pk``: W widened to f32
+block by block, f32 x, bias and MLP activation in its output pass; int8 x with per-row scales
+under ``quant="w8a8"``); an f32 GEMM (``aotlm_gemm``) exists but ``models.layers.GEMM_F32`` keeps
+XLA's dot, which measured faster inside the model. A prompt attends over its own tokens in
+``attn.h`` (``causal_attention``). The prefill kernels run on XLA's own intra-op threads.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ from aotlm.kernels.build import (
 from aotlm.kernels.ops import (
     attention_ok,
     bdot,
+    causal_attention,
+    causal_attention_ok,
     convert,
+    gemm_fuses,
     gemm_supported,
     matmul,
     mesh_context,
@@ -52,10 +56,13 @@ __all__ = [
     "build_hash",
     "bdot",
     "cache_tag",
+    "causal_attention",
+    "causal_attention_ok",
     "convert",
     "enabled",
     "ensure_registered",
     "fma_peak",
+    "gemm_fuses",
     "gemm_supported",
     "matmul",
     "mesh_context",

@@ -19,7 +19,18 @@ from pathlib import Path
 import jax
 import jaxlib
 
-SOURCES = ("wmatmul.cc", "wfloat.h", "int8.h", "packed.h", "bdot.h", "convert.h", "pool.h", "gemm.h")
+SOURCES = (
+    "wmatmul.cc",
+    "wfloat.h",
+    "int8.h",
+    "packed.h",
+    "bdot.h",
+    "convert.h",
+    "pool.h",
+    "gemm.h",
+    "attn.h",
+    "prefill.h",
+)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-shared", "-pthread")
 TARGETS = {
     "aotlm_wmm_nn": "AotlmWmmNN",
@@ -29,7 +40,8 @@ TARGETS = {
     "aotlm_wmm_pk": "AotlmWmmPK",
     "aotlm_unpack": "AotlmUnpack",
     "aotlm_gemm": "AotlmGemm",
-    "aotlm_gemm_i8": "AotlmGemmI8",
+    "aotlm_gemm_pk": "AotlmGemmPk",
+    "aotlm_attn": "AotlmAttn",
 }
 # More rows than this (prefill) stay on XLA's dot. f32 weights take the kernels too: XLA runs 2..16
 # rows (batched decode, a speculative check) as a GEMM reading W 2-4x slower, and its one-row GEMV

@@ -1,49 +1,101 @@
-// Prefill GEMMs (included by wmatmul.cc after packed.h): many rows (M > MAX_ROWS, up to thousands).
+// Prefill GEMMs (included by wmatmul.cc after packed.h): many rows (M > the row kernels' limit).
 //
-//   aotlm_gemm:     y[M,N] = x[M,K] @ W[K,N]                   f32 x, f32 W row-major
-//   aotlm_gemm_i8:  y[M,N] = (xq[M,K] @ W[K,N]) * sx[m] * s[n]  int8 W in the panel layout (packed.h)
+//   gemm<RowMajorW>:  y[M,N] = act(x[M,K] @ W[K,N] + b)            f32 x, f32 W row-major    (aotlm_gemm)
+//   gemm<PanelW>:     y[M,N] = act(x @ float(W) * s[n] + b)        f32 x, int8 / bf16 / f16 W panels (packed.h)
+//   i8_gemm:          y[M,N] = (xq[M,K] @ W[K,N]) * sx[m] * s[n]    W8A8: int8 x, int8 W panels (aotlm_gemm_pk)
 //
-// f32: W is packed per call, per thread, into blocks of KC rows x 16 columns (a 16-column panel
-// of a KC block is 16 KB: it stays in L1 while every group of 6 rows of x passes over it; a
-// row-major W walked 16 columns down N-strided rows maps onto 4 of L1's 64 sets for GPT-2's N and
-// thrashes). x is packed once per call as [K blocks][groups of 6 rows][KC][6], so the micro-kernel's
-// 6 broadcasts per k come from one 24-byte run; a block of MC rows x KC stays in L2 across panels.
-// Micro-kernel: 6 rows x 16 columns = 12 accumulators + 2 W vectors + 1 broadcast (15 of 16 ymm).
+// Micro-kernel (f32): 6 rows x 16 columns = 12 accumulators + 2 W vectors + 1 broadcast (15 of 16
+// ymm) over a block of KC rows of W laid out [kc][16]; the 6 rows of x are read where they are
+// (Rows) or from a packed [kc][6] run (Packed, the attention's scores and p @ v, attn.h).
 //
-// int8 (quant="int8" prefill, and W8A8): x rounded per row to int16 (scale max|x| / 32767: the
-// decode kernels' rounding, int8.h) or given as int8 with its per-row scale (W8A8: absmax / 127,
-// computed in the graph so the pure-JAX path does the same math), packed into [groups of 6 rows]
-// [K/2][6][2] int16 pairs; W is already in panels of 16 columns x pairs of rows (the vpmaddwd
-// operands after a vpmovsxbw), so nothing of W is repacked. Why vpmaddwd on sign-extended int8
-// and not vpmaddubsw (u8 x s8): on the 2-core EPYC here (Zen 2) every vector integer multiply
-// issues on one pipe, so vpmaddubsw + vpmaddwd(ones) (32 MACs per 2 multiplies) runs no faster
-// than vpmaddwd alone (16 MACs per multiply) and both match the f32 FMA peak (2 pipes x 8): in one
-// L1-resident tile run f32 6x16 FMA 105 Gop/s, int8 W / int16 x 6x16 vpmaddwd 94, u8 x s8 4x24
-// 102 (one core). vpmaddubsw would also saturate: u8 x s8 pairs reach 2 * 255 * 127 > 32767 unless
-// x is cut to 7 bits. Only int16 sums of two vpmaddubsw (6-bit x) beat it (137), too coarse for
-// activations. So int8's gain here is bytes (W read as int8, no f32 copy of it), not arithmetic.
-// W8A8 sums stay int32 over all of K (|x|, |w| <= 127: no overflow below K = 133k), so the result
-// equals the graph's ``dot(int8, int8) -> int32`` exactly; int16 x is flushed to f32 every
-// KB_PAIRS pairs (int8.h).
+// W: each KC-row block of a 16-column panel is widened to f32 [kc][16] in the thread's buffer
+// (packed.h's unpack_pairs for int8 / bf16 / f16 panels; a copy of 16 columns of a row-major f32
+// W) just before every group of rows of the MC block passes over it, so x stays f32 (no rounding)
+// and W is read in its stored bytes once per MC block; the int8 scale, the bias and the MLP's
+// activation are applied to the sums as they are written (finish). Measured on the 2-core EPYC
+// (Zen 2) against the f32 FMA peak of 215 GFLOP/s (scripts/bench_gemm.py): int8 panels 181-192
+// GFLOP/s on GPT-2-small's prefill shapes at 128 and 1024 rows, where XLA's f32 dot ran 155-168 at
+// 128 rows inside the model. int8 panels first took int16-rounded x and vpmaddwd (below): no
+// faster, because on Zen 2 vector integer multiplies issue on one pipe, f32 FMAs on two.
+//
+// W8A8 (quant="w8a8"): x given as int8 with its per-row scale (absmax / 127, computed in the graph
+// so the pure-JAX path does the same math), packed into [groups of 6 rows][K/2][6][2] int16 pairs;
+// W's panels are already the vpmaddwd operands after a vpmovsxbw, so nothing of W is repacked.
+// Why vpmaddwd on sign-extended int8 and not vpmaddubsw (u8 x s8): every vector integer multiply
+// issues on one pipe here, so vpmaddubsw + vpmaddwd(ones) runs no faster than vpmaddwd alone and
+// both match the f32 FMA peak (one core, L1-resident tile: f32 6x16 FMA 105 Gop/s, vpmaddwd 94,
+// u8 x s8 4x24 102); vpmaddubsw would also saturate (2 * 255 * 127 > 32767). Sums stay int32 over
+// all of K (|x|, |w| <= 127: no overflow below K = 133k), so the result equals the graph's
+// ``dot(int8, int8) -> int32`` exactly.
 #pragma once
 
 namespace aotlm_gm {
 constexpr int64_t MR = 6, NR = 16;
-constexpr int64_t KC = 256;  // f32: rows of W per block (a 16-column panel block = 16 KB)
+
+// The calling thread's packed-x buffer, kept between calls (a fresh vector page-faults and zeroes
+// MBs per call). Lambdas run on other threads must use the pointer: a thread_local named inside
+// them would be that thread's own.
+template <class T>
+inline T* scratch(size_t n) {
+  thread_local std::vector<T> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+// e^x in 8 lanes: 2^n * e^r, |r| <= ln2 / 2, degree-6 polynomial (relative error ~1e-7); x is
+// clamped to [-87, 88] (about 0 below, no inf above).
+inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// What the prefill GEMM does to its sums before writing them (models.layers.dense's order):
+// y = sum * scale[n] (+ bias[n]), then the activation (Act: the MLP's up projection).
+enum Act : int32_t { ACT_NONE = 0, ACT_GELU_TANH = 1, ACT_RELU = 2 };
+inline __m256 finish(__m256 v, __m256 s, const float* bias, int32_t act) {
+  v = _mm256_mul_ps(v, s);
+  if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias));
+  if (act == ACT_RELU) return _mm256_max_ps(v, _mm256_setzero_ps());
+  if (act == ACT_GELU_TANH) {  // 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3)
+    const __m256 x2 = _mm256_mul_ps(v, v);
+    const __m256 u = _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(0.7978845608f)),
+                                   _mm256_fmadd_ps(x2, _mm256_set1_ps(0.044715f), _mm256_set1_ps(1.f)));
+    const __m256 e = exp256(_mm256_mul_ps(u, _mm256_set1_ps(-2.f)));
+    return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+  }
+  return v;
+}
 
 // ----------------------------------------------------------------- f32
+// The micro-kernel's x operand: packed [kc][6] (one 24-byte run per k), or 6 rows read in place.
+struct Packed {
+  const float* a;
+  const float* at(int m, int64_t k) const { return a + k * MR + m; }
+};
+struct Rows {
+  const float* r[MR];
+  const float* at(int m, int64_t k) const { return r[m] + k; }
+};
+
 // c[6 x 16] (= or +=) a [kc][6] . b [kc][16]; only mr rows x nr columns of c are written.
-inline void f32_micro(const float* a, const float* b, int64_t kc, float* c, int64_t ldc, bool add, int64_t mr,
+template <class A>
+inline void f32_micro(const A& a_in, const float* b, int64_t kc, float* c, int64_t ldc, bool add, int64_t mr,
                       int64_t nr) {
+  const A a = a_in;  // a local copy: the row pointers stay in registers
   // 12 named accumulators: with an __m256 array g++ stored every one to the stack each k (4x slower)
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
          c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_loadu_ps(b + k * NR), b1 = _mm256_loadu_ps(b + k * NR + 8);
-    const float* ak = a + k * MR;
 #define AOTLM_ROW(m, r0, r1)                          \
   {                                                    \
-    const __m256 av = _mm256_broadcast_ss(ak + m);     \
+    const __m256 av = _mm256_broadcast_ss(a.at(m, k)); \
     r0 = _mm256_fmadd_ps(av, b0, r0);                  \
     r1 = _mm256_fmadd_ps(av, b1, r1);                  \
   }
@@ -55,8 +107,16 @@ inline void f32_micro(const float* a, const float* b, int64_t kc, float* c, int6
     AOTLM_ROW(5, c50, c51)
 #undef AOTLM_ROW
   }
-  alignas(32) float t[MR][NR];
   const __m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  if (mr == MR && nr == NR) {
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < 2; ++v) {
+        float* p = c + m * ldc + 8 * v;
+        _mm256_storeu_ps(p, add ? _mm256_add_ps(_mm256_loadu_ps(p), acc[m][v]) : acc[m][v]);
+      }
+    return;
+  }
+  alignas(32) float t[MR][NR];
   for (int m = 0; m < MR; ++m) {
     _mm256_store_ps(t[m], acc[m][0]);
     _mm256_store_ps(t[m] + 8, acc[m][1]);
@@ -74,60 +134,98 @@ inline void f32_micro(const float* a, const float* b, int64_t kc, float* c, int6
     for (int64_t n = 0; n < nr; ++n) c[m * ldc + n] = add ? c[m * ldc + n] + t[m][n] : t[m][n];
 }
 
-// x [M, K] -> xp [K blocks][M groups][kc][6] (rows past M are zero): a block's groups are contiguous.
-inline void f32_pack_x(const float* x, int64_t M, int64_t K, float* xp) {
-  const int64_t G = (M + MR - 1) / MR;
-  aotlm::parallel_for(int(G), [&](int g) {
-    for (int64_t k0 = 0; k0 < K; k0 += KC) {
-      const int64_t kc = std::min(KC, K - k0);
-      float* dst = xp + k0 * G * MR + g * kc * MR;
-      for (int64_t r = 0; r < MR; ++r) {
-        const int64_t m = g * MR + r;
-        for (int64_t k = 0; k < kc; ++k) dst[k * MR + r] = m < M ? x[m * K + k0 + k] : 0.f;
+// ----------------------------------------------------------------- W sources
+// What the GEMM's W is: each gives rows [k0, k0 + kc) of its 16-column panel p as f32 [kc][16].
+struct RowMajorW {  // f32 W [K, N] (columns past N: zeros)
+  const float* w;
+  int64_t N;
+  void operator()(int64_t p, int64_t k0, int64_t kc, float* dst) const {
+    const int64_t nr = std::min(NR, N - p * NR);
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* src = w + (k0 + k) * N + p * NR;
+      if (nr == NR) {
+        _mm256_storeu_ps(dst + k * NR, _mm256_loadu_ps(src));
+        _mm256_storeu_ps(dst + k * NR + 8, _mm256_loadu_ps(src + 8));
+      } else {
+        for (int64_t n = 0; n < NR; ++n) dst[k * NR + n] = n < nr ? src[n] : 0.f;
       }
     }
-  });
-}
+  }
+};
+struct PanelW {  // int8 / bf16 / f16 W packed [N/16][K/2][16][2] (packed.h), widened (k0, kc even)
+  DataType wt;
+  const void* wp;
+  int64_t Kh;
+  void operator()(int64_t p, int64_t k0, int64_t kc, float* dst) const {
+    const int64_t off = (p * Kh + k0 / 2) * 2 * NR;
+    if (wt == DataType::BF16)
+      aotlm_pk::bf16_unpack_pairs(static_cast<const uint16_t*>(wp) + off, kc / 2, dst, NR);
+    else if (wt == DataType::F16)
+      aotlm_pk::f16_unpack_pairs(static_cast<const uint16_t*>(wp) + off, kc / 2, dst, NR);
+    else
+      aotlm_pk::unpack_pairs(static_cast<const int8_t*>(wp) + off, kc / 2, dst, NR);
+  }
+};
 
-// y [M, N] = x @ W [K, N] (row-major f32). Threads take ranges of 16-column panels (~4 per thread:
-// the machine is shared, so smaller parts balance better), pack their panels of each KC block of W,
-// then run every group of rows over each panel, MC rows at a time (a block of x stays in L2).
-inline void f32_gemm(const float* x, const float* w, int64_t M, int64_t K, int64_t N, float* y) {
+// y [M, N] = act(x [M, K] @ W (* scale[n]) (+ bias[n])) (W's last panel may be partial). Threads take ranges of
+// panels, PC panels at a time; per MC block of rows, each panel's KC blocks are widened to f32 in
+// turn (bb, in L2) and every group of 6 rows (read in place: Rows) runs over it, the sums parked in
+// cb (MC rows x PC panels) until finish() writes each row's PC * 16 columns.
+template <class W>
+inline void gemm(const W& w, const float* x, const float* scale, const float* bias, int32_t act, int64_t M,
+                 int64_t K, int64_t N, const Out& out) {
   const int64_t G = (M + MR - 1) / MR, Np = (N + NR - 1) / NR;
-  constexpr int64_t MCG = 32;  // groups per MC block: 192 rows x KC of packed x = 192 KB (L2 holds 512)
-  std::vector<float> xp(size_t(G * MR * K));
-  f32_pack_x(x, M, K, xp.data());
+  // Blocks: KC 768 rows of a panel widened at once (48 KB), MC 64 groups (384 rows), PC 4 panels
+  // per output write (256 bytes per row: 64-byte writes to rows 12 KB apart cost the 1024 x 768 x
+  // 3072 product its TLB: 179.8 -> 189.3 GFLOP/s). In the standalone harness of GPT-2-small's
+  // shapes KC 768 / MC 64 beat 256 / 32 by 1-4%, x read in place beat packing it per call by 1-5%
+  // (1024 x 3072 x 768: 196.6 vs 188.1 GFLOP/s; its packing alone took 1.6 ms), and larger blocks
+  // did not help.
+  constexpr int64_t KC = 768, MCG = 64, PC = 4, LD = PC * NR;
   aotlm_pk::panel_ranges(Np, 4, [&](int64_t p0, int64_t p1) {
-    thread_local std::vector<float> bp;
-    bp.resize(size_t((p1 - p0) * KC * NR));
-    for (int64_t k0 = 0; k0 < K; k0 += KC) {
-      const int64_t kc = std::min(KC, K - k0);
-      for (int64_t p = p0; p < p1; ++p) {  // pack: [panel][kc][16], columns past N zero
-        float* dst = bp.data() + (p - p0) * KC * NR;
-        const int64_t n0 = p * NR, nr = std::min(NR, N - n0);
-        for (int64_t k = 0; k < kc; ++k) {
-          const float* src = w + (k0 + k) * N + n0;
-          if (nr == NR) {
-            _mm256_storeu_ps(dst + k * NR, _mm256_loadu_ps(src));
-            _mm256_storeu_ps(dst + k * NR + 8, _mm256_loadu_ps(src + 8));
-          } else {
-            for (int64_t n = 0; n < NR; ++n) dst[k * NR + n] = n < nr ? src[n] : 0.f;
+    thread_local std::vector<float> bb, cb;
+    bb.resize(size_t(KC * NR));
+    cb.resize(size_t(MCG * MR * LD));
+    for (int64_t g0 = 0; g0 < G; g0 += MCG) {
+      const int64_t g1 = std::min(G, g0 + MCG);
+      for (int64_t q0 = p0; q0 < p1; q0 += PC) {
+        const int64_t q1 = std::min(p1, q0 + PC);
+        for (int64_t p = q0; p < q1; ++p)
+          for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t kc = std::min(KC, K - k0);
+            w(p, k0, kc, bb.data());
+            for (int64_t g = g0; g < g1; ++g) {
+              Rows a;  // rows past M repeat the last one (their sums are not written)
+              for (int64_t r = 0; r < MR; ++r) a.r[r] = x + std::min(g * MR + r, M - 1) * K + k0;
+              f32_micro(a, bb.data(), kc, cb.data() + (g - g0) * MR * LD + (p - q0) * NR, LD, k0 > 0, MR, NR);
+            }
           }
+        const int64_t width = std::min((q1 - q0) * NR, N - q0 * NR);
+        for (int64_t m = g0 * MR; m < std::min(M, g1 * MR); ++m) {
+          float* r = cb.data() + (m - g0 * MR) * LD;
+          for (int64_t j = 0; j < width; j += 8) {
+            const int64_t n = q0 * NR + j;
+            alignas(32) float st[8] = {1, 1, 1, 1, 1, 1, 1, 1}, bt[8] = {};
+            const float *sp = scale ? scale + n : nullptr, *bp = bias ? bias + n : nullptr;
+            if (j + 8 > width) {  // the last columns of a partial panel: scale and bias padded
+              for (int64_t e = 0; e < width - j; ++e) {
+                st[e] = scale ? scale[n + e] : 1.f;
+                bt[e] = bias ? bias[n + e] : 0.f;
+              }
+              sp = scale ? st : nullptr;
+              bp = bias ? bt : nullptr;
+            }
+            const __m256 sv = sp ? _mm256_loadu_ps(sp) : _mm256_set1_ps(1.f);
+            _mm256_storeu_ps(r + j, finish(_mm256_loadu_ps(r + j), sv, bp, act));
+          }
+          out.put(m * N + q0 * NR, r, int(width));
         }
       }
-      const float* xb = xp.data() + k0 * G * MR;
-      for (int64_t g0 = 0; g0 < G; g0 += MCG)
-        for (int64_t p = p0; p < p1; ++p) {
-          const int64_t n0 = p * NR, nr = std::min(NR, N - n0);
-          for (int64_t g = g0; g < std::min(G, g0 + MCG); ++g)
-            f32_micro(xb + g * kc * MR, bp.data() + (p - p0) * KC * NR, kc, y + g * MR * N + n0, N, k0 > 0,
-                      std::min(MR, M - g * MR), nr);
-        }
     }
-  });
+  }, false);  // prefill: the workers sleep after it (pool.h)
 }
 
-// ----------------------------------------------------------------- int8 W (panels)
+// ----------------------------------------------------------------- W8A8 (int8 x, int8 W panels)
 // xq rows (int16, zero padded to Kp) -> xp [groups][Kh][6][2]: one group's pairs for a k are contiguous.
 inline void i8_pack_x(const int16_t* xq, int64_t M, int64_t Kp, int64_t Kh, int16_t* xp) {
   const int64_t G = (M + MR - 1) / MR;
@@ -144,40 +242,32 @@ inline void i8_pack_x(const int16_t* xq, int64_t M, int64_t Kp, int64_t Kh, int1
 }
 
 // One group of 6 packed rows x one panel over all Kh pairs -> out[m * ld + 0..15] (unscaled, f32),
-// only mr rows written. EXACT: one int32 sum over all of K (int8 x); else flushed every KB_PAIRS.
-template <bool EXACT>
+// only mr rows written; one int32 sum over all of K (exact for int8 x).
 inline void i8_micro(const int16_t* a, const int8_t* panel, int64_t Kh, float* out, int64_t ld, int64_t mr) {
-  alignas(32) float f[MR][NR] = {};
-  const int64_t step = EXACT ? Kh : aotlm_i8::KB_PAIRS;
-  for (int64_t j0 = 0; j0 < Kh; j0 += step) {
-    const int64_t j1 = std::min(Kh, j0 + step);
-    __m256i acc[MR][2];
-    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
-    for (int64_t j = j0; j < j1; ++j) {
-      const int8_t* r = panel + j * 2 * NR;
-      const __m256i w0 = aotlm_pk::w16(r), w1 = aotlm_pk::w16(r + 16);
-      const int16_t* aj = a + j * MR * 2;
-      for (int m = 0; m < MR; ++m) {
-        const __m256i xb = aotlm_i8::pair_at(aj + 2 * m);
-        acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(w0, xb));
-        acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(w1, xb));
-      }
+  __m256i acc[MR][2];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
+  for (int64_t j = 0; j < Kh; ++j) {
+    const int8_t* r = panel + j * 2 * NR;
+    const __m256i w0 = aotlm_pk::w16(r), w1 = aotlm_pk::w16(r + 16);
+    const int16_t* aj = a + j * MR * 2;
+    for (int m = 0; m < MR; ++m) {
+      const __m256i xb = aotlm_i8::pair_at(aj + 2 * m);
+      acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(w0, xb));
+      acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(w1, xb));
     }
-    for (int m = 0; m < MR; ++m)  // a panel row's first 16 bytes are columns 0-7, the next 16 columns 8-15
-      for (int v = 0; v < 2; ++v)
-        _mm256_store_ps(f[m] + 8 * v, _mm256_add_ps(_mm256_load_ps(f[m] + 8 * v), _mm256_cvtepi32_ps(acc[m][v])));
   }
-  for (int64_t m = 0; m < mr; ++m) std::memcpy(out + m * ld, f[m], NR * sizeof(float));
+  for (int64_t m = 0; m < mr; ++m)  // a panel row's first 16 bytes are columns 0-7, the next 16 columns 8-15
+    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + m * ld + 8 * v, _mm256_cvtepi32_ps(acc[m][v]));
 }
 
-// y [M, N] = xq @ W * sx[m] * scale[n]; xq [M, Kp] int16 (int8 values when exact), W packed [N/16][K/2][16][2].
+// y [M, N] = xq @ W * sx[m] * scale[n]; xq [M, Kp] int16 holding int8 values, W packed [N/16][K/2][16][2].
 // Threads take panel ranges; per range, MC rows at a time (their packed x ~192 KB, in L2), each
 // panel (K/2 x 32 bytes, in L1/L2) passes under every group of the block.
-inline void i8_gemm(const int16_t* xq, int64_t Kp, const float* sx, bool exact, const int8_t* w, const float* scale,
-                    int64_t M, int64_t K, int64_t N, const Out& out) {
+inline void i8_gemm(const int16_t* xq, int64_t Kp, const float* sx, const int8_t* w, const float* scale, int64_t M,
+                    int64_t K, int64_t N, const Out& out) {
   const int64_t G = (M + MR - 1) / MR, Kh = K / 2, Np = N / NR;
-  std::vector<int16_t> xp(size_t(G * Kh * MR * 2));
-  i8_pack_x(xq, M, Kp, Kh, xp.data());
+  int16_t* xp = scratch<int16_t>(size_t(G * Kh * MR * 2));
+  i8_pack_x(xq, M, Kp, Kh, xp);
   const int64_t MCG = std::max<int64_t>(1, (192 << 10) / (Kh * MR * 2 * 2));
   aotlm_pk::panel_ranges(Np, 4, [&](int64_t p0, int64_t p1) {
     const int64_t ld = (p1 - p0) * NR, n0 = p0 * NR;
@@ -186,22 +276,16 @@ inline void i8_gemm(const int16_t* xq, int64_t Kp, const float* sx, bool exact, 
     for (int64_t g0 = 0; g0 < G; g0 += MCG) {
       const int64_t g1 = std::min(G, g0 + MCG), m0 = g0 * MR, rows = std::min(M, g1 * MR) - m0;
       for (int64_t p = p0; p < p1; ++p)
-        for (int64_t g = g0; g < g1; ++g) {
-          const int16_t* a = xp.data() + g * Kh * MR * 2;
-          float* o = buf.data() + (g - g0) * MR * ld + (p - p0) * NR;
-          const int64_t mr = std::min(MR, M - g * MR);
-          if (exact)
-            i8_micro<true>(a, w + p * Kh * 2 * NR, Kh, o, ld, mr);
-          else
-            i8_micro<false>(a, w + p * Kh * 2 * NR, Kh, o, ld, mr);
-        }
+        for (int64_t g = g0; g < g1; ++g)
+          i8_micro(xp + g * Kh * MR * 2, w + p * Kh * 2 * NR, Kh,
+                   buf.data() + (g - g0) * MR * ld + (p - p0) * NR, ld, std::min(MR, M - g * MR));
       for (int64_t m = 0; m < rows; ++m) {  // (sum * sx[m]) * scale[n]: the graph's order of the W8A8 math
         float* r = buf.data() + m * ld;
         for (int64_t j = 0; j < ld; ++j) r[j] = r[j] * sx[m0 + m] * (scale ? scale[n0 + j] : 1.f);
         out.put((m0 + m) * N + n0, r, int(ld));
       }
     }
-  });
+  }, false);  // prefill: the workers sleep after it (pool.h)
 }
 
 // f32 FMA peak of the pool's threads (GFLOP/s, best of runs): 12 independent chains per thread.

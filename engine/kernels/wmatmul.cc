@@ -17,8 +17,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "int8.h"
@@ -35,6 +39,7 @@ namespace {
 #include "convert.h"  // whole-matrix conversion for prefill
 #include "packed.h"   // int8 / bf16 / f16 weights in the panel layout (decode matmuls, prefill unpacking)
 #include "gemm.h"     // prefill GEMMs: f32 W, int8 panels (weight-only and W8A8)
+#include "attn.h"     // prefill attention over the call's own tokens
 
 // ------------------------------------------------------------------ driver
 // x as f32 (converted once, shared read-only by the workers).
@@ -236,52 +241,6 @@ ffi::Error unpack(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyBu
   return ffi::Error::Success();
 }
 
-// Prefill GEMM, f32: x [M, K] @ w [K, N] -> y [M, N], all f32 (gemm.h).
-ffi::Error gemm_f32(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y) {
-  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2 || wd[0] != xd[1] || yd[0] != xd[0] || yd[1] != wd[1])
-    return ffi::Error::InvalidArgument("aotlm_gemm: x [M, K], w [K, N] and y [M, N] must be 2-D");
-  if (x.element_type() != DataType::F32 || w.element_type() != DataType::F32 || y->element_type() != DataType::F32)
-    return ffi::Error::InvalidArgument("aotlm_gemm: x, w and y must be f32");
-  aotlm_gm::f32_gemm(static_cast<const float*>(x.untyped_data()), static_cast<const float*>(w.untyped_data()), xd[0],
-                     xd[1], wd[1], static_cast<float*>(y->untyped_data()));
-  return ffi::Error::Success();
-}
-
-// Prefill GEMM, packed int8 W: x f32 [M, K] (rounded to int16 per row here, sx empty) or int8 with
-// its per-row scale sx f32 [M] (W8A8) -> y [M, N] f32 = (x @ W) * sx * scale (gemm.h).
-ffi::Error gemm_i8(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::AnyBuffer sx,
-                   ffi::Result<ffi::AnyBuffer> y) {
-  auto xd = x.dimensions(), yd = y->dimensions();
-  if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
-    return ffi::Error::InvalidArgument("aotlm_gemm_i8: x [M, K] and y [M, N] must be 2-D with equal M");
-  const int64_t M = xd[0], K = xd[1], N = yd[1];
-  if (w.element_type() != DataType::S8 || int64_t(w.element_count()) != K * N || K % 2 || N % aotlm_pk::P)
-    return ffi::Error::InvalidArgument("aotlm_gemm_i8: w must be packed int8, K * N elements, K even, N % 16 == 0");
-  if (y->element_type() != DataType::F32) return ffi::Error::InvalidArgument("aotlm_gemm_i8: y must be f32");
-  const float* s = nullptr;
-  if (!scale_of(scale, N, &s)) return ffi::Error::InvalidArgument("aotlm_gemm_i8: scale must be f32 [N]");
-  const int64_t Kp = (K + 16) / 16 * 16;
-  std::vector<int16_t> xq(M * Kp, 0);
-  std::vector<float> rs(M);
-  const bool exact = x.element_type() == DataType::S8;
-  if (exact) {  // W8A8: int8 x and its scales from the graph
-    if (sx.element_type() != DataType::F32 || int64_t(sx.element_count()) != M)
-      return ffi::Error::InvalidArgument("aotlm_gemm_i8: int8 x needs sx f32 [M]");
-    const int8_t* xi = static_cast<const int8_t*>(x.untyped_data());
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) xq[m * Kp + k] = xi[m * K + k];
-    std::memcpy(rs.data(), sx.untyped_data(), M * sizeof(float));
-  } else if (x.element_type() == DataType::F32) {
-    aotlm_i8::quantize_rows(static_cast<const float*>(x.untyped_data()), M, K, Kp, xq.data(), rs.data());
-  } else {
-    return ffi::Error::InvalidArgument("aotlm_gemm_i8: x must be f32, or int8 with sx");
-  }
-  aotlm_gm::i8_gemm(xq.data(), Kp, rs.data(), exact, static_cast<const int8_t*>(w.untyped_data()), s, M, K, N,
-                    Out{y->untyped_data(), DataType::F32});
-  return ffi::Error::Success();
-}
-
 ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer lim, ffi::Result<ffi::AnyBuffer> c) {
   auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
@@ -320,6 +279,7 @@ ffi::Error convert(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyB
     return ffi::Error::InvalidArgument("aotlm_convert: w must be int8, bf16, f16 or f32");
   return ffi::Error::Success();
 }
+#include "prefill.h"  // prefill handlers: the GEMMs and attention on XLA's threads
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmConvert, convert,
@@ -346,14 +306,34 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmNT, wmm_nt,
                                   .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmGemm, gemm_f32,
-                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmGemmI8, gemm_i8,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("act"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmGemmPk, gemm_pk,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("act"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmAttn, attn,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("scale"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmBdot, bdot,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()

@@ -1,0 +1,140 @@
+// Prefill handlers (included by wmatmul.cc inside its anonymous namespace, after scale_of and
+// packed_type): the GEMMs (gemm.h) and the attention over a call's own tokens (attn.h), all run on
+// XLA's intra-op threads (XlaThreads) instead of the kernels' pool.
+#pragma once
+
+// parallel_for on XLA's intra-op threads (the prefill GEMMs): parts are taken from a shared counter
+// by the caller and by num_threads - 1 scheduled tasks; the caller returns once every part is done
+// (a task that starts later finds none left and only drops its reference to the counters). Why not
+// the kernels' own pool: between two GEMMs XLA runs the layer's elementwise fusions on its threads,
+// and with a third thread (the pool's worker) on 2 cores those ran 2-4x slower (GPT-2-small's
+// 128-token int8 prefill: 24 vs 11 ms outside the GEMMs, even with the worker asleep).
+struct XlaThreads {
+  ffi::ThreadPool* tp;
+  void operator()(int n, const std::function<void(int)>& fn) const {
+    struct State {
+      std::atomic<int> next{0}, done{0};
+    };
+    auto st = std::make_shared<State>();
+    const std::function<void(int)>* f = &fn;
+    const auto work = [](State& s, int n, const std::function<void(int)>* f) {
+      int i;
+      while ((i = s.next.fetch_add(1)) < n) {
+        (*f)(i);
+        s.done.fetch_add(1, std::memory_order_release);
+      }
+    };
+    const int64_t helpers = std::min<int64_t>(n, tp->num_threads()) - 1;
+    for (int64_t h = 0; h < helpers; ++h) tp->Schedule([st, n, f, work] { work(*st, n, f); });
+    work(*st, n, f);
+    for (int spins = 0; st->done.load(std::memory_order_acquire) < n; ++spins) {
+      if (spins < 256)
+        _mm_pause();
+      else
+        std::this_thread::yield();
+    }
+  }
+};
+
+// Prefill GEMM, f32: y [M, N] = act(x [M, K] @ w [K, N] (+ bias)), all f32 (gemm.h).
+ffi::Error gemm_f32(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
+                    ffi::Result<ffi::AnyBuffer> y, int32_t act) {
+  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2 || wd[0] != xd[1] || yd[0] != xd[0] || yd[1] != wd[1])
+    return ffi::Error::InvalidArgument("aotlm_gemm: x [M, K], w [K, N] and y [M, N] must be 2-D");
+  if (x.element_type() != DataType::F32 || w.element_type() != DataType::F32 || y->element_type() != DataType::F32)
+    return ffi::Error::InvalidArgument("aotlm_gemm: x, w and y must be f32");
+  const int64_t M = xd[0], K = xd[1], N = wd[1];
+  const float* b = nullptr;
+  if (!scale_of(bias, N, &b) || act < aotlm_gm::ACT_NONE || act > aotlm_gm::ACT_RELU)
+    return ffi::Error::InvalidArgument("aotlm_gemm: bias must be f32 [N] or empty, act 0 / 1 / 2");
+  const aotlm::Executor ex = XlaThreads{&tp};
+  const aotlm::ScopedExecutor on(&ex);
+  aotlm_gm::gemm(aotlm_gm::RowMajorW{static_cast<const float*>(w.untyped_data()), N},
+                 static_cast<const float*>(x.untyped_data()), nullptr, b, act, M, K, N,
+                 Out{y->untyped_data(), DataType::F32});
+  return ffi::Error::Success();
+}
+
+// Prefill GEMM, packed W: x f32 [M, K] with int8 / bf16 / f16 W (widened to f32 in L1, sx empty), or
+// int8 x with its per-row scale sx f32 [M] and int8 W (W8A8) -> y [M, N] f32 = (x @ W) (* sx) * scale.
+ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::AnyBuffer sx,
+                   ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int32_t act) {
+  auto xd = x.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
+    return ffi::Error::InvalidArgument("aotlm_gemm_pk: x [M, K] and y [M, N] must be 2-D with equal M");
+  const int64_t M = xd[0], K = xd[1], N = yd[1];
+  if (!packed_type(w) || int64_t(w.element_count()) != K * N || K % 2 || N % aotlm_pk::P)
+    return ffi::Error::InvalidArgument(
+        "aotlm_gemm_pk: w must be packed int8, bf16 or f16, K * N elements, K even, N % 16 == 0");
+  if (y->element_type() != DataType::F32) return ffi::Error::InvalidArgument("aotlm_gemm_pk: y must be f32");
+  const float* s = nullptr;
+  if (!scale_of(scale, N, &s)) return ffi::Error::InvalidArgument("aotlm_gemm_pk: scale must be f32 [N]");
+  const Out out{y->untyped_data(), DataType::F32};
+  const aotlm::Executor ex = XlaThreads{&tp};
+  const aotlm::ScopedExecutor on(&ex);
+  if (x.element_type() == DataType::F32) {
+    const float* b = nullptr;
+    if (!scale_of(bias, N, &b)) return ffi::Error::InvalidArgument("aotlm_gemm_pk: bias must be f32 [N] or empty");
+    if (act < aotlm_gm::ACT_NONE || act > aotlm_gm::ACT_RELU)
+      return ffi::Error::InvalidArgument("aotlm_gemm_pk: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
+    aotlm_gm::gemm(aotlm_gm::PanelW{w.element_type(), w.untyped_data(), K / 2},
+                   static_cast<const float*>(x.untyped_data()), s, b, act, M, K, N, out);
+    return ffi::Error::Success();
+  }
+  if (bias.element_count() || act) return ffi::Error::InvalidArgument("aotlm_gemm_pk: W8A8 takes no bias or act");
+  if (x.element_type() != DataType::S8 || w.element_type() != DataType::S8)
+    return ffi::Error::InvalidArgument("aotlm_gemm_pk: x must be f32, or int8 (with int8 w and sx)");
+  if (sx.element_type() != DataType::F32 || int64_t(sx.element_count()) != M)
+    return ffi::Error::InvalidArgument("aotlm_gemm_pk: int8 x needs sx f32 [M]");
+  const int64_t Kp = (K + 16) / 16 * 16;
+  std::vector<int16_t> xq(M * Kp, 0);
+  const int8_t* xi = static_cast<const int8_t*>(x.untyped_data());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xq[m * Kp + k] = xi[m * K + k];
+  aotlm_gm::i8_gemm(xq.data(), Kp, static_cast<const float*>(sx.untyped_data()),
+                    static_cast<const int8_t*>(w.untyped_data()), s, M, K, N, out);
+  return ffi::Error::Success();
+}
+
+
+// Prefill attention (attn.h): q [B,T,H,Dh], k and v [B,T,Kh,Dh] f32 -- or the fused projection
+// qkv [B,T,Kh,g+2,Dh] as q with k and v empty -- and mask [B,T,T] bool -> o [B,T,H,Dh], kc
+// [B,Kh,T,Dh] and vt [B,Kh,Dh,T] (k and v in the cache's layouts).
+ffi::Error attn(ffi::ThreadPool tp, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer mask,
+                ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> kc, ffi::Result<ffi::AnyBuffer> vt,
+                float scale) {
+  auto qd = q.dimensions(), kd = k.dimensions(), md = mask.dimensions(), od = o->dimensions();
+  const bool fused = k.element_count() == 0 && v.element_count() == 0;
+  if (od.size() != 4 || md.size() != 3 || (fused ? qd.size() != 5 : qd.size() != 4 || kd.size() != 4))
+    return ffi::Error::InvalidArgument("aotlm_attn: q [B,T,H,Dh] with k, v [B,T,Kh,Dh], or qkv [B,T,Kh,g+2,Dh]");
+  const aotlm_at::Dims d{od[0], od[1], od[2], fused ? qd[2] : kd[2], od[3]};
+  if (d.Kh < 1 || d.H % d.Kh || md[0] != d.B || md[1] != d.T || md[2] != d.T)
+    return ffi::Error::InvalidArgument("aotlm_attn: H must be a multiple of Kh and mask [B, T, T]");
+  const int64_t g = d.H / d.Kh;
+  const bool fits = fused ? qd[0] == d.B && qd[1] == d.T && qd[3] == g + 2 && qd[4] == d.Dh
+                          : qd[0] == d.B && qd[1] == d.T && qd[2] == d.H && qd[3] == d.Dh && kd[0] == d.B &&
+                                kd[1] == d.T && kd[3] == d.Dh && v.dimensions() == kd;
+  if (!fits) return ffi::Error::InvalidArgument("aotlm_attn: q, k, v and o shapes do not match");
+  for (const auto* a : {&q, &k, &v})
+    if (a->element_type() != DataType::F32) return ffi::Error::InvalidArgument("aotlm_attn: q, k, v must be f32");
+  const int64_t kv_count = d.B * d.T * d.Kh * d.Dh;
+  if (mask.element_type() != DataType::PRED || o->element_type() != DataType::F32)
+    return ffi::Error::InvalidArgument("aotlm_attn: mask must be bool and o f32");
+  for (auto* r : {&kc, &vt})
+    if ((*r)->element_type() != DataType::F32 || int64_t((*r)->element_count()) != kv_count)
+      return ffi::Error::InvalidArgument("aotlm_attn: kc and vt must be f32 [B, Kh, T, Dh] / [B, Kh, Dh, T]");
+  const float* qp = static_cast<const float*>(q.untyped_data());
+  aotlm_at::Src src{qp, static_cast<const float*>(k.untyped_data()), static_cast<const float*>(v.untyped_data()),
+                    d.H * d.Dh, g * d.Dh, d.Kh * d.Dh, d.Dh};
+  if (fused) {  // views into qkv: row stride Kh * (g + 2) * Dh, kv head stride (g + 2) * Dh
+    const int64_t row = d.Kh * (g + 2) * d.Dh, head = (g + 2) * d.Dh;
+    src = {qp, qp + g * d.Dh, qp + (g + 1) * d.Dh, row, head, row, head};
+  }
+  const aotlm::Executor ex = XlaThreads{&tp};
+  const aotlm::ScopedExecutor on(&ex);
+  aotlm_at::attend(src, static_cast<const uint8_t*>(mask.untyped_data()), d, scale,
+                   static_cast<float*>(o->untyped_data()), static_cast<float*>(kc->untyped_data()),
+                   static_cast<float*>(vt->untyped_data()));
+  return ffi::Error::Success();
+}
