@@ -6,7 +6,7 @@
 //
 // Micro-kernel (f32): 6 rows x 16 columns = 12 accumulators + 2 W vectors + 1 broadcast (15 of 16
 // ymm) over a block of KC rows of W laid out [kc][16]; the 6 rows of x are read where they are
-// (Rows) or from a packed [kc][6] run (Packed, the attention's scores and p @ v, attn.h).
+// (Rows; also the attention's scores and p @ v, attn.h).
 //
 // W: each KC-row block of a 16-column panel is widened to f32 [kc][16] in the thread's buffer
 // (packed.h's unpack_pairs for int8 / bf16 / f16 panels; a copy of 16 columns of a row-major f32
@@ -73,21 +73,16 @@ inline __m256 finish(__m256 v, __m256 s, const float* bias, int32_t act) {
 }
 
 // ----------------------------------------------------------------- f32
-// The micro-kernel's x operand: packed [kc][6] (one 24-byte run per k), or 6 rows read in place.
-struct Packed {
-  const float* a;
-  const float* at(int m, int64_t k) const { return a + k * MR + m; }
-};
+// The micro-kernel's x operand: 6 rows read in place (rows of x, or of the attention's q and p).
 struct Rows {
   const float* r[MR];
   const float* at(int m, int64_t k) const { return r[m] + k; }
 };
 
-// c[6 x 16] (= or +=) a [kc][6] . b [kc][16]; only mr rows x nr columns of c are written.
-template <class A>
-inline void f32_micro(const A& a_in, const float* b, int64_t kc, float* c, int64_t ldc, bool add, int64_t mr,
+// c[6 x 16] (= or +=) a [6][kc] . b [kc][16]; only mr rows x nr columns of c are written.
+inline void f32_micro(const Rows& a_in, const float* b, int64_t kc, float* c, int64_t ldc, bool add, int64_t mr,
                       int64_t nr) {
-  const A a = a_in;  // a local copy: the row pointers stay in registers
+  const Rows a = a_in;  // a local copy: the row pointers stay in registers
   // 12 named accumulators: with an __m256 array g++ stored every one to the stack each k (4x slower)
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
          c40 = c00, c41 = c00, c50 = c00, c51 = c00;

@@ -60,13 +60,9 @@ ffi::Error gemm_f32(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi:
 // int8 x with its per-row scale sx f32 [M] and int8 W (W8A8) -> y [M, N] f32 = (x @ W) (* sx) * scale.
 ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::AnyBuffer sx,
                    ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int32_t act) {
-  auto xd = x.dimensions(), yd = y->dimensions();
-  if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
-    return ffi::Error::InvalidArgument("aotlm_gemm_pk: x [M, K] and y [M, N] must be 2-D with equal M");
-  const int64_t M = xd[0], K = xd[1], N = yd[1];
-  if (!packed_type(w) || int64_t(w.element_count()) != K * N || K % 2 || N % aotlm_pk::P)
-    return ffi::Error::InvalidArgument(
-        "aotlm_gemm_pk: w must be packed int8, bf16 or f16, K * N elements, K even, N % 16 == 0");
+  int64_t M, K, N;
+  if (const std::string e = packed_shapes(x, w, *y, &M, &K, &N); !e.empty())
+    return ffi::Error::InvalidArgument("aotlm_gemm_pk: " + e);
   if (y->element_type() != DataType::F32) return ffi::Error::InvalidArgument("aotlm_gemm_pk: y must be f32");
   const float* s = nullptr;
   if (!scale_of(scale, N, &s)) return ffi::Error::InvalidArgument("aotlm_gemm_pk: scale must be f32 [N]");

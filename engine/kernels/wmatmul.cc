@@ -22,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -208,15 +209,23 @@ bool packed_type(const ffi::AnyBuffer& w) {
   return t == DataType::S8 || t == DataType::BF16 || t == DataType::F16;
 }
 
+// Shapes of a product with packed W: x [M, K] and y [M, N] 2-D, w int8 / bf16 / f16 with K * N
+// elements, K even, N % 16 == 0. Returns "" (and M, K, N) or what is wrong.
+std::string packed_shapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const ffi::AnyBuffer& y, int64_t* M,
+                          int64_t* K, int64_t* N) {
+  auto xd = x.dimensions(), yd = y.dimensions();
+  if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0]) return "x [M, K] and y [M, N] must be 2-D with equal M";
+  *M = xd[0], *K = xd[1], *N = yd[1];
+  if (!packed_type(w) || int64_t(w.element_count()) != *K * *N || *K % 2 || *N % aotlm_pk::P)
+    return "w must be packed int8, bf16 or f16, K * N elements, K even, N % 16 == 0";
+  return "";
+}
+
 // Packed int8 / bf16 / f16 W (any shape, K * N elements): x [M, K] -> y [M, N].
 ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::Result<ffi::AnyBuffer> y) {
-  auto xd = x.dimensions(), yd = y->dimensions();
-  if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
-    return ffi::Error::InvalidArgument("aotlm_wmm_pk: x [M, K] and y [M, N] must be 2-D with equal M");
-  const int64_t M = xd[0], K = xd[1], N = yd[1];
-  if (!packed_type(w) || int64_t(w.element_count()) != K * N || K % 2 || N % aotlm_pk::P)
-    return ffi::Error::InvalidArgument(
-        "aotlm_wmm_pk: w must be int8, bf16 or f16, K * N elements, K even, N % 16 == 0");
+  int64_t M, K, N;
+  if (const std::string e = packed_shapes(x, w, *y, &M, &K, &N); !e.empty())
+    return ffi::Error::InvalidArgument("aotlm_wmm_pk: " + e);
   const DataType xt = x.element_type();
   if (y->element_type() != xt || (xt != DataType::F32 && xt != DataType::BF16 && xt != DataType::F16))
     return ffi::Error::InvalidArgument("aotlm_wmm_pk: x and y must both be f32, bf16 or f16");
