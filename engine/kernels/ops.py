@@ -117,18 +117,16 @@ def _call(
     x2 = x.reshape(-1, k)
     s = scale.reshape(-1) if scale is not None else jnp.zeros((0,), jnp.float32)
     if (x2.shape[0] > row_limit(w) or sx is not None) and not nt:
+        bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
+        act_id = np.int32(GEMM_ACTS[act] if act else 0)
         if packed_k:
             tail = layout.logical_dims(w.shape, packed_k)[1]
             out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), jnp.float32)
             r = sx.reshape(-1) if sx is not None else jnp.zeros((0,), jnp.float32)
-            bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
-            act_id = np.int32(GEMM_ACTS[act] if act else 0)
             y = jax.ffi.ffi_call("aotlm_gemm_pk", out)(x2, w, s.astype(jnp.float32), r, bias, act=act_id)
         else:
             tail = w.shape[axes:]
             out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), jnp.float32)
-            bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
-            act_id = np.int32(GEMM_ACTS[act] if act else 0)
             y = jax.ffi.ffi_call("aotlm_gemm", out)(x2, w.reshape(k, -1), bias, act=act_id)
             y = y * s if scale is not None else y
         return y.reshape(*lead, *tail)
