@@ -384,9 +384,14 @@ def test_tied_int8_lm_head_view(gpt2_path, monkeypatch):
     assert "embed_q" not in m_off.params  # no kernels: no copy (XLA reads the embedding itself)
 
 
-@pytest.mark.parametrize("opts", [["--amp", "bf16"], ["--quant", "w8a8"]], ids=["bf16", "w8a8"])
+@pytest.mark.parametrize(
+    "opts",
+    [["--amp", "bf16"], ["--quant", "w8a8"], ["--quant", "int8", "--context", "48", "--targets"]],
+    ids=["bf16", "w8a8", "int8-prefill-kernels"],
+)
 def test_warm_start_with_kernels_compiles_nothing(llama_path, tmp_path, opts):
-    """bf16 weights put kernel calls in every graph, W8A8 GEMM calls in prefill (``gemm.h``); a new
+    """bf16 weights put kernel calls in every graph, W8A8 GEMM calls in prefill (``gemm.h``), a
+    48-token prompt bucket the packed GEMM (96 rows) and the prompt attention (``attn.h``); a new
     process loads them from the cache."""
     args = [str(llama_path), str(tmp_path / "cc"), *opts, "--n-positions", "64"]
     run = lambda: subprocess.run(
@@ -402,5 +407,7 @@ def test_warm_start_with_kernels_compiles_nothing(llama_path, tmp_path, opts):
     assert not any(cold["hits"]) and all(warm["hits"])
     assert warm["counts"] == {"backend": 0, "lowering": 0, "tracing": 0}
     assert warm["tokens"] == cold["tokens"]
+    if "--context" in opts:
+        assert {"aotlm_attn", "aotlm_gemm_pk"} <= set(cold["targets"]), cold["targets"]
     manifest = json.loads(next((tmp_path / "cc").glob("*/manifest.json")).read_text())
     assert manifest["fields"]["env"]["kernels"] == kernels.cache_tag() != "off"
