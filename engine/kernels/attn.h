@@ -173,13 +173,10 @@ inline void task(const Src& src, const uint8_t* mask, const Dims& d, float scale
 inline void attend(const Src& src, const uint8_t* mask, const Dims& d, float scale, float* o, float* kc, float* vt) {
   const int64_t nb = (d.T + QB - 1) / QB, bk = d.B * d.Kh;
   const bool whole = bk >= 4 * aotlm::pool_size();
-  aotlm::parallel_for(
-      int(whole ? bk : bk * nb),
-      [&](int t) {
-        const int64_t blk = whole ? 0 : nb - 1 - t % nb, r = whole ? t : t / nb;
-        task(src, mask, d, scale, r / d.Kh, r % d.Kh, blk, whole ? nb : blk + 1, o, kc, vt);
-      },
-      false);
+  aotlm::parallel_for(int(whole ? bk : bk * nb), [&](int t) {
+    const int64_t blk = whole ? 0 : nb - 1 - t % nb, r = whole ? t : t / nb;
+    task(src, mask, d, scale, r / d.Kh, r % d.Kh, blk, whole ? nb : blk + 1, o, kc, vt);
+  });
 }
 
 }  // namespace aotlm_at

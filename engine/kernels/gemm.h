@@ -217,7 +217,7 @@ inline void gemm(const W& w, const float* x, const float* scale, const float* bi
         }
       }
     }
-  }, false);  // prefill: the workers sleep after it (pool.h)
+  });
 }
 
 // ----------------------------------------------------------------- W8A8 (int8 x, int8 W panels)
@@ -280,7 +280,7 @@ inline void i8_gemm(const int16_t* xq, int64_t Kp, const float* sx, const int8_t
         out.put((m0 + m) * N + n0, r, int(ld));
       }
     }
-  }, false);  // prefill: the workers sleep after it (pool.h)
+  });
 }
 
 // f32 FMA peak of the pool's threads (GFLOP/s, best of runs): 12 independent chains per thread.

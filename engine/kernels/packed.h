@@ -260,15 +260,12 @@ inline void f16_unpack_pairs(const uint16_t* r, int64_t pairs, float* dst, int64
 // unscaled sums, which are multiplied by rs[m] (int8: x's per-row scale) and scale[n].
 // Panels [0, Np) as up to per_thread * threads contiguous ranges over the pool: fn(p0, p1) each.
 template <class Fn>
-inline void panel_ranges(int64_t Np, int64_t per_thread, const Fn& fn, bool linger = true) {
+inline void panel_ranges(int64_t Np, int64_t per_thread, const Fn& fn) {
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(Np, per_thread * aotlm::pool_size()));
-  aotlm::parallel_for(
-      int(parts),
-      [&](int c) {
-        const int64_t p0 = Np * c / parts, p1 = Np * (c + 1) / parts;
-        if (p0 < p1) fn(p0, p1);
-      },
-      linger);
+  aotlm::parallel_for(int(parts), [&](int c) {
+    const int64_t p0 = Np * c / parts, p1 = Np * (c + 1) / parts;
+    if (p0 < p1) fn(p0, p1);
+  });
 }
 
 template <class Panels>

@@ -2,10 +2,7 @@
 //
 // Decode calls ~50 matmuls per token, each 10-300 us, so waking threads through a condition
 // variable (tens of us) would cost as much as the work: workers spin for a while after their
-// last job (AOTLM_KERNEL_SPIN_US, default 2000) and only then sleep -- except after a job run with
-// linger=false (the prefill GEMMs: milliseconds each, XLA's own threads run the elementwise work
-// between them, and on 2 cores a spinning worker halved their speed: GPT-2-small's 128-token prefill
-// spent 24 instead of 11 ms outside the GEMMs), whose workers sleep at once. The caller works on its own
+// last job (AOTLM_KERNEL_SPIN_US, default 2000) and only then sleep. The caller works on its own
 // job too, and concurrent callers (one per device under forced-device tensor parallelism) each
 // push a job that all idle workers help with. Size: AOTLM_KERNEL_THREADS, default all cores.
 #pragma once
@@ -27,7 +24,6 @@ namespace aotlm {
 struct Job {
   const std::function<void(int)>* fn;
   int n;
-  bool linger;  // workers spin for the next job after this one (false: they sleep right away)
   std::atomic<int> next{0}, done{0}, refs{0};
 };
 
@@ -40,11 +36,10 @@ class Pool {
   }
   int size() const { return size_; }
 
-  void run(int n, const std::function<void(int)>& fn, bool linger) {
+  void run(int n, const std::function<void(int)>& fn) {
     Job job;
     job.fn = &fn;
     job.n = n;
-    job.linger = linger;
     if (size_ > 1 && n > 1) {
       {
         std::lock_guard<std::mutex> g(mu_);
@@ -104,9 +99,8 @@ class Pool {
       }
       if (j) {
         work(*j);
-        const bool linger = j->linger;  // read before refs drops: the job lives on the caller's stack
         j->refs.fetch_sub(1, std::memory_order_release);
-        last = linger ? clock::now() : clock::time_point{};
+        last = clock::now();
         continue;
       }
       for (int k = 0; k < 64; ++k) _mm_pause();
@@ -146,11 +140,11 @@ struct ScopedExecutor {
   ~ScopedExecutor() { tl_executor = old; }
 };
 
-inline void parallel_for(int n, const std::function<void(int)>& fn, bool linger = true) {
+inline void parallel_for(int n, const std::function<void(int)>& fn) {
   if (tl_executor)
     (*tl_executor)(n, fn);
   else
-    pool().run(n, fn, linger);
+    pool().run(n, fn);
 }
 
 }  // namespace aotlm
