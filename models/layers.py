@@ -355,12 +355,13 @@ def xla_weight(w, x, scaled: bool, name: str | None = None):
     """A whole weight ready for XLA's own dot with ``x`` (prefill): int8 weights with a scale
     (``scaled``) in ``x``'s dtype, others promoted with it. A low-precision matrix is converted
     by the CPU kernel, run once ``x`` is ready (XLA:CPU's convert ran at ~1 GB/s there and was
-    scheduled at the start of the graph), else by ``astype``; a packed int8 leaf
+    scheduled at the start of the graph), else by ``astype``; a packed leaf
     (``aotlm.models.packing``) comes back in its logical layout either way."""
     dtype = x.dtype if scaled else jnp.promote_types(x.dtype, w.dtype)
-    if jnp.dtype(w.dtype) == jnp.dtype(dtype):
+    pk = packing.packed_k(name, w.ndim)
+    if jnp.dtype(w.dtype) == jnp.dtype(dtype) and not pk:
         return w
-    out = kernels.convert(w, dtype, name, x, packed_k=packing.packed_k(name, w.ndim))
+    out = kernels.convert(w, dtype, name, x, packed_k=pk)
     if out is not None:
         return out
     return (packing.unpack(w, name) if packing.is_packed(name, w.ndim) else w).astype(dtype)

@@ -33,7 +33,7 @@ from aotlm.kernels import layout
 from aotlm.kernels.layout import PANEL
 from aotlm.models.axes import CONTRACT_AXES, LOGICAL_AXES, Path
 
-DTYPES = ("int8", "bfloat16", "float16")  # stored dtypes the panel kernels read (quant / amp)
+DTYPES = ("int8", "bfloat16", "float16", "float32")  # stored dtypes the panel kernels read
 # leaf -> its contracted dims. ``embed_q`` (the tied lm_head's int8 rows) is [V, D]: D contracted.
 PACK_CONTRACT: dict[str, tuple[int, ...]] = {
     **{n: c for n, c in CONTRACT_AXES.items() if not n.startswith("e_")},  # not MoE experts (einsum)
@@ -142,8 +142,12 @@ def pack_if(name: str, arr: np.ndarray, sharded: tuple[bool, ...], tp: int) -> n
 def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:
     """Host-side, after ``sharding.prepare_param``: pad an lm_head leaf's vocab, then ``pack_if``.
 
-    ``spec``: the leaf's partition spec (``None`` = a dim not split over the mesh).
+    ``spec``: the leaf's partition spec (``None`` = a dim not split over the mesh). An f32 lm_head stays
+    row-major and unpadded: f32 is the reference layout (memory plan, logits sharding under tp, where
+    a padded vocab moves the shard boundaries and slicing the logits back costs a collective each step).
     """
+    if name == "lm_head" and arr.dtype == np.float32:  # (its scale leaf is f32 too: padded below)
+        return arr
     if name in VOCAB_LEAVES:
         arr = pad_vocab(name, arr, tp)
     return pack_if(name, arr, tuple(s is not None for s in spec), tp)

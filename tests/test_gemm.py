@@ -49,7 +49,7 @@ def test_f32_gemm_matches_numpy_on_odd_shapes():
 
 
 def test_packed_gemm_matches_numpy_and_w8a8_is_exact():
-    """Packed int8 / bf16 / f16 W with f32 x past the row kernels (widened to f32 in the GEMM) within
+    """Packed int8 / bf16 / f16 / f32 W with f32 x past the row kernels (widened to f32 in the GEMM) within
     1e-5 of the float64 product of the stored values; int8 x with its row scales (W8A8) equal to the int64
     product scaled in f32, bit for bit, and to ``layers._w8a8``'s XLA path."""
     rng = np.random.default_rng(1)
@@ -64,7 +64,7 @@ def test_packed_gemm_matches_numpy_and_w8a8_is_exact():
             ref = (x.astype(np.float64) @ wq) * s
             tol = 1e-5 if m > build.ROW_KERNEL_ROWS else 1e-4  # the int8 row kernels round x to int16
             assert _rel(f(x, wp, s), ref) <= tol, (m, k, n)
-            for dt in (jnp.bfloat16, np.float16):
+            for dt in (jnp.bfloat16, np.float16, np.float32):
                 wf = rng.standard_normal((k, n)).astype(dt)
                 y = kernels.matmul(x, packing.pack(wf, (0,)), None, packed_k=1)
                 assert _rel(y, x.astype(np.float64) @ wf.astype(np.float64)) <= 1e-5, (m, k, n, dt)
@@ -107,10 +107,9 @@ def runs(ckpt_dir):
 
 
 def test_prefill_graphs_call_the_gemms(runs):
-    """w8a8 prefill graphs (2 x 32 rows) call the GEMM (f32 ones when ``GEMM_F32``), decode graphs do
-    not; W8A8 logits
-    stay within the int8 bound of f32 and greedy tokens agree."""
-    for mode, on in (("f32", layers.GEMM_F32), ("w8a8", True)):
+    """f32 (weights in the panel layout) and w8a8 prefill graphs (2 x 32 rows) call the GEMM, decode
+    graphs do not; W8A8 logits stay within the int8 bound of f32 and greedy tokens agree."""
+    for mode, on in (("f32", True), ("w8a8", True)):
         texts = {str(k): exe.as_text() for k, exe in runs[mode][3]._executables.items()}
         assert any("aotlm_gemm" in t for k, t in texts.items() if "prefill" in k) == on, mode
         assert not any("aotlm_gemm" in t for k, t in texts.items() if "decode" in k)

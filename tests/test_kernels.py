@@ -116,9 +116,9 @@ def test_kernel_inside_while_loop_and_layers_dense():
     np.testing.assert_allclose(np.asarray(compiled(x)), ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("wdt", [jnp.int8, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("wdt", [jnp.int8, jnp.bfloat16, jnp.float16, jnp.float32])
 def test_packed_kernel_matches_numpy(wdt):
-    """int8 / bf16 / f16 weights in the panel layout (``aotlm.models.packing``): rows 1..16, K even,
+    """int8 / bf16 / f16 / f32 weights in the panel layout (``aotlm.models.packing``): rows 1..16, K even,
     N % 16 == 0, multi-dim contractions (``wo``) and outputs (``wqkv``), the tied lm_head's
     ``embed_q [V, D]``."""
     rng = np.random.default_rng(5)
@@ -168,7 +168,7 @@ def test_pack_if_keeps_row_major_what_it_cannot_pack():
     assert packing.pack_if("w_down", w, (True, False), 8).shape == w.shape  # 20 pairs over 8 devices: no
     assert packing.pack_if("w_up", w[:39], (False, False), 1).shape == (39, 64)  # odd K
     assert packing.pack_if("w_up", w[:, :40], (False, False), 1).shape == (40, 40)  # N % 16
-    assert packing.pack_if("w_up", w.astype(np.float32), (False, False), 1).dtype == np.float32  # f32: no
+    assert packing.pack_if("w_up", w.astype(np.float32), (False, False), 1).shape == (4, 20, 16, 2)
     assert packing.pack_if("w_up", w.astype(jnp.bfloat16), (False, False), 1).shape == (4, 20, 16, 2)
     assert packing.pack_if("w_up", w.astype(np.float16), (False, False), 1).shape == (4, 20, 16, 2)
     assert packing.pack_if("router", w, (False, False), 1).shape == w.shape  # not a packed leaf

@@ -71,7 +71,7 @@ def _gelu_tanh(y):
 
 @pytest.mark.parametrize("act", [None, "gelu_tanh", "relu"])
 def test_gemm_bias_and_activation_match_numpy(act):
-    """The GEMM's output pass: ``act(x @ W * scale + b)`` for packed int8 and bf16 W and f32 W,
+    """The GEMM's output pass: ``act(x @ W * scale + b)`` for packed int8, bf16 and f32 W and row-major f32 W,
     at 65 and 300 rows (past the row kernels); f32 with K odd and N not a multiple of 16."""
     rng = np.random.default_rng(3)
     fn = {None: lambda y: y, "gelu_tanh": _gelu_tanh, "relu": lambda y: np.maximum(y, 0)}[act]
@@ -81,9 +81,11 @@ def test_gemm_bias_and_activation_match_numpy(act):
         wq = rng.integers(-127, 128, (k, n)).astype(np.int8)
         s = (rng.random(n) / 50).astype(np.float32)
         wb = rng.standard_normal((k, n)).astype(jnp.bfloat16)
+        w32 = rng.standard_normal((k, n)).astype(np.float32)
         cases = [
             (packing.pack(wq, (0,)), s, 1, (x.astype(np.float64) @ wq) * s),
             (packing.pack(wb, (0,)), None, 1, x.astype(np.float64) @ wb.astype(np.float64)),
+            (packing.pack(w32, (0,)), None, 1, x.astype(np.float64) @ w32),
         ]
         xf = x[:, : k - 1]  # f32 W: odd K, N - 11 columns (a partial last panel: 5 of 16)
         wf = rng.standard_normal((k - 1, n - 11)).astype(np.float32)

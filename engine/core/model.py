@@ -174,7 +174,7 @@ class CompiledModel:
     def _place(self, path: tuple, arr: np.ndarray):
         """Pad / repeat for the mesh on the host, then copy each device only its own shard."""
         arr = sharding.prepare_param(path, arr, self.tp_degree, self.gqa, self.cfg.n_kv_heads)
-        if self._pack:  # int8 weights in the kernels' panel layout (aotlm.models.packing)
+        if self._pack:  # the matrices in the kernels' panel layout (aotlm.models.packing)
             arr = packing.prepare(
                 path[-1], arr, sharding.param_spec(path, arr.ndim, self._rules), self.tp_degree
             )
@@ -188,7 +188,8 @@ class CompiledModel:
             np_dtype = np.dtype(jnp.dtype(self.dtype))
             quant = self.precision.quant  # the matrices' storage (amp's on CPU with the kernels)
             view = quant is not None and kernels.enabled()  # int8 / bf16 embedding copy for a tied lm_head
-            self._pack = view  # int8 / bf16 matrices in the kernels' panel layout
+            # int8 / bf16 / f16 / f32 matrices in the kernels' panel layout (aotlm.models.packing)
+            self._pack = kernels.enabled() and (view or np_dtype == np.float32)
             rewriter = ParamRewriter(quant, self.fuse_qkv, view) if quant or self.fuse_qkv else None
             params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
             if "lm_head" in params:  # untied: the int8 embedding copy is not needed

@@ -1,7 +1,7 @@
 // Prefill GEMMs (included by wmatmul.cc after packed.h): many rows (M > the row kernels' limit).
 //
 //   gemm<RowMajorW>:  y[M,N] = act(x[M,K] @ W[K,N] + b)            f32 x, f32 W row-major    (aotlm_gemm)
-//   gemm<PanelW>:     y[M,N] = act(x @ float(W) * s[n] + b)        f32 x, int8 / bf16 / f16 W panels (packed.h)
+//   gemm<PanelW>:     y[M,N] = act(x @ float(W) * s[n] + b)        f32 x, int8 / bf16 / f16 / f32 W panels (packed.h)
 //   i8_gemm:          y[M,N] = (xq[M,K] @ W[K,N]) * sx[m] * s[n]    W8A8: int8 x, int8 W panels (aotlm_gemm_pk)
 //
 // Micro-kernel (f32): 6 rows x 16 columns = 12 accumulators + 2 W vectors + 1 broadcast (15 of 16
@@ -9,7 +9,7 @@
 // (Rows; also the attention's scores and p @ v, attn.h).
 //
 // W: each KC-row block of a 16-column panel is widened to f32 [kc][16] in the thread's buffer
-// (packed.h's unpack_pairs for int8 / bf16 / f16 panels; a copy of 16 columns of a row-major f32
+// (packed.h's unpack_pairs for int8 / bf16 / f16 / f32 panels; a copy of 16 columns of a row-major f32
 // W) just before every group of rows of the MC block passes over it, so x stays f32 (no rounding)
 // and W is read in its stored bytes once per MC block; the int8 scale, the bias and the MLP's
 // activation are applied to the sums as they are written (finish). Measured on the 2-core EPYC
@@ -79,7 +79,9 @@ struct Rows {
   const float* at(int m, int64_t k) const { return r[m] + k; }
 };
 
-// c[6 x 16] (= or +=) a [6][kc] . b [kc][16]; only mr rows x nr columns of c are written.
+// c[6 x 16] (= or +=) a [6][kc] . b [kc][16]; only mr rows x nr columns of c are written. R < 6: only
+// R rows are computed (the last group of a GEMM's rows; 128 rows are 21 groups and 2 rows).
+template <int R = MR>
 inline void f32_micro(const Rows& a_in, const float* b, int64_t kc, float* c, int64_t ldc, bool add, int64_t mr,
                       int64_t nr) {
   const Rows a = a_in;  // a local copy: the row pointers stay in registers
@@ -88,11 +90,11 @@ inline void f32_micro(const Rows& a_in, const float* b, int64_t kc, float* c, in
          c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_loadu_ps(b + k * NR), b1 = _mm256_loadu_ps(b + k * NR + 8);
-#define AOTLM_ROW(m, r0, r1)                          \
-  {                                                    \
-    const __m256 av = _mm256_broadcast_ss(a.at(m, k)); \
-    r0 = _mm256_fmadd_ps(av, b0, r0);                  \
-    r1 = _mm256_fmadd_ps(av, b1, r1);                  \
+#define AOTLM_ROW(m, r0, r1)                            \
+  if constexpr (m < R) {                                 \
+    const __m256 av = _mm256_broadcast_ss(a.at(m, k));   \
+    r0 = _mm256_fmadd_ps(av, b0, r0);                    \
+    r1 = _mm256_fmadd_ps(av, b1, r1);                    \
   }
     AOTLM_ROW(0, c00, c01)
     AOTLM_ROW(1, c10, c11)
@@ -147,7 +149,7 @@ struct RowMajorW {  // f32 W [K, N] (columns past N: zeros)
     }
   }
 };
-struct PanelW {  // int8 / bf16 / f16 W packed [N/16][K/2][16][2] (packed.h), widened (k0, kc even)
+struct PanelW {  // int8 / bf16 / f16 / f32 W packed [N/16][K/2][16][2] (packed.h), widened (k0, kc even)
   DataType wt;
   const void* wp;
   int64_t Kh;
@@ -157,6 +159,8 @@ struct PanelW {  // int8 / bf16 / f16 W packed [N/16][K/2][16][2] (packed.h), wi
       aotlm_pk::bf16_unpack_pairs(static_cast<const uint16_t*>(wp) + off, kc / 2, dst, NR);
     else if (wt == DataType::F16)
       aotlm_pk::f16_unpack_pairs(static_cast<const uint16_t*>(wp) + off, kc / 2, dst, NR);
+    else if (wt == DataType::F32)
+      aotlm_pk::f32_unpack_pairs(static_cast<const float*>(wp) + off, kc / 2, dst, NR);
     else
       aotlm_pk::unpack_pairs(static_cast<const int8_t*>(wp) + off, kc / 2, dst, NR);
   }
@@ -192,7 +196,15 @@ inline void gemm(const W& w, const float* x, const float* scale, const float* bi
             for (int64_t g = g0; g < g1; ++g) {
               Rows a;  // rows past M repeat the last one (their sums are not written)
               for (int64_t r = 0; r < MR; ++r) a.r[r] = x + std::min(g * MR + r, M - 1) * K + k0;
-              f32_micro(a, bb.data(), kc, cb.data() + (g - g0) * MR * LD + (p - q0) * NR, LD, k0 > 0, MR, NR);
+              float* c = cb.data() + (g - g0) * MR * LD + (p - q0) * NR;
+              switch (std::min(MR, M - g * MR)) {  // the last group: only its rows
+                case 1: f32_micro<1>(a, bb.data(), kc, c, LD, k0 > 0, MR, NR); break;
+                case 2: f32_micro<2>(a, bb.data(), kc, c, LD, k0 > 0, MR, NR); break;
+                case 3: f32_micro<3>(a, bb.data(), kc, c, LD, k0 > 0, MR, NR); break;
+                case 4: f32_micro<4>(a, bb.data(), kc, c, LD, k0 > 0, MR, NR); break;
+                case 5: f32_micro<5>(a, bb.data(), kc, c, LD, k0 > 0, MR, NR); break;
+                default: f32_micro(a, bb.data(), kc, c, LD, k0 > 0, MR, NR); break;
+              }
             }
           }
         const int64_t width = std::min((q1 - q0) * NR, N - q0 * NR);

@@ -198,7 +198,8 @@ def convert(w, dtype, name: str | None = None, after=None, packed_k: int | None 
     backend, kernels off, a sharded weight without ``name``).
     """
     dtype = jnp.dtype(dtype)
-    if jnp.dtype(w.dtype) not in W_DTYPES[:3] or dtype not in X_DTYPES or not kernels.enabled():
+    low = jnp.dtype(w.dtype) in W_DTYPES[:3]  # f32 only to unpack (a packed leaf)
+    if not (low or packed_k) or dtype not in X_DTYPES or not kernels.enabled():
         return None
     if not (_one_device() or name is not None):
         return None

@@ -1,6 +1,6 @@
-// int8, bf16 and f16 weights in the panel layout (included by wmatmul.cc after int8.h).
+// int8, bf16, f16 and f32 weights in the panel layout (included by wmatmul.cc after int8.h).
 //
-//   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N] (* scale[N]),  int8, bf16 or f16 W stored as panels (models/packing.py)
+//   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N] (* scale[N]),  int8, bf16, f16 or f32 W as panels (models/packing.py)
 //   aotlm_unpack:  y[K,N] = float(W)                      (prefill: XLA's GEMM reads a plain matrix)
 //
 // Layout: wp[N/16][K/2][16][2] -- panel p holds columns 16p..16p+15 of all K rows, and in it
@@ -254,6 +254,65 @@ inline void f16_unpack_pairs(const uint16_t* r, int64_t pairs, float* dst, int64
     }
 }
 
+// ----------------------------------------------------------------- f32 panels
+// The same layout with 4-byte elements (f32 weights packed at load, so prefill's GEMM reads
+// panels instead of copying 16 columns of a row-major matrix per block). 8 floats are 4 columns'
+// (row k, row k+1), FMA-ed with (x[k], x[k+1]) broadcast as a pair as for f16; a pair of rows of a
+// panel is 128 bytes (two lines, both prefetched).
+template <int MR>
+inline void f32_panel_rows(const float* x, int64_t K, const float* panel, int64_t Kh, float* out, int64_t ld) {
+  __m256 acc[MR][4];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < 4; ++v) acc[m][v] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < Kh; ++j) {
+    const float* r = panel + j * 2 * P;
+    _mm_prefetch(reinterpret_cast<const char*>(r) + 2 * PFB, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(r) + 2 * PFB + 64, _MM_HINT_T0);
+    __m256 xp[MR];
+    for (int m = 0; m < MR; ++m) xp[m] = pair_bcast(x + m * K + 2 * j);
+    for (int v = 0; v < 4; ++v) {
+      const __m256 w = _mm256_loadu_ps(r + 8 * v);
+      for (int m = 0; m < MR; ++m) acc[m][v] = _mm256_fmadd_ps(w, xp[m], acc[m][v]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    _mm256_storeu_ps(out + m * ld, pair_sums(acc[m][0], acc[m][1]));
+    _mm256_storeu_ps(out + m * ld + 8, pair_sums(acc[m][2], acc[m][3]));
+  }
+}
+
+// All M rows x f32 panels [p0, p1): buf[m * ld + (p - p0) * 16 + c]; row groups of <= 3.
+inline void f32_rows(const float* x, int64_t M, int64_t K, const float* wp, int64_t p0, int64_t p1, float* buf,
+                     int64_t ld) {
+  const int64_t Kh = K / 2;
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* panel = wp + p * Kh * 2 * P;
+    for (int64_t m0 = 0; m0 < M; m0 += 3) {
+      const float* xm = x + m0 * K;
+      float* o = buf + m0 * ld + (p - p0) * P;
+      switch (std::min<int64_t>(3, M - m0)) {
+        case 1: f32_panel_rows<1>(xm, K, panel, Kh, o, ld); break;
+        case 2: f32_panel_rows<2>(xm, K, panel, Kh, o, ld); break;
+        default: f32_panel_rows<3>(xm, K, panel, Kh, o, ld); break;
+      }
+    }
+  }
+}
+
+// ``pairs`` pairs of rows of one f32 panel from r -> rows dst[k * ld + c], c < 16: per 8 columns the
+// even and odd floats of two vectors, put back in column order by one 64-bit permute each.
+inline void f32_unpack_pairs(const float* r, int64_t pairs, float* dst, int64_t ld) {
+  for (int64_t j = 0; j < pairs; ++j)
+    for (int v = 0; v < 2; ++v) {
+      const __m256 a = _mm256_loadu_ps(r + j * 2 * P + 16 * v), b = _mm256_loadu_ps(r + j * 2 * P + 16 * v + 8);
+      const __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));  // [c0 c1 c4 c5 | c2 c3 c6 c7]
+      const __m256 o = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+      _mm256_storeu_ps(dst + 2 * j * ld + 8 * v, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xd8)));
+      _mm256_storeu_ps(dst + (2 * j + 1) * ld + 8 * v,
+                       _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xd8)));
+    }
+}
+
 // ----------------------------------------------------------------- drivers
 // The threads take contiguous ranges of panels (one per thread for one row, ~4 per thread
 // otherwise, for balance when the pool is busy); panels(p0, p1, buf, ld) fills buf [M, ld] with
@@ -284,9 +343,15 @@ inline void drive(int64_t M, int64_t N, const float* rs, const float* scale, con
   });
 }
 
-// y [M, N] = x [M, K] @ W (* scale) for packed W (wt: S8, BF16 or F16; K even, N a multiple of 16).
+// y [M, N] = x [M, K] @ W (* scale) for packed W (wt: S8, BF16, F16 or F32; K even, N a multiple of 16).
 inline void run(DataType wt, const float* x, const void* wp, const float* scale, int64_t M, int64_t K, int64_t N,
                 const Out& out) {
+  if (wt == DataType::F32) {
+    const float* w = static_cast<const float*>(wp);
+    drive(M, N, nullptr, scale, out,
+          [&](int64_t p0, int64_t p1, float* buf, int64_t ld) { f32_rows(x, M, K, w, p0, p1, buf, ld); });
+    return;
+  }
   if (wt == DataType::BF16 || wt == DataType::F16) {
     const uint16_t* w = static_cast<const uint16_t*>(wp);
     const bool bf16 = wt == DataType::BF16;
@@ -323,6 +388,8 @@ inline void run_unpack(DataType wt, const void* wp, int64_t K, int64_t N, const 
           bf16_unpack_pairs(static_cast<const uint16_t*>(wp) + off, j1 - j0, buf.data() + (p - p0) * P, ld);
         else if (wt == DataType::F16)
           f16_unpack_pairs(static_cast<const uint16_t*>(wp) + off, j1 - j0, buf.data() + (p - p0) * P, ld);
+        else if (wt == DataType::F32)
+          f32_unpack_pairs(static_cast<const float*>(wp) + off, j1 - j0, buf.data() + (p - p0) * P, ld);
         else
           unpack_pairs(static_cast<const int8_t*>(wp) + off, j1 - j0, buf.data() + (p - p0) * P, ld);
       }

@@ -56,7 +56,7 @@ ffi::Error gemm_f32(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi:
   return ffi::Error::Success();
 }
 
-// Prefill GEMM, packed W: x f32 [M, K] with int8 / bf16 / f16 W (widened to f32 in L1, sx empty), or
+// Prefill GEMM, packed W: x f32 [M, K] with int8 / bf16 / f16 / f32 W (widened to f32 in L1, sx empty), or
 // int8 x with its per-row scale sx f32 [M] and int8 W (W8A8) -> y [M, N] f32 = (x @ W) (* sx) * scale.
 ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::AnyBuffer sx,
                    ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int32_t act) {

@@ -2,7 +2,7 @@
 //
 //   aotlm_wmm_nn:  y[M,N] = x[M,K] @ W[K,N]      (dense weights, row-major [in, out])
 //   aotlm_wmm_nt:  y[M,N] = x[M,K] @ W[N,K]^T    (embedding rows: tied lm_head)
-//   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N]      (int8 / bf16 / f16 W in the panel layout, packed.h)
+//   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N]      (int8 / bf16 / f16 / f32 W in the panel layout, packed.h)
 //
 // W is bf16, f16, f32 or int8 (then times a per-output-channel f32 scale); x and y are f32,
 // bf16 or f16 (y has x's dtype); products accumulate in f32. Why: XLA:CPU converts a whole
@@ -38,7 +38,7 @@ namespace {
 
 #include "bdot.h"     // batched attention dots: uses the element types and hsum of wfloat.h
 #include "convert.h"  // whole-matrix conversion for prefill
-#include "packed.h"   // int8 / bf16 / f16 weights in the panel layout (decode matmuls, prefill unpacking)
+#include "packed.h"   // int8 / bf16 / f16 / f32 weights in the panel layout (decode matmuls, prefill unpacking)
 #include "gemm.h"     // prefill GEMMs: f32 W, int8 panels (weight-only and W8A8)
 #include "attn.h"     // prefill attention over the call's own tokens
 
@@ -203,13 +203,13 @@ ffi::Error wmm_nt(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer s, ffi::Res
   return wmm(true, x, w, s, y);
 }
 
-// The element type of a packed W, if the panel kernels read it (int8, bf16 or f16).
+// The element type of a packed W, if the panel kernels read it (int8, bf16, f16 or f32).
 bool packed_type(const ffi::AnyBuffer& w) {
   const DataType t = w.element_type();
-  return t == DataType::S8 || t == DataType::BF16 || t == DataType::F16;
+  return t == DataType::S8 || t == DataType::BF16 || t == DataType::F16 || t == DataType::F32;
 }
 
-// Shapes of a product with packed W: x [M, K] and y [M, N] 2-D, w int8 / bf16 / f16 with K * N
+// Shapes of a product with packed W: x [M, K] and y [M, N] 2-D, w int8 / bf16 / f16 / f32 with K * N
 // elements, K even, N % 16 == 0. Returns "" (and M, K, N) or what is wrong.
 std::string packed_shapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const ffi::AnyBuffer& y, int64_t* M,
                           int64_t* K, int64_t* N) {
@@ -217,11 +217,11 @@ std::string packed_shapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, cons
   if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0]) return "x [M, K] and y [M, N] must be 2-D with equal M";
   *M = xd[0], *K = xd[1], *N = yd[1];
   if (!packed_type(w) || int64_t(w.element_count()) != *K * *N || *K % 2 || *N % aotlm_pk::P)
-    return "w must be packed int8, bf16 or f16, K * N elements, K even, N % 16 == 0";
+    return "w must be packed int8, bf16, f16 or f32, K * N elements, K even, N % 16 == 0";
   return "";
 }
 
-// Packed int8 / bf16 / f16 W (any shape, K * N elements): x [M, K] -> y [M, N].
+// Packed int8 / bf16 / f16 / f32 W (any shape, K * N elements): x [M, K] -> y [M, N].
 ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::Result<ffi::AnyBuffer> y) {
   int64_t M, K, N;
   if (const std::string e = packed_shapes(x, w, *y, &M, &K, &N); !e.empty())
@@ -236,7 +236,7 @@ ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi:
   return ffi::Error::Success();
 }
 
-// Packed int8 / bf16 / f16 W -> y [K, N] (f32, bf16 or f16); ``after``: unused (orders the call, see convert).
+// Packed int8 / bf16 / f16 / f32 W -> y [K, N] (f32, bf16 or f16); ``after``: unused (orders the call, see convert).
 ffi::Error unpack(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyBuffer> y) {
   auto yd = y->dimensions();
   const DataType yt = y->element_type();
@@ -245,7 +245,7 @@ ffi::Error unpack(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyBu
   const int64_t K = yd[0], N = yd[1];
   if (!packed_type(w) || int64_t(w.element_count()) != K * N || K % 2 || N % aotlm_pk::P)
     return ffi::Error::InvalidArgument(
-        "aotlm_unpack: w must be int8, bf16 or f16, K * N elements, K even, N % 16 == 0");
+        "aotlm_unpack: w must be int8, bf16, f16 or f32, K * N elements, K even, N % 16 == 0");
   aotlm_pk::run_unpack(w.element_type(), w.untyped_data(), K, N, Out{y->untyped_data(), yt});
   return ffi::Error::Success();
 }
