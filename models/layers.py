@@ -305,19 +305,20 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     ``scale`` (int8 weights, ``models/quant.py``): ``w`` is converted to ``x``'s dtype (the
     dequant dtype) and the per-output-channel scale multiplies the float32 product, which
     equals ``x @ (w * scale)`` because the scale is constant along the contracted dims.
-    Low-precision weights (int8 / bf16 / f16) with few rows (decode) go to the CPU kernels
-    (``aotlm.kernels``), which read the stored bytes instead of converting the whole matrix;
-    ``name`` (the weight's leaf name) gives them its sharding under tensor parallelism. More rows
-    (prefill): int8 weights under ``int8_activations`` take W8A8 (``_w8a8``, any backend), and
-    on CPU packed int8 / bf16 / f16 weights take the GEMM kernel (``gemm.h``), which beat XLA's dot.
-    ``act`` (an ``activation`` name) is applied to the result: by the GEMM itself, with the bias,
+    Weights with few rows of x (decode) go to the CPU kernels (``aotlm.kernels``), which read the
+    stored bytes instead of converting the whole matrix; ``name`` (the weight's leaf name) gives
+    them its sharding under tensor parallelism. More rows (prefill): int8 weights under
+    ``int8_activations`` take W8A8 (``_w8a8``, any backend), and on CPU packed weights (int8 /
+    bf16 / f16 / f32 in the panel layout) take the GEMM kernel (``gemm.h``), which beat XLA's dot.
+    ``act`` (an ``activation`` name) is applied to the result: by the kernel itself, with the bias,
     where ``kernels.gemm_fuses`` says it can (one pass over the output instead of XLA's two).
     """
     pk = packing.packed_k(name, w.ndim)
     rows = math.prod(x.shape[: x.ndim - axes])
     kact = "gelu_tanh" if act in GELU_TANH else act
     w8a8 = scale is not None and rows > kernels.MAX_ROWS and getattr(_opts, "w8a8", False)
-    if not w8a8 and _prefill_gemm(x, w, axes, name, pk) and kernels.gemm_fuses(x, w, axes, name, pk, kact):
+    fusable = pk and kernels.supported(x, w, axes, name) or _prefill_gemm(x, w, axes, name, pk)
+    if not w8a8 and fusable and kernels.gemm_fuses(x, w, axes, name, pk, kact):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, b=b, act=kact)
         return y.astype(x.dtype)
     if w8a8:

@@ -2,10 +2,10 @@
 
 Prints the CPU model, the f32 FMA peak of the kernels' threads (``aotlm.kernels.fma_peak``) and,
 per GPT-2-small prefill shape (rows x K x N), GFLOP/s (median of ``--runs``) of: XLA's f32 dot,
-the f32 GEMM kernel on a row-major W (``aotlm_gemm``, not used by the model), the packed-weight GEMM
-on f32 panels (f32 prefill) and on int8 panels widened to f32 (``quant="int8"`` prefill) and W8A8 (int8 x with per-row scales, ``quant="w8a8"``; the
-graph's quantization of x included). One process, one run: on a shared machine quote ratios
-within a run.
+the f32 GEMM kernel on a row-major W (``aotlm_gemm``, not used by the model), the packed-weight
+GEMM on f32 panels (f32 prefill) and on int8 panels widened to f32 (``quant="int8"`` prefill),
+and W8A8 (int8 x with per-row scales, ``quant="w8a8"``; the graph's quantization of x included).
+One process, one run: on a shared machine quote ratios within a run.
 
     python scripts/bench_gemm.py [--runs 7] [--rows 128,1024]
 """

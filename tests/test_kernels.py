@@ -323,10 +323,12 @@ def test_attention_bdot_matches_numpy_and_reads_only_the_leading_block(bdt):
 
 
 def test_decode_graphs_attend_with_the_kernel(llama_path, monkeypatch):
-    """Decode graphs call ``aotlm_bdot`` (prefill keeps XLA's einsum); tokens equal the fallback's."""
+    """Decode graphs call ``aotlm_bdot`` (prefill keeps XLA's einsum) and the sampler's ``aotlm_argmax``;
+    tokens equal the fallback's."""
     _, tok_on, _, m = _sample(llama_path, monkeypatch, True)
     texts = {k: exe.as_text() for k, exe in m._executables.items()}
     assert any("aotlm_bdot" in t for t in texts.values())
+    assert any("aotlm_argmax" in t for k, t in texts.items() if "decode" in str(k))
     assert all("aotlm_bdot" not in t for k, t in texts.items() if "prefill" in str(k) and "32" in str(k))
     _, tok_off, _, _ = _sample(llama_path, monkeypatch, False)
     np.testing.assert_array_equal(tok_on, tok_off)
@@ -411,3 +413,22 @@ def test_warm_start_with_kernels_compiles_nothing(llama_path, tmp_path, opts):
         assert {"aotlm_attn", "aotlm_gemm_pk"} <= set(cold["targets"]), cold["targets"]
     manifest = json.loads(next((tmp_path / "cc").glob("*/manifest.json")).read_text())
     assert manifest["fields"]["env"]["kernels"] == kernels.cache_tag() != "off"
+
+
+def test_argmax_kernel_matches_jnp_argmax():
+    """``kernels.argmax`` equals ``jnp.argmax`` on odd widths (1..9, a vocab of 50257), ties (the first
+    index wins), all ``-inf`` rows, and NaNs (the first NaN wins, in the vector part or the tail)."""
+    rng = np.random.default_rng(6)
+    f = jax.jit(kernels.argmax)
+    cases = [rng.standard_normal(s).astype(np.float32) for s in ((8, 50257), (3, 1), (2, 7), (5, 8), (4, 9))]
+    x = np.full((5, 37), -np.inf, np.float32)
+    x[1, [5, 20]] = np.nan  # first NaN in the vector part
+    x[2, 36] = np.nan  # in the tail (after 32)
+    x[3, [3, 30]] = 1.0  # a tie across lanes and blocks
+    x[4, [33, 9]] = 2.0  # a tie between the tail and the vector part
+    cases += [x, np.round(rng.standard_normal((6, 300)) * 2).astype(np.float32)]  # many ties
+    for x in cases:
+        assert kernels.argmax_ok(x)
+        got = f(x)
+        assert got.dtype == jnp.int32
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.argmax(x, -1)), err_msg=str(x.shape))

@@ -101,6 +101,35 @@ def test_gemm_bias_and_activation_match_numpy(act):
     assert not kernels.gemm_fuses(x, wf, 1, None, None, "silu")  # not fused: XLA applies it
 
 
+@pytest.mark.parametrize("act", [None, "gelu_tanh", "relu"])
+def test_row_kernels_apply_bias_and_activation(act):
+    """Decode rows (1..16) on packed int8 / bf16 / f16 / f32 W: the row kernel's output pass gives
+    ``act(x @ W * scale + b)`` within 1e-5 of NumPy (int8: of the int16-rounded x's bound), and an
+    f32 x stays f32 / a bf16 x comes back bf16."""
+    rng = np.random.default_rng(4)
+    fn = {None: lambda y: y, "gelu_tanh": _gelu_tanh, "relu": lambda y: np.maximum(y, 0)}[act]
+    for m, k, n in ((1, 38, 48), (5, 770, 64), (16, 130, 32)):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        s = (rng.random(n) / 50).astype(np.float32)
+        wq = rng.integers(-127, 128, (k, n)).astype(np.int8)
+        for w, sc, tol in (
+            (wq, s, 1e-4),
+            (rng.standard_normal((k, n)).astype(jnp.bfloat16), None, 1e-5),
+            (rng.standard_normal((k, n)).astype(np.float16), None, 1e-5),
+            (rng.standard_normal((k, n)).astype(np.float32), None, 1e-5),
+        ):
+            wp = packing.pack(w, (0,))
+            assert kernels.gemm_fuses(x, wp, 1, None, 1, act)
+            f = jax.jit(lambda x, w, b, sc=sc: kernels.matmul(x, w, sc, packed_k=1, b=b, act=act))
+            want = fn(x.astype(np.float64) @ w.astype(np.float64) * (1 if sc is None else sc) + b)
+            y = np.asarray(f(x, wp, b), np.float64)
+            assert np.abs(y - want).max() <= tol * np.abs(want).max(), (m, k, w.dtype, act)
+            assert "aotlm_wmm_pk" in f.lower(x, wp, b).compile().as_text()
+            yb = f(jnp.asarray(x, jnp.bfloat16), wp, b)
+            assert yb.dtype == jnp.bfloat16
+
+
 @pytest.mark.parametrize("model", ["gpt2", "llama"])
 @pytest.mark.parametrize("kw", [{}, {"quant": "int8"}], ids=["f32", "int8"])
 def test_prefill_graphs_call_the_attention_kernel(request, ckpt_dir, monkeypatch, model, kw):

@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from aotlm import kernels
+
 TOPK_WIDTH = 64  # static width of the lax.top_k used for top_k <= 64 (larger k bisect)
 NGRAM_MAX = 8  # largest no_repeat_ngram_size (static: the window of the n-gram match)
 TOP_LOGPROBS_MAX = 5  # widest top_logprobs (static: the output buffer width)
@@ -275,7 +277,7 @@ def select(logits, params, seen, out, slot, position, want_logprobs, bias=None):
     scores = penalize(logits, params, seen, out, slot)
     if bias is not None:
         scores = scores + bias
-    greedy = jnp.argmax(scores, -1).astype(jnp.int32)
+    greedy = kernels.argmax(scores) if kernels.argmax_ok(scores) else jnp.argmax(scores, -1).astype(jnp.int32)
     samp = sampled_rows(params)
 
     def sampled():

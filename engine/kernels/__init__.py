@@ -37,6 +37,8 @@ from aotlm.kernels.build import (
     threads,
 )
 from aotlm.kernels.ops import (
+    argmax,
+    argmax_ok,
     attention_ok,
     bdot,
     causal_attention,
@@ -52,6 +54,8 @@ from aotlm.kernels.ops import (
 __all__ = [
     "MAX_ROWS",
     "KernelWarning",
+    "argmax",
+    "argmax_ok",
     "attention_ok",
     "build_hash",
     "bdot",

@@ -59,11 +59,43 @@ inline void long_row(const float* a, int64_t M, int64_t L, int64_t l_lim, const 
   }
 }
 
+// Sums of 8 vectors -> [hsum(v[0]), ..., hsum(v[7])]: 6 hadds, 2 lane permutes and an add for 8 sums.
+inline __m256 hsum8(const __m256* v) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));  // [0123 | 0123]
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));  // [4567 | 4567]
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// Eight short rows n..n+7 of b (keys: one slot each, contiguous) for every row of a: eight sums
+// per row of a reduced at once (hsum8) instead of one horizontal sum per slot. Keys at batch 8 (64
+// dims, the long_row path): 13.1 GB/s f32, 9.5 bf16 in a harness where values read 14.4 / 12.1.
+template <class W>
+inline void rows8(const float* a, int64_t M, int64_t L, int64_t l_lim, const typename W::T* b, int64_t LB, int64_t n,
+                  float* c, int64_t N) {
+  const int64_t le = std::max<int64_t>(0, std::min(L, l_lim)), lv = le / 8 * 8;
+  const typename W::T* bn = b + n * LB;
+  const char* next = reinterpret_cast<const char*>(bn + 16 * LB);  // eight rows, a block ahead (contiguous)
+  for (int64_t o = 0; o < int64_t(8 * LB * sizeof(typename W::T)); o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* am = a + m * L;
+    __m256 acc[8];
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+    for (int r = 0; r < 8; ++r)  // the eight rows in memory order (their sums are independent chains)
+      for (int64_t l = 0; l < lv; l += 8)
+        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(am + l), W::load8(bn + r * LB + l), acc[r]);
+    alignas(32) float t[8];
+    _mm256_store_ps(t, hsum8(acc));
+    for (int r = 0; r < 8; ++r)
+      for (int64_t l = lv; l < le; ++l) t[r] += am[l] * W::one(bn + r * LB + l);
+    std::memcpy(c + m * N + n, t, sizeof t);
+  }
+}
+
 template <class W>
 void run(const float* a, const void* braw, float* c, int64_t I, int64_t M, int64_t L, int64_t NB, int64_t LB,
          int64_t N, int64_t n_lim, int64_t l_lim) {
   const typename W::T* b = static_cast<const typename W::T*>(braw);
-  constexpr int64_t CH = 64;  // rows of b per job
+  constexpr int64_t CH = 256;  // rows of b per job
   const int64_t per = (N + CH - 1) / CH;
   aotlm::parallel_for(int(I * per), [&](int job) {
     const int64_t i = job / per, n0 = job % per * CH, n1 = std::min(N, n0 + CH);
@@ -72,7 +104,10 @@ void run(const float* a, const void* braw, float* c, int64_t I, int64_t M, int64
     float* ci = c + i * M * N;
     const int64_t ne = std::max(n0, std::min(n1, n_lim));
     int64_t n = n0;
-    if (std::min(L, l_lim) >= 32)  // rows of >= 32 elements: one at a time, in order
+    const int64_t le = std::min(L, l_lim);
+    if (le <= 128)  // short rows (keys): eight at a time
+      for (; n + 8 <= ne; n += 8) rows8<W>(ai, M, L, l_lim, bi, LB, n, ci, N);
+    if (le >= 32)  // rows of >= 32 elements (values: one head dim over the slots): one at a time, in order
       for (; n < ne; ++n) long_row<W>(ai, M, L, l_lim, bi, LB, n, ci, N);
     for (; n + 4 <= ne; n += 4) rows<W, 4>(ai, M, L, l_lim, bi, LB, n, ci, N);
     for (; n < ne; ++n) rows<W, 1>(ai, M, L, l_lim, bi, LB, n, ci, N);

@@ -42,6 +42,7 @@ TARGETS = {
     "aotlm_gemm": "AotlmGemm",
     "aotlm_gemm_pk": "AotlmGemmPk",
     "aotlm_attn": "AotlmAttn",
+    "aotlm_argmax": "AotlmArgmax",
 }
 # More rows than this (prefill) stay on XLA's dot. f32 weights take the kernels too: XLA runs 2..16
 # rows (batched decode, a speculative check) as a GEMM reading W 2-4x slower, and its one-row GEMV

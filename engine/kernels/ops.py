@@ -96,10 +96,13 @@ GEMM_ACTS = {"gelu_tanh": 1, "relu": 2}
 
 def gemm_fuses(x, w, axes: int, name: str | None, packed_k: int | None, act: str | None) -> bool:
     """Static: does ``matmul(..., b=, act=)`` of this product apply the bias and ``act`` (one of
-    ``GEMM_ACTS`` or None) in the packed GEMM's output pass (prefill rows, one device)? Saves XLA's
-    separate pass over the ``[rows, N]`` output (GPT-2-small's gelu: 1.5 ms per layer at batch 8)."""
+    ``GEMM_ACTS`` or None) in the kernel's output pass (one device): a GEMM (prefill rows, f32 x)
+    or a packed weight's row kernel (decode rows)? Saves XLA's separate pass over the
+    output (GPT-2-small's gelu: 1.5 ms per layer of a batch-8 prefill, 77 us of a batch-8 decode step)."""
     if (act is not None and act not in GEMM_ACTS) or not _one_device():
         return False
+    if packed_k and supported(x, w, axes, name):
+        return True
     return gemm_supported(x, w, axes, name, packed_k) and jnp.dtype(x.dtype) == jnp.float32
 
 
@@ -109,16 +112,16 @@ def _call(
     """The kernel on local arrays: ``x [..., *K] @ w [*K, *N]`` (or ``w [N, K]`` when ``nt``, or
     ``w`` in the panel layout with ``packed_k`` contracted dims, ``layout``). More rows than
     ``row_limit(w)``, or int8 ``x`` with per-row scales ``sx`` (W8A8), take the GEMMs (``gemm.h``):
-    ``aotlm_gemm_pk`` for packed ``w`` (with the bias ``b`` and activation ``act`` of
-    ``gemm_fuses`` applied to its output), ``aotlm_gemm`` for f32."""
+    ``aotlm_gemm_pk`` for packed ``w``, ``aotlm_gemm`` for f32. Packed ``w`` (GEMM or row kernel)
+    applies the bias ``b`` and activation ``act`` of ``gemm_fuses`` to its output."""
     kernels.ensure_registered()
     lead = x.shape[: x.ndim - axes]
     k = math.prod(x.shape[x.ndim - axes :])
     x2 = x.reshape(-1, k)
     s = scale.reshape(-1) if scale is not None else jnp.zeros((0,), jnp.float32)
+    bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
+    act_id = np.int32(GEMM_ACTS[act] if act else 0)
     if (x2.shape[0] > row_limit(w) or sx is not None) and not nt:
-        bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
-        act_id = np.int32(GEMM_ACTS[act] if act else 0)
         if packed_k:
             tail = layout.logical_dims(w.shape, packed_k)[1]
             out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), jnp.float32)
@@ -131,8 +134,11 @@ def _call(
             y = y * s if scale is not None else y
         return y.reshape(*lead, *tail)
     if packed_k:
-        target, w2, tail = "aotlm_wmm_pk", w, layout.logical_dims(w.shape, packed_k)[1]
-    elif nt:
+        tail = layout.logical_dims(w.shape, packed_k)[1]
+        out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), x.dtype)
+        y = jax.ffi.ffi_call("aotlm_wmm_pk", out)(x2, w, s.astype(jnp.float32), bias, act=act_id)
+        return y.reshape(*lead, *tail)
+    if nt:
         target, w2, tail = "aotlm_wmm_nt", w, (w.shape[0],)
     else:
         target, w2, tail = "aotlm_wmm_nn", w.reshape(k, -1), w.shape[axes:]
@@ -277,3 +283,17 @@ def bdot(a, b, n: int, n_limit=None, l_limit=None):
     lim = jnp.stack([jnp.asarray(big if v is None else v, jnp.int32) for v in (n_limit, l_limit)])
     out = jax.ShapeDtypeStruct((a.shape[0], a.shape[1], n), jnp.float32)
     return jax.ffi.ffi_call("aotlm_bdot", out)(a, b, lim)
+
+
+def argmax_ok(x) -> bool:
+    """Static check: can ``argmax`` take ``x [B, V]`` in this trace (f32, kernels on, one device)?"""
+    f32 = jnp.dtype(x.dtype) == jnp.float32
+    return x.ndim >= 1 and x.shape[-1] >= 1 and f32 and kernels.enabled() and _one_device()
+
+
+def argmax(x):
+    """``jnp.argmax(x, -1)`` as int32 (the first index of the largest value; a NaN counts as the
+    largest, as in ``jnp.argmax``) in one vectorized pass per row (``argmax.h``): XLA:CPU's
+    fused reduce took 0.68 ms of a batch-8 GPT-2-small decode step."""
+    kernels.ensure_registered()
+    return jax.ffi.ffi_call("aotlm_argmax", jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32))(x)

@@ -327,8 +327,10 @@ inline void panel_ranges(int64_t Np, int64_t per_thread, const Fn& fn) {
   });
 }
 
+// ``bias`` / ``act``: added and applied after the scales (epilogue.h), as aotlm_gemm_pk does.
 template <class Panels>
-inline void drive(int64_t M, int64_t N, const float* rs, const float* scale, const Out& out, const Panels& panels) {
+inline void drive(int64_t M, int64_t N, const float* rs, const float* scale, const float* bias, int32_t act,
+                  const Out& out, const Panels& panels) {
   panel_ranges(N / P, M == 1 ? 1 : 4, [&](int64_t p0, int64_t p1) {
     const int64_t ld = (p1 - p0) * P, n0 = p0 * P;
     thread_local std::vector<float> buf;
@@ -336,26 +338,30 @@ inline void drive(int64_t M, int64_t N, const float* rs, const float* scale, con
     panels(p0, p1, buf.data(), ld);
     for (int64_t m = 0; m < M; ++m) {
       float* r = buf.data() + m * ld;
-      if (rs || scale)
-        for (int64_t j = 0; j < ld; ++j) r[j] *= (rs ? rs[m] : 1.f) * (scale ? scale[n0 + j] : 1.f);
+      if (rs || scale || bias || act)
+        for (int64_t j = 0; j < ld; j += 8) {
+          const __m256 sv = scale ? _mm256_loadu_ps(scale + n0 + j) : _mm256_set1_ps(1.f);
+          const __m256 s = rs ? _mm256_mul_ps(sv, _mm256_set1_ps(rs[m])) : sv;
+          _mm256_storeu_ps(r + j, aotlm_ep::finish(_mm256_loadu_ps(r + j), s, bias ? bias + n0 + j : nullptr, act));
+        }
       out.put(m * N + n0, r, int(ld));
     }
   });
 }
 
 // y [M, N] = x [M, K] @ W (* scale) for packed W (wt: S8, BF16, F16 or F32; K even, N a multiple of 16).
-inline void run(DataType wt, const float* x, const void* wp, const float* scale, int64_t M, int64_t K, int64_t N,
-                const Out& out) {
+inline void run(DataType wt, const float* x, const void* wp, const float* scale, const float* bias, int32_t act,
+                int64_t M, int64_t K, int64_t N, const Out& out) {
   if (wt == DataType::F32) {
     const float* w = static_cast<const float*>(wp);
-    drive(M, N, nullptr, scale, out,
+    drive(M, N, nullptr, scale, bias, act, out,
           [&](int64_t p0, int64_t p1, float* buf, int64_t ld) { f32_rows(x, M, K, w, p0, p1, buf, ld); });
     return;
   }
   if (wt == DataType::BF16 || wt == DataType::F16) {
     const uint16_t* w = static_cast<const uint16_t*>(wp);
     const bool bf16 = wt == DataType::BF16;
-    drive(M, N, nullptr, scale, out, [&](int64_t p0, int64_t p1, float* buf, int64_t ld) {
+    drive(M, N, nullptr, scale, bias, act, out, [&](int64_t p0, int64_t p1, float* buf, int64_t ld) {
       if (bf16)
         bf16_rows(x, M, K, w, p0, p1, buf, ld);
       else
@@ -368,7 +374,7 @@ inline void run(DataType wt, const float* x, const void* wp, const float* scale,
   std::vector<float> sx(M);
   aotlm_i8::quantize_rows(x, M, K, Kp, xq.data(), sx.data());
   const int8_t* w = static_cast<const int8_t*>(wp);
-  drive(M, N, sx.data(), scale, out,
+  drive(M, N, sx.data(), scale, bias, act, out,
         [&](int64_t p0, int64_t p1, float* buf, int64_t ld) { rows(xq.data(), Kp, M, w, K / 2, p0, p1, buf, ld); });
 }
 

@@ -38,9 +38,11 @@ namespace {
 
 #include "bdot.h"     // batched attention dots: uses the element types and hsum of wfloat.h
 #include "convert.h"  // whole-matrix conversion for prefill
+#include "epilogue.h"  // scale, bias and activation applied to the sums as they are written
 #include "packed.h"   // int8 / bf16 / f16 / f32 weights in the panel layout (decode matmuls, prefill unpacking)
 #include "gemm.h"     // prefill GEMMs: f32 W, int8 panels (weight-only and W8A8)
 #include "attn.h"     // prefill attention over the call's own tokens
+#include "argmax.h"   // greedy decoding's argmax over the vocabulary
 
 // ------------------------------------------------------------------ driver
 // x as f32 (converted once, shared read-only by the workers).
@@ -221,8 +223,10 @@ std::string packed_shapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, cons
   return "";
 }
 
-// Packed int8 / bf16 / f16 / f32 W (any shape, K * N elements): x [M, K] -> y [M, N].
-ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::Result<ffi::AnyBuffer> y) {
+// Packed int8 / bf16 / f16 / f32 W (any shape, K * N elements): x [M, K] -> y [M, N] = act(x @ W (* scale)
+// (+ bias)); bias f32 [N] or empty, act as for aotlm_gemm_pk (epilogue.h).
+ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::AnyBuffer bias,
+                  ffi::Result<ffi::AnyBuffer> y, int32_t act) {
   int64_t M, K, N;
   if (const std::string e = packed_shapes(x, w, *y, &M, &K, &N); !e.empty())
     return ffi::Error::InvalidArgument("aotlm_wmm_pk: " + e);
@@ -231,8 +235,13 @@ ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi:
     return ffi::Error::InvalidArgument("aotlm_wmm_pk: x and y must both be f32, bf16 or f16");
   const float* s = nullptr;
   if (!scale_of(scale, N, &s)) return ffi::Error::InvalidArgument("aotlm_wmm_pk: scale must be f32 [N]");
+  const float* b = nullptr;
+  if (!scale_of(bias, N, &b)) return ffi::Error::InvalidArgument("aotlm_wmm_pk: bias must be f32 [N] or empty");
+  if (act < aotlm_ep::ACT_NONE || act > aotlm_ep::ACT_RELU)
+    return ffi::Error::InvalidArgument("aotlm_wmm_pk: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
   std::vector<float> tmp;
-  aotlm_pk::run(w.element_type(), x_f32(x, M * K, tmp), w.untyped_data(), s, M, K, N, Out{y->untyped_data(), xt});
+  aotlm_pk::run(w.element_type(), x_f32(x, M * K, tmp), w.untyped_data(), s, b, act, M, K, N,
+                Out{y->untyped_data(), xt});
   return ffi::Error::Success();
 }
 
@@ -300,7 +309,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmPK, wmm_pk,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("act"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmNN, wmm_nn,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
@@ -343,6 +354,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmAttn, attn,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<float>("scale"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmArgmax, argmax, ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmBdot, bdot,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
