@@ -256,7 +256,10 @@ class CompiledModel:
             scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
             return fn.lower(p, cache, tok, tok, scalar, scalar)
         if key[0] == "select":
-            fn = jax.jit(graphs.select_first, donate_argnums=(1,), out_shardings=self._shardings(state))
+            # a fresh callable: jax reuses a function's traces across jit wrappers, and the trace
+            # decides whether the sampler calls a kernel (AOTLM_KERNELS, the mesh)
+            select = functools.partial(graphs.select_first)
+            fn = jax.jit(select, donate_argnums=(1,), out_shardings=self._shardings(state))
             return fn.lower(logits, state)
         _, w = key
         out = (self._shardings(cache), self._shardings(state))
