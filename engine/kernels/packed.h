@@ -199,19 +199,23 @@ inline __m256 pair_sums(__m256 a, __m256 b) {
   return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(h), 0xd8));
 }
 
-// MR rows of x [MR, K] f32 x one f16 panel -> out[m * ld + 0..15]; acc[m][v]: columns 4v..4v+3.
-template <int MR>
-inline void f16_panel_rows(const float* x, int64_t K, const uint16_t* panel, int64_t Kh, float* out, int64_t ld) {
+// MR rows of x [MR, K] f32 x one panel of f16 or f32 pairs (E: wfloat.h's F16 / F32, 8 elements =
+// 4 columns' pairs) -> out[m * ld + 0..15]; acc[m][v]: columns 4v..4v+3.
+template <class E, int MR>
+inline void pair_panel_rows(const float* x, int64_t K, const typename E::T* panel, int64_t Kh, float* out,
+                            int64_t ld) {
+  constexpr int64_t LINES = 2 * P * sizeof(typename E::T) / 64;  // one pair of rows: 1 (f16) or 2 (f32) lines
   __m256 acc[MR][4];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < 4; ++v) acc[m][v] = _mm256_setzero_ps();
   for (int64_t j = 0; j < Kh; ++j) {
-    const uint16_t* r = panel + j * 2 * P;  // 64 bytes: one cache line
-    _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
+    const typename E::T* r = panel + j * 2 * P;
+    for (int64_t l = 0; l < LINES; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(r) + LINES * PFB + 64 * l, _MM_HINT_T0);
     __m256 xp[MR];
     for (int m = 0; m < MR; ++m) xp[m] = pair_bcast(x + m * K + 2 * j);
     for (int v = 0; v < 4; ++v) {
-      const __m256 w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 8 * v)));
+      const __m256 w = E::load8(r + 8 * v);
       for (int m = 0; m < MR; ++m) acc[m][v] = _mm256_fmadd_ps(w, xp[m], acc[m][v]);
     }
   }
@@ -221,20 +225,21 @@ inline void f16_panel_rows(const float* x, int64_t K, const uint16_t* panel, int
   }
 }
 
-// All M rows x f16 panels [p0, p1): buf[m * ld + (p - p0) * 16 + c]; row groups of <= 3
+// All M rows x f16 / f32 panels [p0, p1): buf[m * ld + (p - p0) * 16 + c]; row groups of <= 3
 // (12 sums + 3 broadcasts + 1 weight vector <= 16 registers).
-inline void f16_rows(const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t p0, int64_t p1, float* buf,
-                     int64_t ld) {
+template <class E>
+inline void pair_rows(const float* x, int64_t M, int64_t K, const typename E::T* wp, int64_t p0, int64_t p1,
+                      float* buf, int64_t ld) {
   const int64_t Kh = K / 2;
   for (int64_t p = p0; p < p1; ++p) {
-    const uint16_t* panel = wp + p * Kh * 2 * P;
+    const typename E::T* panel = wp + p * Kh * 2 * P;
     for (int64_t m0 = 0; m0 < M; m0 += 3) {
       const float* xm = x + m0 * K;
       float* o = buf + m0 * ld + (p - p0) * P;
       switch (std::min<int64_t>(3, M - m0)) {
-        case 1: f16_panel_rows<1>(xm, K, panel, Kh, o, ld); break;
-        case 2: f16_panel_rows<2>(xm, K, panel, Kh, o, ld); break;
-        default: f16_panel_rows<3>(xm, K, panel, Kh, o, ld); break;
+        case 1: pair_panel_rows<E, 1>(xm, K, panel, Kh, o, ld); break;
+        case 2: pair_panel_rows<E, 2>(xm, K, panel, Kh, o, ld); break;
+        default: pair_panel_rows<E, 3>(xm, K, panel, Kh, o, ld); break;
       }
     }
   }
@@ -256,48 +261,9 @@ inline void f16_unpack_pairs(const uint16_t* r, int64_t pairs, float* dst, int64
 
 // ----------------------------------------------------------------- f32 panels
 // The same layout with 4-byte elements (f32 weights packed at load, so prefill's GEMM reads
-// panels instead of copying 16 columns of a row-major matrix per block). 8 floats are 4 columns'
-// (row k, row k+1), FMA-ed with (x[k], x[k+1]) broadcast as a pair as for f16; a pair of rows of a
-// panel is 128 bytes (two lines, both prefetched).
-template <int MR>
-inline void f32_panel_rows(const float* x, int64_t K, const float* panel, int64_t Kh, float* out, int64_t ld) {
-  __m256 acc[MR][4];
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < 4; ++v) acc[m][v] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < Kh; ++j) {
-    const float* r = panel + j * 2 * P;
-    _mm_prefetch(reinterpret_cast<const char*>(r) + 2 * PFB, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(r) + 2 * PFB + 64, _MM_HINT_T0);
-    __m256 xp[MR];
-    for (int m = 0; m < MR; ++m) xp[m] = pair_bcast(x + m * K + 2 * j);
-    for (int v = 0; v < 4; ++v) {
-      const __m256 w = _mm256_loadu_ps(r + 8 * v);
-      for (int m = 0; m < MR; ++m) acc[m][v] = _mm256_fmadd_ps(w, xp[m], acc[m][v]);
-    }
-  }
-  for (int m = 0; m < MR; ++m) {
-    _mm256_storeu_ps(out + m * ld, pair_sums(acc[m][0], acc[m][1]));
-    _mm256_storeu_ps(out + m * ld + 8, pair_sums(acc[m][2], acc[m][3]));
-  }
-}
-
-// All M rows x f32 panels [p0, p1): buf[m * ld + (p - p0) * 16 + c]; row groups of <= 3.
-inline void f32_rows(const float* x, int64_t M, int64_t K, const float* wp, int64_t p0, int64_t p1, float* buf,
-                     int64_t ld) {
-  const int64_t Kh = K / 2;
-  for (int64_t p = p0; p < p1; ++p) {
-    const float* panel = wp + p * Kh * 2 * P;
-    for (int64_t m0 = 0; m0 < M; m0 += 3) {
-      const float* xm = x + m0 * K;
-      float* o = buf + m0 * ld + (p - p0) * P;
-      switch (std::min<int64_t>(3, M - m0)) {
-        case 1: f32_panel_rows<1>(xm, K, panel, Kh, o, ld); break;
-        case 2: f32_panel_rows<2>(xm, K, panel, Kh, o, ld); break;
-        default: f32_panel_rows<3>(xm, K, panel, Kh, o, ld); break;
-      }
-    }
-  }
-}
+// panels instead of copying 16 columns of a row-major matrix per block): 8 floats are 4 columns'
+// (row k, row k+1), multiplied by pair_rows<F32> as f16's are; a pair of rows is 128 bytes (two
+// lines, both prefetched).
 
 // ``pairs`` pairs of rows of one f32 panel from r -> rows dst[k * ld + c], c < 16: per 8 columns the
 // even and odd floats of two vectors, put back in column order by one 64-bit permute each.
@@ -355,7 +321,7 @@ inline void run(DataType wt, const float* x, const void* wp, const float* scale,
   if (wt == DataType::F32) {
     const float* w = static_cast<const float*>(wp);
     drive(M, N, nullptr, scale, bias, act, out,
-          [&](int64_t p0, int64_t p1, float* buf, int64_t ld) { f32_rows(x, M, K, w, p0, p1, buf, ld); });
+          [&](int64_t p0, int64_t p1, float* buf, int64_t ld) { pair_rows<F32>(x, M, K, w, p0, p1, buf, ld); });
     return;
   }
   if (wt == DataType::BF16 || wt == DataType::F16) {
@@ -365,7 +331,7 @@ inline void run(DataType wt, const float* x, const void* wp, const float* scale,
       if (bf16)
         bf16_rows(x, M, K, w, p0, p1, buf, ld);
       else
-        f16_rows(x, M, K, w, p0, p1, buf, ld);
+        pair_rows<F16>(x, M, K, w, p0, p1, buf, ld);
     });
     return;
   }
