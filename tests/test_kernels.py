@@ -432,3 +432,20 @@ def test_argmax_kernel_matches_jnp_argmax():
         got = f(x)
         assert got.dtype == jnp.int32
         np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.argmax(x, -1)), err_msg=str(x.shape))
+
+
+def test_build_hash_covers_every_included_source():
+    """A header the build includes but the hash skips would let a stale binary survive its edit
+    (epilogue.h and argmax.h once were): every quoted #include, followed from wmatmul.cc, is hashed."""
+    from aotlm.kernels import build
+
+    src, seen, todo = Path(build.__file__).parent, set(), ["wmatmul.cc"]
+    while todo:
+        name = todo.pop()
+        if name in seen or not (src / name).exists():  # jaxlib's xla/ffi headers live elsewhere
+            continue
+        seen.add(name)
+        text = (src / name).read_text()
+        todo += [line.split('"')[1] for line in text.splitlines() if line.startswith('#include "')]
+    assert {"wmatmul.cc", "epilogue.h", "argmax.h", "gemm.h"} <= seen
+    assert seen <= set(build.SOURCES), sorted(seen - set(build.SOURCES))

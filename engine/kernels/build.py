@@ -19,18 +19,10 @@ from pathlib import Path
 import jax
 import jaxlib
 
-SOURCES = (
-    "wmatmul.cc",
-    "wfloat.h",
-    "int8.h",
-    "packed.h",
-    "bdot.h",
-    "convert.h",
-    "pool.h",
-    "gemm.h",
-    "attn.h",
-    "prefill.h",
-)
+_DIR = Path(__file__).resolve().parent  # the sources ship beside this module
+# The translation unit and every header beside it: the build hash covers them all, so a changed
+# header (epilogue.h, argmax.h were once missing from a hand-kept list) always means a rebuild.
+SOURCES = ("wmatmul.cc", *sorted(p.name for p in _DIR.glob("*.h")))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-shared", "-pthread")
 TARGETS = {
     "aotlm_wmm_nn": "AotlmWmmNN",
@@ -52,7 +44,6 @@ MAX_ROWS = 16
 # int8 / bf16 / f16 weights (``ops.row_limit``); more rows (prompts) take the GEMMs of gemm.h or
 # XLA's dot. W8A8 and the bdot attention keep MAX_ROWS as the prefill / decode line.
 ROW_KERNEL_ROWS = 64
-_DIR = Path(__file__).resolve().parent  # the sources ship beside this module
 
 
 class KernelWarning(UserWarning):
