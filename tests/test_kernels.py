@@ -21,6 +21,7 @@ import pytest
 from test_weight_options import PROMPTS, _llama, _save
 
 from aotlm import AutoModelForSampling, kernels
+from aotlm.kernels import build as kernel_build
 from aotlm.models import packing
 
 pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="aotlm kernels unavailable on this machine")
@@ -437,9 +438,7 @@ def test_argmax_kernel_matches_jnp_argmax():
 def test_build_hash_covers_every_included_source():
     """A header the build includes but the hash skips would let a stale binary survive its edit
     (epilogue.h and argmax.h once were): every quoted #include, followed from wmatmul.cc, is hashed."""
-    from aotlm.kernels import build
-
-    src, seen, todo = Path(build.__file__).parent, set(), ["wmatmul.cc"]
+    src, seen, todo = Path(kernel_build.__file__).parent, set(), ["wmatmul.cc"]
     while todo:
         name = todo.pop()
         if name in seen or not (src / name).exists():  # jaxlib's xla/ffi headers live elsewhere
@@ -448,4 +447,4 @@ def test_build_hash_covers_every_included_source():
         text = (src / name).read_text()
         todo += [line.split('"')[1] for line in text.splitlines() if line.startswith('#include "')]
     assert {"wmatmul.cc", "epilogue.h", "argmax.h", "gemm.h"} <= seen
-    assert seen <= set(build.SOURCES), sorted(seen - set(build.SOURCES))
+    assert seen <= set(kernel_build.SOURCES), sorted(seen - set(kernel_build.SOURCES))
