@@ -5,6 +5,7 @@ aotlm make-tiny DIR             write the tiny random GPT-2 checkpoint
 aotlm compile CHECKPOINT ...    compile every bucket ahead of time into the cache
 aotlm sample CHECKPOINT ...     greedy generation from token ids
 aotlm cache list|verify|clear   inspect and maintain the compile cache
+aotlm models                    the real models runnable by name
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aotlm.cli import batch, h5, jsonl, score, serve, text, tune
+from aotlm.cli import batch, chat, h5, jsonl, score, serve, text, tune
 from aotlm.cli.common import (
     _days,
     _Parser,
@@ -28,6 +29,7 @@ from aotlm.cli.common import (
     serve_kwargs,
     table,
 )
+from aotlm.core import named
 from aotlm.core.compile_cache import CompileCache
 from aotlm.core.memory import check_fits, format_plan, plan_for_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling
@@ -142,6 +144,16 @@ def cmd_make_tiny(args) -> int:
     return 0
 
 
+def cmd_models(args) -> int:
+    rows = [
+        (r["name"], r["model"], r["license"], f"{r['download_mb']} MB", r["installed"] or "-", r["where"])
+        for r in named.listing()
+    ]
+    print(table(rows, ("name", "model", "license", "download", "installed", "file")))
+    print("a name works wherever a model path does: aotlm chat --model NAME, from_pretrained(NAME)")
+    return 0
+
+
 def cmd_cache(args) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -185,7 +197,7 @@ def cmd_cache(args) -> int:
 
 
 # Front-end commands live in their own modules, each with ``register(subparsers)``.
-COMMAND_MODULES = (text, tune, batch, h5, jsonl, score, serve)
+COMMAND_MODULES = (text, chat, tune, batch, h5, jsonl, score, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -226,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--eos-token-id", type=int, default=None)
     p.set_defaults(fn=cmd_sample)
+    p = sub.add_parser("models", help="list the real models aotlm runs by name (GGUF files from packages)")
+    p.set_defaults(fn=cmd_models)
     p = sub.add_parser("cache", help="inspect or maintain the compile cache")
     p.add_argument("action", choices=["list", "verify", "clear"])
     p.add_argument("--cache-dir", default=None)

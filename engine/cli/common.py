@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from aotlm.core import distributed
 from aotlm.core.model import MODEL_KEYS
 from aotlm.core.resolve import resolve
+from aotlm.generate.params import SAMPLING_FIELDS
+from aotlm.text import defaults
 
 
 def int_list(text: str) -> list[int]:
@@ -130,6 +132,46 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
     p.add_argument("--coordinator", default=None, help="multi-host: host:port of process 0")
     p.add_argument("--num-processes", type=int, default=None, help="multi-host: process count")
     p.add_argument("--process-id", type=int, default=None, help="multi-host: this process's rank")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """The generation flags of the text front ends (``generate``, ``chat``); unset flags fall back to
+    the checkpoint's ``generation_config.json`` (see :func:`generation_settings`)."""
+    p.add_argument("--min-new-tokens", type=int, default=None, help="no eos before this many new tokens")
+    p.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy")
+    p.add_argument(
+        "--greedy", action="store_true", help="argmax decoding, whatever generation_config.json says"
+    )
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None)
+    p.add_argument("--no-repeat-ngram-size", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop text (repeatable)")
+
+
+def generation_settings(args, checkpoint, lengths: list[int], default_max: int) -> None:
+    """Set ``args.gen`` (sampling settings) and ``args.max_new_tokens``: the flags over the
+    checkpoint's ``generation_config.json`` (``aotlm.text.defaults``), as transformers does;
+    ``default_max`` when neither gives a length."""
+    if args.greedy and args.do_sample:
+        raise ValueError("give --greedy or --do-sample, not both")
+    found = defaults.sampling_defaults(checkpoint)
+    given = {k: getattr(args, k) for k in SAMPLING_FIELDS}
+    if args.greedy:
+        given["do_sample"] = False
+    args.gen = defaults.merged({k: v for k, v in found.items() if k not in defaults.LENGTH_KEYS}, given)
+    if args.max_new_tokens is None:
+        if "max_new_tokens" in found:
+            args.max_new_tokens = int(found["max_new_tokens"])
+        elif "max_length" in found:
+            args.max_new_tokens = max(1, int(found["max_length"]) - max(lengths))
+        else:
+            args.max_new_tokens = default_max
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
 
 
 def model_kwargs(args) -> dict:

@@ -18,12 +18,16 @@ import time
 from pathlib import Path
 
 from aotlm import progress
-from aotlm.cli.common import add_model_args, model_kwargs, setup_logging
+from aotlm.cli.common import (
+    add_model_args,
+    add_sampling_args,
+    generation_settings,
+    model_kwargs,
+    setup_logging,
+)
 from aotlm.core import buckets as bk
 from aotlm.core.resolve import default_model, expand, validate_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling
-from aotlm.generate.params import SAMPLING_FIELDS as SAMPLING_FLAGS
-from aotlm.text import defaults
 from aotlm.text import tokens as text
 from aotlm.text.pipeline import TextGenerationPipeline
 
@@ -48,20 +52,8 @@ def register(sub) -> None:
         default=None,
         help=f"default: the checkpoint's generation_config.json, else {DEFAULT_MAX_NEW_TOKENS}",
     )
-    p.add_argument("--min-new-tokens", type=int, default=None, help="no eos before this many new tokens")
     p.add_argument("--return-full-text", action="store_true", help="completion = prompt + generated text")
-    p.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy")
-    p.add_argument(
-        "--greedy", action="store_true", help="argmax decoding, whatever generation_config.json says"
-    )
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--min-p", type=float, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=None)
-    p.add_argument("--no-repeat-ngram-size", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=None, help="stop text (repeatable)")
+    add_sampling_args(p)
     p.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
     add_model_args(p, checkpoint=False)
@@ -127,25 +119,6 @@ def default_shapes(kw: dict, lengths: list[int], max_new: int, max_positions: in
     return out
 
 
-def _effective_generation(args, checkpoint, lengths: list[int]) -> None:
-    """``args.gen`` (sampling settings) and ``args.max_new_tokens``: the flags over the
-    checkpoint's ``generation_config.json`` (``aotlm.text.defaults``), as transformers does."""
-    found = defaults.sampling_defaults(checkpoint)
-    given = {k: getattr(args, k) for k in SAMPLING_FLAGS}
-    if args.greedy:
-        given["do_sample"] = False
-    args.gen = defaults.merged({k: v for k, v in found.items() if k not in defaults.LENGTH_KEYS}, given)
-    if args.max_new_tokens is None:
-        if "max_new_tokens" in found:
-            args.max_new_tokens = int(found["max_new_tokens"])
-        elif "max_length" in found:
-            args.max_new_tokens = max(1, int(found["max_length"]) - max(lengths))
-        else:
-            args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-
-
 def _max_positions(config_file: Path) -> int | None:
     cfg = json.loads(config_file.read_text())
     for k in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"):
@@ -193,12 +166,10 @@ def cmd_generate(args) -> int:
     records = read_prompts(args)
     if args.stream and len(records) != 1:
         raise ValueError(f"--stream prints one prompt as it is generated; got {len(records)} prompts")
-    if args.greedy and args.do_sample:
-        raise ValueError("give --greedy or --do-sample, not both")
     files = validate_checkpoint(args.model, args.tokenizer)
     tok = text.load_tokenizer(files.tokenizer)
     lengths = [len(r) for r in text.encode(tok, [r["prompt"] for r in records])]
-    _effective_generation(args, files.checkpoint, lengths)
+    generation_settings(args, files.checkpoint, lengths, DEFAULT_MAX_NEW_TOKENS)
     kw = default_shapes(model_kwargs(args), lengths, args.max_new_tokens, _max_positions(files.config))
     output = _Output(args.output)
     ok = False

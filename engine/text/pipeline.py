@@ -86,13 +86,16 @@ class TextGenerationPipeline:
         skip_special_tokens: bool = True,
         clean_up_tokenization_spaces: bool | None = None,
         streamer=None,
+        add_special_tokens: bool = True,
         **generation_kwargs,
     ) -> list[Generation]:
         """Generate for every prompt; results in input order (see the module docstring).
 
+        ``add_special_tokens=False`` for prompts that hold their own (a chat template's text).
+
         Time to first token is measured by ``sample()`` (``GenerateOutput.time_to_first_token``).
         """
-        rows = text.encode(self.tokenizer, prompts)
+        rows = text.encode(self.tokenizer, prompts, add_special_tokens)
         n = len(rows)
         generation_kwargs = defaults.merged(self.defaults, generation_kwargs)
         per_prompt = {"max_new_tokens": max_new_tokens, **generation_kwargs}

@@ -53,8 +53,9 @@ def tokenizer_for(model_dir: str | os.PathLike, tokenizer=None):
     return load_tokenizer(files.tokenizer)
 
 
-def encode(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
-    """Token ids of each prompt, as transformers' pipeline makes them (special tokens added).
+def encode(tokenizer, prompts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+    """Token ids of each prompt, as transformers' pipeline makes them (special tokens added unless
+    ``add_special_tokens=False``: text rendered by a chat template holds its own).
 
     An empty prompt (or one that encodes to no tokens) is an error naming it: there is no
     position to predict from.
@@ -63,7 +64,7 @@ def encode(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
     for i, text in enumerate(prompts):
         if not isinstance(text, str):
             raise TypeError(f"prompt {i} must be a string, got {type(text).__name__}")
-        ids = list(tokenizer(text)["input_ids"]) if text else []
+        ids = list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]) if text else []
         if not ids:
             raise ValueError(f"prompt {i} is empty: give at least one character of text")
         rows.append(ids)

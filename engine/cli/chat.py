@@ -1,0 +1,216 @@
+"""``aotlm chat``: a conversation in the terminal, through the model's chat template.
+
+Three ways in, one loop:
+
+* ``aotlm chat --model smollm2 "question"``: one-shot, prints the answer and exits;
+* ``aotlm chat --model smollm2`` at a terminal: a ``>`` prompt per turn, ``/reset`` forgets the
+  conversation (keeps ``--system``), ``/exit`` (or Ctrl-D) leaves;
+* piped standard input: every non-empty line is the next user turn of one conversation.
+
+Answers stream as they are generated; a line per answer on stderr gives the tokens, tokens/s and
+time to the first token (``--quiet`` drops it). Defaults come from the checkpoint's
+``generation_config.json`` as in ``aotlm generate``. Each turn renders the whole conversation with
+the template and prefills it again (the engine keeps no KV cache between calls); when the
+conversation no longer fits the compiled window, the oldest turns are dropped (the system
+prompt stays) and a line says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+from aotlm import progress
+from aotlm.cli.common import (
+    add_model_args,
+    add_sampling_args,
+    checkpoint_window,
+    generation_settings,
+    model_kwargs,
+    setup_logging,
+)
+from aotlm.cli.text import needed_graphs
+from aotlm.core.resolve import default_model, validate_checkpoint
+from aotlm.generate.causal_lm import AutoModelForSampling
+from aotlm.serve.chat import render
+from aotlm.text import tokens as text
+from aotlm.text.pipeline import TextGenerationPipeline
+
+log = logging.getLogger("aotlm")
+
+DEFAULT_MAX_NEW_TOKENS = 512  # per answer, when generation_config.json gives no length
+DEFAULT_WINDOW = 2048  # the compiled context: the checkpoint's window, capped here (--n-positions)
+COMMANDS = "/reset forgets the conversation, /exit leaves"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("chat", help="chat with a model through its chat template (streamed)")
+    p.add_argument("message", nargs="?", default=None, help="one-shot: answer this message and exit")
+    p.add_argument(
+        "--model",
+        default=default_model(),
+        help="model name (aotlm models), .gguf file, checkpoint dir or bundled name",
+    )
+    p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: next to the checkpoint)")
+    p.add_argument("--system", default=None, help="system prompt, kept through /reset")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"per answer (default: generation_config.json, else {DEFAULT_MAX_NEW_TOKENS})",
+    )
+    add_sampling_args(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bars, log or speed lines")
+    add_model_args(p, checkpoint=False)
+    p.set_defaults(fn=cmd_chat)
+
+
+@dataclass
+class Conversation:
+    """The messages so far; ``system`` survives :meth:`reset` and trimming."""
+
+    system: str | None = None
+    turns: list[dict] = field(default_factory=list)
+
+    def messages(self) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.turns
+
+    def reset(self) -> None:
+        self.turns.clear()
+
+    def drop_oldest(self) -> bool:
+        """Forget the oldest user turn and its answer; False when only the newest turn is left."""
+        if len(self.turns) <= 1:
+            return False
+        del self.turns[: 2 if len(self.turns) > 2 else 1]
+        return True
+
+
+class ChatSession:
+    """One model, one tokenizer, one conversation: :meth:`answer` runs a turn."""
+
+    def __init__(self, args, files, tok):
+        self.args, self.files, self.tok = args, files, tok
+        self.conversation = Conversation(args.system)
+        kw = model_kwargs(args)
+        kw.setdefault("batch_size", 1)
+        if kw.get("n_positions") is None:
+            window = checkpoint_window(str(files.checkpoint)) or DEFAULT_WINDOW
+            kw["n_positions"] = min(window, DEFAULT_WINDOW)
+        self.model = AutoModelForSampling.from_pretrained(files.checkpoint, **kw)
+        self.pipe = TextGenerationPipeline(self.model, tok, progress_bars=not args.quiet)
+
+    def _prompt_ids(self, new: int) -> tuple[str, bool]:
+        """The rendered conversation, trimmed from the oldest turn until prompt + answer fit."""
+        while True:
+            prompt, add_special = render(self.tok, self.conversation.messages())
+            n = len(text.encode(self.tok, [prompt], add_special)[0])
+            if n + new <= self.model.n_positions:
+                return prompt, add_special
+            if not self.conversation.drop_oldest():
+                raise ValueError(
+                    f"this message needs {n} prompt tokens + {new} new ones, more than the "
+                    f"{self.model.n_positions} positions compiled; shorten it, lower --max-new-tokens "
+                    "or raise --n-positions"
+                )
+            print("aotlm chat: (dropped the oldest turn to fit the context)", file=sys.stderr)
+
+    def answer(self, message: str) -> str:
+        """Add the user's message, stream the answer to stdout, remember it; returns its text."""
+        self.conversation.turns.append({"role": "user", "content": message})
+        new = self.args.max_new_tokens
+        try:
+            prompt, add_special = self._prompt_ids(new)
+        except ValueError:
+            self.conversation.turns.pop()
+            raise
+        n = len(text.encode(self.tok, [prompt], add_special)[0])
+        new = min(new, self.model.n_positions - n)
+        with progress.quiet(self.args.quiet):
+            for key in needed_graphs(self.model, [n], new):
+                self.model.compile_graph(key)
+        streamer = text.TextStreamer(self.tok)
+        gen = self.pipe.generate(
+            [prompt],
+            max_new_tokens=new,
+            stop=self.args.stop,
+            streamer=streamer,
+            add_special_tokens=add_special,
+            **self.args.gen,
+        )[0]
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        self.conversation.turns.append({"role": "assistant", "content": gen.text})
+        if not self.args.quiet:
+            rate = len(gen.tokens) / gen.seconds if gen.seconds > 0 else 0.0
+            first = gen.time_to_first_token or 0.0
+            print(
+                f"[{len(gen.tokens)} tokens, {rate:.1f} tok/s, first token {first:.2f}s, "
+                f"prompt {gen.prompt_tokens} tokens, {gen.finish_reason}]",
+                file=sys.stderr,
+            )
+        return gen.text
+
+
+def _turns(interactive: bool):
+    """User messages: ``>`` prompts at a terminal, else the lines of standard input."""
+    if not interactive:
+        for line in sys.stdin:
+            if line.strip():
+                yield line.rstrip("\n")
+        return
+    print(f"aotlm chat: {COMMANDS}", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return
+        if line.strip():
+            yield line
+
+
+def cmd_chat(args) -> int:
+    if args.quiet:
+        progress.set_enabled(False)
+    setup_logging(args.quiet)
+    if args.message is not None and not args.message.strip():
+        raise ValueError("the message is empty; give some text, or none for an interactive chat")
+    files = validate_checkpoint(args.model, args.tokenizer)
+    tok = text.load_tokenizer(files.tokenizer)
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(
+            f"{args.model} has no chat template (a base model?); for plain text completion use "
+            f"aotlm generate --model {args.model} --prompt TEXT"
+        )
+    generation_settings(args, files.checkpoint, [1], DEFAULT_MAX_NEW_TOKENS)
+    session = ChatSession(args, files, tok)
+    if args.message is not None:
+        session.answer(args.message)
+        return 0
+    try:
+        return _loop(session, interactive=sys.stdin.isatty())
+    except KeyboardInterrupt:
+        print("\naotlm chat: interrupted", file=sys.stderr)
+        return 130
+
+
+def _loop(session: ChatSession, interactive: bool) -> int:
+    """Turns until ``/exit`` or the end of input; 2 when a piped turn failed (its error printed)."""
+    failed = False
+    for message in _turns(interactive):
+        command = message.strip().lower()
+        if command in ("/exit", "/quit"):
+            break
+        if command == "/reset":
+            session.conversation.reset()
+            print("aotlm chat: (conversation reset)", file=sys.stderr)
+            continue
+        try:
+            session.answer(message)
+        except ValueError as e:  # one turn too long: say so and keep the conversation going
+            print(f"aotlm chat: error: {e}", file=sys.stderr)
+            failed = True
+    return 2 if failed and not interactive else 0

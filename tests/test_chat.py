@@ -1,0 +1,97 @@
+"""``aotlm chat`` as a user runs it: one-shot, piped multi-turn, /reset, trimming, base models."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from textkit import shared_text_checkpoint
+
+# a compact template: the tiny tokenizer spells ChatML's markers out in bytes, too long for 64 positions
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'a:' }}{% endif %}"
+)
+STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s, first token [\d.]+s, prompt (\d+) tokens, (\w+)\]")
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """The shared tiny text checkpoint with a chat template, and the shared compile cache."""
+    from transformers import AutoTokenizer
+
+    ckpt, cache = shared_text_checkpoint(tmp_path_factory)
+    path = tmp_path_factory.mktemp("chat") / "model"
+    shutil.copytree(ckpt, path)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(str(path))
+    return path, cache
+
+
+def chat(model, cache, *args, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    cmd = [sys.executable, "-m", "aotlm.cli", "chat", "--model", str(model), "--cache-dir", str(cache)]
+    return subprocess.run(
+        [*cmd, "--greedy", *args], input=stdin or "", capture_output=True, text=True, env=env, timeout=600
+    )
+
+
+def test_one_shot_answer_is_the_greedy_generation_of_the_rendered_template(chat_model):
+    from transformers import AutoTokenizer
+
+    from aotlm.text.pipeline import pipeline
+
+    path, cache = chat_model
+    r = chat(path, cache, "--system", "Be brief.", "--max-new-tokens", "6", "def fibonacci(n):")
+    assert r.returncode == 0, r.stderr
+    tok = AutoTokenizer.from_pretrained(str(path))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def fibonacci(n):"}]
+    prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    pipe = pipeline(model=str(path), batch_size=1, n_positions=64, compile_cache=str(cache), progress=False)
+    want = pipe.generate([prompt], max_new_tokens=6, add_special_tokens=False, do_sample=False)[0]
+    assert r.stdout == want.text + "\n"
+    (stats,) = STATS.findall(r.stderr)
+    assert int(stats[1]) == len(tok(prompt, add_special_tokens=False)["input_ids"])
+
+
+def test_piped_turns_keep_history_and_reset_forgets_it(chat_model):
+    path, cache = chat_model
+    r = chat(path, cache, "--max-new-tokens", "4", stdin="import os\nx = 1\n/reset\nimport os\n")
+    assert r.returncode == 0, r.stderr
+    stats = [(int(n), int(p)) for n, p, _ in STATS.findall(r.stderr)]
+    assert len(stats) == 3 and "conversation reset" in r.stderr
+    (new1, p1), (_, p2), (_, p3) = stats
+    assert p2 > p1 + new1  # turn 2's prompt holds turn 1 and its answer
+    assert p3 == p1  # after /reset the same message is the same prompt
+    answers = r.stdout.splitlines()
+    assert answers[0] == answers[-1]  # ... and greedy gives the same answer
+
+
+def test_trims_the_oldest_turns_to_fit_the_window(chat_model):
+    path, cache = chat_model
+    turns = "".join(f"print({i})\n" for i in range(6))
+    r = chat(path, cache, "--max-new-tokens", "4", stdin=turns)
+    assert r.returncode == 0, r.stderr
+    assert "dropped the oldest turn" in r.stderr
+    prompts = [int(p) for _, p, _ in STATS.findall(r.stderr)]
+    assert len(prompts) == 6 and max(prompts) + 4 <= 64
+
+
+def test_message_longer_than_the_window_is_one_error_line(chat_model):
+    path, cache = chat_model
+    r = chat(path, cache, "--max-new-tokens", "4", "x = 1\n" * 40)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("aotlm chat: error: this message needs")
+
+
+def test_base_model_without_template_points_at_generate(chat_model, tmp_path_factory):
+    base, cache = shared_text_checkpoint(tmp_path_factory)  # the same model, no chat template
+    r = chat(base, cache, "hello")
+    assert r.returncode == 2
+    assert "has no chat template" in r.stderr and "aotlm generate" in r.stderr
+    assert "Traceback" not in r.stderr
