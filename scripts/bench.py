@@ -5,6 +5,7 @@
     python scripts/bench.py --batch 1 --runs 5 --modes f32 int8
     python scripts/bench.py --tp 2 --peers        # aotlm only, 2 forced CPU devices
     python scripts/bench.py --only amp            # batch 1: every amp / weight mode + streamed vs plain
+    python scripts/bench.py --checkpoint smollm2 --modes int8  # a real GGUF model vs llama.cpp on its file
     pip install -e '.[bench]'                     # peers: CTranslate2, llama-cpp-python, matplotlib
 
 Rows: aotlm modes, transformers eager fp32, CTranslate2 float32/int8, llama.cpp f32/f16/q8_0
@@ -30,6 +31,7 @@ the streamer sees them (tokens of one ``put`` arrive together: gap 0) and the to
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -54,17 +56,23 @@ MODES = {  # aotlm mode -> from_pretrained kwargs (every mode also gets fuse_qkv
     "w8a8+kvbf16": {"quant": "w8a8", "kv_cache_dtype": "bf16"},
 }
 PEERS = ["hf", "ct2-float32", "ct2-int8", "llama-f32", "llama-f16", "llama-q8_0"]
+# a GGUF model (--checkpoint smollm2 / FILE.gguf): llama.cpp on the file as shipped and re-quantized
+GGUF_PEERS = ["llama-gguf", "llama-gguf-q8_0", "llama-gguf-q4_0"]
 ONLY = {"amp": {"batch": [1], "modes": list(MODES), "peers": [], "stream": True}}  # --only NAME
 
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default=None, help="HF checkpoint dir (default: random GPT-2-small)")
+    ap.add_argument(
+        "--checkpoint",
+        default=None,
+        help="HF checkpoint dir, FILE.gguf or a model name (aotlm models); default: random GPT-2-small",
+    )
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    ap.add_argument("--peers", nargs="*", default=PEERS, choices=PEERS, help="none: aotlm only")
+    ap.add_argument("--peers", nargs="*", default=None, choices=PEERS + GGUF_PEERS, help="none: aotlm only")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--work", default="/tmp/aotlm-bench", help="converted peer models, compile cache")
@@ -197,6 +205,18 @@ def load_model(path, b: int, mode: str, args):
     return model
 
 
+def model_path(checkpoint: str | None, work: Path) -> tuple[Path, Path | None]:
+    """(checkpoint dir aotlm loads, the GGUF file it came from or None); default: GPT-2-small."""
+    from aotlm.core import named
+    from aotlm.core.resolve import expand, resolve
+    from aotlm.tiny import make_gpt2_small
+
+    if checkpoint is None:
+        return make_gpt2_small(work / "gpt2-small"), None
+    gguf = named.locate(checkpoint) if named.is_named(checkpoint) else expand(checkpoint)
+    return resolve(checkpoint), gguf if gguf.suffix == ".gguf" else None
+
+
 def hf_engine(path, ids, args):
     import torch
     import transformers
@@ -221,18 +241,23 @@ def hf_engine(path, ids, args):
 
 def peer_engine(peer: str, path: Path, ids, args, f32_bytes: int):
     """(prefill, generate, weight bytes, KV bytes per step) of one peer; ``Skip`` when it cannot run."""
-    from bench_peers import ctranslate2_runner, llama_cpp_runner
+    from bench_peers import Skip, converted_gguf, ctranslate2_runner, llama_cpp_runner, requantized_gguf
 
     work = Path(args.work)
     if peer == "hf":
         return hf_engine(path, ids, args)
-    kind, dt = peer.split("-")
+    kind, dt = peer.split("-", 1)
+    kv = kv_bytes(path, len(ids), args, 4 if kind == "ct2" else 2)  # ct2: float32 cache; llama.cpp: f16
+    if dt.startswith("gguf"):  # the real model's GGUF file as shipped, or re-quantized by llama.cpp
+        if args.gguf is None:
+            raise Skip("llama-gguf peers need a GGUF model: --checkpoint NAME or FILE.gguf")
+        gguf = args.gguf if dt == "gguf" else requantized_gguf(args.gguf, work, dt.split("-")[1])
+        return (*llama_cpp_runner(gguf, ids, args.new), gguf.stat().st_size, kv)
     per_weight = {"float32": 4, "f32": 4, "f16": 2, "int8": 1, "q8_0": 34 / 32}[dt]
     if kind == "ct2":
         pre, gen = ctranslate2_runner(path, work, dt, ids, args.new)
     else:
-        pre, gen = llama_cpp_runner(path, work, dt, ids, args.new)
-    kv = kv_bytes(path, len(ids), args, 4 if kind == "ct2" else 2)  # ct2: float32 cache; llama.cpp: f16
+        pre, gen = llama_cpp_runner(converted_gguf(path, work, dt), ids, args.new)
     return pre, gen, int(f32_bytes / 4 * per_weight), kv
 
 
@@ -342,10 +367,12 @@ def main() -> int:
     import numpy as np
 
     from aotlm import kernels
-    from aotlm.tiny import make_gpt2_small
 
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    path = args.checkpoint or make_gpt2_small(Path(args.work) / "gpt2-small")
+    path, args.gguf = model_path(args.checkpoint, Path(args.work))
+    if args.peers is None:
+        args.peers = GGUF_PEERS if args.gguf else PEERS
+    vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     bw, bw_how = read_bandwidth()
     print(f"CPU: {cpu_model()}")
     print(
@@ -357,7 +384,7 @@ def main() -> int:
     rows, stream = [], []
     rng = np.random.default_rng(0)
     for b in args.batch:
-        new = bench_batch(path, b, args, rng.integers(0, 50000, (b, args.prompt)), bw, stream)
+        new = bench_batch(path, b, args, rng.integers(0, min(vocab, 50000), (b, args.prompt)), bw, stream)
         _models.clear()  # free this batch's models before the next batch loads its own
         for r in new:  # as each batch finishes: a long run cut short still reports
             print(
@@ -377,7 +404,8 @@ def main() -> int:
         table(stream)
     if args.plot:
         bw_med = statistics.median(r["bw GB/s"] for r in rows)  # the tables' per-batch medians
-        plot(rows, args.plot, f"GPT-2-small decode, {cpu_model().split(',')[0]}, median bw {bw_med:.0f} GB/s")
+        name = args.checkpoint or "GPT-2-small"
+        plot(rows, args.plot, f"{name} decode, {cpu_model().split(',')[0]}, median bw {bw_med:.0f} GB/s")
     return 0
 
 

@@ -139,18 +139,46 @@ def gguf_path(ckpt: Path, work: Path, outtype: str) -> Path:
     return out
 
 
-def llama_cpp_runner(ckpt: Path, work: Path, outtype: str, ids, new: int):
-    """Greedy decode of every row through llama.cpp's batched API: one ``llama_decode`` for all
-    prompts (sequence ``b`` = row ``b``, logits of each prompt's last token), then one per step with
-    a token per sequence; argmax over the returned logits in NumPy."""
+def _llama_cpp():
     try:
         import llama_cpp
     except ImportError:
         raise Skip("llama-cpp-python not installed (pip install -e '.[bench]'; builds from source)") from None
+    return llama_cpp
+
+
+def converted_gguf(ckpt: Path, work: Path, outtype: str) -> Path:
+    """A random-init checkpoint as a GGUF of ``outtype`` (a byte-level vocabulary written first)."""
+    write_byte_vocab(ckpt, 50257)
+    return gguf_path(ckpt, work, outtype)
+
+
+def requantized_gguf(source: Path, work: Path, outtype: str) -> Path:
+    """A real GGUF file re-quantized by llama.cpp's own quantizer (``llama_model_quantize``, as
+    ``llama-quantize --allow-requantize`` does): a speed peer, its values re-rounded from the source's."""
+    llama_cpp = _llama_cpp()
+    out = work / f"{source.stem}-{outtype}.gguf"
+    if out.is_file():
+        return out
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{outtype.upper()}")
+    params.allow_requantize = True
+    params.nthread = os.cpu_count() or 1
+    tmp = out.with_suffix(".tmp")
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), params) != 0:
+        raise Skip(f"llama.cpp could not quantize {source.name} to {outtype}")
+    tmp.replace(out)
+    return out
+
+
+def llama_cpp_runner(gguf: Path, ids, new: int):
+    """Greedy decode of every row through llama.cpp's batched API: one ``llama_decode`` for all
+    prompts (sequence ``b`` = row ``b``, logits of each prompt's last token), then one per step with
+    a token per sequence; argmax over the returned logits in NumPy."""
+    llama_cpp = _llama_cpp()
     import numpy as np
 
-    write_byte_vocab(ckpt, 50257)
-    llm = llama_cpp.Llama(str(gguf_path(ckpt, work, outtype)), n_ctx=16, verbose=False)  # loads the weights
+    llm = llama_cpp.Llama(str(gguf), n_ctx=16, verbose=False)  # loads the weights
     b, p = len(ids), len(ids[0])
     cp = llama_cpp.llama_context_default_params()
     cp.n_seq_max = b
