@@ -29,6 +29,10 @@ class ArchConfig:
     gated_mlp: bool = True
     position: str = "rope"  # "rope" | "learned" | "alibi"
     inv_freq: tuple[float, ...] = ()
+    # rotary inverse frequencies of the sliding-window layers when they differ from ``inv_freq``
+    # (Gemma3: ``rope_local_base_freq`` locally, ``rope_theta`` + scaling on global layers); empty =
+    # every layer rotates by ``inv_freq``. Static like the windows: baked into each layer's graph.
+    local_inv_freq: tuple[float, ...] = ()
     rope_interleaved: bool = False
     learned_pos_offset: int = 0  # OPT stores positions shifted by 2
     parallel_residual: bool = False
@@ -58,3 +62,9 @@ class ArchConfig:
     def window(self, layer: int) -> int | None:
         """Sliding window of ``layer`` (static: it shapes the layer's attention mask)."""
         return self.layer_windows[layer] if self.layer_windows else self.sliding_window
+
+    def rope(self, layer: int) -> tuple[float, ...]:
+        """Rotary inverse frequencies of ``layer``: ``local_inv_freq`` on a windowed layer if given."""
+        if self.local_inv_freq and self.window(layer) is not None:
+            return self.local_inv_freq
+        return self.inv_freq

@@ -56,6 +56,13 @@ STATIC: dict[str, tuple[str, str, str, str, str]] = {
         "-",
         "local/global layers, softcaps, pre+post norms",
     ),
+    "gemma3_text": (
+        "google/gemma-3-270m, gemma-3-1b",
+        "GQA",
+        "RoPE (local / global bases, linear scaling)",
+        "-",
+        "Gemma2 + q/k RMSNorm; multimodal gemma3 refused",
+    ),
     "phi3": (
         "microsoft/Phi-3-mini-4k-instruct",
         "MHA / GQA",

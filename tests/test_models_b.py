@@ -1,7 +1,8 @@
 """Conformance of the llama-like families against transformers PyTorch fp32:
 Mistral (sliding window), Mixtral (top-2 MoE), Qwen2 (qkv bias, per-layer windows), Qwen3
-(qk-norm, explicit head_dim), Gemma, Gemma2 (softcaps, local/global layers, sandwich norms), Phi-3
-(fused weights, partial rotary, sliding window).
+(qk-norm, explicit head_dim), Gemma, Gemma2 (softcaps, local/global layers, sandwich norms), Gemma3
+text (Gemma2 + q/k norms, a rotary base per layer kind), Phi-3 (fused weights, partial rotary,
+sliding window).
 
 Edge configs covered: GQA ratios 1 / 2 / 4 / 8, head_dim 48 and 80 (not powers of two, and
 not hidden/heads), vocab 101, tied and untied embeddings, windows smaller than the prompt.
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import transformers
 from conformance import check_conformance, hf_generate, hf_last_logits, hf_model, make_checkpoint
+from test_models_a import make_checkpoint as noisy_checkpoint  # random norm weights too
 
 from aotlm.models import family_for
 
@@ -154,6 +156,85 @@ def test_gemma2_softcaps_local_global(ckpt_dir):
     assert "ln1_post_scale" in model.params["layers"][1] and "ln2_post_scale" in model.params["layers"][1]
 
 
+def gemma3_config(**kw) -> transformers.Gemma3TextConfig:
+    """Layer 0 local (window 6, rope base 100), layer 1 global (base 10000, linear x8 scaling)."""
+    ropes = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
+    }
+    base = dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=96,
+        query_pre_attn_scalar=24,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=ropes,
+        pad_token_id=0,
+    )
+    return transformers.Gemma3TextConfig(**{**base, **TINY, **kw})
+
+
+def test_gemma3_text_local_global_ropes_qk_norm(ckpt_dir):
+    """Window 6 < the prompts, each layer kind its own rotary, q/k norms; random norm weights."""
+    path = noisy_checkpoint(ckpt_dir / "gemma3_text", gemma3_config(), scale=2.0)
+    model = check_conformance(path, vocab=V)
+    c = model.cfg
+    assert c.layer_windows == (6, None) and c.qk_norm and c.attn_scale == 24**-0.5
+    assert c.rope(0) == c.local_inv_freq and c.local_inv_freq[1] == pytest.approx(100 ** (-2 / 32))
+    assert c.rope(1) == c.inv_freq and c.inv_freq[1] == pytest.approx(10000 ** (-2 / 32) / 8)
+    norms = {"q_norm_scale", "k_norm_scale", "ln1_post_scale", "ln2_post_scale"}
+    assert norms <= set(model.params["layers"][0])
+    # a prompt longer than the largest context bucket (chunked prefill, windows across chunks)
+    ref = hf_model(path)
+    ids = np.random.default_rng(4).integers(0, V, (3, 40))
+    np.testing.assert_allclose(model.forward(ids), hf_last_logits(ref, ids), atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(model.sample(ids, max_new_tokens=20), hf_generate(ref, ids, 20))
+
+
+def test_gemma3_text_config_forms_and_refusals():
+    """transformers-4 rope keys give the same ropes; final softcap read, attention softcap not (as
+    transformers' Gemma3); EmbeddingGemma and the multimodal wrapper are refused in one line."""
+    gemma3 = family_for("gemma3_text")
+    new = gemma3.arch_config(gemma3_config(final_logit_softcapping=4.0, attn_logit_softcapping=1.5))
+    assert new.logit_softcap == 4.0 and new.attn_softcap is None
+    legacy = gemma3_config()
+    legacy.rope_parameters = None
+    legacy.rope_theta, legacy.rope_local_base_freq = 10000.0, 100.0
+    legacy.rope_scaling = {"rope_type": "linear", "factor": 8.0}
+    old = gemma3.arch_config(legacy)
+    assert (old.inv_freq, old.local_inv_freq) == (new.inv_freq, new.local_inv_freq)
+    with pytest.raises(ValueError, match="EmbeddingGemma"):
+        gemma3.arch_config(gemma3_config(use_bidirectional_attention=True))
+    with pytest.raises(ValueError, match="text-only checkpoint .*gemma3_text"):
+        family_for("gemma3")
+
+
+def test_gemma3_text_int8_and_fused_weights(ckpt_dir):
+    """int8 weights (the kernels' int8 paths) and fused q/k/v + gate/up (q/k norms after the fused
+    projection: within 1e-5 of unfused). int8 error is relative to the largest fp32 logit as in
+    tests/test_weight_options.py, but that file's 1e-2 bound was measured on a peaked Llama: these
+    flat tiny Gemma checkpoints (max|logit| ~1) measure 2.2e-2 (Gemma3) and 1.5e-2 (Gemma2 of the same
+    shape), as quantization error relative to flat logits, so the bound here is 5e-2."""
+    from aotlm import AutoModelForSampling
+
+    path = noisy_checkpoint(ckpt_dir / "gemma3_text", gemma3_config(), scale=2.0)
+    load = lambda **kw: AutoModelForSampling.from_pretrained(
+        path, batch_size=2, n_positions=32, context_length_estimate=16, compile_cache=False, **kw
+    )
+    ids = np.random.default_rng(2).integers(0, V, (2, 11))
+    ref = load().forward(ids)
+    int8 = load(quant="int8")
+    assert int8.params["layers"][1]["wq"].dtype == np.int8
+    err = float(np.abs(int8.forward(ids) - ref).max() / np.abs(ref).max())
+    assert 0 < err <= 5e-2, f"int8 logits error {err:.2e} of max|logit|"
+    fused = load(fuse_qkv=True)
+    assert "wqkv" in fused.params["layers"][0]
+    np.testing.assert_allclose(fused.forward(ids), ref, atol=1e-5, rtol=0)
+
+
 def test_phi3_fused_partial_rotary_window(ckpt_dir):
     """Fused qkv / gate_up, partial rotary 0.5, window 12 < the 13-token prompt; GQA ratio 2."""
     cfg = transformers.Phi3Config(
@@ -186,7 +267,7 @@ def test_phi3_longrope_is_rejected():
 def test_registry_lists_new_families():
     from aotlm.models import supported_model_types
 
-    for mt in ("mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"):
+    for mt in ("mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"):
         assert mt in supported_model_types()
     with pytest.raises(ValueError, match="layer_types"):
         cfg = transformers.Qwen2Config(use_sliding_window=True, sliding_window=4, num_hidden_layers=2)
