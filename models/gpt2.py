@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from aotlm.models.arch import ArchConfig
-from aotlm.models.weights import bias_heads, heads_in, heads_out, row
+from aotlm.models.weights import bias_heads, heads_in, heads_out, linear_t, row
 
 MODEL_TYPES = ("gpt2",)
 PREFIXES = ("transformer.", "")
@@ -34,7 +34,7 @@ def arch_config(hf) -> ArchConfig:
         gated_mlp=False,
         position="learned",
         attn_scale=(d // h) ** -0.5 if getattr(hf, "scale_attn_weights", True) else 1.0,
-        tie_embeddings=True,
+        tie_embeddings=bool(getattr(hf, "tie_word_embeddings", True)),  # False: GGUF files' own output matrix
     )
 
 
@@ -60,4 +60,6 @@ def weight_rows(cfg: ArchConfig, hf) -> list:
             row(L + ("b_down",), p + "mlp.c_proj.bias"),
         ]
     rows += [row(("final_norm_scale",), "ln_f.weight"), row(("final_norm_bias",), "ln_f.bias")]
+    if not cfg.tie_embeddings:
+        rows.append(row(("lm_head",), "lm_head.weight", linear_t))
     return rows

@@ -95,15 +95,19 @@ class QuantizationConfig:
 
 
 def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig | None:
-    """``None``, ``"int8"`` / ``"s8"`` / ``"w8a8"`` / ``"bf16"`` / ``"f16"`` or a config -> config."""
-    if quant is None or isinstance(quant, QuantizationConfig):
-        return quant
+    """``None``, ``"int8"`` / ``"s8"`` / ``"w8a8"`` / ``"bf16"`` / ``"f16"`` or a config -> config.
+
+    ``"none"``: float weights, said explicitly (a GGUF model's default storage is then not applied).
+    """
+    if quant is None or quant == "none" or isinstance(quant, QuantizationConfig):
+        return None if quant == "none" else quant
     if isinstance(quant, str) and quant in QUANT_DTYPES:
         return QuantizationConfig(quant_dtype=quant)
     if quant == "w8a8":
         return QuantizationConfig(quant_dtype="s8", activations="s8")
     raise ValueError(
-        f"quant={quant!r} is not supported; use None, 'int8', 'w8a8', 'bf16', 'f16' or a QuantizationConfig"
+        f"quant={quant!r} is not supported; use None, 'none', 'int8', 'w8a8', 'bf16', 'f16' or a "
+        "QuantizationConfig"
     )
 
 

@@ -115,8 +115,9 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
     p.add_argument(
         "--quant",
         default=None,
-        choices=["int8", "w8a8", "bf16"],
-        help="int8 (per-channel scales) or bf16 weight storage; w8a8: int8 weights and prefill activations",
+        choices=["int8", "w8a8", "bf16", "none"],
+        help="int8 (per-channel scales) or bf16 weight storage; w8a8: int8 weights and prefill activations; "
+        "none: f32 (a GGUF model defaults to int8)",
     )
     p.add_argument("--fuse-qkv", action="store_true", default=None, help="one q/k/v and one gate/up matmul")
     p.add_argument(

@@ -29,7 +29,7 @@ from aotlm.core import buckets as bk
 from aotlm.core.bucket_config import resolve as merge_bucket_config
 from aotlm.core.compile_cache import CompileCache
 from aotlm.core.resolve import resolve
-from aotlm.models import family_for, layers, packing
+from aotlm.models import family_for, gguf, layers, packing
 from aotlm.models.arch import ArchConfig
 from aotlm.models.checkpoint import CheckpointError, WeightReader, load_hf_config
 from aotlm.models.quant import ParamRewriter, QuantizationConfig, quant_config
@@ -128,7 +128,8 @@ class CompiledModel:
         self.amp = amp  # as asked; what it means on this backend is ``self.precision``
         # weight storage (models/quant.py): int8 + per-channel scales, fused q/k/v and gate/up.
         # Both change the params pytree, hence the compile-cache fingerprint (``param_tree``).
-        self.quant = quant_config(quant)  # as given (artifacts record it)
+        # as given (artifacts record it); none given for a GGUF model: the storage it was converted for
+        self.quant = quant_config(gguf.default_quant(path) if quant is None else quant)
         self.kv_cache_dtype = precision.kv_cache_name(kv_cache_dtype)  # as asked (None: follows amp)
         self.precision = precision.resolve(amp, self.quant, None, kv_cache_dtype)  # compute / KV / matrices
         self.dtype = self.precision.compute

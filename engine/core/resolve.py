@@ -7,6 +7,8 @@ goes through :func:`resolve`, so they all accept the same things:
 * a training run directory: its latest ``checkpoints/checkpoint-N`` (or ``checkpoint-N``,
   the HF Trainer layout), by the numeric value of ``N``, not by name;
 * a bundled model name such as ``"aotlm/tiny-py"`` (package data, see ``aotlm.core.bundled``);
+* a real model's name such as ``"smollm2"`` (a package's GGUF file, see ``aotlm.core.named``);
+* a llama.cpp ``*.gguf`` file: converted once into a cached checkpoint directory (``aotlm.models.gguf``);
 
 with ``~`` and ``$VARS`` expanded. :func:`validate_checkpoint` checks that every piece is
 there without reading any weight, so a typo fails in milliseconds, naming the missing file.
@@ -20,7 +22,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from aotlm.core import named
 from aotlm.core.bundled import BUNDLED_MODELS, DEFAULT_MODEL, bundled_path
+from aotlm.models import gguf
 from aotlm.models.checkpoint import SAFE_INDEX, SAFE_SINGLE, TORCH_INDEX, TORCH_SINGLE, CheckpointError
 
 _CKPT_NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -95,7 +99,11 @@ def resolve(path: str | os.PathLike | None) -> Path:
         path = default_model()
     if is_bundled_name(path):
         return bundled(os.fspath(path))
+    if named.is_named(os.fspath(path)):  # a real model by name: its package's GGUF file
+        path = named.locate(os.fspath(path))
     p = expand(path)
+    if gguf.is_gguf(p):
+        return gguf.convert(p)
     if (p / "config.json").is_file():
         return p
     if not p.exists():
@@ -180,8 +188,9 @@ def validate_checkpoint(
         root = run_root(ckpt)
         where = f"{ckpt}" + (f" or the run root {root}" if root else "")
         raise CheckpointError(f"no tokenizer found in {where}; pass --tokenizer DIR (tokenizer=DIR)")
-    original = None if path is None or is_bundled_name(path) else expand(path)
-    run = original if original is not None and original != ckpt else None
+    by_name = path is None or is_bundled_name(path) or named.is_named(os.fspath(path))
+    original = None if by_name else expand(path)
+    run = original if original is not None and original != ckpt and not gguf.is_gguf(original) else None
     return CheckpointFiles(ckpt, cfg, weights, tok, run, model_type)
 
 

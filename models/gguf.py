@@ -1,0 +1,230 @@
+"""GGUF files (llama.cpp, Ollama) as aotlm checkpoints: converted once, cached by content hash.
+
+:func:`convert` turns ``model.gguf`` into an HF-style checkpoint directory that every other part
+of aotlm already reads (``aotlm.core.resolve`` calls it for any ``*.gguf`` path):
+
+* ``config.json``: transformers' own config for the file (``AutoConfig.from_pretrained(dir,
+  gguf_file=name)``, the one its GGUF loading builds the model from);
+* ``model.safetensors``: every tensor under its HF name (``aotlm.models.gguf_names``: llama.cpp's
+  layout changes undone); F32 / F16 / BF16 kept as stored, block-quantized types (Q4_0 .. Q8_0,
+  K-quants) dequantized to float32 with gguf-py (numpy, memory-mapped, one tensor at a time);
+* the tokenizer files and chat template (transformers' GGUF tokenizer conversion, saved);
+* ``generation_config.json`` (bos / eos / pad ids from the metadata);
+* ``aotlm_gguf.json``: the source (path, sha256, size), its tensor type counts and the default
+  weight storage (:func:`default_quant`).
+
+The directory is ``$AOTLM_GGUF_CACHE/<sha256[:16]>`` (default ``~/.cache/aotlm/gguf``), written
+to a temporary directory and renamed into place, so a failed or interrupted conversion leaves
+nothing. A file is hashed once: ``hashes.json`` there maps (path, size, mtime) to its sha256, so
+a warm load reads neither the file nor transformers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from aotlm.models.checkpoint import CheckpointError
+from aotlm.models.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, tensor_array
+from aotlm.models.gguf_safetensors import write_safetensors
+
+__all__ = ["convert", "default_quant", "is_gguf", "cache_root", "SOURCE_FILE", "stats"]
+
+logger = logging.getLogger("aotlm.models.gguf")
+SOURCE_FILE = "aotlm_gguf.json"
+_MEMO = "hashes.json"
+FORMAT = 1  # bump when the converted layout changes: old cache entries are then converted again
+stats = {"conversions": 0, "cache_hits": 0}  # this process's counts (tests assert on them)
+
+
+def cache_root() -> Path:
+    """Where converted GGUF files live: ``$AOTLM_GGUF_CACHE`` or ``~/.cache/aotlm/gguf``."""
+    env = os.environ.get("AOTLM_GGUF_CACHE")
+    return Path(os.path.expanduser(env)) if env else Path.home() / ".cache" / "aotlm" / "gguf"
+
+
+def _stat_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _read_memo(root: Path) -> dict:
+    try:
+        memo = json.loads((root / _MEMO).read_text())
+        return memo if isinstance(memo, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_memo(root: Path, key: str, sha: str) -> None:
+    memo = _read_memo(root)
+    memo[key] = sha
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=".hashes-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(memo, f, indent=0)
+    os.replace(tmp, root / _MEMO)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _entry(root: Path, sha: str) -> Path:
+    return root / f"{sha[:16]}-v{FORMAT}"
+
+
+def cached(path: str | os.PathLike) -> Path | None:
+    """The converted directory of ``path`` if it is in the cache (no hashing: the stat memo only)."""
+    path = Path(path)
+    root = cache_root()
+    sha = _read_memo(root).get(_stat_key(path))
+    if sha is None:
+        return None
+    d = _entry(root, sha)
+    return d if (d / SOURCE_FILE).is_file() else None
+
+
+def convert(path: str | os.PathLike) -> Path:
+    """The checkpoint directory of GGUF file ``path``, converting it on first use (see module doc)."""
+    path = Path(path)
+    hit = cached(path)
+    if hit is not None:
+        stats["cache_hits"] += 1
+        return hit
+    plan, reader = inspect(path)  # every check before anything is written
+    root = cache_root()
+    sha = file_sha256(path)
+    final = _entry(root, sha)
+    if not (final / SOURCE_FILE).is_file():  # same content under another path / mtime: reuse it
+        _convert_into(plan, reader, root, final, sha)
+    _write_memo(root, _stat_key(path), sha)
+    return final
+
+
+def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None:
+    start = time.perf_counter()
+    logger.info("converting %s (%s) once into %s", plan.path, plan.arch_name, final)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{sha[:16]}-"))
+    try:
+        meta = _write_config(plan, tmp)
+        tensors = (
+            (t.hf, t.dtype, t.shape, lambda t=t: tensor_array(reader, plan, t, meta)) for t in plan.tensors
+        )
+        write_safetensors(tmp / "model.safetensors", list(tensors))
+        if plan.has_tokenizer:
+            _write_tokenizer(plan, tmp)
+        _write_generation_config(plan, tmp)
+        source = {
+            "format": FORMAT,
+            "path": str(plan.path.resolve()),
+            "sha256": sha,
+            "size": plan.path.stat().st_size,
+            "architecture": plan.arch_name,
+            "tensor_types": plan.type_counts,
+            "matrix_types": sorted(plan.matrix_types()),
+            "default_quant": storage_for(plan.matrix_types()),
+            "seconds": round(time.perf_counter() - start, 2),
+        }
+        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
+        try:
+            os.replace(tmp, final)
+        except OSError:  # another process converted the same file first: keep its copy
+            if not (final / SOURCE_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    stats["conversions"] += 1
+    logger.info("converted %s in %.1f s", plan.path.name, time.perf_counter() - start)
+
+
+def _write_config(plan: Plan, out: Path) -> dict:
+    """transformers' config of the file, saved; returns its fields (head counts for the name table)."""
+    from transformers import AutoConfig  # local: slow import (~1-2 s), only when a GGUF is converted
+
+    try:
+        cfg = AutoConfig.from_pretrained(str(plan.path.parent), gguf_file=plan.path.name)
+    except Exception as e:  # transformers raises many types, with multi-line messages
+        raise CheckpointError(f"{plan.path}: transformers cannot build its config ({_first_line(e)})") from e
+    if cfg.model_type not in (plan.arch.model_type, *plan.arch.also):
+        raise CheckpointError(
+            f"{plan.path}: transformers reads it as {cfg.model_type!r}, expected {plan.arch.model_type!r}"
+        )
+    cfg.save_pretrained(str(out))
+    return json.loads((out / "config.json").read_text())
+
+
+def _write_tokenizer(plan: Plan, out: Path) -> None:
+    """transformers' tokenizer built from the metadata (vocabulary, merges, special tokens, chat template)."""
+    from transformers import AutoTokenizer  # local: slow import, only when a GGUF is converted
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(plan.path.parent), gguf_file=plan.path.name)
+    except Exception as e:  # transformers raises many types, with multi-line messages
+        raise CheckpointError(
+            f"{plan.path}: transformers cannot build its tokenizer ({_first_line(e)}); this GGUF's "
+            "tokenizer type is not supported (upgrade transformers, or convert the HF checkpoint instead)"
+        ) from e
+    tok.save_pretrained(str(out))
+
+
+def _first_line(e: Exception) -> str:
+    return " ".join(str(e).split("\n")[0].split())[:200] or type(e).__name__
+
+
+def _write_generation_config(plan: Plan, out: Path) -> None:
+    keys = {
+        "bos_token_id": "bos_token_id",
+        "eos_token_id": "eos_token_id",
+        "pad_token_id": "padding_token_id",
+    }
+    found = {k: f"tokenizer.ggml.{g}" for k, g in keys.items()}
+    gen = {k: plan.metadata[g] for k, g in found.items() if g in plan.metadata}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=1) + "\n")
+
+
+def storage_for(matrix_types: set[str]) -> str | None:
+    """The default weight storage for a file whose matrices have these GGUF types.
+
+    Block-quantized (4- to 8-bit) -> ``"int8"`` (aotlm's most compact; the dequantized weights
+    re-rounded per output channel), all F16 -> ``"f16"``, all BF16 -> ``"bf16"`` (both exact),
+    otherwise None (float32).
+    """
+    if matrix_types & set(QUANT_TYPES):
+        return "int8"
+    if matrix_types in ({"F16"}, {"BF16"}):
+        return next(iter(matrix_types)).lower()
+    return None
+
+
+def default_quant(checkpoint: str | os.PathLike) -> str | None:
+    """The ``quant`` a model converted from a GGUF file gets when the caller passed none.
+
+    None for any other checkpoint. Logs one line saying what was chosen and how to keep float32.
+    """
+    f = Path(checkpoint) / SOURCE_FILE
+    if not f.is_file():
+        return None
+    try:
+        source = json.loads(f.read_text())
+    except ValueError:
+        return None
+    quant = source.get("default_quant")
+    if quant is not None:
+        types = "/".join(t for t in source.get("matrix_types", []) if t != "F32")
+        how = "dequantized" if quant == "int8" else "kept"
+        logger.warning(
+            "%s: %s weights %s; stored as %s (quant='none' / --quant none keeps f32)",
+            Path(source.get("path", "")).name, types, how, quant,
+        )  # fmt: skip
+    return quant

