@@ -25,7 +25,7 @@ from gguf_builders import CHATML, VOCAB, write_gguf
 
 from aotlm import AutoModelForSampling
 from aotlm.core.resolve import resolve, validate_checkpoint
-from aotlm.models import gguf, supported_model_types
+from aotlm.models import gguf
 from aotlm.models.checkpoint import CheckpointError
 from aotlm.text.tokens import load_tokenizer
 
@@ -110,16 +110,17 @@ def _hf_logits(ref, ids: np.ndarray) -> np.ndarray:
         return ref(torch.tensor(ids)).logits[:, -1].float().numpy()
 
 
-def _needs_family(arch: str) -> None:
-    mt = {"gemma3": "gemma3_text"}.get(arch, arch)
-    if mt not in supported_model_types():
-        pytest.skip(f"aotlm has no {mt} family yet (the gemma3 family is added separately)")
+# every type on llama, one type per other architecture in the default run; the rest under -m slow
+DEFAULT_CASES = {("qwen2", "Q4_0"), ("gpt2", "Q8_0"), ("gemma3", "Q4_K")}
+CASES = [
+    pytest.param(a, t, marks=() if a == "llama" or (a, t) in DEFAULT_CASES else pytest.mark.slow)
+    for a in ("llama", "qwen2", "gpt2", "gemma3")
+    for t in TYPES
+]
 
 
-@pytest.mark.parametrize("qtype", TYPES)
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "gemma3"])
+@pytest.mark.parametrize(("arch", "qtype"), CASES)
 def test_conformance(arch, qtype, files, compile_dir):
-    _needs_family(arch)
     path = files(arch, qtype)
     ref = _hf(path)
     model = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, quant="none", **SHAPES)
