@@ -146,3 +146,29 @@ class Recorder:
 
     def end(self):
         self.calls.append("end")
+
+
+# Gemma3's two rope bases: layer 0 local (base 100), layer 1 global (base 10000, linear x8 scaling)
+GEMMA3_ROPES = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
+}
+
+
+def gemma3_config(**kw):
+    """A tiny ``Gemma3TextConfig`` (q/k norms, one local and one global layer, both ropes); ``kw`` wins."""
+    import transformers
+
+    base = dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=96,
+        query_pre_attn_scalar=24,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=GEMMA3_ROPES,
+        pad_token_id=0,
+    )
+    return transformers.Gemma3TextConfig(**{**base, **kw})

@@ -20,7 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import transformers
-from conformance import hf_generate, hf_last_logits, hf_model, left_padded_batch, make_checkpoint
+from conformance import (
+    gemma3_config,
+    hf_generate,
+    hf_last_logits,
+    hf_model,
+    left_padded_batch,
+    make_checkpoint,
+)
 
 from aotlm import AutoModelForSampling
 from aotlm.models import decoder, flash
@@ -157,22 +164,7 @@ FAMILIES = {
         **TINY,
     ),
     # q/k norms, window 40 on layer 0 with its own rope base, layer 1 global with linear x8
-    "gemma3_text": lambda: transformers.Gemma3TextConfig(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=96,
-        query_pre_attn_scalar=24,
-        sliding_window=40,
-        layer_types=["sliding_attention", "full_attention"],
-        rope_parameters={
-            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
-        },
-        pad_token_id=0,
-        **TINY,
-    ),
+    "gemma3_text": lambda: gemma3_config(head_dim=16, sliding_window=40, **TINY),
 }
 
 

@@ -8,6 +8,7 @@ Edge configs covered: GQA ratios 1 / 2 / 4 / 8, head_dim 48 and 80 (not powers o
 not hidden/heads), vocab 101, tied and untied embeddings, windows smaller than the prompt.
 """
 
+import conformance
 import numpy as np
 import pytest
 import transformers
@@ -158,23 +159,7 @@ def test_gemma2_softcaps_local_global(ckpt_dir):
 
 def gemma3_config(**kw) -> transformers.Gemma3TextConfig:
     """Layer 0 local (window 6, rope base 100), layer 1 global (base 10000, linear x8 scaling)."""
-    ropes = {
-        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
-    }
-    base = dict(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=96,
-        query_pre_attn_scalar=24,
-        sliding_window=6,
-        layer_types=["sliding_attention", "full_attention"],
-        rope_parameters=ropes,
-        pad_token_id=0,
-    )
-    return transformers.Gemma3TextConfig(**{**base, **TINY, **kw})
+    return conformance.gemma3_config(**{**TINY, **kw})
 
 
 def test_gemma3_text_local_global_ropes_qk_norm(ckpt_dir):

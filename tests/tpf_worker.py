@@ -33,6 +33,7 @@ import transformers as T  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from conformance import gemma3_config  # noqa: E402
 from test_models_a import FULL, PREFILL  # noqa: E402
 
 V = 101  # not a multiple of tp: exercises vocab padding
@@ -136,23 +137,7 @@ CASES: dict[str, tuple[str, Callable[[], T.PretrainedConfig]]] = {
     # q/k norms; layer 0 local (window 4, rope base 100), layer 1 global (base 10000, linear x8)
     "gemma3_text": (
         "gemma3_text",
-        lambda: T.Gemma3TextConfig(
-            hidden_size=64,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            intermediate_size=96,
-            query_pre_attn_scalar=24,
-            final_logit_softcapping=4.0,
-            sliding_window=4,
-            layer_types=["sliding_attention", "full_attention"],
-            rope_parameters={
-                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
-            },
-            pad_token_id=0,
-            **TINY,
-        ),
+        lambda: gemma3_config(head_dim=32, final_logit_softcapping=4.0, sliding_window=4, **TINY),
     ),
     "phi3": (
         "phi3",
