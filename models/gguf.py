@@ -3,12 +3,13 @@
 :func:`convert` turns ``model.gguf`` into an HF-style checkpoint directory that every other part
 of aotlm already reads (``aotlm.core.resolve`` calls it for any ``*.gguf`` path):
 
-* ``config.json``: transformers' own config for the file (``AutoConfig.from_pretrained(dir,
-  gguf_file=name)``, the one its GGUF loading builds the model from);
+* ``config.json``: the config transformers' GGUF loading builds for the file (``AutoConfig.
+  from_pretrained(dir, gguf_file=name)``), rebuilt without torch from its tables
+  (:mod:`aotlm.models.gguf_meta`: aotlm itself needs no torch);
 * ``model.safetensors``: every tensor under its HF name (``aotlm.models.gguf_names``: llama.cpp's
   layout changes undone); F32 / F16 / BF16 kept as stored, block-quantized types (Q4_0 .. Q8_0,
   K-quants) dequantized to float32 with gguf-py (numpy, memory-mapped, one tensor at a time);
-* the tokenizer files and chat template (transformers' GGUF tokenizer conversion, saved);
+* the tokenizer files and chat template (transformers' GGUF tokenizer conversion, torch-free, saved);
 * ``generation_config.json`` (bos / eos / pad ids from the metadata);
 * ``aotlm_gguf.json``: the source (path, sha256, size), its tensor type counts and the default
   weight storage (:func:`default_quant`).
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from aotlm.models.checkpoint import CheckpointError
 from aotlm.models.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, tensor_array
+from aotlm.models.gguf_meta import build_config, build_tokenizer, read_metadata
 from aotlm.models.gguf_safetensors import write_safetensors
 
 __all__ = ["convert", "default_quant", "is_gguf", "cache_root", "SOURCE_FILE", "stats"]
@@ -117,13 +119,14 @@ def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{sha[:16]}-"))
     try:
-        meta = _write_config(plan, tmp)
+        metadata = read_metadata(reader)
+        config, meta = _write_config(plan, metadata, tmp)
         tensors = (
             (t.hf, t.dtype, t.shape, lambda t=t: tensor_array(reader, plan, t, meta)) for t in plan.tensors
         )
         write_safetensors(tmp / "model.safetensors", list(tensors))
         if plan.has_tokenizer:
-            _write_tokenizer(plan, tmp)
+            _write_tokenizer(plan, metadata, config, tmp)
         _write_generation_config(plan, tmp)
         source = {
             "format": FORMAT,
@@ -148,12 +151,10 @@ def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None
     logger.info("converted %s in %.1f s", plan.path.name, time.perf_counter() - start)
 
 
-def _write_config(plan: Plan, out: Path) -> dict:
-    """transformers' config of the file, saved; returns its fields (head counts for the name table)."""
-    from transformers import AutoConfig  # local: slow import (~1-2 s), only when a GGUF is converted
-
+def _write_config(plan: Plan, metadata: dict, out: Path):
+    """transformers' config of the file (built without torch), saved; returns it and its saved fields."""
     try:
-        cfg = AutoConfig.from_pretrained(str(plan.path.parent), gguf_file=plan.path.name)
+        cfg = build_config(metadata, (t.gguf for t in plan.tensors))
     except Exception as e:  # transformers raises many types, with multi-line messages
         raise CheckpointError(f"{plan.path}: transformers cannot build its config ({_first_line(e)})") from e
     if cfg.model_type not in (plan.arch.model_type, *plan.arch.also):
@@ -161,19 +162,17 @@ def _write_config(plan: Plan, out: Path) -> dict:
             f"{plan.path}: transformers reads it as {cfg.model_type!r}, expected {plan.arch.model_type!r}"
         )
     cfg.save_pretrained(str(out))
-    return json.loads((out / "config.json").read_text())
+    return cfg, json.loads((out / "config.json").read_text())
 
 
-def _write_tokenizer(plan: Plan, out: Path) -> None:
+def _write_tokenizer(plan: Plan, metadata: dict, config, out: Path) -> None:
     """transformers' tokenizer built from the metadata (vocabulary, merges, special tokens, chat template)."""
-    from transformers import AutoTokenizer  # local: slow import, only when a GGUF is converted
-
     try:
-        tok = AutoTokenizer.from_pretrained(str(plan.path.parent), gguf_file=plan.path.name)
+        tok = build_tokenizer(metadata, config)
     except Exception as e:  # transformers raises many types, with multi-line messages
         raise CheckpointError(
-            f"{plan.path}: transformers cannot build its tokenizer ({_first_line(e)}); this GGUF's "
-            "tokenizer type is not supported (upgrade transformers, or convert the HF checkpoint instead)"
+            f"{plan.path}: transformers cannot build its tokenizer ({_first_line(e)}); upgrade transformers "
+            "if it is a newer tokenizer type, or convert the HF checkpoint instead"
         ) from e
     tok.save_pretrained(str(out))
 
