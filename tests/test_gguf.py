@@ -306,3 +306,22 @@ def test_smollm2_chat_matches_transformers(cache, compile_dir):
         np.testing.assert_array_equal(out, _hf_greedy(ref, ids, 16))
         answers.append(tok.decode(out[0, ids.shape[1] :]))
     assert "Paris" in answers[0], answers  # a real model answering, not only two engines agreeing
+
+
+def test_gemma3_270m_continuation_matches_transformers(cache, compile_dir):
+    """The real Gemma-3-270M (Q4_K_M, ``gemma3-270m`` by name) where its package is installed."""
+    from aotlm.core import named
+
+    m = named.NAMED_MODELS["gemma3-270m"]
+    if m.package_version() is None:
+        pytest.skip(f"{m.distribution} is not installed ({m.install})")
+    path = named.locate("gemma3-270m")
+    ref, tok = _hf(path), transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    shapes = dict(batch_size=1, n_positions=[64], context_length_estimate=[16], quant="none")
+    model = AutoModelForSampling.from_pretrained("gemma3-270m", compile_cache=compile_dir, **shapes)
+    ids = np.array([tok("The capital of France is")["input_ids"]])
+    got, want = model.forward(ids), _hf_logits(ref, ids)
+    assert np.abs(got - want).max() <= 1e-3, np.abs(got - want).max()  # logits of magnitude ~20
+    out = model.sample(ids, max_new_tokens=16)
+    np.testing.assert_array_equal(out, _hf_greedy(ref, ids, 16))
+    assert "France" in tok.decode(out[0, ids.shape[1] :])  # English about France, not noise
