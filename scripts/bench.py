@@ -375,6 +375,9 @@ def main() -> int:
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     bw, bw_how = read_bandwidth()
     print(f"CPU: {cpu_model()}")
+    if kernels.enabled():  # the level (AOTLM_KERNEL_ISA forces a lower one) and its measured limits
+        fma, i8 = kernels.fma_peak(3), kernels.int8_peak(3)
+        print(f"kernel ISA: {kernels.isa_level()}; peaks: f32 FMA {fma:.0f} GFLOP/s, int8 {i8:.0f} Gop/s")
     print(
         f"checkpoint {path}; prompt {args.prompt}, {args.new} new tokens, greedy, tp={args.tp}, median of "
         f"{args.runs}; aotlm kernels: {kernels.cache_tag()} ({kernels.threads()} threads); "

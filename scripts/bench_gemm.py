@@ -1,6 +1,8 @@
 """Prefill GEMM throughput: XLA's f32 dot against the kernels' GEMMs (``engine/kernels/gemm.h``).
 
-Prints the CPU model, the f32 FMA peak of the kernels' threads (``aotlm.kernels.fma_peak``) and,
+Prints the CPU model, the kernels' ISA level (``aotlm.kernels.isa_level``; ``AOTLM_KERNEL_ISA=avx2``
+forces a lower one for an A/B), the f32 FMA and int8 multiply-add peaks of the kernels' threads at that
+level (``aotlm.kernels.fma_peak`` / ``int8_peak``: 8- or 16-lane FMAs, ``vpmaddwd`` or ``vpdpbusd``) and,
 per GPT-2-small prefill shape (rows x K x N), GFLOP/s (median of ``--runs``) of: XLA's f32 dot,
 the f32 GEMM kernel on a row-major W (``aotlm_gemm``, not used by the model), the packed-weight
 GEMM on f32 panels (f32 prefill) and on int8 panels widened to f32 (``quant="int8"`` prefill),
@@ -53,8 +55,11 @@ def main() -> None:
     ap.add_argument("--rows", default="128,1024", help="comma-separated row counts (prompt x batch)")
     a = ap.parse_args()
     print(f"cpu: {cpu_model()}; threads: {kernels.threads()}; jax {jax.__version__}")
-    peak = kernels.fma_peak(5)
-    print(f"f32 FMA peak (kernel threads, best of 5): {peak:.1f} GFLOP/s")
+    peak, ipeak = kernels.fma_peak(5), kernels.int8_peak(5)
+    print(
+        f"kernel ISA: {kernels.isa_level()}; peaks (kernel threads, best of 5): f32 FMA {peak:.1f} GFLOP/s, "
+        f"int8 multiply-add {ipeak:.1f} Gop/s (2 ops per multiply-add)"
+    )
     rng = np.random.default_rng(0)
     xla = jax.jit(lambda x, w: x @ w)
     f32 = jax.jit(lambda x, w: kernels.matmul(x, w))
@@ -67,7 +72,7 @@ def main() -> None:
     w8a8 = jax.jit(w8a8)
     head = ("M x K x N", "XLA f32", "f32 rows", "f32 panels", "int8 panels", "w8a8")
     cols = " | ".join(f"{h:>{w}}" for h, w in zip(head, (18, 8, 8, 10, 11, 8), strict=True))
-    print(cols + " | f32 panels % peak | int8 % peak")
+    print(cols + " | f32 panels % peak | int8 % peak | w8a8 % int8 peak")
     for m in (int(r) for r in a.rows.split(",")):
         for k, n in SHAPES:
             x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
@@ -81,7 +86,8 @@ def main() -> None:
             r += [gf(median_s(w8a8, (x, wq, s), a.runs))]
             print(
                 f"{m:>5} x {k:>4} x {n:>4} | {r[0]:8.1f} | {r[1]:8.1f} | {r[2]:10.1f} | {r[3]:11.1f} | "
-                f"{r[4]:8.1f} | {100 * r[2] / peak:16.0f}% | {100 * r[3] / peak:10.0f}%"
+                f"{r[4]:8.1f} | {100 * r[2] / peak:16.0f}% | {100 * r[3] / peak:10.0f}% | "
+                f"{100 * r[4] / ipeak:15.0f}%"
             )
 
 

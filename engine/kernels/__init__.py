@@ -14,7 +14,11 @@ isolated build env (a second jaxlib download per build) and a ``-mavx2`` binary 
 installs on machines without a compiler or AVX2: here any failure only means the pure-JAX path.
 
 Used when: the default backend is CPU, the CPU has AVX2+FMA+F16C, the build succeeded and
-``AOTLM_KERNELS`` is not ``0``. Weights of every dtype take the kernel for 1..``MAX_ROWS`` rows
+``AOTLM_KERNELS`` is not ``0``. ISA levels (``isa``): the library is built for the best level the CPU
+has -- ``avx2``, ``avx512`` (F/BW/VL/DQ: 16-lane FMAs in the GEMMs and prompt attention) or
+``avx512vnni`` (also ``vpdpbusd`` for W8A8, ``vpdpwssd`` in the int8 row kernels) -- or for
+``AOTLM_KERNEL_ISA``; ``isa_level()`` says which. The level is in the build hash and ``cache_tag()``.
+Weights of every dtype take the kernel for 1..``MAX_ROWS`` rows
 (decode, batched decode, the ``k + 1`` tokens a speculative check feeds). More rows (prefill):
 packed int8 / bf16 / f16 weights take the GEMM of ``gemm.h`` (``aotlm_gemm_pk``: W widened to f32
 block by block, f32 x, bias and MLP activation in its output pass; int8 x with per-row scales
@@ -33,9 +37,12 @@ from aotlm.kernels.build import (
     enabled,
     ensure_registered,
     fma_peak,
+    int8_peak,
+    isa_level,
     read_gbps,
     threads,
 )
+from aotlm.kernels.isa import KernelIsaError
 from aotlm.kernels.ops import (
     argmax,
     argmax_ok,
@@ -53,6 +60,7 @@ from aotlm.kernels.ops import (
 
 __all__ = [
     "MAX_ROWS",
+    "KernelIsaError",
     "KernelWarning",
     "argmax",
     "argmax_ok",
@@ -68,6 +76,8 @@ __all__ = [
     "fma_peak",
     "gemm_fuses",
     "gemm_supported",
+    "int8_peak",
+    "isa_level",
     "matmul",
     "mesh_context",
     "read_gbps",

@@ -19,11 +19,14 @@ from pathlib import Path
 import jax
 import jaxlib
 
+from aotlm.kernels import isa
+
 _DIR = Path(__file__).resolve().parent  # the sources ship beside this module
 # The translation unit and every header beside it: the build hash covers them all, so a changed
 # header (epilogue.h, argmax.h were once missing from a hand-kept list) always means a rebuild.
 SOURCES = ("wmatmul.cc", *sorted(p.name for p in _DIR.glob("*.h")))
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-shared", "-pthread")
+# The g++ flags of every level; the ISA level's own (``isa.LEVELS``: -mavx2 ... -mavx512vnni) go after -O3.
+FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-pthread")
 TARGETS = {
     "aotlm_wmm_nn": "AotlmWmmNN",
     "aotlm_wmm_nt": "AotlmWmmNT",
@@ -51,12 +54,27 @@ class KernelWarning(UserWarning):
 
 
 @functools.cache
-def build_hash() -> str:
-    """Identity of the kernel binary: sources, flags, compiler and jaxlib version."""
+def isa_level() -> str:
+    """The instruction-set level the kernels of this process are built for (``avx2``, ``avx512`` or
+    ``avx512vnni``: ``aotlm.kernels.isa``), chosen once: ``AOTLM_KERNEL_ISA`` or the CPU's best.
+    Raises ``isa.KernelIsaError`` (one line) for an unknown level or one this CPU lacks."""
+    return isa.level()
+
+
+def flags(level: str | None = None) -> tuple[str, ...]:
+    """The g++ flags that build ``level`` (default: this process's)."""
+    return (FLAGS[0], *isa.flags_for(level or isa_level()), *FLAGS[1:])
+
+
+@functools.cache
+def build_hash(level: str | None = None) -> str:
+    """Identity of the kernel binary: sources, ISA level and its flags, compiler and jaxlib version."""
+    level = level or isa_level()
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode() + (_DIR / name).read_bytes())
-    h.update(" ".join(FLAGS).encode() + jaxlib.__version__.encode() + _compiler_version().encode())
+    h.update(level.encode() + " ".join(flags(level)).encode())
+    h.update(jaxlib.__version__.encode() + _compiler_version().encode())
     return h.hexdigest()[:16]
 
 
@@ -77,7 +95,7 @@ def _build() -> Path:
     lib.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
     os.close(fd)
-    cmd = ["g++", *FLAGS, f"-I{jax.ffi.include_dir()}", f"-I{_DIR}", str(_DIR / SOURCES[0]), "-o", tmp]
+    cmd = ["g++", *flags(), f"-I{jax.ffi.include_dir()}", f"-I{_DIR}", str(_DIR / SOURCES[0]), "-o", tmp]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if res.returncode:
         os.unlink(tmp)
@@ -90,10 +108,17 @@ def _build() -> Path:
 def _load() -> ctypes.CDLL | None:
     """Build, load and register the FFI targets once; ``None`` (with a warning) on any failure."""
     try:
-        lib = ctypes.CDLL(str(_build()))
+        path = _build()
+        lib = ctypes.CDLL(str(path))
         if not lib.aotlm_kernels_cpu_ok():
-            warnings.warn("this CPU lacks AVX2/FMA/F16C: aotlm kernels disabled", KernelWarning, stacklevel=3)
+            lacks = ", ".join(isa.lacking(isa_level()))
+            why = f"this CPU lacks the {isa_level()} level's instructions ({lacks})"
+            warnings.warn(f"{why}: aotlm kernels disabled", KernelWarning, stacklevel=3)
             return None
+        lib.aotlm_kernels_isa.restype = ctypes.c_char_p
+        built = lib.aotlm_kernels_isa().decode()
+        if built != isa_level():  # a binary built with other flags under this level's hash
+            raise RuntimeError(f"{path} is built for {built}, not {isa_level()}")
         for target, symbol in TARGETS.items():
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
         return lib
@@ -103,21 +128,25 @@ def _load() -> ctypes.CDLL | None:
 
 
 def enabled() -> bool:
-    """Whether graphs traced now use the kernels (``AOTLM_KERNELS=0`` forces them off)."""
+    """Whether graphs traced now use the kernels (``AOTLM_KERNELS=0`` forces them off). Raises
+    ``isa.KernelIsaError`` when ``AOTLM_KERNEL_ISA`` asks for a level this CPU cannot run."""
     if os.environ.get("AOTLM_KERNELS", "1") == "0" or jax.default_backend() != "cpu":
         return False
+    isa_level()  # a bad AOTLM_KERNEL_ISA is the user's error, not a reason to fall back quietly
     return _load() is not None
 
 
 def ensure_registered() -> None:
     """Register the FFI targets before deserializing executables that may call them."""
     if os.environ.get("AOTLM_KERNELS", "1") != "0" and jax.default_backend() == "cpu":
+        isa_level()
         _load()
 
 
 def cache_tag() -> str:
-    """Compile-cache key field: graphs with and without kernels (or another build) differ."""
-    return f"wmatmul-{build_hash()}" if enabled() else "off"
+    """Compile-cache key field: graphs with and without kernels, of another ISA level (whose
+    executables may hold instructions another CPU lacks) or of another build differ."""
+    return f"wmatmul-{isa_level()}-{build_hash()}" if enabled() else "off"
 
 
 def threads() -> int:
@@ -135,9 +164,21 @@ def read_gbps(mib: int = 512, runs: int = 7) -> float | None:
 
 
 def fma_peak(runs: int = 5) -> float | None:
-    """f32 FMA peak (GFLOP/s, best of runs) of the kernels' threads; None without them."""
+    """f32 FMA peak (GFLOP/s, best of runs) of the kernels' threads at their ISA level's vector
+    width (8 lanes under ``avx2``, 16 under ``avx512*``); None without them."""
     lib = _load()
     if lib is None:
         return None
     lib.aotlm_fma_peak.restype = ctypes.c_double
     return float(lib.aotlm_fma_peak(ctypes.c_int(runs)))
+
+
+def int8_peak(runs: int = 5) -> float | None:
+    """int8 multiply-add peak (Gop/s, 2 per multiply-add, best of runs) of the kernels' threads with
+    the instruction W8A8's GEMM uses at this ISA level: ``vpdpbusd`` on 512 bits (``avx512vnni``),
+    else ``vpmaddwd`` + ``vpaddd`` on sign-extended int8; None without the kernels."""
+    lib = _load()
+    if lib is None:
+        return None
+    lib.aotlm_int8_peak.restype = ctypes.c_double
+    return float(lib.aotlm_int8_peak(ctypes.c_int(runs)))

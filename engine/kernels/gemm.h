@@ -27,6 +27,10 @@
 // u8 x s8 4x24 102); vpmaddubsw would also saturate (2 * 255 * 127 > 32767). Sums stay int32 over
 // all of K (|x|, |w| <= 127: no overflow below K = 133k), so the result equals the graph's
 // ``dot(int8, int8) -> int32`` exactly.
+//
+// ISA levels (aotlm.kernels.isa; one source, built per level): avx2 as above; avx512 runs f32_micro
+// (this GEMM's and attn.h's) on 16-lane FMAs (gemm512.h); avx512vnni also W8A8 on vpdpbusd
+// (i8_gemm_vnni) and i8_micro's vpmaddwd + vpaddd as one vpdpwssd.
 #pragma once
 
 namespace aotlm_gm {
@@ -57,9 +61,14 @@ struct Rows {
 
 // c[6 x 16] (= or +=) a [6][kc] . b [kc][16]; only mr rows x nr columns of c are written. R < 6: only
 // R rows are computed (the last group of a GEMM's rows; 128 rows are 21 groups and 2 rows).
+#include "gemm512.h"  // the avx512 / avx512vnni builds' inner loops (f32_micro_z, i8_gemm_vnni)
+
 template <int R = MR>
 inline void f32_micro(const Rows& a_in, const float* b, int64_t kc, float* c, int64_t ldc, bool add, int64_t mr,
                       int64_t nr) {
+#if defined(__AVX512F__)
+  return f32_micro_z<R>(a_in, b, kc, c, ldc, add, mr, nr);  // 16-lane FMAs (gemm512.h)
+#endif
   const Rows a = a_in;  // a local copy: the row pointers stay in registers
   // 12 named accumulators: with an __m256 array g++ stored every one to the stack each k (4x slower)
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
@@ -235,8 +244,8 @@ inline void i8_micro(const int16_t* a, const int8_t* panel, int64_t Kh, float* o
     const int16_t* aj = a + j * MR * 2;
     for (int m = 0; m < MR; ++m) {
       const __m256i xb = aotlm_i8::pair_at(aj + 2 * m);
-      acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(w0, xb));
-      acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(w1, xb));
+      acc[m][0] = aotlm_i8::madd_add(acc[m][0], w0, xb);
+      acc[m][1] = aotlm_i8::madd_add(acc[m][1], w1, xb);
     }
   }
   for (int64_t m = 0; m < mr; ++m)  // a panel row's first 16 bytes are columns 0-7, the next 16 columns 8-15
@@ -269,29 +278,6 @@ inline void i8_gemm(const int16_t* xq, int64_t Kp, const float* sx, const int8_t
       }
     }
   });
-}
-
-// f32 FMA peak of the pool's threads (GFLOP/s, best of runs): 12 independent chains per thread.
-inline double fma_peak(int runs) {
-  const int parts = aotlm::pool_size();
-  constexpr int64_t IT = 4000000;
-  double best = 0;
-  std::vector<float> sink(parts);
-  for (int r = 0; r < std::max(1, runs); ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    aotlm::parallel_for(parts, [&](int c) {
-      __m256 a[12];
-      for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(1e-3f * (i + c));
-      const __m256 b = _mm256_set1_ps(0.999f), d = _mm256_set1_ps(1e-4f);
-      for (int64_t i = 0; i < IT; ++i)
-        for (int j = 0; j < 12; ++j) a[j] = _mm256_fmadd_ps(a[j], b, d);
-      for (int j = 1; j < 12; ++j) a[0] = _mm256_add_ps(a[0], a[j]);
-      sink[c] = _mm256_cvtss_f32(a[0]);
-    });
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * 8 * 12 * IT * parts / t / 1e9);
-  }
-  return sink[0] == 12345.f ? 0.0 : best;
 }
 
 }  // namespace aotlm_gm

@@ -50,6 +50,17 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int1
   }
 }
 
+// acc + vpmaddwd(a, b) (8 int32 lanes, each the sum of two int16 products): one vpdpwssd in the
+// avx512vnni build (aotlm.kernels.isa), else vpmaddwd + vpaddd. Equal results: neither saturates, and
+// |x| <= 32767, |w| <= 127 here.
+inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
 // (q[0], q[1]) broadcast to all 8 int32 lanes, as one load uop (a scalar load + vmovd +
 // vpbroadcastd through a general register was 3 per row of x in the multi-row tile). The row
 // of q is zero padded past K, so the pair at an odd K's last row is (x, 0).
@@ -124,7 +135,7 @@ inline void kn_tile(const int16_t* xq, int64_t Kp, const int8_t* w, int64_t N, i
     for (int v = 0; v < NV; ++v) pairs16(p + 16 * v, two ? p + N + 16 * v : nullptr, wv[2 * v], wv[2 * v + 1]);
     for (int m = 0; m < MR; ++m) {
       const __m256i xb = pair_at(xq + m * Kp + k);
-      for (int v = 0; v < 2 * NV; ++v) acc[m][v] = _mm256_add_epi32(acc[m][v], _mm256_madd_epi16(wv[v], xb));
+      for (int v = 0; v < 2 * NV; ++v) acc[m][v] = madd_add(acc[m][v], wv[v], xb);
     }
   }
   for (int m = 0; m < MR; ++m)
@@ -196,7 +207,7 @@ inline void nk_tile(const int16_t* xq, int64_t Kp, const int8_t* w, int64_t K, i
       for (int r = 0; r < NR; ++r) {
         const __m256i wv =
             _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (n + r) * K + k)));
-        for (int m = 0; m < MR; ++m) acc[m][r] = _mm256_add_epi32(acc[m][r], _mm256_madd_epi16(xv[m], wv));
+        for (int m = 0; m < MR; ++m) acc[m][r] = madd_add(acc[m][r], xv[m], wv);
       }
     }
     if (k0 + KB >= K && kv < K) {  // K tail: a zero-padded copy of each row's last < 16 bytes
@@ -206,7 +217,7 @@ inline void nk_tile(const int16_t* xq, int64_t Kp, const int8_t* w, int64_t K, i
         const __m256i wv = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
         for (int m = 0; m < MR; ++m) {
           const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * Kp + kv));
-          acc[m][r] = _mm256_add_epi32(acc[m][r], _mm256_madd_epi16(xv, wv));
+          acc[m][r] = madd_add(acc[m][r], xv, wv);
         }
       }
     }

@@ -45,8 +45,8 @@ inline void panel_rows(const int16_t* xq, int64_t Kp, const int8_t* panel, int64
       const __m256i w0 = w16(r), w1 = w16(r + 16);
       for (int m = 0; m < MR; ++m) {
         const __m256i xb = pair_at(xq + m * Kp + 2 * j);
-        acc[m][0][a] = _mm256_add_epi32(acc[m][0][a], _mm256_madd_epi16(w0, xb));
-        acc[m][1][a] = _mm256_add_epi32(acc[m][1][a], _mm256_madd_epi16(w1, xb));
+        acc[m][0][a] = aotlm_i8::madd_add(acc[m][0][a], w0, xb);
+        acc[m][1][a] = aotlm_i8::madd_add(acc[m][1][a], w1, xb);
       }
     };
     int64_t j = j0;

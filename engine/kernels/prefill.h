@@ -83,9 +83,14 @@ ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::
     return ffi::Error::InvalidArgument("aotlm_gemm_pk: x must be f32, or int8 (with int8 w and sx)");
   if (sx.element_type() != DataType::F32 || int64_t(sx.element_count()) != M)
     return ffi::Error::InvalidArgument("aotlm_gemm_pk: int8 x needs sx f32 [M]");
+  const int8_t* xi = static_cast<const int8_t*>(x.untyped_data());
+#if defined(__AVX512VNNI__)  // vpdpbusd on the int8 bytes as they are (gemm512.h)
+  aotlm_gm::i8_gemm_vnni(xi, static_cast<const float*>(sx.untyped_data()), static_cast<const int8_t*>(w.untyped_data()),
+                         s, M, K, N, out);
+  return ffi::Error::Success();
+#endif
   const int64_t Kp = (K + 16) / 16 * 16;
   std::vector<int16_t> xq(M * Kp, 0);
-  const int8_t* xi = static_cast<const int8_t*>(x.untyped_data());
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) xq[m * Kp + k] = xi[m * K + k];
   aotlm_gm::i8_gemm(xq.data(), Kp, static_cast<const float*>(sx.untyped_data()),

@@ -12,7 +12,8 @@
 // default). Float weights: wfloat.h; int8 weights take integer dot products instead (int8.h: x
 // rounded to int16 per row). Also here: the decode attention dots (bdot.h), prefill's whole-matrix
 // conversion (convert.h) and a read-bandwidth probe. Built on first use by aotlm.kernels
-// (g++ -O3 -mavx2 -mfma -mf16c).
+// (g++ -O3 -mavx2 -mfma -mf16c, plus -mavx512f/bw/vl/dq [-mavx512vnni] for the avx512 levels:
+// aotlm.kernels.isa).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -41,6 +42,7 @@ namespace {
 #include "epilogue.h"  // scale, bias and activation applied to the sums as they are written
 #include "packed.h"   // int8 / bf16 / f16 / f32 weights in the panel layout (decode matmuls, prefill unpacking)
 #include "gemm.h"     // prefill GEMMs: f32 W, int8 panels (weight-only and W8A8)
+#include "peak.h"     // measured f32 FMA and int8 multiply-add peaks
 #include "attn.h"     // prefill attention over the call's own tokens
 #include "argmax.h"   // greedy decoding's argmax over the vocabulary
 
@@ -362,12 +364,32 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmBdot, bdot,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 
+// Whether this CPU runs every instruction this build may use (its ISA level, aotlm.kernels.isa).
 extern "C" int aotlm_kernels_cpu_ok() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#if defined(__AVX512F__)
+  ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+#if defined(__AVX512VNNI__)
+  ok = ok && __builtin_cpu_supports("avx512vnni");
+#endif
+  return ok;
+}
+// The ISA level this binary was built for (its -m flags), checked against the one asked for at load.
+extern "C" const char* aotlm_kernels_isa() {
+#if defined(__AVX512VNNI__)
+  return "avx512vnni";
+#elif defined(__AVX512F__)
+  return "avx512";
+#else
+  return "avx2";
+#endif
 }
 extern "C" int aotlm_kernels_threads() { return aotlm::pool_size(); }
-// f32 FMA peak (GFLOP/s) of the pool's threads, best of ``runs`` (gemm.h): scripts/bench_gemm.py.
-extern "C" double aotlm_fma_peak(int runs) { return aotlm_gm::fma_peak(runs); }
+// f32 FMA and int8 multiply-add peaks (G(FL)OP/s) of the pool's threads, best of ``runs`` (peak.h).
+extern "C" double aotlm_fma_peak(int runs) { return aotlm_peak::fma_peak(runs); }
+extern "C" double aotlm_int8_peak(int runs) { return aotlm_peak::int8_peak(runs); }
 
 // Streaming read bandwidth in GB/s (median of ``runs``) over ``mib`` MiB, read by the kernels'
 // own threads the way the one-row kernels read weights: the roofline of scripts/bench.py.

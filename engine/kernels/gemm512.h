@@ -1,0 +1,165 @@
+// AVX-512 variants of the prefill GEMMs' inner loops (included by gemm.h inside namespace aotlm_gm, after
+// MR / NR / Rows / scratch). Compiled only into the avx512 / avx512vnni builds (aotlm.kernels.isa): the
+// AVX2 build never sees these instructions, and a CPU without them never loads that build.
+//
+//   f32_micro_z:  the f32 micro-kernel (gemm.h's f32_micro: 6 rows x 16 columns) on 16-lane FMAs. One
+//                 zmm is one 16-column row of the widened panel, so a k costs 1 load + 6 broadcast FMAs
+//                 instead of 2 loads + 12 FMAs; even and odd k go to separate sums (12 chains: two
+//                 512-bit FMA ports x latency 4-5 on Intel servers), masked stores for partial tiles.
+//   i8_gemm_vnni: W8A8 on vpdpbusd (AVX512-VNNI): 4 int8 multiply-adds per int32 lane, 64 per
+//                 instruction, against vpmaddwd's 2 (+ a vpaddd) on AVX2. vpdpbusd multiplies
+//                 unsigned by signed bytes: W's panel bytes are flipped to w + 128 (xor 0x80) as the
+//                 panel is regrouped, x stays signed (broadcast), and 128 * sum_k x[m, k] is taken off
+//                 each row's sums: sum (w + 128) x - 128 sum x = sum w x, exact in int32 (|sum| <=
+//                 255 * 127 * K), so the result equals gemm.h's i8_gemm and the graph's int8 dot bit for bit.
+#pragma once
+#if defined(__AVX512F__)
+
+constexpr int64_t MRV = 12;  // rows per VNNI micro-tile: 12 independent vpdpbusd chains, one zmm of W
+
+// c[mr x nr] (= or +=) a [6][kc] . b [kc][16], as f32_micro; R < 6: only R rows are computed.
+template <int R>
+inline void f32_micro_z(const Rows& a_in, const float* b, int64_t kc, float* c, int64_t ldc, bool add, int64_t mr,
+                        int64_t nr) {
+  const Rows a = a_in;
+  __m512 e0 = _mm512_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, e4 = e0, e5 = e0;
+  __m512 o0 = e0, o1 = e0, o2 = e0, o3 = e0, o4 = e0, o5 = e0;
+  int64_t k = 0;
+#define AOTLM_ROW_Z(m, e, o)                                                 \
+  if constexpr (m < R) {                                                     \
+    e = _mm512_fmadd_ps(_mm512_set1_ps(*a.at(m, k)), b0, e);                 \
+    o = _mm512_fmadd_ps(_mm512_set1_ps(*a.at(m, k + 1)), b1, o);             \
+  }
+  for (; k + 1 < kc; k += 2) {
+    const __m512 b0 = _mm512_loadu_ps(b + k * NR), b1 = _mm512_loadu_ps(b + (k + 1) * NR);
+    AOTLM_ROW_Z(0, e0, o0)
+    AOTLM_ROW_Z(1, e1, o1)
+    AOTLM_ROW_Z(2, e2, o2)
+    AOTLM_ROW_Z(3, e3, o3)
+    AOTLM_ROW_Z(4, e4, o4)
+    AOTLM_ROW_Z(5, e5, o5)
+  }
+#undef AOTLM_ROW_Z
+  if (k < kc) {  // an odd kc's last k: into the even sums
+    const __m512 b0 = _mm512_loadu_ps(b + k * NR);
+    e0 = _mm512_fmadd_ps(_mm512_set1_ps(*a.at(0, k)), b0, e0);
+    if constexpr (R > 1) e1 = _mm512_fmadd_ps(_mm512_set1_ps(*a.at(1, k)), b0, e1);
+    if constexpr (R > 2) e2 = _mm512_fmadd_ps(_mm512_set1_ps(*a.at(2, k)), b0, e2);
+    if constexpr (R > 3) e3 = _mm512_fmadd_ps(_mm512_set1_ps(*a.at(3, k)), b0, e3);
+    if constexpr (R > 4) e4 = _mm512_fmadd_ps(_mm512_set1_ps(*a.at(4, k)), b0, e4);
+    if constexpr (R > 5) e5 = _mm512_fmadd_ps(_mm512_set1_ps(*a.at(5, k)), b0, e5);
+  }
+  const __m512 acc[MR] = {_mm512_add_ps(e0, o0), _mm512_add_ps(e1, o1), _mm512_add_ps(e2, o2),
+                          _mm512_add_ps(e3, o3), _mm512_add_ps(e4, o4), _mm512_add_ps(e5, o5)};
+  const __mmask16 cols = nr >= NR ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
+  for (int64_t m = 0; m < mr; ++m) {
+    float* p = c + m * ldc;
+    const __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(cols, p), acc[m]) : acc[m];
+    _mm512_mask_storeu_ps(p, cols, v);
+  }
+}
+
+#if defined(__AVX512VNNI__)
+// x int8 [M, K] -> xp [groups of MRV rows][K4][MRV][4] bytes (rows past M and k past K: 0), and
+// corr[m] = 128 * sum_k x[m, k] (0 past M).
+inline void vnni_pack_x(const int8_t* x, int64_t M, int64_t K, int64_t K4, int8_t* xp, int32_t* corr) {
+  const int64_t G = (M + MRV - 1) / MRV;
+  aotlm::parallel_for(int(G), [&](int g) {
+    int8_t* dst = xp + g * K4 * MRV * 4;
+    for (int64_t r = 0; r < MRV; ++r) {
+      const int64_t m = g * MRV + r, full = m < M ? K / 4 : 0;  // rows past M: all zeros
+      const int8_t* src = x + std::min(m, M - 1) * K;
+      int32_t sum = 0;
+      for (int64_t k = 0; k < (m < M ? K : 0); ++k) sum += src[k];
+      for (int64_t q = 0; q < full; ++q) std::memcpy(dst + (q * MRV + r) * 4, src + 4 * q, 4);
+      for (int64_t q = full; q < K4; ++q) {  // an odd K / 2's last group (2 rows, 2 zeros); rows past M
+        int8_t t[4] = {0, 0, 0, 0};
+        if (m < M) std::memcpy(t, src + 4 * q, size_t(K - 4 * q));
+        std::memcpy(dst + (q * MRV + r) * 4, t, 4);
+      }
+      corr[g * MRV + r] = 128 * sum;
+    }
+  });
+}
+
+// One int8 panel (Kh pairs of rows, [Kh][16][2]) -> wb [K4][16][4] unsigned bytes w + 128: each 64
+// bytes (pairs 2q and 2q + 1) regrouped by one vpermw so a column's 4 rows share an int32 lane. An
+// odd Kh's last group reads only its own 32 bytes (the rest: 0, which x's zero padding multiplies).
+inline void vnni_regroup(const int8_t* panel, int64_t Kh, uint8_t* wb) {
+  alignas(64) static const int16_t idx[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                              8,  24, 9,  25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i perm = _mm512_load_si512(idx), flip = _mm512_set1_epi8(char(0x80));
+  for (int64_t j = 0; j < Kh; j += 2) {
+    const __mmask64 in = j + 1 < Kh ? ~__mmask64(0) : __mmask64(0xffffffffu);
+    const __m512i v = _mm512_maskz_loadu_epi8(in, panel + j * 2 * NR);
+    _mm512_storeu_si512(wb + j * 2 * NR, _mm512_xor_si512(_mm512_permutexvar_epi16(perm, v), flip));
+  }
+}
+
+// MRV packed rows (a: [K4][MRV][4]) x one regrouped panel -> out[m * ld + 0..15] (f32, unscaled), mr rows.
+// 12 named accumulators: with an array g++ rotated them through 24 register moves per 12 vpdpbusd.
+inline void vnni_micro(const int8_t* a, const uint8_t* wb, int64_t K4, const int32_t* corr, float* out, int64_t ld,
+                       int64_t mr) {
+  __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0,
+          c9 = c0, c10 = c0, c11 = c0;
+  for (int64_t q = 0; q < K4; ++q) {
+    const __m512i w = _mm512_loadu_si512(wb + q * 64);
+    const int8_t* aq = a + q * MRV * 4;
+#define AOTLM_DP(m, c)                  \
+  {                                     \
+    int32_t x4;                         \
+    std::memcpy(&x4, aq + 4 * m, 4);    \
+    c = _mm512_dpbusd_epi32(c, w, _mm512_set1_epi32(x4)); \
+  }
+    AOTLM_DP(0, c0)
+    AOTLM_DP(1, c1)
+    AOTLM_DP(2, c2)
+    AOTLM_DP(3, c3)
+    AOTLM_DP(4, c4)
+    AOTLM_DP(5, c5)
+    AOTLM_DP(6, c6)
+    AOTLM_DP(7, c7)
+    AOTLM_DP(8, c8)
+    AOTLM_DP(9, c9)
+    AOTLM_DP(10, c10)
+    AOTLM_DP(11, c11)
+#undef AOTLM_DP
+  }
+  const __m512i acc[MRV] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
+  for (int64_t m = 0; m < mr; ++m)
+    _mm512_storeu_ps(out + m * ld, _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m], _mm512_set1_epi32(corr[m]))));
+}
+
+// y [M, N] = (x [M, K] @ W) * sx[m] * scale[n] for int8 x and int8 W panels, as gemm.h's i8_gemm (the
+// same blocking: threads take panel ranges, MC groups of packed x per pass, ~192 KB in L2).
+inline void i8_gemm_vnni(const int8_t* x, const float* sx, const int8_t* w, const float* scale, int64_t M, int64_t K,
+                         int64_t N, const Out& out) {
+  const int64_t G = (M + MRV - 1) / MRV, Kh = K / 2, K4 = (Kh + 1) / 2, Np = N / NR;
+  int8_t* xp = scratch<int8_t>(size_t(G * K4 * MRV * 4));
+  int32_t* corr = scratch<int32_t>(size_t(G * MRV));
+  vnni_pack_x(x, M, K, K4, xp, corr);
+  const int64_t MCG = std::max<int64_t>(1, (192 << 10) / (K4 * MRV * 4));
+  aotlm_pk::panel_ranges(Np, 4, [&](int64_t p0, int64_t p1) {
+    const int64_t ld = (p1 - p0) * NR, n0 = p0 * NR;
+    thread_local std::vector<float> buf;
+    thread_local std::vector<uint8_t> wb;
+    buf.resize(size_t(MRV * MCG * ld));
+    wb.resize(size_t(K4 * 64));
+    for (int64_t g0 = 0; g0 < G; g0 += MCG) {
+      const int64_t g1 = std::min(G, g0 + MCG), m0 = g0 * MRV, rows = std::min(M, g1 * MRV) - m0;
+      for (int64_t p = p0; p < p1; ++p) {
+        vnni_regroup(w + p * Kh * 2 * NR, Kh, wb.data());
+        for (int64_t g = g0; g < g1; ++g)
+          vnni_micro(xp + g * K4 * MRV * 4, wb.data(), K4, corr + g * MRV,
+                     buf.data() + (g - g0) * MRV * ld + (p - p0) * NR, ld, std::min(MRV, M - g * MRV));
+      }
+      for (int64_t m = 0; m < rows; ++m) {  // (sum * sx[m]) * scale[n]: the graph's order of the W8A8 math
+        float* r = buf.data() + m * ld;
+        for (int64_t j = 0; j < ld; ++j) r[j] = r[j] * sx[m0 + m] * (scale ? scale[n0 + j] : 1.f);
+        out.put((m0 + m) * N + n0, r, int(ld));
+      }
+    }
+  });
+}
+#endif  // __AVX512VNNI__
+#endif  // __AVX512F__
