@@ -15,6 +15,8 @@ The KV cache and the generation state are donated to every call and updated in p
 
 from __future__ import annotations
 
+import enum
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -26,9 +28,51 @@ MAX_EOS = 32  # eos ids: a traced [MAX_EOS] array padded with -1
 MAX_STOPS = 8  # stop sequences per row
 MAX_STOP_LEN = 16  # tokens per stop sequence (right-aligned, padded with -2)
 
-# finish reasons (state["reason"])
-RUNNING, EOS, STOP_SEQUENCE, LENGTH, STOPPED = 0, 1, 2, 3, 4
-REASONS = {EOS: "eos", STOP_SEQUENCE: "stop_sequence", LENGTH: "length", STOPPED: "stopping_criteria"}
+
+class FinishReason(enum.IntEnum):
+    """Why a row stopped: ``state["reason"]`` (int32, traced) holds these values.
+
+    The graphs write ``EOS``, ``STOP_SEQUENCE`` and ``LENGTH`` (and the slot graphs ``STOPPED``
+    for a cancelled slot); the host writes ``STOPPED`` for a ``StoppingCriteria`` hit.
+    ``CANCELLED`` and ``ERROR`` never enter a graph: a serving request cut short before it
+    ended, or failed by a device error.
+    ``label`` is the name outputs use (``GenerateOutput.finish_reason``, ``Finish.reason``),
+    ``openai`` the HTTP API's ``finish_reason``: both come from ``NAMES``, the one table.
+    """
+
+    RUNNING = 0
+    EOS = 1
+    STOP_SEQUENCE = 2
+    LENGTH = 3
+    STOPPED = 4
+    CANCELLED = 5
+    ERROR = 6
+
+    @property
+    def label(self) -> str:
+        return NAMES[self][0]
+
+    @property
+    def openai(self) -> str:
+        return NAMES[self][1]
+
+    @classmethod
+    def of(cls, value: int | str) -> FinishReason:
+        """The member for a ``state["reason"]`` value or a ``label``; an unknown value is ``LENGTH``."""
+        if isinstance(value, str):
+            return next((r for r in cls if NAMES[r][0] == value), cls.LENGTH)
+        return cls(int(value)) if int(value) in cls._value2member_map_ else cls.LENGTH
+
+
+NAMES = {  # reason -> (label, OpenAI finish_reason)
+    FinishReason.RUNNING: ("running", "length"),
+    FinishReason.EOS: ("eos", "stop"),
+    FinishReason.STOP_SEQUENCE: ("stop_sequence", "stop"),
+    FinishReason.LENGTH: ("length", "length"),
+    FinishReason.STOPPED: ("stopping_criteria", "stop"),
+    FinishReason.CANCELLED: ("cancelled", "cancelled"),
+    FinishReason.ERROR: ("error", "error"),
+}
 
 
 def prefill(cfg, width: int, params, cache, tokens, positions, start, last):
@@ -85,14 +129,14 @@ def emit(st, logits, slot):
         top_ids=top(st["top_ids"], top_ids),
         top_lp=top(st["top_lp"], top_lp),
         seen=seen,
-        done=reason != RUNNING,
+        done=reason != FinishReason.RUNNING,
         reason=reason,
-        end=jnp.where(live & (reason != RUNNING), slot, st["end"]),
+        end=jnp.where(live & (reason != FinishReason.RUNNING), slot, st["end"]),
     )
 
 
 def end_reason(out, slot, first, stop, is_eos, last):
-    """Why each row ends with the token just written at ``slot`` of ``out [B,S]``, or RUNNING.
+    """Why each row ends with the token just written at ``slot`` of ``out [B,S]``, or ``RUNNING``.
 
     ``slot`` and ``first`` (the first generated slot) are scalars or one per row. A stop
     sequence counts when the last ``MAX_STOP_LEN`` tokens end with it inside the generated
@@ -104,8 +148,9 @@ def end_reason(out, slot, first, stop, is_eos, last):
     window = jnp.take_along_axis(out, jnp.clip(back, 0, s - 1), axis=1)  # [B, L]
     window = jnp.where(back >= jnp.reshape(first, (-1, 1)), window, -3)  # generated tokens only
     hit = jnp.all((stop == -2) | (stop == window[:, None, :]), -1) & jnp.any(stop != -2, -1)
-    length = jnp.where(slot >= last, LENGTH, RUNNING)
-    return jnp.where(is_eos, EOS, jnp.where(jnp.any(hit, -1), STOP_SEQUENCE, length))
+    length = jnp.where(slot >= last, FinishReason.LENGTH, FinishReason.RUNNING)
+    stopped = jnp.where(jnp.any(hit, -1), FinishReason.STOP_SEQUENCE, length)
+    return jnp.where(is_eos, FinishReason.EOS, stopped)
 
 
 def select_first(logits, state):

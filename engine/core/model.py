@@ -51,7 +51,7 @@ def _locked(method):
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        with self._lock:
+        with self.lock:
             return method(self, *args, **kwargs)
 
     return wrapper
@@ -105,7 +105,7 @@ class CompiledModel:
             batch_size, n_positions = bc.get("batch_size"), bc.get("n_positions")
             context_length_estimate = bc.get("context_length_estimate")
         batch_size = 1 if batch_size is None else batch_size
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         path = resolve(path)  # a checkpoint dir, a training run (its latest checkpoint), a bundled name
         self.path = str(path)
         self.hf_config = load_hf_config(path)
@@ -154,7 +154,7 @@ class CompiledModel:
         self.mesh = self._make_mesh()
         self._kv_rep = sharding.kv_replication(self.cfg.n_kv_heads, self.tp_degree, self.gqa)
         self._rules = sharding.rules(self.gqa, self.tp_degree)
-        self._repl = sharding.replicated(self.mesh)
+        self.replicated = sharding.replicated(self.mesh)
         self.compile_cache = CompileCache.create(compile_cache)
         self._executables: dict[tuple, Any] = {}
         self._fingerprint: dict | None = None
@@ -198,7 +198,7 @@ class CompiledModel:
         finally:
             reader.close()
 
-    def _cache_specs(self) -> dict:
+    def cache_specs(self) -> dict:
         c = self.cfg
         sh = sharding.cache_sharding(self.mesh, self.gqa, self.tp_degree)
         b, kh, s, dh = self.batch_size, c.n_kv_heads * self._kv_rep, self.n_positions, c.head_dim
@@ -210,7 +210,7 @@ class CompiledModel:
 
     def _alloc_cache(self) -> dict:
         """Allocate the static KV cache once, directly in its sharded layout."""
-        specs = self._cache_specs()
+        specs = self.cache_specs()
         zeros = lambda s: sharding.zeros(s.shape, s.dtype, s.sharding)
         return {
             "k": [zeros(s) for s in specs["k"]],
@@ -230,10 +230,10 @@ class CompiledModel:
     def _lower_extra(self, key: tuple):
         raise ValueError(f"no graph kind {key[0]!r} in {type(self).__name__}")
 
-    def _abstract(self, tree):
+    def abstract(self, tree):
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
-    def _lower(self, key: tuple):
+    def lower(self, key: tuple):
         # kernel calls trace a shard_map over this mesh with the params' partition specs
         w8a8 = self.precision.quant is not None and self.precision.quant.w8a8  # int8 prefill activations
         with kernels.mesh_context(self.mesh, sharding.spec_of(self._rules)), layers.int8_activations(w8a8):
@@ -242,13 +242,13 @@ class CompiledModel:
             return scoring.lower(self, key) if key[0] == "score" else self._lower_graph(key)
 
     def _lower_graph(self, key: tuple):
-        p, cache = self._abstract(self.params), self._cache_specs()
-        b, rep = self.batch_size, self._repl
+        p, cache = self.abstract(self.params), self.cache_specs()
+        b, rep = self.batch_size, self.replicated
         state = graphs.state_spec(b, self.n_positions, self.cfg.vocab_size, rep)
         logits = jax.ShapeDtypeStruct((b, self.cfg.vocab_size), jnp.float32, sharding=rep)
         if key[0] == "prefill":
             _, c, w = key
-            out = (rep, self._shardings(cache))  # pinned: outputs feed the next call
+            out = (rep, self.shardings(cache))  # pinned: outputs feed the next call
             fn = jax.jit(
                 functools.partial(graphs.prefill, self.cfg, w), donate_argnums=(1,), out_shardings=out
             )
@@ -259,16 +259,16 @@ class CompiledModel:
             # a fresh callable: jax reuses a function's traces across jit wrappers, and the trace
             # decides whether the sampler calls a kernel (AOTLM_KERNELS, the mesh)
             select = functools.partial(graphs.select_first)
-            fn = jax.jit(select, donate_argnums=(1,), out_shardings=self._shardings(state))
+            fn = jax.jit(select, donate_argnums=(1,), out_shardings=self.shardings(state))
             return fn.lower(logits, state)
         _, w = key
-        out = (self._shardings(cache), self._shardings(state))
+        out = (self.shardings(cache), self.shardings(state))
         decode = functools.partial(graphs.decode, self.cfg, w, replicated=rep)
         fn = jax.jit(decode, donate_argnums=(1, 2), out_shardings=out)
         return fn.lower(p, cache, state)
 
     @staticmethod
-    def _shardings(specs):
+    def shardings(specs):
         """Output shardings = input shardings: XLA may otherwise pick a layout the next call rejects."""
         return jax.tree.map(lambda s: s.sharding, specs)
 
@@ -298,8 +298,8 @@ class CompiledModel:
                 sampling.TOP_LOGPROBS_MAX,
                 sampling.TOPK_WIDTH,
             ),
-            "param_tree": self._abstract(self.params),
-            "cache_tree": self._cache_specs(),
+            "param_tree": self.abstract(self.params),
+            "cache_tree": self.cache_specs(),
         }
 
     def _keep(self, key: tuple, exe, info: dict, seconds: float):
@@ -309,12 +309,12 @@ class CompiledModel:
         self._executables[key] = exe
         return exe
 
-    def _executable(self, key: tuple):
+    def executable(self, key: tuple):
         exe = self._executables.get(key)
         if exe is None:
             t0 = time.perf_counter()
             exe, info = self.compile_cache.get_or_compile(
-                self.fingerprint(), key, lambda: self._lower(key), self.mesh
+                self.fingerprint(), key, lambda: self.lower(key), self.mesh
             )
             exe = self._keep(key, exe, info, time.perf_counter() - t0)
         return exe
@@ -324,7 +324,7 @@ class CompiledModel:
         """Compile (or load from the cache) one graph, e.g. ``("decode", 128)``."""
         if key not in self.graph_keys():
             raise ValueError(f"{key} is not one of this model's graphs: {self.graph_keys()}")
-        return self._executable(key)
+        return self.executable(key)
 
     @_locked
     def compile(self) -> CompiledModel:
@@ -350,10 +350,10 @@ class CompiledModel:
         if workers > 1:  # lowering holds the GIL, XLA's compile does not: overlap them
             self.fingerprint()
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                for _ in bar(pool.map(self._executable, misses), "compiling buckets", len(misses), "graph"):
+                for _ in bar(pool.map(self.executable, misses), "compiling buckets", len(misses), "graph"):
                     pass
         for key in self.graph_keys():
-            self._executable(key)
+            self.executable(key)
         return self
 
     @_locked
@@ -369,13 +369,13 @@ class CompiledModel:
         return self
 
     # ------------------------------------------------------------------ running
-    def _put(self, x: np.ndarray):
-        return sharding.put(x, self._repl)
+    def put(self, x: np.ndarray):
+        return sharding.put(x, self.replicated)
 
-    def _put_tree(self, tree):
-        return jax.tree.map(lambda x: self._put(np.asarray(x)), tree)
+    def put_tree(self, tree):
+        return jax.tree.map(lambda x: self.put(np.asarray(x)), tree)
 
-    def _prepare(self, input_ids, attention_mask, start_ids):
+    def prepare(self, input_ids, attention_mask, start_ids):
         ids = inputs.token_ids(input_ids, self.cfg.vocab_size)
         mask = inputs.prompt_mask(ids, attention_mask, start_ids)
         n = ids.shape[0]
@@ -390,7 +390,7 @@ class CompiledModel:
             mask = np.concatenate([mask, np.repeat(mask[:1], extra, 0)])
         return ids, mask, n
 
-    def _encode(self, ids: np.ndarray, mask: np.ndarray):
+    def encode(self, ids: np.ndarray, mask: np.ndarray):
         """Run every prefill step of the prompt; returns (logits of its last token, positions)."""
         p_len = ids.shape[1]
         positions = np.where(mask > 0, np.cumsum(mask, 1) - 1, -1).astype(np.int32)
@@ -401,27 +401,27 @@ class CompiledModel:
             pos = np.full((self.batch_size, step.bucket), -1, np.int32)
             tok[:, : step.n_real] = ids[:, step.start : end]
             pos[:, : step.n_real] = positions[:, step.start : end]
-            exe = self._executable(("prefill", step.bucket, step.width))
+            exe = self.executable(("prefill", step.bucket, step.width))
             logits, self.cache = exe(
                 self.params,
                 self.cache,
-                self._put(tok),
-                self._put(pos),
-                self._put(np.int32(step.start)),
-                self._put(np.int32(step.n_real - 1)),
+                self.put(tok),
+                self.put(pos),
+                self.put(np.int32(step.start)),
+                self.put(np.int32(step.n_real - 1)),
             )
         return logits, positions
 
     @_locked
     def forward(self, input_ids, attention_mask=None) -> np.ndarray:
         """Float32 logits ``[batch, vocab]`` of the last prompt position."""
-        ids, mask, n = self._prepare(input_ids, attention_mask, None)
-        logits, _ = self._encode(ids, mask)
+        ids, mask, n = self.prepare(input_ids, attention_mask, None)
+        logits, _ = self.encode(ids, mask)
         return sharding.fetch(logits)[:n]
 
     @_locked
     def score(self, input_ids, attention_mask=None) -> scoring.ScoreOutput:
         """Per-token log-probabilities of ``input_ids [n, L]`` (left-padded batch, ``L <= n_positions + 1``)
         and argmax flags, computed in the score graphs (``aotlm.core.scoring.ScoreOutput``)."""
-        ids, mask, n = self._prepare(input_ids, attention_mask, None)
+        ids, mask, n = self.prepare(input_ids, attention_mask, None)
         return scoring.run(self, ids, mask, n)

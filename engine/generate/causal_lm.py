@@ -29,6 +29,7 @@ from aotlm.generate import (
     stopping,
 )
 from aotlm.generate import neuron_config as nc
+from aotlm.generate.strategies import Strategies, speculation_lengths
 
 
 class CausalLMForSampling(CompiledModel):
@@ -56,7 +57,7 @@ class CausalLMForSampling(CompiledModel):
     ):
         self.default_generation = nc.apply(neuron_config, kwargs) or params.GenerationConfig()
         super().__init__(path, *args, **kwargs)
-        extensions.configure(self, prompt_batch_size, num_beams, speculation_length)
+        self.strategies = Strategies.build(self.batch_size, prompt_batch_size, num_beams, speculation_length)
         if not isinstance(continuous_batching, bool):
             raise TypeError(f"continuous_batching must be True or False, got {continuous_batching!r}")
         self.continuous_batching = continuous_batching
@@ -74,7 +75,7 @@ class CausalLMForSampling(CompiledModel):
             return slot_graphs.lower(self, key)
         return extensions.lower(self, key)
 
-    _encode = broadcast.encoder(CompiledModel._encode)
+    encode = broadcast.encoder(CompiledModel.encode)
 
     def to_neuron(self) -> CausalLMForSampling:
         """transformers-neuronx's name for ``compile()``: compile (or load from the compile cache
@@ -82,8 +83,8 @@ class CausalLMForSampling(CompiledModel):
         ``enable_speculative_decoder(k)`` also the speculative graphs of drafts already paired
         with this model by ``SpeculativeGenerator`` (later pairs compile theirs when created)."""
         self.compile()
-        for draft in list(self._spec_drafts.values()):
-            for k in self.speculation_length or ():
+        for draft in list(self.strategies.drafts.values()):
+            for k in self.strategies.speculation_length or ():
                 speculative.SpeculativeGenerator(draft, self, k).compile()
         return self
 
@@ -91,7 +92,7 @@ class CausalLMForSampling(CompiledModel):
         """Make this model a speculative target for ``k`` draft tokens per round (transformers-
         neuronx). aotlm runs draft and target in one graph per pair of bucket widths, so those
         graphs depend on the draft: ``SpeculativeGenerator(draft, self, k)`` compiles them."""
-        self.speculation_length = extensions.speculation_lengths(speculation_length)
+        self.strategies.speculation_length = speculation_lengths(speculation_length)
 
     @extensions.routed
     @_locked
@@ -148,10 +149,10 @@ class CausalLMForSampling(CompiledModel):
         criteria = stopping.criteria_list(
             stopping_criteria if stopping_criteria is not None else stopping_criteria_list
         )
-        ids, mask, n = self._prepare(input_ids, attention_mask, start_ids)
+        ids, mask, n = self.prepare(input_ids, attention_mask, start_ids)
         if sequence_length is None and cfg.max_new_tokens is None and cfg.max_length is not None:
             sequence_length = cfg.max_length
-        new = self._n_new(ids.shape[1], n, cfg.max_new_tokens, sequence_length)
+        new = self.token_budget(ids.shape[1], n, cfg.max_new_tokens, sequence_length)
         cfg = cfg.replace(max_new_tokens=None, max_length=None)
         generation.sampling_params(cfg, n, self.batch_size)  # validate before any device work
         generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
@@ -162,7 +163,7 @@ class CausalLMForSampling(CompiledModel):
         """The request on the device (a pipelined model chains its stages: ``PipelineForSampling``)."""
         return generation.run(self, *args)
 
-    def _n_new(self, p_len: int, n: int, max_new_tokens, sequence_length: int | None) -> np.ndarray:
+    def token_budget(self, p_len: int, n: int, max_new_tokens, sequence_length: int | None) -> np.ndarray:
         """Per-row new-token budgets ``[n]`` (one value may serve every row)."""
         if max_new_tokens is not None and sequence_length is not None:
             raise ValueError("give max_new_tokens or sequence_length, not both")
@@ -170,7 +171,7 @@ class CausalLMForSampling(CompiledModel):
             max_new_tokens = inputs.count(sequence_length, "sequence_length") - p_len
         if max_new_tokens is None:
             max_new_tokens = self.n_positions - p_len
-        new = generation._per_row(max_new_tokens, "max_new_tokens", n, np.int64)
+        new = generation.per_row(max_new_tokens, "max_new_tokens", n, np.int64)
         if (new < 1).any():
             raise ValueError(f"max_new_tokens must be >= 1 (prompt has {p_len} tokens), got {new.min()}")
         top = int(new.max())
@@ -230,7 +231,7 @@ class PipelineForSampling(CausalLMForSampling):
             if kwargs.pop(name, default) != default:
                 raise ValueError(f"{name} is not supported with pp_degree > 1 yet; load with pp_degree=1")
         self.default_generation = nc.apply(neuron_config, kwargs) or params.GenerationConfig()
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         stages = pipeline.split_layers(pipeline.n_layers(path), pp_degree)
         batch = 1 if batch_size is None else inputs.count(batch_size, "batch_size")
         if batch < 1:
@@ -252,7 +253,7 @@ class PipelineForSampling(CausalLMForSampling):
             setattr(self, name, getattr(head, name))
         self.batch_size, self.pp_degree = batch, pp_degree
         self.mesh = None  # each stage has its own: self.stages[s].mesh
-        extensions.configure(self, None, 1, None)
+        self.strategies = Strategies()
         self.continuous_batching, self.scoring = False, False
 
     @property
@@ -296,7 +297,7 @@ class PipelineForSampling(CausalLMForSampling):
 
     @_locked
     def forward(self, input_ids, attention_mask=None) -> np.ndarray:
-        ids, mask, n = self._prepare(input_ids, attention_mask, None)
+        ids, mask, n = self.prepare(input_ids, attention_mask, None)
         logits, _ = pp_run.encode(self, ids, mask)
         if not self.stages[-1].local:  # multi-host: the last stage's process has them
             logits = [np.zeros((self.stages[0].batch_size, self.cfg.vocab_size), np.float32)] * len(logits)

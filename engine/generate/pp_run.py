@@ -60,13 +60,13 @@ def encode(model, ids: np.ndarray, mask: np.ndarray):
             pos = np.full((b, step.bucket), -1, np.int32)
             tok[:, : step.n_real] = ids[m * b : (m + 1) * b, step.start : end]
             pos[:, : step.n_real] = positions[m * b : (m + 1) * b, step.start : end]
-            x = stages[0]._put(tok) if stages[0].local else None
+            x = stages[0].put(tok) if stages[0].local else None
             for s, st in enumerate(stages):
                 out = None
                 if st.local:
-                    scalars = st._put(np.int32(step.start)), st._put(np.int32(step.n_real - 1))
+                    scalars = st.put(np.int32(step.start)), st.put(np.int32(step.n_real - 1))
                     out, st.caches[m] = settle(
-                        st._executable(key)(st.params, st.caches[m], x, st._put(pos), *scalars)
+                        st.executable(key)(st.params, st.caches[m], x, st.put(pos), *scalars)
                     )
                 if st.stage.is_last:
                     logits[m] = out
@@ -88,13 +88,11 @@ def _step(model, m: int, idx: int, state: dict | None, pos: np.ndarray) -> dict 
     for s, st in enumerate(stages[:-1]):
         h = None
         if st.local:
-            exe = st._executable(("pp_step", w))
-            h, st.caches[m] = settle(exe(st.params, st.caches[m], x, st._put(pos), st._put(np.int32(idx))))
+            exe = st.executable(("pp_step", w))
+            h, st.caches[m] = settle(exe(st.params, st.caches[m], x, st.put(pos), st.put(np.int32(idx))))
         x = hand_off(st, stages[s + 1], h, (b, 1, d), model.dtype)
     if head.local:
-        head.caches[m], state = settle(
-            head._executable(("pp_step", w))(head.params, head.caches[m], x, state)
-        )
+        head.caches[m], state = settle(head.executable(("pp_step", w))(head.params, head.caches[m], x, state))
     return state
 
 
@@ -128,9 +126,9 @@ def _stop_rows(model, states, criteria, ids, n: int, p_len: int, idx: int, done:
     for m, st in enumerate(states):
         rows = slice(m * b, (m + 1) * b)
         if hit[rows].any():
-            reason = np.where(hit[rows], graphs.STOPPED, fetch(st["reason"])).astype(np.int32)
+            reason = np.where(hit[rows], graphs.FinishReason.STOPPED, fetch(st["reason"])).astype(np.int32)
             end = np.where(hit[rows], idx, fetch(st["end"])).astype(np.int32)
-            st.update(done=head._put(done[rows] | hit[rows]), reason=head._put(reason), end=head._put(end))
+            st.update(done=head.put(done[rows] | hit[rows]), reason=head.put(reason), end=head.put(end))
     return done | hit
 
 
@@ -151,9 +149,9 @@ def run(model, ids, mask, n: int, new: np.ndarray, cfg, streamer, criteria, want
     full["want_logprobs"] = np.bool_(want_dict)
     states: list = [None] * n_micro
     if head.local:
-        select = head._executable(("select",))
+        select = head.executable(("select",))
         states = [
-            settle(select(logits[m], head._put_tree(_rows(full, m * b, (m + 1) * b)))) for m in range(n_micro)
+            settle(select(logits[m], head.put_tree(_rows(full, m * b, (m + 1) * b)))) for m in range(n_micro)
         ]
     cat = lambda key: np.concatenate([fetch(st[key]) for st in states])
     stop, idx = int(last.max()), p_len
@@ -225,7 +223,7 @@ def _output(res: dict, ids, n, p_len, cfg, want_dict, ttft):
     return generation.GenerateOutput(
         sequences=sequences,
         logprobs=res["logp"][:n, p_len : p_len + n_gen],
-        finish_reason=[graphs.REASONS.get(int(r), "length") for r in res["reason"][:n]],
+        finish_reason=[graphs.FinishReason.of(r).label for r in res["reason"][:n]],
         num_generated=end[:n] - p_len + 1,
         top_logprobs=top,
         time_to_first_token=ttft,

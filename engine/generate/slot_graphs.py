@@ -32,6 +32,7 @@ from jax import lax
 
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, sampling
+from aotlm.core.contract import GraphHost
 from aotlm.models import decoder
 
 # per-row state (leading dim = slots); the rest ("eos", "pad", "steps") is shared
@@ -105,7 +106,7 @@ def emit_rows(st: dict, logits, slot, live):
         top_lp=put(st["top_lp"], top_lp),
         seen=st["seen"].at[rows, vocab_col].set(True, mode="drop"),
         counts=st["counts"].at[rows, vocab_col].add(1, mode="drop"),
-        done=st["done"] | (reason != graphs.RUNNING),
+        done=st["done"] | (reason != graphs.FinishReason.RUNNING),
         reason=reason,
     )
 
@@ -146,7 +147,8 @@ def slot_decode(cfg, width: int, params, cache, state, cancel, replicated=None):
     """
     n_slots = state["out"].shape[1]
     ended = cancel & ~state["done"]
-    state = dict(state, done=state["done"] | cancel, reason=jnp.where(ended, graphs.STOPPED, state["reason"]))
+    reason = jnp.where(ended, graphs.FinishReason.STOPPED, state["reason"])
+    state = dict(state, done=state["done"] | cancel, reason=reason)
 
     def cond(carry):
         _, st, n = carry
@@ -167,12 +169,12 @@ def slot_decode(cfg, width: int, params, cache, state, cancel, replicated=None):
     return cache, state
 
 
-def lower(model, key: tuple):
+def lower(model: GraphHost, key: tuple):
     """Lower one slot graph of ``model`` (a ``CausalLMForSampling`` with ``continuous_batching``)."""
-    p, cache = model._abstract(model.params), model._cache_specs()
-    rep, b, v = model._repl, model.batch_size, model.cfg.vocab_size
+    p, cache = model.abstract(model.params), model.cache_specs()
+    rep, b, v = model.replicated, model.batch_size, model.cfg.vocab_size
     state = state_spec(b, model.n_positions, v, rep)
-    cache_sh, state_sh = model._shardings(cache), model._shardings(state)
+    cache_sh, state_sh = model.shardings(cache), model.shardings(state)
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
     if key[0] == "slot_prefill":
         _, c, w = key
