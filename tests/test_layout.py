@@ -230,8 +230,7 @@ def test_private_and_length_detectors_see_planted_cases(tmp_path, monkeypatch):
     eng.mkdir()
     (tmp_path / "models").mkdir()
     (eng / "a.py").write_text(
-        "import os\nclass A:\n    def __init__(self):\n        self._x = 1\n"
-        "def _h(a):\n    return a._x\n"
+        "import os\nclass A:\n    def __init__(self):\n        self._x = 1\ndef _h(a):\n    return a._x\n"
     )
     (eng / "b.py").write_text(
         "def f(m):\n    m._bcast = 1\n    os._exit(0)\n    return m._lock, m.__class__\n"
