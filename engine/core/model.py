@@ -29,6 +29,7 @@ from aotlm.core import buckets as bk
 from aotlm.core.bucket_config import resolve as merge_bucket_config
 from aotlm.core.compile_cache import CompileCache
 from aotlm.core.resolve import resolve
+from aotlm.core.state import layout as state_layout
 from aotlm.models import family_for, layers, packing
 from aotlm.models.arch import ArchConfig
 from aotlm.models.checkpoint import CheckpointError, WeightReader, load_hf_config
@@ -298,6 +299,7 @@ class CompiledModel:
                 sampling.TOP_LOGPROBS_MAX,
                 sampling.TOPK_WIDTH,
             ),
+            "state_layout": state_layout(),  # the graphs' state pytrees (their fields, in order)
             "param_tree": self.abstract(self.params),
             "cache_tree": self.cache_specs(),
         }

@@ -273,12 +273,12 @@ def stage_step(cfg, width: int, stage: Stage, params, cache, x, pos, idx):
 def last_step(cfg, width: int, stage: Stage, params, cache, x, state, replicated=None):
     """The last stage's decode step: its layers, the logits and the sampler (``graphs.emit``), for
     the token at slot ``state['idx']``; the state then holds the next token (as ``graphs.decode``)."""
-    idx = state["idx"]
-    h, cache = decoder.forward(cfg, params, cache, x, state["pos"][:, None], idx, width, stage.first)
+    idx = state.idx
+    h, cache = decoder.forward(cfg, params, cache, x, state.pos[:, None], idx, width, stage.first)
     logits = decoder.logits(cfg, params, h[:, 0])
     if replicated is not None:
         logits = lax.with_sharding_constraint(logits, replicated)
-    return cache, graphs.emit(dict(state, pos=state["pos"] + 1, idx=idx + 1), logits, idx + 1)
+    return cache, graphs.emit(state.replace(pos=state.pos + 1, idx=idx + 1), logits, idx + 1)
 
 
 # ---------------------------------------------------------------------------- artifacts

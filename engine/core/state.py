@@ -101,3 +101,9 @@ class SlotState(SamplerState):
     @classmethod
     def row_fields(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.SHARED)
+
+
+def layout() -> tuple[tuple[str, ...], ...]:
+    """The field names of both states, in order: part of the compile-cache fingerprint, since a
+    graph's argument layout follows them."""
+    return tuple(tuple(f.name for f in dataclasses.fields(c)) for c in (DecodeState, SlotState))

@@ -18,6 +18,7 @@ import numpy as np
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampling, sharding
 from aotlm.core.contract import GraphHost
+from aotlm.core.state import DecodeState
 from aotlm.generate.params import GenerationConfig
 from aotlm.generate.stopping import criteria_hit
 
@@ -182,7 +183,7 @@ def check_streamer(streamer) -> None:
 
 def initial_state(
     model: GraphHost, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, n: int, last, cfg
-) -> dict:
+) -> DecodeState:
     """The host-side generation state for a prompt batch (see ``graphs.state_spec``).
 
     ``min_end``: eos is masked for tokens before this slot: ``min_new_tokens`` after the
@@ -200,44 +201,44 @@ def initial_state(
     seen = np.zeros((b, v), np.bool_)
     rows, cols = np.nonzero(mask)
     seen[rows, ids[rows, cols]] = True
-    return {
-        "tok": np.zeros(b, np.int32),
-        "pos": positions.max(1) + 1,
-        "done": np.zeros(b, np.bool_),
-        "reason": np.zeros(b, np.int32),
-        "end": np.zeros(b, np.int32),
-        "last": np.asarray(last, np.int32),
-        "min_end": min_end.astype(np.int32),
-        "out": out,
-        "logp": np.zeros((b, s), np.float32),
-        "top_ids": np.zeros((b, s, k), np.int32),
-        "top_lp": np.zeros((b, s, k), np.float32),
-        "seen": seen,
-        "stop": stop_array(cfg.stop_sequences, n, b, v),
-        "idx": np.int32(p_len),
-        "first": np.int32(p_len),
-        "limit": np.int32(0),
-        "eos": eos,
-        "pad": np.int32(pad),
-        "want_logprobs": np.bool_(False),
-        "params": sp,
-    }
+    return DecodeState(
+        tok=np.zeros(b, np.int32),
+        pos=positions.max(1) + 1,
+        done=np.zeros(b, np.bool_),
+        reason=np.zeros(b, np.int32),
+        end=np.zeros(b, np.int32),
+        last=np.asarray(last, np.int32),
+        min_end=min_end.astype(np.int32),
+        out=out,
+        logp=np.zeros((b, s), np.float32),
+        top_ids=np.zeros((b, s, k), np.int32),
+        top_lp=np.zeros((b, s, k), np.float32),
+        seen=seen,
+        stop=stop_array(cfg.stop_sequences, n, b, v),
+        idx=np.int32(p_len),
+        first=np.int32(p_len),
+        limit=np.int32(0),
+        eos=eos,
+        pad=np.int32(pad),
+        want_logprobs=np.bool_(False),
+        params=sp,
+    )
 
 
-def _stop_rows(model: GraphHost, state: dict, criteria: list, ids, n: int, p_len: int, idx: int, done):
+def _stop_rows(model: GraphHost, state: DecodeState, criteria: list, ids, n: int, p_len: int, idx: int, done):
     """Evaluate the stopping criteria on the sequences so far (token at slot ``idx`` included);
     rows they end get reason ``stopping_criteria`` in the device state. Returns the new ``done``."""
     fetch = sharding.fetch
     if done[:n].all():
         return done
-    seqs = np.concatenate([ids[:n], fetch(state["out"])[:n, p_len : idx + 1]], axis=1)
+    seqs = np.concatenate([ids[:n], fetch(state.out)[:n, p_len : idx + 1]], axis=1)
     hit = np.zeros(done.shape[0], bool)
     hit[:n] = criteria_hit(criteria, seqs) & ~done[:n]
     if hit.any():
-        reason = np.where(hit, graphs.FinishReason.STOPPED, fetch(state["reason"])).astype(np.int32)
-        end = np.where(hit, idx, fetch(state["end"])).astype(np.int32)
+        reason = np.where(hit, graphs.FinishReason.STOPPED, fetch(state.reason)).astype(np.int32)
+        end = np.where(hit, idx, fetch(state.end)).astype(np.int32)
         done = done | hit
-        state.update(done=model.put(done), reason=model.put(reason), end=model.put(end))
+        state.done, state.reason, state.end = model.put(done), model.put(reason), model.put(end)
     return done
 
 
@@ -250,46 +251,46 @@ def run(
     last = p_len + np.concatenate([new, np.repeat(new[:1], b - n)]) - 1
     logits, positions = model.encode(ids, mask)
     state = initial_state(model, ids, mask, positions, n, last, cfg)
-    state["want_logprobs"] = np.bool_(want_dict)
+    state.want_logprobs = np.bool_(want_dict)
     state = model.executable(("select",))(logits, model.put_tree(state))
     fetch = sharding.fetch
-    first_tok = fetch(state["tok"])  # waits for prefill + first token (the decode waits anyway)
+    first_tok = fetch(state.tok)  # waits for prefill + first token (the decode waits anyway)
     ttft = time.perf_counter() - t_start
     if streamer is not None:
         streamer.put(ids[:n])
         streamer.put(first_tok[:n])
     listening = streamer is not None or bool(criteria)
-    stop, idx, done = int(last.max()), p_len, fetch(state["done"])
+    stop, idx, done = int(last.max()), p_len, fetch(state.done)
     if criteria:
         done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     while idx < stop and not done.all():
         limit = min(stop, idx + STREAM_CHUNK) if listening else stop
-        state["limit"] = model.put(np.int32(limit))
+        state.limit = model.put(np.int32(limit))
         exe = model.executable(("decode", bk.decode_bucket(model.tg_buckets, idx)))
         model.cache, state = exe(model.params, model.cache, state)
-        prev, idx, done = idx, int(fetch(state["idx"])), fetch(state["done"])
+        prev, idx, done = idx, int(fetch(state.idx)), fetch(state.done)
         if streamer is not None and idx > prev:  # STREAM_CHUNK = 1: the rows' newest token (pad if done)
-            streamer.put(fetch(state["tok"])[:n])
+            streamer.put(fetch(state.tok)[:n])
         if criteria:
             done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     if streamer is not None:
         streamer.end()
     n_gen = idx - p_len + 1
-    out = fetch(state["out"])[:n, p_len : p_len + n_gen]
+    out = fetch(state.out)[:n, p_len : p_len + n_gen]
     sequences = np.concatenate([ids[:n], out], axis=1)
     if not want_dict:
         return sequences
-    reason = fetch(state["reason"])[:n]
+    reason = fetch(state.reason)[:n]
     top = None
     if cfg.top_logprobs:
         w = int(cfg.top_logprobs)
         sl = slice(p_len, p_len + n_gen)
-        top = (fetch(state["top_ids"])[:n, sl, :w], fetch(state["top_lp"])[:n, sl, :w])
+        top = (fetch(state.top_ids)[:n, sl, :w], fetch(state.top_lp)[:n, sl, :w])
     return GenerateOutput(
         sequences=sequences,
-        logprobs=fetch(state["logp"])[:n, p_len : p_len + n_gen],
+        logprobs=fetch(state.logp)[:n, p_len : p_len + n_gen],
         finish_reason=[graphs.FinishReason.of(r).label for r in reason],
-        num_generated=fetch(state["end"])[:n] - p_len + 1,
+        num_generated=fetch(state.end)[:n] - p_len + 1,
         top_logprobs=top,
         time_to_first_token=ttft,
     )

@@ -15,11 +15,14 @@ import secrets
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import jax
 import numpy as np
 
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampling, sharding
 from aotlm.core.contract import GraphHost
+from aotlm.core.state import SlotState
+from aotlm.generate import slot_graphs
 from aotlm.generate.generation import rule_violations, stop_array
 from aotlm.generate.params import SamplingParams
 
@@ -51,6 +54,16 @@ def check(model: GraphHost, prompt_len: int, s: SamplingParams) -> list[tuple[st
             bad.append(("stop", f"token stop sequence {list(seq)} must hold 1..{graphs.MAX_STOP_LEN} ids "
                                 f"in [0, {v})"))  # fmt: skip
     return bad
+
+
+def host_state(slots: int, n_slots: int, vocab: int) -> SlotState:
+    """A serving state of numpy arrays: nothing generated, neutral sampler settings."""
+    zeros = lambda a: np.zeros(a.shape, a.dtype)
+    st = jax.tree.map(zeros, slot_graphs.state_spec(slots, n_slots, vocab, None))
+    st.out[:], st.stop[:] = -1, -2  # unwritten slots; unused stop tokens
+    for name in ("temperature", "top_p", "repetition_penalty"):
+        st.params[name][:] = 1
+    return st
 
 
 class SlotModel(GraphHost, Protocol):
@@ -106,29 +119,11 @@ class SlotBatch:
         self.n_positions = model.n_positions
         eos = inputs.eos_ids(list(eos_token_id) or None, graphs.MAX_EOS)
         pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos[0] >= 0 else 0)
-        b, s, v, k = self.slots, self.n_positions, model.cfg.vocab_size, sampling.TOP_LOGPROBS_MAX
-        host = self._row_state(b, s, v, k)
-        host.update(done=np.ones(b, np.bool_), eos=eos, pad=np.int32(pad), steps=np.int32(0))
+        host = host_state(self.slots, self.n_positions, self.vocab_size)
+        host = host.replace(done=np.ones(self.slots, np.bool_), eos=eos, pad=np.int32(pad))
         with model.lock:
             self.state = model.put_tree(host)
-        self._cancel_none = model.put(np.zeros(b, np.bool_))
-
-    @staticmethod
-    def _row_state(b: int, s: int, v: int, k: int) -> dict:
-        z = lambda *shape, dt=np.int32: np.zeros(shape, dt)
-        return {
-            "tok": z(b), "idx": z(b), "done": z(b, dt=np.bool_), "reason": z(b), "last": z(b),
-            "first": z(b), "out": np.full((b, s), -1, np.int32), "logp": z(b, s, dt=np.float32),
-            "top_ids": z(b, s, k), "top_lp": z(b, s, k, dt=np.float32), "seen": z(b, v, dt=np.bool_),
-            "counts": z(b, v), "stop": np.full((b, graphs.MAX_STOPS, graphs.MAX_STOP_LEN), -2, np.int32),
-            "ignore_eos": z(b, dt=np.bool_), "want": z(b, dt=np.bool_), "presence": z(b, dt=np.float32),
-            "frequency": z(b, dt=np.float32),
-            "params": {
-                "do_sample": z(b, dt=np.bool_), "temperature": np.ones(b, np.float32), "top_k": z(b),
-                "top_p": np.ones(b, np.float32), "min_p": z(b, dt=np.float32),
-                "repetition_penalty": np.ones(b, np.float32), "ngram": z(b), "seed": z(b, dt=np.uint32),
-            },
-        }  # fmt: skip
+        self._cancel_none = model.put(np.zeros(self.slots, np.bool_))
 
     def check(self, prompt_len: int, settings: SamplingParams) -> list[tuple[str, str]]:
         return check(self.model, prompt_len, settings)
@@ -158,18 +153,17 @@ class SlotBatch:
     def insert(self, row: int, prompt: np.ndarray, settings: SamplingParams, logits) -> None:
         """Make ``row`` live with ``settings``; its first token is chosen from ``logits``."""
         m = self.model
-        s, v, k = self.n_positions, m.cfg.vocab_size, sampling.TOP_LOGPROBS_MAX
-        p_len = len(prompt)
-        r = self._row_state(1, s, v, k)
-        r["out"][0, :p_len] = prompt
-        r["seen"][0, prompt] = True
-        r["idx"][0] = r["first"][0] = p_len
-        r["last"][0] = p_len + settings.max_tokens - 1
-        r["stop"][:] = stop_array([list(q) for q in settings.stop_token_ids] or None, 1, 1, v)
-        r["ignore_eos"][0], r["want"][0] = settings.ignore_eos, settings.logprobs is not None
-        r["presence"][0], r["frequency"][0] = settings.presence_penalty, settings.frequency_penalty
+        v, p_len = self.vocab_size, len(prompt)
+        r = host_state(1, self.n_positions, v)
+        r.out[0, :p_len] = prompt
+        r.seen[0, prompt] = True
+        r.idx[0] = r.first[0] = p_len
+        r.last[0] = p_len + settings.max_tokens - 1
+        r.stop[:] = stop_array([list(q) for q in settings.stop_token_ids] or None, 1, 1, v)
+        r.ignore_eos[0], r.want[0] = settings.ignore_eos, settings.logprobs is not None
+        r.presence[0], r.frequency[0] = settings.presence_penalty, settings.frequency_penalty
         seed = secrets.randbits(32) if settings.seed is None else settings.seed
-        p = r["params"]
+        p = r.params
         p["do_sample"][0] = settings.temperature > 0  # OpenAI: temperature 0 is greedy
         p["temperature"][0], p["top_k"][0], p["top_p"][0] = (
             settings.temperature,
@@ -189,7 +183,7 @@ class SlotBatch:
         last_slot = min(max_live_slot + steps, self.n_positions) - 1  # the furthest slot fed
         width = bk.decode_bucket(m.tg_buckets, max(last_slot, 0))
         with m.lock:
-            self.state["steps"] = m.put(np.int32(steps))
+            self.state.steps = m.put(np.int32(steps))
             c = self._cancel_none if cancel is None or not cancel.any() else m.put(cancel.astype(np.bool_))
             exe = m.executable(("slot_decode", width))
             m.cache, self.state = exe(m.params, m.cache, self.state, c)
@@ -197,4 +191,4 @@ class SlotBatch:
     def read(self, logprobs: bool = False) -> dict:
         """The host copy of what streaming needs: idx, done, reason, out (+ logp, top_*)."""
         keys = ("idx", "done", "reason", "out") + (("logp", "top_ids", "top_lp") if logprobs else ())
-        return {key: sharding.fetch(self.state[key]) for key in keys}
+        return {key: sharding.fetch(getattr(self.state, key)) for key in keys}

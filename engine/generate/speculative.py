@@ -185,7 +185,7 @@ class SpeculativeGenerator:
         d.encode(ids, mask)
         # the first token: the target's own select graph (same token as target.sample, same seed)
         state = generation.initial_state(t, ids, mask, positions, n, np.full(b, plen + new - 1), cfg)
-        first = sharding.fetch(t.executable(("select",))(logits, t.put_tree(state))["tok"]).astype(np.int32)
+        first = sharding.fetch(t.executable(("select",))(logits, t.put_tree(state)).tok).astype(np.int32)
         out = np.zeros((b, s), np.int32)
         out[:, 0] = first
         done = np.isin(first, eos[eos >= 0]) | (budget <= 1)

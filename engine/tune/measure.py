@@ -83,12 +83,12 @@ def _decode_call(model: GraphHost, w: int, k: int):
     host = generation.initial_state(
         model, ids, np.ones_like(ids), positions, b, np.full(b, start + k), params.GenerationConfig()
     )
-    host["limit"] = np.int32(start + k)
+    host.limit = np.int32(start + k)
     exe = model.executable(("decode", w))
 
     def run():
         model.cache, st = exe(model.params, model.cache, model.put_tree(host))
-        sharding.fetch(st["idx"])
+        sharding.fetch(st.idx)
 
     return run
 
