@@ -254,3 +254,17 @@ def test_file_sizes_and_top_level():
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > 450
     }
     assert big == {}
+
+
+def test_no_test_module_imports_another_test_modules_private_names():
+    """Shared test builders live in ``tests/builders.py`` / ``conftest.py``, not in test modules."""
+    bad = []
+    for f in (REPO / "tests").glob("*.py"):
+        for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("test_"):
+                bad += [f"{f.name}: {n.module}.{a.name}" for a in n.names if a.name.startswith("_")]
+    assert bad == []
+
+
+def test_no_function_over_80_lines_in_engine_or_models():
+    assert long_functions(modules()) == []
