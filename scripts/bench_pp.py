@@ -70,11 +70,11 @@ def crossing_bytes(model, width: int) -> dict:
     """Bytes per generated token and row that leave a device, read from the compiled graphs."""
     stages = getattr(model, "stages", None)
     if not stages:
-        ar, ag = tp_bytes(model._executable(("decode", width)), model.batch_size)
+        ar, ag = tp_bytes(model.executable(("decode", width)), model.batch_size)
         return {"stage hand-offs B": 0, "tp all-reduce B": ar, "tp all-gather B": ag}
     mb, hidden, ar, ag = stages[0].batch_size, 0, 0, 0
     for st in stages:
-        exe = st._executable(("pp_step", width))
+        exe = st.executable(("pp_step", width))
         if not st.stage.is_last:
             hidden += int(exe.out_info[0].size * exe.out_info[0].dtype.itemsize) // mb
         a, g = tp_bytes(exe, mb)

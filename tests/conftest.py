@@ -40,6 +40,14 @@ def ckpt_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def peaked(ckpt_dir):
+    """The peaked Llama checkpoint (``builders.peaked_checkpoint``)."""
+    from builders import peaked_checkpoint  # torch + transformers: only for the tests that use it
+
+    return peaked_checkpoint(ckpt_dir)
+
+
+@pytest.fixture(scope="session")
 def gpt2_path(ckpt_dir):
     import transformers
 

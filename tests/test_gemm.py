@@ -19,8 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_kernels import _sample
-from test_weight_options import _llama, _save
+from builders import peaked_checkpoint, rel_error, run_with_kernels
 
 from aotlm import kernels
 from aotlm.core import precision
@@ -33,10 +32,6 @@ HERE = Path(__file__).parent
 ROWS = (1, 5, 16, 17, 33, 64, 65, 100)  # row kernels up to 16 (f32) / 64 (int8); more: the GEMMs
 
 
-def _rel(y, ref) -> float:
-    return float(np.abs(np.asarray(y, np.float64) - ref).max() / np.abs(ref).max())
-
-
 def test_f32_gemm_matches_numpy_on_odd_shapes():
     rng = np.random.default_rng(0)
     f = jax.jit(lambda x, w: kernels.matmul(x, w))
@@ -44,7 +39,7 @@ def test_f32_gemm_matches_numpy_on_odd_shapes():
         for k, n in ((37, 19), (300, 70), (520, 33)):  # K past one 256-row block; N tails of 3, 6, 1
             x = rng.standard_normal((m, k)).astype(np.float32)
             w = rng.standard_normal((k, n)).astype(np.float32)
-            err = _rel(f(x, w), x.astype(np.float64) @ w)
+            err = rel_error(f(x, w), x.astype(np.float64) @ w)
             assert err <= 1e-5, (m, k, n, err)
 
 
@@ -63,11 +58,11 @@ def test_packed_gemm_matches_numpy_and_w8a8_is_exact():
             wp = packing.pack(wq, (0,))
             ref = (x.astype(np.float64) @ wq) * s
             tol = 1e-5 if m > build.ROW_KERNEL_ROWS else 1e-4  # the int8 row kernels round x to int16
-            assert _rel(f(x, wp, s), ref) <= tol, (m, k, n)
+            assert rel_error(f(x, wp, s), ref) <= tol, (m, k, n)
             for dt in (jnp.bfloat16, np.float16, np.float32):
                 wf = rng.standard_normal((k, n)).astype(dt)
                 y = kernels.matmul(x, packing.pack(wf, (0,)), None, packed_k=1)
-                assert _rel(y, x.astype(np.float64) @ wf.astype(np.float64)) <= 1e-5, (m, k, n, dt)
+                assert rel_error(y, x.astype(np.float64) @ wf.astype(np.float64)) <= 1e-5, (m, k, n, dt)
             if m <= kernels.MAX_ROWS:
                 continue
             xq, sx = (np.asarray(a) for a in layers.quantize_rows(x))
@@ -97,12 +92,12 @@ def test_quant_option_and_config():
 def runs(ckpt_dir):
     """f32, w8a8 and w8a8 with the kernels forced off, on the peaked checkpoint of
     test_weight_options (top-1 margins >= 20% of max|logit|): (logits, tokens, used, model) each."""
-    path = _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)
+    path = peaked_checkpoint(ckpt_dir)
     with pytest.MonkeyPatch.context() as mp:
         return {
-            "f32": _sample(path, mp, True),
-            "w8a8": _sample(path, mp, True, quant="w8a8"),
-            "w8a8 off": _sample(path, mp, False, quant="w8a8"),
+            "f32": run_with_kernels(path, mp, True),
+            "w8a8": run_with_kernels(path, mp, True, quant="w8a8"),
+            "w8a8 off": run_with_kernels(path, mp, False, quant="w8a8"),
         }
 
 

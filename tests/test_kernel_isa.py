@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from test_weight_options import _llama, _save
+from builders import peaked_checkpoint
 
 from aotlm import kernels
 from aotlm.kernels import build, isa
@@ -161,7 +161,7 @@ def test_forced_avx2_gives_identical_tokens_and_its_own_cache_entries(ckpt_dir, 
     loads every graph and compiles nothing."""
     if kernels.isa_level() == "avx2":
         pytest.skip("this CPU's level is avx2: there is no lower level to force")
-    path = _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)
+    path = peaked_checkpoint(ckpt_dir)
     opts = [str(path), str(tmp_path / "cc"), "--quant", "w8a8", "--context", "48", "--n-positions", "64"]
 
     def run(**env):

@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_weight_options import PROMPTS, _llama, _save
+from builders import PROMPTS, peaked_checkpoint, run_with_kernels
 
-from aotlm import AutoModelForSampling, kernels
+from aotlm import kernels
 from aotlm.kernels import build as kernel_build
 from aotlm.models import packing
 
@@ -326,32 +326,22 @@ def test_attention_bdot_matches_numpy_and_reads_only_the_leading_block(bdt):
 def test_decode_graphs_attend_with_the_kernel(llama_path, monkeypatch):
     """Decode graphs call ``aotlm_bdot`` (prefill keeps XLA's einsum) and the sampler's ``aotlm_argmax``;
     tokens equal the fallback's."""
-    _, tok_on, _, m = _sample(llama_path, monkeypatch, True)
+    _, tok_on, _, m = run_with_kernels(llama_path, monkeypatch, True)
     texts = {k: exe.as_text() for k, exe in m._executables.items()}
     assert any("aotlm_bdot" in t for t in texts.values())
     assert any("aotlm_argmax" in t for k, t in texts.items() if "decode" in str(k))
     assert all("aotlm_bdot" not in t for k, t in texts.items() if "prefill" in str(k) and "32" in str(k))
-    _, tok_off, _, _ = _sample(llama_path, monkeypatch, False)
+    _, tok_off, _, _ = run_with_kernels(llama_path, monkeypatch, False)
     np.testing.assert_array_equal(tok_on, tok_off)
 
 
 # ------------------------------------------------------------------ model level
-def _sample(path, monkeypatch, on: bool, **kw):
-    monkeypatch.setenv("AOTLM_KERNELS", "1" if on else "0")
-    m = AutoModelForSampling.from_pretrained(
-        path, batch_size=2, n_positions=32, context_length_estimate=32, compile_cache=False, **kw
-    )
-    m.compile()
-    texts = [exe.as_text() for exe in m._executables.values()]
-    return m.forward(PROMPTS), m.sample(PROMPTS, max_new_tokens=16), any("aotlm_wmm" in t for t in texts), m
-
-
 @pytest.mark.parametrize("kw", [{}, {"quant": "int8"}, {"amp": "bf16"}, {"quant": "int8", "amp": "bf16"}])
 def test_forced_fallback_gives_identical_greedy_tokens(ckpt_dir, monkeypatch, kw):
     """The peaked checkpoint of test_weight_options (top-1 margins >= 20% of max|logit|)."""
-    path = _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)
-    lg_on, tok_on, used_on, m_on = _sample(path, monkeypatch, True, **kw)
-    lg_off, tok_off, used_off, _ = _sample(path, monkeypatch, False, **kw)
+    path = peaked_checkpoint(ckpt_dir)
+    lg_on, tok_on, used_on, m_on = run_with_kernels(path, monkeypatch, True, **kw)
+    lg_off, tok_off, used_off, _ = run_with_kernels(path, monkeypatch, False, **kw)
     assert used_on and not used_off
     if kw.get("quant") == "int8":  # prefill reads the packed int8 matrices in a kernel, never unpacked:
         # the row kernel up to ROW_KERNEL_ROWS rows, the GEMM past it
@@ -365,8 +355,8 @@ def test_forced_fallback_gives_identical_greedy_tokens(ckpt_dir, monkeypatch, kw
 def test_packed_weights_traced_without_kernels_give_identical_tokens(ckpt_dir, monkeypatch):
     """int8 weights packed at load, graphs then traced with the kernels off: XLA's dot reads
     ``packing.unpack``'s logical matrix and the greedy tokens equal the kernels'."""
-    path = _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)
-    _, tok_on, _, m = _sample(path, monkeypatch, True, quant="int8")
+    path = peaked_checkpoint(ckpt_dir)
+    _, tok_on, _, m = run_with_kernels(path, monkeypatch, True, quant="int8")
     layer = m.params["layers"][0]
     assert all(packing.is_packed(k, w.ndim) for k, w in layer.items() if k in packing.PACK_CONTRACT)
     monkeypatch.setenv("AOTLM_KERNELS", "0")
@@ -378,12 +368,12 @@ def test_packed_weights_traced_without_kernels_give_identical_tokens(ckpt_dir, m
 
 def test_tied_int8_lm_head_view(gpt2_path, monkeypatch):
     """GPT-2 ties lm_head to the embedding: under int8 the logits read an int8 copy of it."""
-    lg32 = _sample(gpt2_path, monkeypatch, False)[0]
-    lg8, _, used, m = _sample(gpt2_path, monkeypatch, True, quant="int8")
+    lg32 = run_with_kernels(gpt2_path, monkeypatch, False)[0]
+    lg8, _, used, m = run_with_kernels(gpt2_path, monkeypatch, True, quant="int8")
     assert used and m.params["embed_q"].dtype == np.int8 and m.params["embed_q_scale"].shape == (112,)
     assert packing.is_packed("embed_q", m.params["embed_q"].ndim)  # vocab 101 padded to 7 panels of 16
     assert np.abs(lg8 - lg32).max() <= 1e-2 * np.abs(lg32).max()
-    lg_off, _, _, m_off = _sample(gpt2_path, monkeypatch, False, quant="int8")
+    lg_off, _, _, m_off = run_with_kernels(gpt2_path, monkeypatch, False, quant="int8")
     assert "embed_q" not in m_off.params  # no kernels: no copy (XLA reads the embedding itself)
 
 

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from builders import PROMPTS
 from compile_counter import count_compiles
-from test_weight_options import PROMPTS, _llama, _save
 
 from aotlm import AutoModelForSampling, kernels
 from aotlm.core import memory, precision
@@ -47,11 +47,6 @@ def _load(path, kv, **kw):
 
 def _run(m):
     return m.forward(LONG), m.sample(PROMPTS, max_new_tokens=NEW), m.sample(LONG, max_new_tokens=NEW)
-
-
-@pytest.fixture(scope="module")
-def peaked(ckpt_dir):
-    return _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)
 
 
 @pytest.fixture(scope="module")

@@ -133,6 +133,60 @@ def unexplained_local_imports(mods: dict[str, Path]) -> list[str]:
     return bad
 
 
+# ``obj._name`` uses allowed across modules, each with its reason
+FOREIGN_PRIVATE_OK = {
+    "os._exit": "the standard library's documented exit without cleanup (a test fault injection)",
+}
+
+
+def owned_names(tree: ast.AST) -> set[str]:
+    """Names a module defines itself: functions, classes, module globals and ``self.x`` / ``cls.x``."""
+    own = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            own.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            own.add(n.id)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+            if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                own.add(n.attr)
+    return own
+
+
+def foreign_private_uses(mods: dict[str, Path]) -> list[str]:
+    """``obj._name`` where ``obj`` is not ``self`` / ``cls`` and the module does not define ``_name``:
+    one module reaching into another's private attributes (read, written or called)."""
+    bad = []
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        own = owned_names(tree)
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.Attribute) or not n.attr.startswith("_") or n.attr.startswith("__"):
+                continue
+            if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                continue
+            if n.attr not in own and ast.unparse(n) not in FOREIGN_PRIVATE_OK:
+                bad.append(f"{name}:{n.lineno} {ast.unparse(n)}")
+    return sorted(bad)
+
+
+def long_functions(mods: dict[str, Path], limit: int = 80) -> list[str]:
+    """Functions (methods too) of ``engine/`` and ``models/`` longer than ``limit`` lines,
+    decorators and docstring included."""
+    bad = []
+    for name, path in mods.items():
+        for f in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef):
+                first = min([f.lineno] + [d.lineno for d in f.decorator_list])
+                if f.end_lineno - first + 1 > limit:
+                    bad.append(f"{name}.{f.name}: {f.end_lineno - first + 1} lines")
+    return sorted(bad)
+
+
+def test_no_module_reaches_another_modules_private_attributes():
+    assert foreign_private_uses(modules()) == []
+
+
 def test_no_upward_imports():
     mods, edges = graph()
     assert len(mods) > 60 and "aotlm.core.model" in mods and "aotlm.models.decoder" in mods
@@ -169,6 +223,26 @@ def test_detector_sees_a_planted_upward_import_circle_and_local_import(tmp_path,
     assert unexplained_local_imports(mods) == ["app.py:2", "aotlm.cli.app -> aotlm.core.b"]
 
 
+def test_private_and_length_detectors_see_planted_cases(tmp_path, monkeypatch):
+    """A module using another's ``obj._x`` (read or written) is reported, its own ``self._x``,
+    its own helpers and the allow-list are not; a function of 81 lines is reported, one of 80 not."""
+    eng = tmp_path / "engine"
+    eng.mkdir()
+    (tmp_path / "models").mkdir()
+    (eng / "a.py").write_text(
+        "import os\nclass A:\n    def __init__(self):\n        self._x = 1\ndef _h(a):\n    return a._x\n"
+    )
+    (eng / "b.py").write_text(
+        "def f(m):\n    m._bcast = 1\n    os._exit(0)\n    return m._lock, m.__class__\n"
+        "def g():\n" + "    pass\n" * 80 + "def h():\n" + "    pass\n" * 79
+    )
+    monkeypatch.setitem(ROOTS, "aotlm", eng)
+    monkeypatch.setitem(ROOTS, "aotlm.models", tmp_path / "models")
+    mods = modules()
+    assert foreign_private_uses(mods) == ["aotlm.b:2 m._bcast", "aotlm.b:4 m._lock"]
+    assert long_functions(mods) == ["aotlm.b.g: 81 lines"]
+
+
 def test_file_sizes_and_top_level():
     """At most a handful of modules at the package top; no module over ~450 lines."""
     top = sorted(p.name for p in (REPO / "engine").glob("*.py"))
@@ -180,3 +254,17 @@ def test_file_sizes_and_top_level():
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > 450
     }
     assert big == {}
+
+
+def test_no_test_module_imports_another_test_modules_private_names():
+    """Shared test builders live in ``tests/builders.py`` / ``conftest.py``, not in test modules."""
+    bad = []
+    for f in (REPO / "tests").glob("*.py"):
+        for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("test_"):
+                bad += [f"{f.name}: {n.module}.{a.name}" for a in n.names if a.name.startswith("_")]
+    assert bad == []
+
+
+def test_no_function_over_80_lines_in_engine_or_models():
+    assert long_functions(modules()) == []

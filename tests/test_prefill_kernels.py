@@ -14,8 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_kernels import _sample
-from test_weight_options import _llama, _save
+from builders import peaked_checkpoint, run_with_kernels
 
 from aotlm import kernels
 from aotlm.models import packing
@@ -137,16 +136,12 @@ def test_prefill_graphs_call_the_attention_kernel(request, ckpt_dir, monkeypatch
     test_weight_options (rotary: separate q / k / v, grouped heads): prefill attends in
     ``aotlm_attn``, decode does not; logits match the pure-JAX path, and the Llama's greedy tokens
     (top-1 margins >= 20% of max|logit|) are equal."""
-    path = (
-        request.getfixturevalue("gpt2_path")
-        if model == "gpt2"
-        else _save(ckpt_dir / "wo_peaked", _llama(), peaked=True)
-    )
-    lg_on, tok_on, _, m = _sample(path, monkeypatch, True, fuse_qkv=True, **kw)
+    path = request.getfixturevalue("gpt2_path") if model == "gpt2" else peaked_checkpoint(ckpt_dir)
+    lg_on, tok_on, _, m = run_with_kernels(path, monkeypatch, True, fuse_qkv=True, **kw)
     texts = {str(key): exe.as_text() for key, exe in m._executables.items()}
     assert any("prefill" in key and "aotlm_attn" in t for key, t in texts.items())
     assert not any("decode" in key and "aotlm_attn" in t for key, t in texts.items())
-    lg_off, tok_off, _, _ = _sample(path, monkeypatch, False, fuse_qkv=True, **kw)
+    lg_off, tok_off, _, _ = run_with_kernels(path, monkeypatch, False, fuse_qkv=True, **kw)
     assert np.abs(lg_on - lg_off).max() <= 1e-2 * np.abs(lg_off).max()
     if model == "llama":
         np.testing.assert_array_equal(tok_on, tok_off)

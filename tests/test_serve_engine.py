@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-import jax
 import numpy as np
 import pytest
+from compile_counter import count_compiles
 
 from aotlm.cli.app import main
 from aotlm.cli.common import serve_kwargs
@@ -46,21 +46,10 @@ def prompt(n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, 101, n).tolist()
 
 
-class CompileCounter:
-    def __init__(self):
-        self.n = 0
-        jax.monitoring.register_event_duration_secs_listener(self._seen)
-
-    def _seen(self, name, _secs, **_kw):
-        if name == "/jax/core/compile/backend_compile_duration":
-            self.n += 1
-
-
 def test_each_request_gets_what_sample_gives_it(served, engine):
     """Greedy and seeded rows, prompts of every bucket and a chunked one (> 16 tokens), more
     requests than slots: each equals ``sample()`` of its prompt alone; nothing compiles."""
     _, ref = served
-    counter = CompileCounter()
     cases = [
         (prompt(5, 1), SamplingParams(max_tokens=12, temperature=0)),
         (prompt(14, 2), SamplingParams(max_tokens=9, temperature=0.9, seed=7)),
@@ -70,9 +59,10 @@ def test_each_request_gets_what_sample_gives_it(served, engine):
         (prompt(16, 6), SamplingParams(max_tokens=1, temperature=0)),
         (prompt(7, 7), SamplingParams(max_tokens=15, temperature=0, repetition_penalty=1.3)),
     ]
-    reqs = [engine.submit(p, sp) for p, sp in cases]
-    got = [collect(r) for r in reqs]
-    assert counter.n == 0, f"{counter.n} compilations after warm-up"
+    with count_compiles() as compiled:
+        reqs = [engine.submit(p, sp) for p, sp in cases]
+        got = [collect(r) for r in reqs]
+    assert compiled["backend"] == 0, f"{compiled['backend']} compilations after warm-up"
     for (p, sp), (toks, fin) in zip(cases, got, strict=True):
         kw = dict(repetition_penalty=sp.repetition_penalty)
         if sp.temperature > 0:

@@ -17,7 +17,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import openai
@@ -449,8 +448,7 @@ class StubEngine:
     """Refuses every request the way a full or stopping engine does."""
 
     def __init__(self, error: Exception):
-        self.error, self.n_positions, self.running = error, 64, True
-        self.model = SimpleNamespace(cfg=SimpleNamespace(vocab_size=320))
+        self.error, self.n_positions, self.vocab_size, self.running = error, 64, 320, True
 
     def validate(self, prompt, params):
         if prompt[0] == 1:

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from builders import PROMPTS, V, llama_config, rel_error, save_checkpoint
 from conformance import hf_model
 
 from aotlm import AutoModelForSampling, kernels
@@ -40,7 +41,7 @@ from aotlm.models.axes import CONTRACT_AXES
 from aotlm.models.quant import QuantizationConfig, fuse_qkv_heads, quantize_int8, regroup_qkv
 
 T = transformers
-V, N_POS, NEW = 101, 32, 16
+N_POS, NEW = 32, 16
 REL = {"bf16": 1e-2, "f16": 1.5e-3, "bf16w": 1e-2, "int8": 1e-2, "int8_bf16": 1.5e-2}
 VARIANTS = {
     "f32": {},
@@ -50,27 +51,6 @@ VARIANTS = {
     "int8": {"quant": "int8"},
     "int8_bf16": {"quant": "int8", "amp": "bf16"},
 }
-PROMPTS = np.random.default_rng(1).integers(0, V, (2, 9))
-
-
-def _save(path: Path, cfg, seed: int = 0, scale: float = 1.0, peaked: bool = False, noisy_1d: bool = False):
-    """Random-init checkpoint. ``peaked``: lm_head = permuted embedding rows (a successor model).
-    ``noisy_1d``: random biases / norm weights too (so fused bias layouts are really checked)."""
-    if (path / "config.json").is_file():
-        return path
-    torch.manual_seed(seed)
-    model = T.AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(scale)
-            elif noisy_1d:
-                p.add_(0.1 * torch.randn_like(p))
-        if peaked:
-            perm = torch.randperm(cfg.vocab_size, generator=torch.Generator().manual_seed(seed))
-            model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight[perm])
-    model.save_pretrained(str(path))
-    return path
 
 
 def _load(path, **kw):
@@ -79,23 +59,16 @@ def _load(path, **kw):
     )
 
 
-def _llama(**kw):
-    base = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
-    return T.LlamaConfig(
-        **{**base, **kw},
-        num_hidden_layers=2,
-        vocab_size=V,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-
-
 # ------------------------------------------------------------- tp=2 runs (started first, run in parallel)
 @pytest.fixture(scope="module")
 def tp_proc(ckpt_dir, tmp_path_factory):
     """int8 / fuse_qkv at tp=1 and tp=2 on 2 forced CPU devices, in a subprocess started now."""
-    gqa = _save(ckpt_dir / "wo_llama_kv2", _llama(intermediate_size=90), scale=2.0, noisy_1d=True)
-    mqa = _save(ckpt_dir / "wo_llama_kv1", _llama(num_key_value_heads=1), scale=2.0, noisy_1d=True)
+    gqa = save_checkpoint(
+        ckpt_dir / "wo_llama_kv2", llama_config(intermediate_size=90), scale=2.0, noisy_1d=True
+    )
+    mqa = save_checkpoint(
+        ckpt_dir / "wo_llama_kv1", llama_config(num_key_value_heads=1), scale=2.0, noisy_1d=True
+    )
     cases = [  # name, path, tp, gqa, quant, fuse
         ["kv2 int8 tp1", str(gqa), 1, None, "int8", False],
         ["kv2 int8 tp2", str(gqa), 2, None, "int8", False],
@@ -129,9 +102,8 @@ def _start_tp_early(tp_proc):
 
 # ------------------------------------------------------------------ amp + int8 accuracy
 @pytest.fixture(scope="module")
-def peaked(ckpt_dir):
-    path = _save(ckpt_dir / "wo_peaked", _llama(), seed=0, peaked=True)
-    return path, {k: _run(path, kw) for k, kw in VARIANTS.items()}
+def peaked_runs(peaked):
+    return peaked, {k: _run(peaked, kw) for k, kw in VARIANTS.items()}
 
 
 def _run(path, kw, tokens: bool = True):
@@ -139,12 +111,8 @@ def _run(path, kw, tokens: bool = True):
     return m.forward(PROMPTS), (m.sample(PROMPTS, max_new_tokens=NEW) if tokens else None), m
 
 
-def _rel(z, ref) -> float:
-    return float(np.abs(z - ref).max() / np.abs(ref).max())
-
-
-def test_peaked_checkpoint_has_large_fp32_margins(peaked):
-    path, runs = peaked
+def test_peaked_checkpoint_has_large_fp32_margins(peaked_runs):
+    path, runs = peaked_runs
     tokens = runs["f32"][1]
     with torch.no_grad():
         lg = hf_model(path)(torch.tensor(tokens)).logits[:, PROMPTS.shape[1] - 1 : -1].numpy()
@@ -155,11 +123,11 @@ def test_peaked_checkpoint_has_large_fp32_margins(peaked):
 
 
 @pytest.mark.parametrize("variant", ["bf16", "f16", "bf16w", "int8", "int8_bf16"])
-def test_logits_error_bounded_and_greedy_tokens_agree(peaked, variant):
-    _, runs = peaked
+def test_logits_error_bounded_and_greedy_tokens_agree(peaked_runs, variant):
+    _, runs = peaked_runs
     ref_logits, ref_tokens, _ = runs["f32"]
     logits, tokens, _ = runs[variant]
-    err = _rel(logits, ref_logits)
+    err = rel_error(logits, ref_logits)
     print(f"peaked llama {variant}: max|dz| / max|z32| = {err:.2e}")
     assert err <= REL[variant], f"{variant}: logits error {err:.2e} of max|logit| > {REL[variant]}"
     assert err > 0  # really a different precision
@@ -170,14 +138,14 @@ def test_gpt2_logits_error_bounded(gpt2_path):
     """GPT-2 (layernorm, biases, gelu, tied embedding: lm_head not quantized): last-position logits."""
     ref = _run(gpt2_path, {}, tokens=False)[0]
     for variant in ("bf16", "f16", "bf16w", "int8", "int8_bf16"):
-        err = _rel(_run(gpt2_path, VARIANTS[variant], tokens=False)[0], ref)
+        err = rel_error(_run(gpt2_path, VARIANTS[variant], tokens=False)[0], ref)
         print(f"gpt2 {variant}: max|dz| / max|z32| = {err:.2e}")
         assert 0 < err <= REL[variant], f"gpt2 {variant}: logits error {err:.2e} of max|logit|"
 
 
 # ------------------------------------------------------------------ int8 storage
-def test_int8_weights_are_stored_as_int8(peaked):
-    _, runs = peaked
+def test_int8_weights_are_stored_as_int8(peaked_runs):
+    _, runs = peaked_runs
     m32, m8 = runs["f32"][2], runs["int8"][2]
     big = lambda p: {k: v for k, v in p.items() if k in CONTRACT_AXES}
     n_big = n_packed = 0
@@ -207,8 +175,8 @@ def test_int8_weights_are_stored_as_int8(peaked):
     assert scales < layer_bytes(m8.params) / 8  # one float per output channel
 
 
-def test_bf16_weights_are_stored_as_bf16_with_f32_activations(peaked):
-    _, runs = peaked
+def test_bf16_weights_are_stored_as_bf16_with_f32_activations(peaked_runs):
+    _, runs = peaked_runs
     m32, mb = runs["f32"][2], runs["bf16w"][2]
     for name, w in mb.params["layers"][0].items():
         ref = m32.params["layers"][0][name]
@@ -231,8 +199,8 @@ def test_quantize_int8_is_per_output_channel_symmetric():
     assert np.abs(q * s - w).max() <= s.max() / 2 + 1e-7
 
 
-def test_options_change_the_compile_fingerprint(peaked, ckpt_dir):
-    path, runs = peaked
+def test_options_change_the_compile_fingerprint(peaked_runs, ckpt_dir):
+    path, runs = peaked_runs
     fused = _load(path, fuse_qkv=True)
     ms = [runs["f32"][2], runs["int8"][2], fused, _load(path, quant=QuantizationConfig(lm_head=False))]
     keys = {entry_key(m.fingerprint(), ("decode", N_POS), m.mesh)[0] for m in ms}
@@ -353,7 +321,7 @@ def test_fuse_qkv_is_exact_for_every_family(ckpt_dir):
     """Fused vs unfused: last-prompt logits within 1e-5 and 8 greedy tokens identical, per family."""
     pairs = {}
     for fam, make in FAMILIES.items():
-        path = _save(ckpt_dir / f"wo_fuse_{fam}", make(), scale=3.0, noisy_1d=True)
+        path = save_checkpoint(ckpt_dir / f"wo_fuse_{fam}", make(), scale=3.0, noisy_1d=True)
         plain, fused = _load(path), _load(path, fuse_qkv=True)
         lp, c = fused.params["layers"][0], fused.cfg
         assert "wqkv" in lp and not {"wq", "wk", "wv"} & set(lp), fam

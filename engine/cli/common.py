@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 
 from aotlm.core import distributed
-from aotlm.core.model import MODEL_KEYS
 from aotlm.core.resolve import resolve
+from aotlm.core.spec import MODEL_KEYS
 from aotlm.generate.params import SAMPLING_FIELDS
 from aotlm.text import defaults
 

@@ -84,13 +84,13 @@ def _write_graph(model, key: tuple, tmp: Path, digest: str, fields: dict) -> Non
         r["graph"] == key[0] and tuple(r["bucket"]) == key[1:] and not r["hit"] for r in model.compile_report
     )
     if fresh:
-        write_entry(tmp, digest, fields, model._executables[key], 0.0)
+        write_entry(tmp, digest, fields, model.executable(key), 0.0)
         return
     cached = model.compile_cache.dir / digest if model.compile_cache.dir is not None else None
     if cached is not None and (cached / MANIFEST_ENTRY).is_file():
         shutil.copytree(cached, tmp / digest)
         return
-    write_entry(tmp, digest, fields, model._lower(key).compile(), 0.0)
+    write_entry(tmp, digest, fields, model.lower(key).compile(), 0.0)
 
 
 def load(model, directory: str | os.PathLike) -> dict:

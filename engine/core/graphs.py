@@ -15,20 +15,65 @@ The KV cache and the generation state are donated to every call and updated in p
 
 from __future__ import annotations
 
+import enum
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from aotlm.core import sampling
+from aotlm.core.state import DecodeState
 from aotlm.models import decoder
 
 MAX_EOS = 32  # eos ids: a traced [MAX_EOS] array padded with -1
 MAX_STOPS = 8  # stop sequences per row
 MAX_STOP_LEN = 16  # tokens per stop sequence (right-aligned, padded with -2)
 
-# finish reasons (state["reason"])
-RUNNING, EOS, STOP_SEQUENCE, LENGTH, STOPPED = 0, 1, 2, 3, 4
-REASONS = {EOS: "eos", STOP_SEQUENCE: "stop_sequence", LENGTH: "length", STOPPED: "stopping_criteria"}
+
+class FinishReason(enum.IntEnum):
+    """Why a row stopped: ``state.reason`` (int32, traced) holds these values.
+
+    The graphs write ``EOS``, ``STOP_SEQUENCE`` and ``LENGTH`` (and the slot graphs ``STOPPED``
+    for a cancelled slot); the host writes ``STOPPED`` for a ``StoppingCriteria`` hit.
+    ``CANCELLED`` and ``ERROR`` never enter a graph: a serving request cut short before it
+    ended, or failed by a device error.
+    ``label`` is the name outputs use (``GenerateOutput.finish_reason``, ``Finish.reason``),
+    ``openai`` the HTTP API's ``finish_reason``: both come from ``NAMES``, the one table.
+    """
+
+    RUNNING = 0
+    EOS = 1
+    STOP_SEQUENCE = 2
+    LENGTH = 3
+    STOPPED = 4
+    CANCELLED = 5
+    ERROR = 6
+
+    @property
+    def label(self) -> str:
+        return NAMES[self][0]
+
+    @property
+    def openai(self) -> str:
+        return NAMES[self][1]
+
+    @classmethod
+    def of(cls, value: int | str) -> FinishReason:
+        """The member for a ``state.reason`` value or a ``label``; an unknown value is ``LENGTH``."""
+        if isinstance(value, str):
+            return next((r for r in cls if NAMES[r][0] == value), cls.LENGTH)
+        return cls(int(value)) if int(value) in cls._value2member_map_ else cls.LENGTH
+
+
+NAMES = {  # reason -> (label, OpenAI finish_reason)
+    FinishReason.RUNNING: ("running", "length"),
+    FinishReason.EOS: ("eos", "stop"),
+    FinishReason.STOP_SEQUENCE: ("stop_sequence", "stop"),
+    FinishReason.LENGTH: ("length", "length"),
+    FinishReason.STOPPED: ("stopping_criteria", "stop"),
+    FinishReason.CANCELLED: ("cancelled", "cancelled"),
+    FinishReason.ERROR: ("error", "error"),
+}
 
 
 def prefill(cfg, width: int, params, cache, tokens, positions, start, last):
@@ -55,7 +100,7 @@ def mask_eos(logits, eos, slot, min_end):
     return logits.at[:, cols].min(jnp.broadcast_to(fill[:, None], (b, eos.shape[0])), mode="drop")
 
 
-def emit(st, logits, slot):
+def emit(st: DecodeState, logits, slot) -> DecodeState:
     """Choose the token of ``slot`` for every live row, record it and decide who finishes.
 
     Eos ids are masked in rows shorter than their ``min_end`` (``mask_eos``). Finished rows
@@ -63,36 +108,35 @@ def emit(st, logits, slot):
     ends at this token and lies inside the generated tokens (``stop_sequence``; it stays in
     the output, Cerebras semantics), or at its last slot (``length``).
     """
-    logits = mask_eos(logits, st["eos"], slot, st["min_end"])
+    logits = mask_eos(logits, st.eos, slot, st.min_end)
     tok, lp, top_ids, top_lp = sampling.select(
-        logits, st["params"], st["seen"], st["out"], slot - 1, st["pos"], st["want_logprobs"]
+        logits, st.params, st.seen, st.out, slot - 1, st.pos, st.want_logprobs
     )
-    live = ~st["done"]
-    tok = jnp.where(live, tok, st["pad"])
+    live = ~st.done
+    tok = jnp.where(live, tok, st.pad)
     b = tok.shape[0]
     col = lambda buf, x: lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, slot))
-    out = col(st["out"], tok)
+    out = col(st.out, tok)
     top = lambda buf, x: lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, slot, 0))
-    is_eos = jnp.any(tok[:, None] == st["eos"][None, :], -1)
-    reason = end_reason(out, slot, st["first"], st["stop"], is_eos, st["last"])
-    reason = jnp.where(live, reason, st["reason"])
-    seen = st["seen"].at[jnp.arange(b), tok].set(True)
-    return dict(
-        st,
+    is_eos = jnp.any(tok[:, None] == st.eos[None, :], -1)
+    reason = end_reason(out, slot, st.first, st.stop, is_eos, st.last)
+    reason = jnp.where(live, reason, st.reason)
+    seen = st.seen.at[jnp.arange(b), tok].set(True)
+    return st.replace(
         tok=tok,
         out=out,
-        logp=col(st["logp"], jnp.where(live, lp, 0.0)),
-        top_ids=top(st["top_ids"], top_ids),
-        top_lp=top(st["top_lp"], top_lp),
+        logp=col(st.logp, jnp.where(live, lp, 0.0)),
+        top_ids=top(st.top_ids, top_ids),
+        top_lp=top(st.top_lp, top_lp),
         seen=seen,
-        done=reason != RUNNING,
+        done=reason != FinishReason.RUNNING,
         reason=reason,
-        end=jnp.where(live & (reason != RUNNING), slot, st["end"]),
+        end=jnp.where(live & (reason != FinishReason.RUNNING), slot, st.end),
     )
 
 
 def end_reason(out, slot, first, stop, is_eos, last):
-    """Why each row ends with the token just written at ``slot`` of ``out [B,S]``, or RUNNING.
+    """Why each row ends with the token just written at ``slot`` of ``out [B,S]``, or ``RUNNING``.
 
     ``slot`` and ``first`` (the first generated slot) are scalars or one per row. A stop
     sequence counts when the last ``MAX_STOP_LEN`` tokens end with it inside the generated
@@ -104,76 +148,87 @@ def end_reason(out, slot, first, stop, is_eos, last):
     window = jnp.take_along_axis(out, jnp.clip(back, 0, s - 1), axis=1)  # [B, L]
     window = jnp.where(back >= jnp.reshape(first, (-1, 1)), window, -3)  # generated tokens only
     hit = jnp.all((stop == -2) | (stop == window[:, None, :]), -1) & jnp.any(stop != -2, -1)
-    length = jnp.where(slot >= last, LENGTH, RUNNING)
-    return jnp.where(is_eos, EOS, jnp.where(jnp.any(hit, -1), STOP_SEQUENCE, length))
+    length = jnp.where(slot >= last, FinishReason.LENGTH, FinishReason.RUNNING)
+    stopped = jnp.where(jnp.any(hit, -1), FinishReason.STOP_SEQUENCE, length)
+    return jnp.where(is_eos, FinishReason.EOS, stopped)
 
 
-def select_first(logits, state):
-    """The first generated token (slot ``state['idx']``) from the prefill logits."""
-    return emit(state, logits, state["idx"])
+def select_first(logits, state: DecodeState) -> DecodeState:
+    """The first generated token (slot ``state.idx``) from the prefill logits."""
+    return emit(state, logits, state.idx)
 
 
 def decode(cfg, width: int, params, cache, state, replicated=None):
-    """Generate tokens on device until slot ``width``, ``state['limit']`` or every row is done.
+    """Generate tokens on device until slot ``width``, ``state.limit`` or every row is done.
 
-    ``state['tok']`` is the token at slot ``idx`` (already emitted), ``pos`` its position.
+    ``state.tok`` is the token at slot ``idx`` (already emitted), ``pos`` its position.
     One call covers one token-generation bucket (or one streaming chunk: the host sets
     ``limit``), so the host only switches buckets or hands out chunks. ``replicated`` (a
     sharding) gathers the vocabulary-sharded logits once per step under tensor parallelism,
     so the sampler's vocabulary-wide ops need no other collectives.
     """
-    limit = jnp.minimum(state["limit"], width)
+    limit = jnp.minimum(state.limit, width)
 
     def cond(carry):
         _, st = carry
-        return (st["idx"] < limit) & ~jnp.all(st["done"])
+        return (st.idx < limit) & ~jnp.all(st.done)
 
     def body(carry):
         cache, st = carry
-        idx = st["idx"]
-        h, cache = decoder.forward(cfg, params, cache, st["tok"][:, None], st["pos"][:, None], idx, width)
+        idx = st.idx
+        h, cache = decoder.forward(cfg, params, cache, st.tok[:, None], st.pos[:, None], idx, width)
         logits = decoder.logits(cfg, params, h[:, 0])
         if replicated is not None:
             logits = lax.with_sharding_constraint(logits, replicated)
-        st = emit(dict(st, pos=st["pos"] + 1, idx=idx + 1), logits, idx + 1)
+        st = emit(st.replace(pos=st.pos + 1, idx=idx + 1), logits, idx + 1)
         return cache, st
 
     return lax.while_loop(cond, body, (cache, state))
 
 
-def state_spec(batch: int, n_slots: int, vocab: int, sharding) -> dict:
+def sampler_fields(batch: int, n_slots: int, vocab: int, spec) -> dict:
+    """The ``SamplerState`` fields but ``idx`` / ``first``, each ``spec(shape, dtype)``."""
+    row = lambda dt: spec((batch,), dt)
+    k = sampling.TOP_LOGPROBS_MAX
+    f32, i32 = jnp.float32, jnp.int32
+    return dict(
+        tok=row(i32),
+        done=row(jnp.bool_),
+        reason=row(i32),
+        last=row(i32),
+        out=spec((batch, n_slots), i32),
+        logp=spec((batch, n_slots), f32),
+        top_ids=spec((batch, n_slots, k), i32),
+        top_lp=spec((batch, n_slots, k), f32),
+        seen=spec((batch, vocab), jnp.bool_),
+        stop=spec((batch, MAX_STOPS, MAX_STOP_LEN), i32),
+        eos=spec((MAX_EOS,), i32),
+        pad=spec((), i32),
+        params={
+            "do_sample": row(jnp.bool_),
+            "temperature": row(f32),
+            "top_k": row(i32),
+            "top_p": row(f32),
+            "min_p": row(f32),
+            "repetition_penalty": row(f32),
+            "ngram": row(i32),
+            "seed": row(jnp.uint32),
+        },
+    )
+
+
+def state_spec(batch: int, n_slots: int, vocab: int, sharding) -> DecodeState:
     """Abstract generation state (shapes/dtypes/sharding) used to lower the graphs."""
     s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
     row = lambda dt: s((batch,), dt)
-    k = sampling.TOP_LOGPROBS_MAX
-    return {
-        "tok": row(jnp.int32),
-        "pos": row(jnp.int32),
-        "done": row(jnp.bool_),
-        "reason": row(jnp.int32),
-        "end": row(jnp.int32),
-        "last": row(jnp.int32),
-        "min_end": row(jnp.int32),
-        "out": s((batch, n_slots), jnp.int32),
-        "logp": s((batch, n_slots), jnp.float32),
-        "top_ids": s((batch, n_slots, k), jnp.int32),
-        "top_lp": s((batch, n_slots, k), jnp.float32),
-        "seen": s((batch, vocab), jnp.bool_),
-        "stop": s((batch, MAX_STOPS, MAX_STOP_LEN), jnp.int32),
-        "idx": s((), jnp.int32),
-        "first": s((), jnp.int32),
-        "limit": s((), jnp.int32),
-        "eos": s((MAX_EOS,), jnp.int32),
-        "pad": s((), jnp.int32),
-        "want_logprobs": s((), jnp.bool_),
-        "params": {
-            "do_sample": row(jnp.bool_),
-            "temperature": row(jnp.float32),
-            "top_k": row(jnp.int32),
-            "top_p": row(jnp.float32),
-            "min_p": row(jnp.float32),
-            "repetition_penalty": row(jnp.float32),
-            "ngram": row(jnp.int32),
-            "seed": row(jnp.uint32),
-        },
-    }
+    i32 = jnp.int32
+    return DecodeState(
+        **sampler_fields(batch, n_slots, vocab, s),
+        idx=s((), i32),
+        first=s((), i32),
+        pos=row(i32),
+        end=row(i32),
+        min_end=row(i32),
+        limit=s((), i32),
+        want_logprobs=s((), jnp.bool_),
+    )

@@ -31,7 +31,7 @@ def hand_off(src, dst, x, shape: tuple, dtype):
     """``x`` (replicated on ``src``'s devices; None where ``src`` is another process's) onto
     ``dst``'s devices, replicated. Returns None where ``dst`` is another process's."""
     if jax.process_count() == 1:
-        return jax.device_put(x, dst._repl)
+        return jax.device_put(x, dst.replicated)
     if not (src.local or dst.local):
         return None
     src_devs, dst_devs = list(src.mesh.devices.flat), list(dst.mesh.devices.flat)
@@ -48,7 +48,7 @@ def hand_off(src, dst, x, shape: tuple, dtype):
     if not dst.local:
         return None
     got = {s.device: s.data for s in out.addressable_shards}
-    return jax.make_array_from_single_device_arrays(tuple(shape), dst._repl, [got[d] for d in dst_devs])
+    return jax.make_array_from_single_device_arrays(tuple(shape), dst.replicated, [got[d] for d in dst_devs])
 
 
 def settle(tree):

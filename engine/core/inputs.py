@@ -122,3 +122,23 @@ def eos_ids(eos_token_id, max_eos: int) -> np.ndarray:
     if any(i < 0 for i in ids):
         raise ValueError(f"eos_token_id must be >= 0, got {ids}; pass real token ids")
     return np.asarray(ids + [-1] * (max_eos - len(ids)), dtype=np.int32)
+
+
+def padded_batch(
+    input_ids, attention_mask, start_ids, vocab_size: int, batch_size: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Checked prompts and their mask, padded to ``batch_size`` rows with copies of row 0 (trimmed
+    on return): ``(ids, mask, real rows)``."""
+    ids = token_ids(input_ids, vocab_size)
+    mask = prompt_mask(ids, attention_mask, start_ids)
+    n = ids.shape[0]
+    if n > batch_size:
+        raise ValueError(
+            f"{n} prompts given but the model was compiled for batch_size={batch_size}; "
+            "split the batch or load with a larger batch_size"
+        )
+    if n < batch_size:
+        extra = batch_size - n
+        ids = np.concatenate([ids, np.repeat(ids[:1], extra, 0)])
+        mask = np.concatenate([mask, np.repeat(mask[:1], extra, 0)])
+    return ids, mask, n

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from aotlm.core import buckets as bk
 from aotlm.core import pipeline, precision, sharding
-from aotlm.core.model import DEFAULT_N_POSITIONS
+from aotlm.core.spec import DEFAULT_N_POSITIONS
 from aotlm.models import family_for
 from aotlm.models.arch import ArchConfig
 from aotlm.models.axes import CONTRACT_AXES

@@ -24,23 +24,24 @@ import jax.numpy as jnp
 import numpy as np
 
 from aotlm import kernels
-from aotlm.core import artifacts, graphs, inputs, precision, sampling, scoring, sharding
+from aotlm.core import artifacts, graphs, inputs, sampling, scoring, sharding
 from aotlm.core import buckets as bk
 from aotlm.core.bucket_config import resolve as merge_bucket_config
 from aotlm.core.compile_cache import CompileCache
 from aotlm.core.resolve import resolve
+from aotlm.core.spec import ModelSpec, SpecAttributes
+from aotlm.core.state import layout as state_layout
 from aotlm.models import family_for, gguf, layers, packing
 from aotlm.models.arch import ArchConfig
 from aotlm.models.checkpoint import CheckpointError, WeightReader, load_hf_config
-from aotlm.models.quant import ParamRewriter, QuantizationConfig, quant_config
+from aotlm.models.quant import ParamRewriter, QuantizationConfig
 from aotlm.models.weights import load_params
 from aotlm.progress import bar
 
 COMPILE_THREADS = int(os.environ.get("AOTLM_COMPILE_THREADS", "0"))  # 0: one per core
-DEFAULT_N_POSITIONS = 2048  # capped at config.json's maximum positions
 
 
-def _locked(method):
+def locked(method):
     """Run ``method`` holding the model's lock for the whole request.
 
     A model owns one KV cache (donated to and replaced by every graph call) and one table of
@@ -51,30 +52,17 @@ def _locked(method):
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        with self._lock:
+        with self.lock:
             return method(self, *args, **kwargs)
 
     return wrapper
 
 
-# from_pretrained arguments the shape flags, --config files and saved artifacts carry
-MODEL_KEYS = (
-    "batch_size",
-    "n_positions",
-    "context_length_estimate",
-    "tp_degree",
-    "pp_degree",
-    "gqa",
-    "amp",
-    "quant",
-    "fuse_qkv",
-    "kv_cache_dtype",
-)
 # graph kinds this layer lowers itself; others come from ``_lower_extra`` (aotlm.generate)
 BASE_KINDS = ("prefill", "select", "decode", "score")
 
 
-class CompiledModel:
+class CompiledModel(SpecAttributes):
     """A causal LM compiled per bucket (weights, KV cache, graphs). ``aotlm.generate``'s
     ``CausalLMForSampling`` adds ``sample()``; use ``AutoModelForSampling.from_pretrained``."""
 
@@ -104,58 +92,24 @@ class CompiledModel:
                                      context_length_estimate=context_length_estimate)  # fmt: skip
             batch_size, n_positions = bc.get("batch_size"), bc.get("n_positions")
             context_length_estimate = bc.get("context_length_estimate")
-        batch_size = 1 if batch_size is None else batch_size
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         path = resolve(path)  # a checkpoint dir, a training run (its latest checkpoint), a bundled name
         self.path = str(path)
         self.hf_config = load_hf_config(path)
-        mt = self.hf_config.model_type
-        if self.model_types is not None and mt not in self.model_types:
-            raise ValueError(
-                f"{type(self).__name__} loads {list(self.model_types)} checkpoints, but {path} is {mt!r}; "
-                "use AutoModelForSampling (or NeuronAutoModelForCausalLM), which picks the family"
-            )
-        family = family_for(mt)
-        try:
-            self.cfg: ArchConfig = family.arch_config(self.hf_config)
-        except (ArithmeticError, TypeError, KeyError, AttributeError) as e:  # e.g. n_head: 0
-            raise CheckpointError(
-                f"{path}/config.json has unusable values ({type(e).__name__}: {e}); fix config.json"
-            ) from e
-        if inputs.count(batch_size, "batch_size") < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.batch_size = int(batch_size)
-        self.amp = amp  # as asked; what it means on this backend is ``self.precision``
-        # weight storage (models/quant.py): int8 + per-channel scales, fused q/k/v and gate/up.
-        # Both change the params pytree, hence the compile-cache fingerprint (``param_tree``).
-        # as given (artifacts record it); none given for a GGUF model: the storage it was converted for
-        self.quant = quant_config(gguf.default_quant(path) if quant is None else quant)
-        self.kv_cache_dtype = precision.kv_cache_name(kv_cache_dtype)  # as asked (None: follows amp)
-        self.precision = precision.resolve(amp, self.quant, None, kv_cache_dtype)  # compute / KV / matrices
-        self.dtype = self.precision.compute
-        self.fuse_qkv = bool(fuse_qkv)
-        if n_positions is None:  # transformers-neuronx's default, capped at the checkpoint's positions
-            n_positions = min(DEFAULT_N_POSITIONS, self.cfg.max_positions)
-        self.tg_buckets = bk.token_buckets(n_positions)
-        self.n_positions = max(self.tg_buckets)
-        if self.cfg.position == "learned" and self.n_positions > self.cfg.max_positions:
-            raise ValueError(
-                f"n_positions={self.n_positions} exceeds this model's {self.cfg.max_positions} learned "
-                f"positions; use n_positions <= {self.cfg.max_positions}"
-            )
-        self.ctx_buckets = bk.context_buckets(context_length_estimate, self.tg_buckets)
-        self.tp_degree = int(tp_degree)
+        family, cfg = self._family()
         if not isinstance(scoring, bool):
             raise TypeError(f"scoring must be True or False, got {scoring!r}")
         self.scoring = scoring
-        gqa = None if gqa is None else str(getattr(gqa, "value", gqa))  # aotlm.config.GQA members too
-        self.gqa = sharding.choose_gqa(
-            self.cfg.n_heads, self.cfg.n_kv_heads, self.batch_size, self.tp_degree, gqa
-        )
+        if quant is None:  # none given for a GGUF model: the storage it was converted for
+            quant = gguf.default_quant(path)
+        self.spec = ModelSpec.resolve(
+            cfg, batch_size, n_positions, context_length_estimate, tp_degree, amp, gqa, quant, fuse_qkv,
+            kv_cache_dtype,
+        )  # fmt: skip
         self.mesh = self._make_mesh()
         self._kv_rep = sharding.kv_replication(self.cfg.n_kv_heads, self.tp_degree, self.gqa)
         self._rules = sharding.rules(self.gqa, self.tp_degree)
-        self._repl = sharding.replicated(self.mesh)
+        self.replicated = sharding.replicated(self.mesh)
         self.compile_cache = CompileCache.create(compile_cache)
         self._executables: dict[tuple, Any] = {}
         self._fingerprint: dict | None = None
@@ -164,6 +118,22 @@ class CompiledModel:
         self.cache = self._alloc_cache()
 
     # ------------------------------------------------------------------ loading
+    def _family(self) -> tuple[Any, ArchConfig]:
+        """The checkpoint's family (``aotlm.models``) and architecture, checked against ``model_types``."""
+        mt = self.hf_config.model_type
+        if self.model_types is not None and mt not in self.model_types:
+            raise ValueError(
+                f"{type(self).__name__} loads {list(self.model_types)} checkpoints, but {self.path} is "
+                f"{mt!r}; use AutoModelForSampling (or NeuronAutoModelForCausalLM), which picks the family"
+            )
+        family = family_for(mt)
+        try:
+            return family, family.arch_config(self.hf_config)
+        except (ArithmeticError, TypeError, KeyError, AttributeError) as e:  # e.g. n_head: 0
+            raise CheckpointError(
+                f"{self.path}/config.json has unusable values ({type(e).__name__}: {e}); fix config.json"
+            ) from e
+
     def _make_mesh(self):
         """The devices this model runs on (a pipeline stage: its own, ``aotlm.core.pipeline``)."""
         return sharding.make_mesh(self.tp_degree)
@@ -199,7 +169,7 @@ class CompiledModel:
         finally:
             reader.close()
 
-    def _cache_specs(self) -> dict:
+    def cache_specs(self) -> dict:
         c = self.cfg
         sh = sharding.cache_sharding(self.mesh, self.gqa, self.tp_degree)
         b, kh, s, dh = self.batch_size, c.n_kv_heads * self._kv_rep, self.n_positions, c.head_dim
@@ -211,7 +181,7 @@ class CompiledModel:
 
     def _alloc_cache(self) -> dict:
         """Allocate the static KV cache once, directly in its sharded layout."""
-        specs = self._cache_specs()
+        specs = self.cache_specs()
         zeros = lambda s: sharding.zeros(s.shape, s.dtype, s.sharding)
         return {
             "k": [zeros(s) for s in specs["k"]],
@@ -231,10 +201,10 @@ class CompiledModel:
     def _lower_extra(self, key: tuple):
         raise ValueError(f"no graph kind {key[0]!r} in {type(self).__name__}")
 
-    def _abstract(self, tree):
+    def abstract(self, tree):
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
 
-    def _lower(self, key: tuple):
+    def lower(self, key: tuple):
         # kernel calls trace a shard_map over this mesh with the params' partition specs
         w8a8 = self.precision.quant is not None and self.precision.quant.w8a8  # int8 prefill activations
         with kernels.mesh_context(self.mesh, sharding.spec_of(self._rules)), layers.int8_activations(w8a8):
@@ -243,13 +213,13 @@ class CompiledModel:
             return scoring.lower(self, key) if key[0] == "score" else self._lower_graph(key)
 
     def _lower_graph(self, key: tuple):
-        p, cache = self._abstract(self.params), self._cache_specs()
-        b, rep = self.batch_size, self._repl
+        p, cache = self.abstract(self.params), self.cache_specs()
+        b, rep = self.batch_size, self.replicated
         state = graphs.state_spec(b, self.n_positions, self.cfg.vocab_size, rep)
         logits = jax.ShapeDtypeStruct((b, self.cfg.vocab_size), jnp.float32, sharding=rep)
         if key[0] == "prefill":
             _, c, w = key
-            out = (rep, self._shardings(cache))  # pinned: outputs feed the next call
+            out = (rep, self.shardings(cache))  # pinned: outputs feed the next call
             fn = jax.jit(
                 functools.partial(graphs.prefill, self.cfg, w), donate_argnums=(1,), out_shardings=out
             )
@@ -260,16 +230,16 @@ class CompiledModel:
             # a fresh callable: jax reuses a function's traces across jit wrappers, and the trace
             # decides whether the sampler calls a kernel (AOTLM_KERNELS, the mesh)
             select = functools.partial(graphs.select_first)
-            fn = jax.jit(select, donate_argnums=(1,), out_shardings=self._shardings(state))
+            fn = jax.jit(select, donate_argnums=(1,), out_shardings=self.shardings(state))
             return fn.lower(logits, state)
         _, w = key
-        out = (self._shardings(cache), self._shardings(state))
+        out = (self.shardings(cache), self.shardings(state))
         decode = functools.partial(graphs.decode, self.cfg, w, replicated=rep)
         fn = jax.jit(decode, donate_argnums=(1, 2), out_shardings=out)
         return fn.lower(p, cache, state)
 
     @staticmethod
-    def _shardings(specs):
+    def shardings(specs):
         """Output shardings = input shardings: XLA may otherwise pick a layout the next call rejects."""
         return jax.tree.map(lambda s: s.sharding, specs)
 
@@ -284,13 +254,7 @@ class CompiledModel:
 
     def _compute_fingerprint(self) -> dict:
         return {
-            "arch": self.cfg,
-            "batch_size": self.batch_size,
-            "n_positions": self.n_positions,
-            "amp": self.amp,
-            "precision": self.precision.describe(),  # what amp means here (aotlm.core.precision)
-            "tp_degree": self.tp_degree,
-            "gqa": self.gqa,
+            **self.spec.fingerprint(),
             "generation": (
                 graphs.MAX_EOS,
                 graphs.MAX_STOPS,
@@ -299,8 +263,9 @@ class CompiledModel:
                 sampling.TOP_LOGPROBS_MAX,
                 sampling.TOPK_WIDTH,
             ),
-            "param_tree": self._abstract(self.params),
-            "cache_tree": self._cache_specs(),
+            "state_layout": state_layout(),  # the graphs' state pytrees (their fields, in order)
+            "param_tree": self.abstract(self.params),
+            "cache_tree": self.cache_specs(),
         }
 
     def _keep(self, key: tuple, exe, info: dict, seconds: float):
@@ -310,24 +275,24 @@ class CompiledModel:
         self._executables[key] = exe
         return exe
 
-    def _executable(self, key: tuple):
+    def executable(self, key: tuple):
         exe = self._executables.get(key)
         if exe is None:
             t0 = time.perf_counter()
             exe, info = self.compile_cache.get_or_compile(
-                self.fingerprint(), key, lambda: self._lower(key), self.mesh
+                self.fingerprint(), key, lambda: self.lower(key), self.mesh
             )
             exe = self._keep(key, exe, info, time.perf_counter() - t0)
         return exe
 
-    @_locked
+    @locked
     def compile_graph(self, key: tuple):
         """Compile (or load from the cache) one graph, e.g. ``("decode", 128)``."""
         if key not in self.graph_keys():
             raise ValueError(f"{key} is not one of this model's graphs: {self.graph_keys()}")
-        return self._executable(key)
+        return self.executable(key)
 
-    @_locked
+    @locked
     def compile(self) -> CompiledModel:
         """Ahead of time: lower + compile (or load from the cache) every bucket graph now.
 
@@ -351,47 +316,35 @@ class CompiledModel:
         if workers > 1:  # lowering holds the GIL, XLA's compile does not: overlap them
             self.fingerprint()
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                for _ in bar(pool.map(self._executable, misses), "compiling buckets", len(misses), "graph"):
+                for _ in bar(pool.map(self.executable, misses), "compiling buckets", len(misses), "graph"):
                     pass
         for key in self.graph_keys():
-            self._executable(key)
+            self.executable(key)
         return self
 
-    @_locked
+    @locked
     def save(self, directory: str | os.PathLike) -> None:
         """Write every compiled graph + a manifest to ``directory`` (relocatable)."""
         self.compile()
         artifacts.save(self, directory)
 
-    @_locked
+    @locked
     def load(self, directory: str | os.PathLike) -> CompiledModel:
         """Load graphs saved by ``save`` (zero compilations); refuses artifacts of another config."""
         self._executables.update(artifacts.load(self, directory))
         return self
 
     # ------------------------------------------------------------------ running
-    def _put(self, x: np.ndarray):
-        return sharding.put(x, self._repl)
+    def put(self, x: np.ndarray):
+        return sharding.put(x, self.replicated)
 
-    def _put_tree(self, tree):
-        return jax.tree.map(lambda x: self._put(np.asarray(x)), tree)
+    def put_tree(self, tree):
+        return jax.tree.map(lambda x: self.put(np.asarray(x)), tree)
 
-    def _prepare(self, input_ids, attention_mask, start_ids):
-        ids = inputs.token_ids(input_ids, self.cfg.vocab_size)
-        mask = inputs.prompt_mask(ids, attention_mask, start_ids)
-        n = ids.shape[0]
-        if n > self.batch_size:
-            raise ValueError(
-                f"{n} prompts given but the model was compiled for batch_size={self.batch_size}; "
-                "split the batch or load with a larger batch_size"
-            )
-        if n < self.batch_size:  # pad the batch with copies of row 0, trimmed on return
-            extra = self.batch_size - n
-            ids = np.concatenate([ids, np.repeat(ids[:1], extra, 0)])
-            mask = np.concatenate([mask, np.repeat(mask[:1], extra, 0)])
-        return ids, mask, n
+    def prepare(self, input_ids, attention_mask, start_ids) -> tuple[np.ndarray, np.ndarray, int]:
+        return inputs.padded_batch(input_ids, attention_mask, start_ids, self.cfg.vocab_size, self.batch_size)
 
-    def _encode(self, ids: np.ndarray, mask: np.ndarray):
+    def encode(self, ids: np.ndarray, mask: np.ndarray):
         """Run every prefill step of the prompt; returns (logits of its last token, positions)."""
         p_len = ids.shape[1]
         positions = np.where(mask > 0, np.cumsum(mask, 1) - 1, -1).astype(np.int32)
@@ -402,27 +355,27 @@ class CompiledModel:
             pos = np.full((self.batch_size, step.bucket), -1, np.int32)
             tok[:, : step.n_real] = ids[:, step.start : end]
             pos[:, : step.n_real] = positions[:, step.start : end]
-            exe = self._executable(("prefill", step.bucket, step.width))
+            exe = self.executable(("prefill", step.bucket, step.width))
             logits, self.cache = exe(
                 self.params,
                 self.cache,
-                self._put(tok),
-                self._put(pos),
-                self._put(np.int32(step.start)),
-                self._put(np.int32(step.n_real - 1)),
+                self.put(tok),
+                self.put(pos),
+                self.put(np.int32(step.start)),
+                self.put(np.int32(step.n_real - 1)),
             )
         return logits, positions
 
-    @_locked
+    @locked
     def forward(self, input_ids, attention_mask=None) -> np.ndarray:
         """Float32 logits ``[batch, vocab]`` of the last prompt position."""
-        ids, mask, n = self._prepare(input_ids, attention_mask, None)
-        logits, _ = self._encode(ids, mask)
+        ids, mask, n = self.prepare(input_ids, attention_mask, None)
+        logits, _ = self.encode(ids, mask)
         return sharding.fetch(logits)[:n]
 
-    @_locked
+    @locked
     def score(self, input_ids, attention_mask=None) -> scoring.ScoreOutput:
         """Per-token log-probabilities of ``input_ids [n, L]`` (left-padded batch, ``L <= n_positions + 1``)
         and argmax flags, computed in the score graphs (``aotlm.core.scoring.ScoreOutput``)."""
-        ids, mask, n = self._prepare(input_ids, attention_mask, None)
+        ids, mask, n = self.prepare(input_ids, attention_mask, None)
         return scoring.run(self, ids, mask, n)

@@ -156,7 +156,7 @@ class RemoteStage:
 
     def __init__(self, stage: Stage, mesh: Mesh, batch_size: int):
         self.stage, self.mesh, self.batch_size = stage, mesh, batch_size
-        self._repl = sharding.replicated(mesh)
+        self.replicated = sharding.replicated(mesh)
 
     def graph_keys(self) -> list[tuple]:
         return []
@@ -206,8 +206,8 @@ class StageModel(CompiledModel):
             params.pop("embed_q", None), params.pop("embed_q_scale", None)
         return params
 
-    def _cache_specs(self) -> dict:
-        specs = super()._cache_specs()
+    def cache_specs(self) -> dict:
+        specs = super().cache_specs()
         n = self.stage.count
         return {"k": specs["k"][:n], "v": specs["v"][:n], "pos": specs["pos"]}
 
@@ -222,16 +222,16 @@ class StageModel(CompiledModel):
     def hidden_spec(self, length: int) -> jax.ShapeDtypeStruct:
         """The hidden states a stage hands the next: ``[b, length, D]`` in the compute dtype."""
         return jax.ShapeDtypeStruct(
-            (self.batch_size, length, self.cfg.hidden_size), self.dtype, sharding=self._repl
+            (self.batch_size, length, self.cfg.hidden_size), self.dtype, sharding=self.replicated
         )
 
     def _lower_extra(self, key: tuple):
         if key[0] not in KINDS:
             return super()._lower_extra(key)
-        p, cache, rep, b = self._abstract(self.params), self._cache_specs(), self._repl, self.batch_size
+        p, cache, rep, b = self.abstract(self.params), self.cache_specs(), self.replicated, self.batch_size
         ids = lambda n: jax.ShapeDtypeStruct((b, n), jnp.int32, sharding=rep)
         scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
-        cache_out = self._shardings(cache)
+        cache_out = self.shardings(cache)
         st = self.stage
         if key[0] == "pp_prefill":
             _, c, w = key
@@ -244,7 +244,7 @@ class StageModel(CompiledModel):
         if st.is_last:
             state = graphs.state_spec(b, self.n_positions, self.cfg.vocab_size, rep)
             fn = functools.partial(last_step, self.cfg, w, st, replicated=rep)
-            jit = jax.jit(fn, donate_argnums=(1, 3), out_shardings=(cache_out, self._shardings(state)))
+            jit = jax.jit(fn, donate_argnums=(1, 3), out_shardings=(cache_out, self.shardings(state)))
             return jit.lower(p, cache, x, state)
         fn = functools.partial(stage_step, self.cfg, w, st)
         jit = jax.jit(fn, donate_argnums=(1,), out_shardings=(rep, cache_out))
@@ -273,12 +273,12 @@ def stage_step(cfg, width: int, stage: Stage, params, cache, x, pos, idx):
 def last_step(cfg, width: int, stage: Stage, params, cache, x, state, replicated=None):
     """The last stage's decode step: its layers, the logits and the sampler (``graphs.emit``), for
     the token at slot ``state['idx']``; the state then holds the next token (as ``graphs.decode``)."""
-    idx = state["idx"]
-    h, cache = decoder.forward(cfg, params, cache, x, state["pos"][:, None], idx, width, stage.first)
+    idx = state.idx
+    h, cache = decoder.forward(cfg, params, cache, x, state.pos[:, None], idx, width, stage.first)
     logits = decoder.logits(cfg, params, h[:, 0])
     if replicated is not None:
         logits = lax.with_sharding_constraint(logits, replicated)
-    return cache, graphs.emit(dict(state, pos=state["pos"] + 1, idx=idx + 1), logits, idx + 1)
+    return cache, graphs.emit(state.replace(pos=state.pos + 1, idx=idx + 1), logits, idx + 1)
 
 
 # ---------------------------------------------------------------------------- artifacts

@@ -31,6 +31,7 @@ from jax import lax
 
 from aotlm.core import buckets as bk
 from aotlm.core import sharding
+from aotlm.core.contract import GraphHost
 from aotlm.models import decoder
 
 LOGITS_BUDGET = 1 << 23  # logits elements per position block (32 MB of float32)
@@ -86,13 +87,13 @@ def graph_keys(ctx_buckets, tg_buckets) -> list[tuple]:
     return [("score", c, w) for c, w in bk.prefill_graph_shapes(ctx_buckets, tg_buckets)]
 
 
-def lower(model, key: tuple):
+def lower(model: GraphHost, key: tuple):
     """Lower ``("score", C, W)`` for ``model`` (a ``CompiledModel``)."""
     _, c, w = key
-    rep = model._repl
-    cache = model._cache_specs()
-    p = model._abstract(model.params)
-    out = (rep, rep, model._shardings(cache))
+    rep = model.replicated
+    cache = model.cache_specs()
+    p = model.abstract(model.params)
+    out = (rep, rep, model.shardings(cache))
     fn = jax.jit(functools.partial(score, model.cfg, w), donate_argnums=(1,), out_shardings=out)
     tok = jax.ShapeDtypeStruct((model.batch_size, c), jnp.int32, sharding=rep)
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
@@ -119,7 +120,7 @@ class ScoreOutput:
         return np.where(self.scored & cols, self.logprobs, 0.0).sum(1, dtype=np.float64)
 
 
-def run(model, ids: np.ndarray, mask: np.ndarray, n: int) -> ScoreOutput:
+def run(model: GraphHost, ids: np.ndarray, mask: np.ndarray, n: int) -> ScoreOutput:
     """Score the padded batch ``ids [B, L]`` (``mask`` 1 = real token) on ``model``; rows ``< n`` kept.
 
     The last token is only a target: the graphs encode ``ids[:, :-1]`` and score ``ids[:, 1:]``, so a
@@ -143,20 +144,20 @@ def run(model, ids: np.ndarray, mask: np.ndarray, n: int) -> ScoreOutput:
     return ScoreOutput(logp[:n], (greedy & scored)[:n], scored[:n])
 
 
-def _encode(model, tokens, real, targets, logp, greedy) -> None:
+def _encode(model: GraphHost, tokens, real, targets, logp, greedy) -> None:
     """Run the score graphs over ``tokens [B, T]`` chunk by chunk (``buckets.prefill_plan``); write
     the scores of ``targets[:, t]`` (the token at ``t + 1``) into ``logp`` / ``greedy [:, t + 1]``."""
     positions = np.where(real, np.cumsum(real, 1) - 1, -1).astype(np.int32)
     for step in bk.prefill_plan(tokens.shape[1], model.ctx_buckets, model.tg_buckets):
         end = step.start + step.n_real
-        exe = model._executable(("score", step.bucket, step.width))
+        exe = model.executable(("score", step.bucket, step.width))
         lp, gr, model.cache = exe(
             model.params,
             model.cache,
-            model._put(_chunk(tokens, step, 0).astype(np.int32)),
-            model._put(_chunk(positions, step, -1)),
-            model._put(np.int32(step.start)),
-            model._put(_chunk(targets, step, -1).astype(np.int32)),
+            model.put(_chunk(tokens, step, 0).astype(np.int32)),
+            model.put(_chunk(positions, step, -1)),
+            model.put(np.int32(step.start)),
+            model.put(_chunk(targets, step, -1).astype(np.int32)),
         )
         valid = targets[:, step.start : end] >= 0
         logp[:, step.start + 1 : end + 1] = np.where(valid, sharding.fetch(lp)[:, : step.n_real], 0.0)

@@ -31,6 +31,7 @@ from jax import lax
 
 from aotlm.core import buckets as bk
 from aotlm.core import inputs, sharding
+from aotlm.generate.strategies import StrategyHost
 from aotlm.models import decoder
 
 MAX_EOS = 3  # eos ids honoured by beam search (static: sets the candidate width)
@@ -46,8 +47,8 @@ class BeamOutput:
     sequences_scores: np.ndarray  # [prompts * num_return_sequences] float32
 
 
-def graph_keys(model) -> list[tuple]:
-    nb = getattr(model, "num_beams", 1)
+def graph_keys(model: StrategyHost) -> list[tuple]:
+    nb = model.strategies.num_beams
     if nb <= 1:
         return []
     return [("beam_init", nb)] + [("beam", nb, w) for w in model.tg_buckets]
@@ -144,8 +145,8 @@ def loop_graph(cfg, nb: int, width: int, params, cache, st):
     return lax.while_loop(cond, body, (cache, st))
 
 
-def state_spec(model, nb: int) -> dict:
-    b, s, rep = model.batch_size, model.n_positions, model._repl
+def state_spec(model: StrategyHost, nb: int) -> dict:
+    b, s, rep = model.batch_size, model.n_positions, model.replicated
     p = b // nb
     a = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=rep)
     i32, f32, b1 = jnp.int32, jnp.float32, jnp.bool_
@@ -171,27 +172,27 @@ def state_spec(model, nb: int) -> dict:
     }
 
 
-def lower(model, key: tuple):
+def lower(model: StrategyHost, key: tuple):
     nb = key[1]
     st = state_spec(model, nb)
-    st_sh = model._shardings(st)
+    st_sh = model.shardings(st)
     if key[0] == "beam_init":
         logits = jax.ShapeDtypeStruct(
-            (model.batch_size, model.cfg.vocab_size), jnp.float32, sharding=model._repl
+            (model.batch_size, model.cfg.vocab_size), jnp.float32, sharding=model.replicated
         )
         fn = jax.jit(functools.partial(init_graph, nb), donate_argnums=(1,), out_shardings=st_sh)
         return fn.lower(logits, st)
-    p, cache = model._abstract(model.params), model._cache_specs()
+    p, cache = model.abstract(model.params), model.cache_specs()
     fn = jax.jit(
         functools.partial(loop_graph, model.cfg, nb, key[2]),
         donate_argnums=(1, 2),
-        out_shardings=(model._shardings(cache), st_sh),
+        out_shardings=(model.shardings(cache), st_sh),
     )
     return fn.lower(p, cache, st)
 
 
 # ------------------------------------------------------------------------------ host side
-def check(model, n_prompts: int, num_beams: int, num_return_sequences: int) -> None:
+def check(model: StrategyHost, n_prompts: int, num_beams: int, num_return_sequences: int) -> None:
     if not isinstance(num_beams, int) or num_beams < 1:
         raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
     if not 1 <= num_return_sequences <= num_beams:
@@ -241,11 +242,8 @@ def search(
     rows = lambda x: np.concatenate([x, np.repeat(x[:1], p - n, 0)]) if p > n else x
     grp_ids, grp_mask = rows(ids), rows(mask)
     flat_ids, flat_mask = np.repeat(grp_ids, num_beams, 0), np.repeat(grp_mask, num_beams, 0)
-    model._bcast = (num_beams, b)
-    try:
-        out = model._encode(flat_ids, flat_mask)
-    finally:
-        model._bcast = None
+    with model.strategies.broadcasting(num_beams, b):
+        out = model.encode(flat_ids, flat_mask)
     logits, positions = out[0], out[-1]
     seq = np.full((p, num_beams, s), fill, np.int32)
     seq[:, :, :plen] = grp_ids[:, None, :]
@@ -273,11 +271,11 @@ def search(
         "es": np.int32(es),
         "never_pos": np.bool_(es == ES_NEVER and length_penalty > 0),
     }
-    st = jax.tree.map(lambda x: model._put(np.asarray(x)), st)
-    st = model._executable(("beam_init", num_beams))(logits, st)
+    st = jax.tree.map(lambda x: model.put(np.asarray(x)), st)
+    st = model.executable(("beam_init", num_beams))(logits, st)
     cur, go = plen + 1, bool(sharding.fetch(st["go"]))
     while go:
-        exe = model._executable(("beam", num_beams, bk.decode_bucket(model.tg_buckets, cur - 1)))
+        exe = model.executable(("beam", num_beams, bk.decode_bucket(model.tg_buckets, cur - 1)))
         model.cache, st = exe(model.params, model.cache, st)
         cur, go = int(sharding.fetch(st["cur"])), bool(sharding.fetch(st["go"]))
     r = num_return_sequences
@@ -292,7 +290,7 @@ _KNOWN = {"input_ids", "attention_mask", "start_ids", "max_new_tokens", "sequenc
 _DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
 
 
-def new_tokens(model, p_len: int, max_new_tokens, sequence_length) -> int:
+def new_tokens(model: StrategyHost, p_len: int, max_new_tokens, sequence_length) -> int:
     if max_new_tokens is not None and sequence_length is not None:
         raise ValueError("give max_new_tokens or sequence_length, not both")
     new = int(sequence_length) - p_len if sequence_length is not None else max_new_tokens
@@ -305,7 +303,9 @@ def new_tokens(model, p_len: int, max_new_tokens, sequence_length) -> int:
     return new
 
 
-def sample(model, call: dict, num_beams: int, num_return_sequences: int, length_penalty, early_stopping):
+def sample(
+    model: StrategyHost, call: dict, num_beams: int, num_return_sequences: int, length_penalty, early_stopping
+):
     """``model.sample(..., num_beams=N)``: sequences ``[prompts * num_return_sequences, len]``."""
     return_dict = bool(call.pop("return_dict", False))
     pad = call.pop("pad_token_id", None)

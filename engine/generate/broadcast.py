@@ -23,11 +23,12 @@ from jax import lax
 
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, sharding
+from aotlm.generate.strategies import StrategyHost
 
 
-def graph_keys(model) -> list[tuple]:
+def graph_keys(model: StrategyHost) -> list[tuple]:
     keys = [("gather",)]
-    pb = getattr(model, "prompt_batch_size", None)
+    pb = model.strategies.prompt_batch_size
     if pb:
         keys += [
             ("bprefill", pb, c, w) for c, w in bk.prefill_graph_shapes(model.ctx_buckets, model.tg_buckets)
@@ -49,10 +50,10 @@ def prefill_rows(cfg, width, rows, params, cache, tokens, positions, start, last
     return logits, cache
 
 
-def lower(model, key: tuple):
-    p, cache = model._abstract(model.params), model._cache_specs()
-    rep = model._repl
-    out_cache = model._shardings(cache)
+def lower(model: StrategyHost, key: tuple):
+    p, cache = model.abstract(model.params), model.cache_specs()
+    rep = model.replicated
+    out_cache = model.shardings(cache)
     if key[0] == "gather":
         src = jax.ShapeDtypeStruct((model.batch_size,), np.int32, sharding=rep)
         return jax.jit(gather_rows, donate_argnums=(0,), out_shardings=out_cache).lower(cache, src)
@@ -67,8 +68,8 @@ def lower(model, key: tuple):
     return fn.lower(p, cache, tok, tok, scalar, scalar)
 
 
-def _encode_rows(model, ids: np.ndarray, mask: np.ndarray, rows: int):
-    """The prefill steps of ``model._encode`` on ``rows`` (< batch) prompt rows."""
+def _encode_rows(model: StrategyHost, ids: np.ndarray, mask: np.ndarray, rows: int):
+    """The prefill steps of ``model.encode`` on ``rows`` (< batch) prompt rows."""
     positions = np.where(mask > 0, np.cumsum(mask, 1) - 1, -1).astype(np.int32)
     out = None
     for step in bk.prefill_plan(ids.shape[1], model.ctx_buckets, model.tg_buckets):
@@ -77,8 +78,8 @@ def _encode_rows(model, ids: np.ndarray, mask: np.ndarray, rows: int):
         pos = np.full((rows, step.bucket), -1, np.int32)
         tok[:, : step.n_real] = ids[:, step.start : end]
         pos[:, : step.n_real] = positions[:, step.start : end]
-        exe = model._executable(("bprefill", rows, step.bucket, step.width))
-        put = model._put
+        exe = model.executable(("bprefill", rows, step.bucket, step.width))
+        put = model.put
         out = exe(
             model.params,
             model.cache,
@@ -95,8 +96,8 @@ def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
     return np.concatenate([x, np.repeat(x[:1], rows - x.shape[0], 0)]) if x.shape[0] < rows else x
 
 
-def encode(model, plain_encode, ids: np.ndarray, mask: np.ndarray, group: int, n_rows: int):
-    """``model._encode`` for ``ids`` whose rows ``i*group .. i*group+group-1`` repeat prompt ``i``.
+def encode(model: StrategyHost, plain_encode, ids: np.ndarray, mask: np.ndarray, group: int, n_rows: int):
+    """``model.encode`` for ``ids`` whose rows ``i*group .. i*group+group-1`` repeat prompt ``i``.
 
     ``n_rows`` rows are real (the rest pad the compiled batch). Returns exactly what
     ``plain_encode(ids, mask)`` would: device outputs with one row per batch row, then positions.
@@ -104,25 +105,26 @@ def encode(model, plain_encode, ids: np.ndarray, mask: np.ndarray, group: int, n
     b = model.batch_size
     n_prompts = -(-n_rows // group)
     first = np.arange(n_prompts) * group
-    pb = getattr(model, "prompt_batch_size", None)
+    pb = model.strategies.prompt_batch_size
     if pb and n_prompts <= pb:
         out = _encode_rows(model, _pad_rows(ids[first], pb), _pad_rows(mask[first], pb), pb)
     else:
         out = plain_encode(model, _pad_rows(ids[first], b), _pad_rows(mask[first], b))
     src = np.zeros(b, np.int32)
     src[:n_rows] = np.arange(n_rows) // group
-    model.cache = model._executable(("gather",))(model.cache, model._put(src))
+    model.cache = model.executable(("gather",))(model.cache, model.put(src))
     device, positions = out[:-1], out[-1]
-    gathered = tuple(model._put(np.take(sharding.fetch(x), src, axis=0)) for x in device)
+    gathered = tuple(model.put(np.take(sharding.fetch(x), src, axis=0)) for x in device)
     return (*gathered, np.take(positions, src, axis=0))
 
 
 def encoder(plain_encode):
-    """Decorator for ``CausalLMForSampling._encode``: broadcast when a request set ``model._bcast``."""
+    """Decorator for ``CausalLMForSampling.encode``: broadcast while a request holds
+    ``model.strategies.broadcasting``."""
 
     @functools.wraps(plain_encode)
-    def wrapper(model, ids, mask):
-        plan = getattr(model, "_bcast", None)
+    def wrapper(model: StrategyHost, ids: np.ndarray, mask: np.ndarray):
+        plan = model.strategies.broadcast
         if plan is None:
             return plain_encode(model, ids, mask)
         group, n_rows = plan

@@ -1,7 +1,7 @@
 """Generation strategies beyond one greedy/sampled row per prompt, routed from ``sample()``.
 
 ``CompiledModel`` knows three graph kinds (prefill, select, decode);
-the modules here add their own kinds, all compiled and cached through ``model._executable``:
+the modules here add their own kinds, all compiled and cached through ``model.executable``:
 
 * ``aotlm.generate.broadcast``: ``gather`` (copy KV-cache rows), ``bprefill`` (prefill of
   ``prompt_batch_size`` rows) for ``num_return_sequences`` and beam search;
@@ -25,6 +25,7 @@ import numpy as np
 from aotlm.core import inputs
 from aotlm.generate import beam, broadcast, speculative
 from aotlm.generate.params import PER_ROW_FIELDS as PER_ROW
+from aotlm.generate.strategies import StrategyHost
 
 KINDS = {  # graph kind -> the module that lowers it
     "gather": broadcast,
@@ -35,45 +36,14 @@ KINDS = {  # graph kind -> the module that lowers it
 }
 
 
-def configure(model, prompt_batch_size=None, num_beams: int = 1, speculation_length=None) -> None:
-    """Validate and store the construction options that add graphs."""
-    if prompt_batch_size is not None and not 1 <= int(prompt_batch_size) <= model.batch_size:
-        raise ValueError(
-            f"prompt_batch_size must be in [1, batch_size={model.batch_size}], got {prompt_batch_size}"
-        )
-    if not isinstance(num_beams, int) or num_beams < 1:
-        raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
-    if num_beams > 1 and model.batch_size % num_beams:
-        raise ValueError(
-            f"batch_size={model.batch_size} is not a multiple of num_beams={num_beams}; compiled batch = "
-            "prompts x num_beams"
-        )
-    speculation_length = speculation_lengths(speculation_length)
-    model.prompt_batch_size = None if prompt_batch_size is None else int(prompt_batch_size)
-    model.num_beams = num_beams
-    model.speculation_length = speculation_length
-    model._bcast = None
-    model._spec_drafts = {}  # draft tag -> draft model, for lowering the target's spec graphs
-
-
-def speculation_lengths(speculation_length) -> tuple[int, ...] | None:
-    """``k`` or several ``k`` (draft tokens per speculative round) as a tuple, validated."""
-    if speculation_length is None:
-        return None
-    ks = [speculation_length] if isinstance(speculation_length, int) else list(speculation_length)
-    if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
-        raise ValueError(f"speculation_length must be an int >= 1, got {speculation_length!r}")
-    return tuple(ks)
-
-
-def graph_keys(model) -> list[tuple]:
+def graph_keys(model: StrategyHost) -> list[tuple]:
     keys = []
-    if model.prompt_batch_size or model.num_beams > 1:
+    if model.strategies.prompt_batch_size or model.strategies.num_beams > 1:
         keys += broadcast.graph_keys(model)
     return keys + beam.graph_keys(model)  # speculative graphs depend on the draft: SpeculativeGenerator
 
 
-def lower(model, key: tuple):
+def lower(model: StrategyHost, key: tuple):
     return KINDS[key[0]].lower(model, key)
 
 
@@ -95,7 +65,7 @@ def _seeds(seed, n: int, r: int):
     return ((np.repeat(base, r) + np.tile(np.arange(r), n)) % 2**32).tolist()
 
 
-def return_sequences(model, sample, args: dict, r: int):
+def return_sequences(model: StrategyHost, sample, args: dict, r: int):
     """``num_return_sequences=r``: each prompt's rows repeat it; its prompt is encoded once."""
     ids = inputs.token_ids(args.pop("input_ids"), model.cfg.vocab_size)
     mask = inputs.prompt_mask(ids, args.pop("attention_mask", None), args.pop("start_ids", None))
@@ -111,17 +81,14 @@ def return_sequences(model, sample, args: dict, r: int):
             args[name] = _expand(args[name], name, n, r)
     if "seed" in args:
         args["seed"] = _seeds(args["seed"], n, r)
-    model._bcast = (r, n * r)
-    try:
+    with model.strategies.broadcasting(r, n * r):
         return sample(model, np.repeat(ids, r, 0), attention_mask=np.repeat(mask, r, 0), **args)
-    finally:
-        model._bcast = None
 
 
-def _broadcast_rows(model, args: tuple, kwargs: dict) -> int:
+def _broadcast_rows(model: StrategyHost, args: tuple, kwargs: dict) -> int:
     """transformers-neuronx's context broadcasting: a model built with ``prompt_batch_size=P``
     and ``batch_size=B`` continues ``P`` prompts in ``B / P`` rows each (output batch ``B``)."""
-    pb = getattr(model, "prompt_batch_size", None)
+    pb = model.strategies.prompt_batch_size
     ids = args[0] if args else kwargs.get("input_ids")
     if not pb or pb == model.batch_size or ids is None or model.batch_size % pb:
         return 1
@@ -161,7 +128,7 @@ def routed(sample):
         call.update({k: v for k, v in kwargs.items() if k not in sig.parameters})
         if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
             raise ValueError(f"num_return_sequences must be an int >= 1, got {num_return_sequences!r}")
-        with model._lock:
+        with model.lock:
             if draft_model is not None or speculation_length is not None:
                 if num_beams != 1 or num_return_sequences != 1:
                     raise ValueError("speculative decoding runs without num_beams / num_return_sequences")

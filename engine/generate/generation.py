@@ -17,6 +17,8 @@ import numpy as np
 
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampling, sharding
+from aotlm.core.contract import GraphHost
+from aotlm.core.state import DecodeState
 from aotlm.generate.params import GenerationConfig
 from aotlm.generate.stopping import criteria_hit
 
@@ -44,7 +46,7 @@ class GenerateOutput:
     time_to_first_token: float = 0.0  # seconds from the call to the first token on the host
 
 
-def _per_row(value, name: str, n: int, dtype) -> np.ndarray:
+def per_row(value, name: str, n: int, dtype) -> np.ndarray:
     arr = np.asarray(value)
     if arr.ndim == 0:
         arr = np.full(n, arr)
@@ -67,49 +69,60 @@ def _or0(value):
     return 0 if value is None else value
 
 
-def _check(ok: np.ndarray, name: str, rule: str, values: np.ndarray) -> None:
-    if not np.all(ok):
-        bad = values[~ok][0]
-        raise ValueError(f"{name}={bad} is invalid: {rule}")
+# The sampling-parameter rules, one table for every entry point (``sample()`` here, serving's
+# ``slots.check``): name -> (holds for a value or an array of them, what a value must be).
+RULES = {
+    "temperature": (lambda x: x >= 0, "must be >= 0 (0 means greedy)"),
+    "top_k": (lambda x: x >= 0, "must be >= 0 (0 disables top-k)"),
+    "top_p": (lambda x: (x > 0) & (x <= 1), "must be in (0, 1]"),
+    "min_p": (lambda x: (x >= 0) & (x <= 1), "must be in [0, 1]"),
+    "repetition_penalty": (lambda x: x > 0, "must be > 0 (1 disables it)"),
+    "presence_penalty": (lambda x: (x >= -2) & (x <= 2), "must be in [-2, 2]"),
+    "frequency_penalty": (lambda x: (x >= -2) & (x <= 2), "must be in [-2, 2]"),
+    "no_repeat_ngram_size": (
+        lambda x: (x >= 0) & (x <= sampling.NGRAM_MAX),
+        f"must be in [0, {sampling.NGRAM_MAX}]",
+    ),
+    "min_new_tokens": (lambda x: x >= 0, "must be >= 0"),
+    "min_length": (lambda x: x >= 0, "must be >= 0"),
+    "seed": (lambda x: (x >= 0) & (x < 2**32), "must be in [0, 2**32)"),
+}
+
+
+def rule_violations(values: dict) -> list[tuple[str, str]]:
+    """``(name, message)`` for every value (one, or an array of per-row values) that breaks its
+    ``RULES`` entry, in the order given; a name without a rule is not checked."""
+    bad = []
+    for name, value in values.items():
+        if name in RULES:
+            arr = np.asarray(value)
+            ok = np.asarray(RULES[name][0](arr))
+            if not ok.all():
+                bad.append((name, f"{name}={arr[~ok][0] if arr.ndim else arr} is invalid: {RULES[name][1]}"))
+    return bad
 
 
 def sampling_params(cfg: GenerationConfig, n: int, rows: int) -> dict:
     """Validated per-row arrays (``n`` real rows, padded to the compiled ``rows`` with row 0)."""
     p = {
-        "do_sample": _per_row(cfg.do_sample, "do_sample", n, bool),
-        "temperature": _per_row(cfg.temperature, "temperature", n, np.float32),
-        "top_k": _per_row(cfg.top_k, "top_k", n, np.int32),
-        "top_p": _per_row(cfg.top_p, "top_p", n, np.float32),
-        "min_p": _per_row(cfg.min_p, "min_p", n, np.float32),
-        "repetition_penalty": _per_row(cfg.repetition_penalty, "repetition_penalty", n, np.float32),
-        "ngram": _per_row(cfg.no_repeat_ngram_size, "no_repeat_ngram_size", n, np.int32),
+        "do_sample": per_row(cfg.do_sample, "do_sample", n, bool),
+        "temperature": per_row(cfg.temperature, "temperature", n, np.float32),
+        "top_k": per_row(cfg.top_k, "top_k", n, np.int32),
+        "top_p": per_row(cfg.top_p, "top_p", n, np.float32),
+        "min_p": per_row(cfg.min_p, "min_p", n, np.float32),
+        "repetition_penalty": per_row(cfg.repetition_penalty, "repetition_penalty", n, np.float32),
+        "ngram": per_row(cfg.no_repeat_ngram_size, "no_repeat_ngram_size", n, np.int32),
+        "min_new": per_row(_or0(cfg.min_new_tokens), "min_new_tokens", n, np.int64),
+        "min_len": per_row(_or0(cfg.min_length), "min_length", n, np.int64),
     }
-    _check(p["temperature"] >= 0, "temperature", "must be >= 0 (0 means greedy)", p["temperature"])
-    _check(p["top_k"] >= 0, "top_k", "must be >= 0 (0 disables top-k)", p["top_k"])
-    _check((p["top_p"] > 0) & (p["top_p"] <= 1), "top_p", "must be in (0, 1]", p["top_p"])
-    _check((p["min_p"] >= 0) & (p["min_p"] <= 1), "min_p", "must be in [0, 1]", p["min_p"])
-    _check(
-        p["repetition_penalty"] > 0,
-        "repetition_penalty",
-        "must be > 0 (1 disables it)",
-        p["repetition_penalty"],
-    )
-    ng = p["ngram"]
-    _check(
-        (ng >= 0) & (ng <= sampling.NGRAM_MAX),
-        "no_repeat_ngram_size",
-        f"must be in [0, {sampling.NGRAM_MAX}]",
-        ng,
-    )
-    p["min_new"] = _per_row(_or0(cfg.min_new_tokens), "min_new_tokens", n, np.int64)
-    p["min_len"] = _per_row(_or0(cfg.min_length), "min_length", n, np.int64)
-    _check(p["min_new"] >= 0, "min_new_tokens", "must be >= 0", p["min_new"])
-    _check(p["min_len"] >= 0, "min_length", "must be >= 0", p["min_len"])
+    given = dict(p, no_repeat_ngram_size=p["ngram"], min_new_tokens=p["min_new"], min_length=p["min_len"])
     if cfg.seed is None:
         seeds = np.array([secrets.randbits(32) for _ in range(n)], dtype=np.uint64)
     else:
-        seeds = _per_row(cfg.seed, "seed", n, np.int64)
-        _check((seeds >= 0) & (seeds < 2**32), "seed", "must be in [0, 2**32)", seeds)
+        seeds = given["seed"] = per_row(cfg.seed, "seed", n, np.int64)
+    bad = rule_violations(given)
+    if bad:
+        raise ValueError(bad[0][1])
     p["seed"] = seeds.astype(np.uint32)
     return {k: np.concatenate([v, np.repeat(v[:1], rows - n)]) for k, v in p.items()}
 
@@ -168,7 +181,9 @@ def check_streamer(streamer) -> None:
         )
 
 
-def initial_state(model, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, n: int, last, cfg) -> dict:
+def initial_state(
+    model: GraphHost, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, n: int, last, cfg
+) -> DecodeState:
     """The host-side generation state for a prompt batch (see ``graphs.state_spec``).
 
     ``min_end``: eos is masked for tokens before this slot: ``min_new_tokens`` after the
@@ -186,44 +201,44 @@ def initial_state(model, ids: np.ndarray, mask: np.ndarray, positions: np.ndarra
     seen = np.zeros((b, v), np.bool_)
     rows, cols = np.nonzero(mask)
     seen[rows, ids[rows, cols]] = True
-    return {
-        "tok": np.zeros(b, np.int32),
-        "pos": positions.max(1) + 1,
-        "done": np.zeros(b, np.bool_),
-        "reason": np.zeros(b, np.int32),
-        "end": np.zeros(b, np.int32),
-        "last": np.asarray(last, np.int32),
-        "min_end": min_end.astype(np.int32),
-        "out": out,
-        "logp": np.zeros((b, s), np.float32),
-        "top_ids": np.zeros((b, s, k), np.int32),
-        "top_lp": np.zeros((b, s, k), np.float32),
-        "seen": seen,
-        "stop": stop_array(cfg.stop_sequences, n, b, v),
-        "idx": np.int32(p_len),
-        "first": np.int32(p_len),
-        "limit": np.int32(0),
-        "eos": eos,
-        "pad": np.int32(pad),
-        "want_logprobs": np.bool_(False),
-        "params": sp,
-    }
+    return DecodeState(
+        tok=np.zeros(b, np.int32),
+        pos=positions.max(1) + 1,
+        done=np.zeros(b, np.bool_),
+        reason=np.zeros(b, np.int32),
+        end=np.zeros(b, np.int32),
+        last=np.asarray(last, np.int32),
+        min_end=min_end.astype(np.int32),
+        out=out,
+        logp=np.zeros((b, s), np.float32),
+        top_ids=np.zeros((b, s, k), np.int32),
+        top_lp=np.zeros((b, s, k), np.float32),
+        seen=seen,
+        stop=stop_array(cfg.stop_sequences, n, b, v),
+        idx=np.int32(p_len),
+        first=np.int32(p_len),
+        limit=np.int32(0),
+        eos=eos,
+        pad=np.int32(pad),
+        want_logprobs=np.bool_(False),
+        params=sp,
+    )
 
 
-def _stop_rows(model, state: dict, criteria: list, ids, n: int, p_len: int, idx: int, done):
+def _stop_rows(model: GraphHost, state: DecodeState, criteria: list, ids, n: int, p_len: int, idx: int, done):
     """Evaluate the stopping criteria on the sequences so far (token at slot ``idx`` included);
     rows they end get reason ``stopping_criteria`` in the device state. Returns the new ``done``."""
     fetch = sharding.fetch
     if done[:n].all():
         return done
-    seqs = np.concatenate([ids[:n], fetch(state["out"])[:n, p_len : idx + 1]], axis=1)
+    seqs = np.concatenate([ids[:n], fetch(state.out)[:n, p_len : idx + 1]], axis=1)
     hit = np.zeros(done.shape[0], bool)
     hit[:n] = criteria_hit(criteria, seqs) & ~done[:n]
     if hit.any():
-        reason = np.where(hit, graphs.STOPPED, fetch(state["reason"])).astype(np.int32)
-        end = np.where(hit, idx, fetch(state["end"])).astype(np.int32)
+        reason = np.where(hit, graphs.FinishReason.STOPPED, fetch(state.reason)).astype(np.int32)
+        end = np.where(hit, idx, fetch(state.end)).astype(np.int32)
         done = done | hit
-        state.update(done=model._put(done), reason=model._put(reason), end=model._put(end))
+        state.done, state.reason, state.end = model.put(done), model.put(reason), model.put(end)
     return done
 
 
@@ -234,48 +249,48 @@ def run(
     t_start = time.perf_counter()
     b, p_len = ids.shape
     last = p_len + np.concatenate([new, np.repeat(new[:1], b - n)]) - 1
-    logits, positions = model._encode(ids, mask)
+    logits, positions = model.encode(ids, mask)
     state = initial_state(model, ids, mask, positions, n, last, cfg)
-    state["want_logprobs"] = np.bool_(want_dict)
-    state = model._executable(("select",))(logits, model._put_tree(state))
+    state.want_logprobs = np.bool_(want_dict)
+    state = model.executable(("select",))(logits, model.put_tree(state))
     fetch = sharding.fetch
-    first_tok = fetch(state["tok"])  # waits for prefill + first token (the decode waits anyway)
+    first_tok = fetch(state.tok)  # waits for prefill + first token (the decode waits anyway)
     ttft = time.perf_counter() - t_start
     if streamer is not None:
         streamer.put(ids[:n])
         streamer.put(first_tok[:n])
     listening = streamer is not None or bool(criteria)
-    stop, idx, done = int(last.max()), p_len, fetch(state["done"])
+    stop, idx, done = int(last.max()), p_len, fetch(state.done)
     if criteria:
         done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     while idx < stop and not done.all():
         limit = min(stop, idx + STREAM_CHUNK) if listening else stop
-        state["limit"] = model._put(np.int32(limit))
-        exe = model._executable(("decode", bk.decode_bucket(model.tg_buckets, idx)))
+        state.limit = model.put(np.int32(limit))
+        exe = model.executable(("decode", bk.decode_bucket(model.tg_buckets, idx)))
         model.cache, state = exe(model.params, model.cache, state)
-        prev, idx, done = idx, int(fetch(state["idx"])), fetch(state["done"])
+        prev, idx, done = idx, int(fetch(state.idx)), fetch(state.done)
         if streamer is not None and idx > prev:  # STREAM_CHUNK = 1: the rows' newest token (pad if done)
-            streamer.put(fetch(state["tok"])[:n])
+            streamer.put(fetch(state.tok)[:n])
         if criteria:
             done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     if streamer is not None:
         streamer.end()
     n_gen = idx - p_len + 1
-    out = fetch(state["out"])[:n, p_len : p_len + n_gen]
+    out = fetch(state.out)[:n, p_len : p_len + n_gen]
     sequences = np.concatenate([ids[:n], out], axis=1)
     if not want_dict:
         return sequences
-    reason = fetch(state["reason"])[:n]
+    reason = fetch(state.reason)[:n]
     top = None
     if cfg.top_logprobs:
         w = int(cfg.top_logprobs)
         sl = slice(p_len, p_len + n_gen)
-        top = (fetch(state["top_ids"])[:n, sl, :w], fetch(state["top_lp"])[:n, sl, :w])
+        top = (fetch(state.top_ids)[:n, sl, :w], fetch(state.top_lp)[:n, sl, :w])
     return GenerateOutput(
         sequences=sequences,
-        logprobs=fetch(state["logp"])[:n, p_len : p_len + n_gen],
-        finish_reason=[graphs.REASONS.get(int(r), "length") for r in reason],
-        num_generated=fetch(state["end"])[:n] - p_len + 1,
+        logprobs=fetch(state.logp)[:n, p_len : p_len + n_gen],
+        finish_reason=[graphs.FinishReason.of(r).label for r in reason],
+        num_generated=fetch(state.end)[:n] - p_len + 1,
         top_logprobs=top,
         time_to_first_token=ttft,
     )

@@ -20,6 +20,7 @@ row's budget is spent, finished rows get ``pad``, the output is trimmed to the l
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -29,21 +30,18 @@ from jax.experimental import multihost_utils
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, sampling, sharding
 from aotlm.core.handoff import hand_off, settle
+from aotlm.core.state import DecodeState
 from aotlm.generate import generation
 from aotlm.generate.stopping import criteria_hit
 
 SCALARS = ("idx", "first", "limit", "eos", "pad", "want_logprobs")  # state leaves shared by all rows
 
 
-def _rows(state: dict, lo: int, hi: int) -> dict:
+def _rows(state: DecodeState, lo: int, hi: int) -> DecodeState:
     """Rows ``lo:hi`` of a host-side generation state."""
-    out = {}
-    for k, v in state.items():
-        if k == "params":
-            out[k] = {p: a[lo:hi] for p, a in v.items()}
-        else:
-            out[k] = v if k in SCALARS else v[lo:hi]
-    return out
+    rows = {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.name not in SCALARS}
+    cut = jax.tree.map(lambda a: a[lo:hi], rows)
+    return state.replace(**cut)
 
 
 def encode(model, ids: np.ndarray, mask: np.ndarray):
@@ -60,13 +58,13 @@ def encode(model, ids: np.ndarray, mask: np.ndarray):
             pos = np.full((b, step.bucket), -1, np.int32)
             tok[:, : step.n_real] = ids[m * b : (m + 1) * b, step.start : end]
             pos[:, : step.n_real] = positions[m * b : (m + 1) * b, step.start : end]
-            x = stages[0]._put(tok) if stages[0].local else None
+            x = stages[0].put(tok) if stages[0].local else None
             for s, st in enumerate(stages):
                 out = None
                 if st.local:
-                    scalars = st._put(np.int32(step.start)), st._put(np.int32(step.n_real - 1))
+                    scalars = st.put(np.int32(step.start)), st.put(np.int32(step.n_real - 1))
                     out, st.caches[m] = settle(
-                        st._executable(key)(st.params, st.caches[m], x, st._put(pos), *scalars)
+                        st.executable(key)(st.params, st.caches[m], x, st.put(pos), *scalars)
                     )
                 if st.stage.is_last:
                     logits[m] = out
@@ -84,17 +82,15 @@ def _step(model, m: int, idx: int, state: dict | None, pos: np.ndarray) -> dict 
     stages, head = model.stages, model.stages[-1]
     b, d = stages[0].batch_size, model.cfg.hidden_size
     w = bk.decode_bucket(model.tg_buckets, idx)
-    x = hand_off(head, stages[0], state["tok"] if head.local else None, (b,), np.int32)
+    x = hand_off(head, stages[0], state.tok if head.local else None, (b,), np.int32)
     for s, st in enumerate(stages[:-1]):
         h = None
         if st.local:
-            exe = st._executable(("pp_step", w))
-            h, st.caches[m] = settle(exe(st.params, st.caches[m], x, st._put(pos), st._put(np.int32(idx))))
+            exe = st.executable(("pp_step", w))
+            h, st.caches[m] = settle(exe(st.params, st.caches[m], x, st.put(pos), st.put(np.int32(idx))))
         x = hand_off(st, stages[s + 1], h, (b, 1, d), model.dtype)
     if head.local:
-        head.caches[m], state = settle(
-            head._executable(("pp_step", w))(head.params, head.caches[m], x, state)
-        )
+        head.caches[m], state = settle(head.executable(("pp_step", w))(head.params, head.caches[m], x, state))
     return state
 
 
@@ -107,7 +103,7 @@ def _step_all(model, states: list, idx: int, known: list, listening: bool, pos: 
     """
     for m in range(len(states)):
         if not listening:
-            known[m] = sharding.fetch(states[m]["done"])
+            known[m] = sharding.fetch(states[m].done)
             if all(k.all() for k in known):
                 return False
         b = len(known[m])
@@ -120,7 +116,7 @@ def _stop_rows(model, states, criteria, ids, n: int, p_len: int, idx: int, done:
     fetch, b = sharding.fetch, model.stages[0].batch_size
     if done[:n].all():
         return done
-    out = np.concatenate([fetch(st["out"]) for st in states])
+    out = np.concatenate([fetch(st.out) for st in states])
     seqs = np.concatenate([ids[:n], out[:n, p_len : idx + 1]], axis=1)
     hit = np.zeros(done.shape[0], bool)
     hit[:n] = criteria_hit(criteria, seqs) & ~done[:n]
@@ -128,9 +124,9 @@ def _stop_rows(model, states, criteria, ids, n: int, p_len: int, idx: int, done:
     for m, st in enumerate(states):
         rows = slice(m * b, (m + 1) * b)
         if hit[rows].any():
-            reason = np.where(hit[rows], graphs.STOPPED, fetch(st["reason"])).astype(np.int32)
-            end = np.where(hit[rows], idx, fetch(st["end"])).astype(np.int32)
-            st.update(done=head._put(done[rows] | hit[rows]), reason=head._put(reason), end=head._put(end))
+            reason = np.where(hit[rows], graphs.FinishReason.STOPPED, fetch(st.reason)).astype(np.int32)
+            end = np.where(hit[rows], idx, fetch(st.end)).astype(np.int32)
+            st.done, st.reason, st.end = head.put(done[rows] | hit[rows]), head.put(reason), head.put(end)
     return done | hit
 
 
@@ -148,16 +144,16 @@ def run(model, ids, mask, n: int, new: np.ndarray, cfg, streamer, criteria, want
     last = p_len + np.concatenate([new, np.repeat(new[:1], big_b - n)]) - 1
     logits, positions = encode(model, ids, mask)
     full = generation.initial_state(model, ids, mask, positions, n, last, cfg)
-    full["want_logprobs"] = np.bool_(want_dict)
+    full.want_logprobs = np.bool_(want_dict)
     states: list = [None] * n_micro
     if head.local:
-        select = head._executable(("select",))
+        select = head.executable(("select",))
         states = [
-            settle(select(logits[m], head._put_tree(_rows(full, m * b, (m + 1) * b)))) for m in range(n_micro)
+            settle(select(logits[m], head.put_tree(_rows(full, m * b, (m + 1) * b)))) for m in range(n_micro)
         ]
-    cat = lambda key: np.concatenate([fetch(st[key]) for st in states])
+    cat = lambda key: np.concatenate([fetch(getattr(st, key)) for st in states])
     stop, idx = int(last.max()), p_len
-    first_pos = (positions.max(1) + 1).astype(np.int32)  # of the first generated token (state["pos"])
+    first_pos = (positions.max(1) + 1).astype(np.int32)  # of the first generated token (state.pos)
     if multi:  # every process runs the same steps (no host reads another's done flags)
         ttft = time.perf_counter() - t_start
         for idx in range(p_len, stop):
@@ -188,7 +184,7 @@ def run(model, ids, mask, n: int, new: np.ndarray, cfg, streamer, criteria, want
     if streamer is not None:
         streamer.end()
     res = {k: cat(k) for k in RESULT_KEYS}
-    res["pad"] = int(fetch(states[0]["pad"]))
+    res["pad"] = int(fetch(states[0].pad))
     return _output(res, ids, n, p_len, cfg, want_dict, ttft)
 
 
@@ -204,7 +200,7 @@ def _broadcast(model, states: list, cat) -> dict:
               "top_lp": ((big_b, s, k), np.float32), "pad": ((), np.int32)}  # fmt: skip
     res = {}
     for key, (shape, dtype) in shapes.items():
-        mine = (cat(key) if key != "pad" else sharding.fetch(states[0]["pad"])) if head.local else None
+        mine = (cat(key) if key != "pad" else sharding.fetch(states[0].pad)) if head.local else None
         value = np.asarray(mine if mine is not None else np.zeros(shape, dtype), dtype)
         res[key] = multihost_utils.broadcast_one_to_all(value, is_source=head.local)
     res["pad"] = int(res["pad"])
@@ -225,7 +221,7 @@ def _output(res: dict, ids, n, p_len, cfg, want_dict, ttft):
     return generation.GenerateOutput(
         sequences=sequences,
         logprobs=res["logp"][:n, p_len : p_len + n_gen],
-        finish_reason=[graphs.REASONS.get(int(r), "length") for r in res["reason"][:n]],
+        finish_reason=[graphs.FinishReason.of(r).label for r in res["reason"][:n]],
         num_generated=end[:n] - p_len + 1,
         top_logprobs=top,
         time_to_first_token=ttft,

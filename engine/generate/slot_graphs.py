@@ -32,15 +32,12 @@ from jax import lax
 
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, sampling
+from aotlm.core.contract import GraphHost
+from aotlm.core.state import SlotState
 from aotlm.models import decoder
 
+
 # per-row state (leading dim = slots); the rest ("eos", "pad", "steps") is shared
-ROW_KEYS = (
-    "tok", "idx", "done", "reason", "last", "first", "out", "logp", "top_ids", "top_lp", "seen",
-    "counts", "stop", "ignore_eos", "want", "presence", "frequency", "params",
-)  # fmt: skip
-
-
 def graph_keys(ctx_buckets, tg_buckets) -> list[tuple]:
     shapes = bk.prefill_graph_shapes(ctx_buckets, tg_buckets)
     return (
@@ -50,62 +47,66 @@ def graph_keys(ctx_buckets, tg_buckets) -> list[tuple]:
     )
 
 
-def state_spec(slots: int, n_slots: int, vocab: int, sharding) -> dict:
-    """Abstract serving state (shapes/dtypes/sharding) to lower the graphs with."""
-    base = graphs.state_spec(slots, n_slots, vocab, sharding)
+def state_spec(slots: int, n_slots: int, vocab: int, sharding) -> SlotState:
+    """Abstract serving state (shapes/dtypes/sharding) to lower the graphs with (``sharding``
+    None: the shapes alone, e.g. for host buffers)."""
     s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
     row = lambda dt: s((slots,), dt)
-    spec = {k: base[k] for k in ("tok", "done", "reason", "last", "out", "logp", "top_ids", "top_lp")}
-    spec.update(seen=base["seen"], stop=base["stop"], eos=base["eos"], pad=base["pad"])
-    spec.update(params=base["params"], idx=row(jnp.int32), first=row(jnp.int32))
-    spec.update(counts=s((slots, vocab), jnp.int32), ignore_eos=row(jnp.bool_), want=row(jnp.bool_))
-    spec.update(presence=row(jnp.float32), frequency=row(jnp.float32), steps=s((), jnp.int32))
-    return spec
+    return SlotState(
+        **graphs.sampler_fields(slots, n_slots, vocab, s),
+        idx=row(jnp.int32),
+        first=row(jnp.int32),
+        counts=s((slots, vocab), jnp.int32),
+        ignore_eos=row(jnp.bool_),
+        want=row(jnp.bool_),
+        presence=row(jnp.float32),
+        frequency=row(jnp.float32),
+        steps=s((), jnp.int32),
+    )
 
 
 def _penalty_bias(st):
     """OpenAI presence / frequency penalties over the tokens each row generated (as vLLM)."""
-    counts = st["counts"]
-    used = jnp.any((st["presence"] != 0) | (st["frequency"] != 0))
+    counts = st.counts
+    used = jnp.any((st.presence != 0) | (st.frequency != 0))
 
     def bias():
         c = counts.astype(jnp.float32)
-        return -(st["frequency"][:, None] * c + st["presence"][:, None] * (c > 0))
+        return -(st.frequency[:, None] * c + st.presence[:, None] * (c > 0))
 
     return lax.cond(used, bias, lambda: jnp.zeros(counts.shape, jnp.float32))
 
 
-def emit_rows(st: dict, logits, slot, live):
+def emit_rows(st: SlotState, logits, slot, live) -> SlotState:
     """Choose every live row's token at its own ``slot [B]``, record it, decide who finishes.
 
     As ``core.graphs.emit`` (same reasons, stop sequences inside the generated tokens, eos
     unless ``ignore_eos``), with one slot per row; rows not ``live`` are left as they were.
     """
-    b, n_slots = st["out"].shape
+    b, n_slots = st.out.shape
     rows = jnp.arange(b)
     tok, lp, top_ids, top_lp = sampling.select(
-        logits, st["params"], st["seen"], st["out"], (slot - 1)[:, None], slot,
-        jnp.any(st["want"] & live), _penalty_bias(st),
+        logits, st.params, st.seen, st.out, (slot - 1)[:, None], slot,
+        jnp.any(st.want & live), _penalty_bias(st),
     )  # fmt: skip
-    tok = jnp.where(live, tok, st["pad"])
+    tok = jnp.where(live, tok, st.pad)
     col = jnp.where(live, slot, n_slots)  # out of range: dropped
     put = lambda buf, x: buf.at[rows, col].set(x.astype(buf.dtype), mode="drop")
-    out = put(st["out"], tok)
-    is_eos = jnp.any(tok[:, None] == st["eos"][None, :], -1) & ~st["ignore_eos"]
-    reason = graphs.end_reason(out, slot, st["first"], st["stop"], is_eos, st["last"])
-    reason = jnp.where(live, reason, st["reason"])
-    vocab_col = jnp.where(live, tok, st["seen"].shape[1])
-    return dict(
-        st,
-        tok=jnp.where(live, tok, st["tok"]),
-        idx=jnp.where(live, slot, st["idx"]),
+    out = put(st.out, tok)
+    is_eos = jnp.any(tok[:, None] == st.eos[None, :], -1) & ~st.ignore_eos
+    reason = graphs.end_reason(out, slot, st.first, st.stop, is_eos, st.last)
+    reason = jnp.where(live, reason, st.reason)
+    vocab_col = jnp.where(live, tok, st.seen.shape[1])
+    return st.replace(
+        tok=jnp.where(live, tok, st.tok),
+        idx=jnp.where(live, slot, st.idx),
         out=out,
-        logp=put(st["logp"], lp),
-        top_ids=put(st["top_ids"], top_ids),
-        top_lp=put(st["top_lp"], top_lp),
-        seen=st["seen"].at[rows, vocab_col].set(True, mode="drop"),
-        counts=st["counts"].at[rows, vocab_col].add(1, mode="drop"),
-        done=st["done"] | (reason != graphs.RUNNING),
+        logp=put(st.logp, lp),
+        top_ids=put(st.top_ids, top_ids),
+        top_lp=put(st.top_lp, top_lp),
+        seen=st.seen.at[rows, vocab_col].set(True, mode="drop"),
+        counts=st.counts.at[rows, vocab_col].add(1, mode="drop"),
+        done=st.done | (reason != graphs.FinishReason.RUNNING),
         reason=reason,
     )
 
@@ -130,12 +131,13 @@ def slot_prefill(cfg, width: int, params, cache, tokens, positions, start, last,
     return decoder.logits(cfg, params, h_last), new
 
 
-def slot_insert(state, logits, row_state, row):
+def slot_insert(state: SlotState, logits, row_state: SlotState, row) -> SlotState:
     """Row ``row`` := ``row_state`` (a one-row state) after choosing its first token from ``logits [1,V]``."""
-    one = dict(row_state, eos=state["eos"], pad=state["pad"])
-    one = emit_rows(one, logits, row_state["idx"], jnp.ones((1,), jnp.bool_))
+    one = row_state.replace(eos=state.eos, pad=state.pad)
+    one = emit_rows(one, logits, row_state.idx, jnp.ones((1,), jnp.bool_))
     put = lambda full, r: lax.dynamic_update_slice_in_dim(full, r.astype(full.dtype), row, 0)
-    return dict(state, **{k: jax.tree.map(put, state[k], one[k]) for k in ROW_KEYS})
+    rows = {k: jax.tree.map(put, getattr(state, k), getattr(one, k)) for k in SlotState.row_fields()}
+    return state.replace(**rows)
 
 
 def slot_decode(cfg, width: int, params, cache, state, cancel, replicated=None):
@@ -144,35 +146,36 @@ def slot_decode(cfg, width: int, params, cache, state, cancel, replicated=None):
     The host picks ``width`` (static: the token bucket) so that every live row's slots stay
     below it for the whole call.
     """
-    n_slots = state["out"].shape[1]
-    ended = cancel & ~state["done"]
-    state = dict(state, done=state["done"] | cancel, reason=jnp.where(ended, graphs.STOPPED, state["reason"]))
+    n_slots = state.out.shape[1]
+    ended = cancel & ~state.done
+    reason = jnp.where(ended, graphs.FinishReason.STOPPED, state.reason)
+    state = state.replace(done=state.done | cancel, reason=reason)
 
     def cond(carry):
         _, st, n = carry
-        return (n < st["steps"]) & ~jnp.all(st["done"])
+        return (n < st.steps) & ~jnp.all(st.done)
 
     def body(carry):
         cache, st, n = carry
-        live = ~st["done"]
-        w_idx = jnp.where(live, st["idx"], n_slots - 1)
-        pos = jnp.where(live, st["idx"], -1)
-        h, cache = decoder.forward(cfg, params, cache, st["tok"][:, None], pos[:, None], w_idx, width)
+        live = ~st.done
+        w_idx = jnp.where(live, st.idx, n_slots - 1)
+        pos = jnp.where(live, st.idx, -1)
+        h, cache = decoder.forward(cfg, params, cache, st.tok[:, None], pos[:, None], w_idx, width)
         logits = decoder.logits(cfg, params, h[:, 0])
         if replicated is not None:
             logits = lax.with_sharding_constraint(logits, replicated)
-        return cache, emit_rows(st, logits, st["idx"] + 1, live), n + 1
+        return cache, emit_rows(st, logits, st.idx + 1, live), n + 1
 
     cache, state, _ = lax.while_loop(cond, body, (cache, state, jnp.int32(0)))
     return cache, state
 
 
-def lower(model, key: tuple):
+def lower(model: GraphHost, key: tuple):
     """Lower one slot graph of ``model`` (a ``CausalLMForSampling`` with ``continuous_batching``)."""
-    p, cache = model._abstract(model.params), model._cache_specs()
-    rep, b, v = model._repl, model.batch_size, model.cfg.vocab_size
+    p, cache = model.abstract(model.params), model.cache_specs()
+    rep, b, v = model.replicated, model.batch_size, model.cfg.vocab_size
     state = state_spec(b, model.n_positions, v, rep)
-    cache_sh, state_sh = model._shardings(cache), model._shardings(state)
+    cache_sh, state_sh = model.shardings(cache), model.shardings(state)
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
     if key[0] == "slot_prefill":
         _, c, w = key
@@ -182,7 +185,7 @@ def lower(model, key: tuple):
         return jit.lower(p, cache, tok, tok, scalar, scalar, scalar)
     if key[0] == "slot_insert":
         one = state_spec(1, model.n_positions, v, rep)
-        row_state = {k: one[k] for k in ROW_KEYS}
+        row_state = one
         logits = jax.ShapeDtypeStruct((1, v), jnp.float32, sharding=rep)
         jit = jax.jit(slot_insert, donate_argnums=(0,), out_shardings=state_sh)
         return jit.lower(state, logits, row_state, scalar)

@@ -13,23 +13,21 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
+import jax
 import numpy as np
 
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampling, sharding
-from aotlm.generate.generation import stop_array
+from aotlm.core.contract import GraphHost
+from aotlm.core.state import SlotState
+from aotlm.generate import slot_graphs
+from aotlm.generate.generation import rule_violations, stop_array
 from aotlm.generate.params import SamplingParams
 
-REASONS = {
-    graphs.EOS: "eos",
-    graphs.STOP_SEQUENCE: "stop_sequence",
-    graphs.LENGTH: "length",
-    graphs.STOPPED: "cancelled",
-}
 
-
-def check(model, prompt_len: int, s: SamplingParams) -> list[tuple[str, str]]:
+def check(model: GraphHost, prompt_len: int, s: SamplingParams) -> list[tuple[str, str]]:
     """Problems with a request as ``(field, message)`` pairs (empty: it can run)."""
     bad: list[tuple[str, str]] = []
     n = model.n_positions
@@ -42,17 +40,9 @@ def check(model, prompt_len: int, s: SamplingParams) -> list[tuple[str, str]]:
                     f"prompt ({prompt_len} tokens) + max_tokens ({s.max_tokens}) = "
                     f"{prompt_len + s.max_tokens} exceeds the context of {n} tokens; shorten the prompt "
                     "or lower max_tokens"))  # fmt: skip
-    rules = [
-        ("temperature", s.temperature >= 0, "must be >= 0 (0 means greedy)"),
-        ("top_k", s.top_k >= 0, "must be >= 0 (0 disables top-k)"),
-        ("top_p", 0 < s.top_p <= 1, "must be in (0, 1]"),
-        ("min_p", 0 <= s.min_p <= 1, "must be in [0, 1]"),
-        ("repetition_penalty", s.repetition_penalty > 0, "must be > 0 (1 disables it)"),
-        ("presence_penalty", -2 <= s.presence_penalty <= 2, "must be in [-2, 2]"),
-        ("frequency_penalty", -2 <= s.frequency_penalty <= 2, "must be in [-2, 2]"),
-        ("seed", s.seed is None or 0 <= s.seed < 2**32, "must be in [0, 2**32)"),
-    ]  # fmt: skip
-    bad += [(f, f"{f}={getattr(s, f)} is invalid: {rule}") for f, ok, rule in rules if not ok]
+    fields = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+              "frequency_penalty", "seed")  # fmt: skip
+    bad += rule_violations({f: getattr(s, f) for f in fields if getattr(s, f) is not None})
     k = sampling.TOP_LOGPROBS_MAX
     if s.logprobs is not None and not 0 <= s.logprobs <= k:
         bad.append(("logprobs", f"logprobs must be in [0, {k}], got {s.logprobs}"))
@@ -66,38 +56,77 @@ def check(model, prompt_len: int, s: SamplingParams) -> list[tuple[str, str]]:
     return bad
 
 
-class SlotBatch:
-    """The serving state of ``model`` (built with ``continuous_batching=True``)."""
+def host_state(slots: int, n_slots: int, vocab: int) -> SlotState:
+    """A serving state of numpy arrays: nothing generated, neutral sampler settings."""
+    zeros = lambda a: np.zeros(a.shape, a.dtype)
+    st = jax.tree.map(zeros, slot_graphs.state_spec(slots, n_slots, vocab, None))
+    st.out[:], st.stop[:] = -1, -2  # unwritten slots; unused stop tokens
+    for name in ("temperature", "top_p", "repetition_penalty"):
+        st.params[name][:] = 1
+    return st
 
-    def __init__(self, model, eos_token_id: Sequence[int] = (), pad_token_id: int | None = None):
+
+class SlotModel(GraphHost, Protocol):
+    """A ``GraphHost`` that may carry slot graphs (``CausalLMForSampling``)."""
+
+    continuous_batching: bool
+
+
+@runtime_checkable
+class SlotRunner(Protocol):
+    """The contract a continuous-batching scheduler (``aotlm.serve.engine``) drives.
+
+    ``slots`` rows of ``n_positions`` KV slots each. A request enters row ``row`` in three moves:
+    ``prefill_plan`` splits its prompt into chunks, ``prefill_step`` encodes one chunk (returning
+    opaque logits, only passed on), ``insert`` makes the row live with its settings and first
+    token. ``decode`` then advances every live row by up to ``steps`` tokens (``cancel`` marks
+    rows to stop), and ``read`` returns host arrays ``idx [slots]`` (slot of each row's last
+    token), ``done [slots]``, ``reason [slots]`` (``aotlm.core.graphs.FinishReason`` values),
+    ``out [slots, n_positions]`` (prompt then tokens) and, with ``logprobs``, ``logp``,
+    ``top_ids``, ``top_lp``. ``check`` lists what keeps a request from running. ``SlotBatch``
+    implements it on compiled slot graphs; a fake with arithmetic tokens drives the scheduler's
+    tests.
+    """
+
+    slots: int
+    n_positions: int
+    vocab_size: int
+    max_chunk: int  # the largest prefill chunk (the default prefill budget per round)
+
+    def check(self, prompt_len: int, settings: SamplingParams) -> list[tuple[str, str]]: ...
+
+    def prefill_plan(self, prompt_len: int) -> Sequence[bk.PrefillStep]: ...
+
+    def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep) -> Any: ...
+
+    def insert(self, row: int, prompt: np.ndarray, settings: SamplingParams, logits: Any) -> None: ...
+
+    def decode(self, steps: int, max_live_slot: int, cancel: np.ndarray | None = None) -> None: ...
+
+    def read(self, logprobs: bool = False) -> dict[str, np.ndarray]: ...
+
+
+class SlotBatch:
+    """The serving state of ``model`` (built with ``continuous_batching=True``): a ``SlotRunner``."""
+
+    def __init__(self, model: SlotModel, eos_token_id: Sequence[int] = (), pad_token_id: int | None = None):
+        if not model.continuous_batching:
+            raise ValueError("the model must be built with continuous_batching=True to serve")
         self.model = model
+        self.vocab_size = model.cfg.vocab_size
+        self.max_chunk = max(model.ctx_buckets)
         self.slots = model.batch_size
         self.n_positions = model.n_positions
         eos = inputs.eos_ids(list(eos_token_id) or None, graphs.MAX_EOS)
         pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos[0] >= 0 else 0)
-        b, s, v, k = self.slots, self.n_positions, model.cfg.vocab_size, sampling.TOP_LOGPROBS_MAX
-        host = self._row_state(b, s, v, k)
-        host.update(done=np.ones(b, np.bool_), eos=eos, pad=np.int32(pad), steps=np.int32(0))
-        with model._lock:
-            self.state = model._put_tree(host)
-        self._cancel_none = model._put(np.zeros(b, np.bool_))
+        host = host_state(self.slots, self.n_positions, self.vocab_size)
+        host = host.replace(done=np.ones(self.slots, np.bool_), eos=eos, pad=np.int32(pad))
+        with model.lock:
+            self.state = model.put_tree(host)
+        self._cancel_none = model.put(np.zeros(self.slots, np.bool_))
 
-    @staticmethod
-    def _row_state(b: int, s: int, v: int, k: int) -> dict:
-        z = lambda *shape, dt=np.int32: np.zeros(shape, dt)
-        return {
-            "tok": z(b), "idx": z(b), "done": z(b, dt=np.bool_), "reason": z(b), "last": z(b),
-            "first": z(b), "out": np.full((b, s), -1, np.int32), "logp": z(b, s, dt=np.float32),
-            "top_ids": z(b, s, k), "top_lp": z(b, s, k, dt=np.float32), "seen": z(b, v, dt=np.bool_),
-            "counts": z(b, v), "stop": np.full((b, graphs.MAX_STOPS, graphs.MAX_STOP_LEN), -2, np.int32),
-            "ignore_eos": z(b, dt=np.bool_), "want": z(b, dt=np.bool_), "presence": z(b, dt=np.float32),
-            "frequency": z(b, dt=np.float32),
-            "params": {
-                "do_sample": z(b, dt=np.bool_), "temperature": np.ones(b, np.float32), "top_k": z(b),
-                "top_p": np.ones(b, np.float32), "min_p": z(b, dt=np.float32),
-                "repetition_penalty": np.ones(b, np.float32), "ngram": z(b), "seed": z(b, dt=np.uint32),
-            },
-        }  # fmt: skip
+    def check(self, prompt_len: int, settings: SamplingParams) -> list[tuple[str, str]]:
+        return check(self.model, prompt_len, settings)
 
     # ------------------------------------------------------------------ prefill + insert
     def prefill_plan(self, prompt_len: int) -> tuple[bk.PrefillStep, ...]:
@@ -112,9 +141,9 @@ class SlotBatch:
         pos = np.full((1, step.bucket), -1, np.int32)
         tok[0, : step.n_real] = prompt[step.start : end]
         pos[0, : step.n_real] = np.arange(step.start, end, dtype=np.int32)
-        with m._lock:
-            exe = m._executable(("slot_prefill", step.bucket, step.width))
-            put = m._put
+        with m.lock:
+            exe = m.executable(("slot_prefill", step.bucket, step.width))
+            put = m.put
             logits, m.cache = exe(
                 m.params, m.cache, put(tok), put(pos), put(np.int32(step.start)),
                 put(np.int32(step.n_real - 1)), put(np.int32(row)),
@@ -124,18 +153,17 @@ class SlotBatch:
     def insert(self, row: int, prompt: np.ndarray, settings: SamplingParams, logits) -> None:
         """Make ``row`` live with ``settings``; its first token is chosen from ``logits``."""
         m = self.model
-        s, v, k = self.n_positions, m.cfg.vocab_size, sampling.TOP_LOGPROBS_MAX
-        p_len = len(prompt)
-        r = self._row_state(1, s, v, k)
-        r["out"][0, :p_len] = prompt
-        r["seen"][0, prompt] = True
-        r["idx"][0] = r["first"][0] = p_len
-        r["last"][0] = p_len + settings.max_tokens - 1
-        r["stop"][:] = stop_array([list(q) for q in settings.stop_token_ids] or None, 1, 1, v)
-        r["ignore_eos"][0], r["want"][0] = settings.ignore_eos, settings.logprobs is not None
-        r["presence"][0], r["frequency"][0] = settings.presence_penalty, settings.frequency_penalty
+        v, p_len = self.vocab_size, len(prompt)
+        r = host_state(1, self.n_positions, v)
+        r.out[0, :p_len] = prompt
+        r.seen[0, prompt] = True
+        r.idx[0] = r.first[0] = p_len
+        r.last[0] = p_len + settings.max_tokens - 1
+        r.stop[:] = stop_array([list(q) for q in settings.stop_token_ids] or None, 1, 1, v)
+        r.ignore_eos[0], r.want[0] = settings.ignore_eos, settings.logprobs is not None
+        r.presence[0], r.frequency[0] = settings.presence_penalty, settings.frequency_penalty
         seed = secrets.randbits(32) if settings.seed is None else settings.seed
-        p = r["params"]
+        p = r.params
         p["do_sample"][0] = settings.temperature > 0  # OpenAI: temperature 0 is greedy
         p["temperature"][0], p["top_k"][0], p["top_p"][0] = (
             settings.temperature,
@@ -144,9 +172,9 @@ class SlotBatch:
         )
         p["min_p"][0], p["repetition_penalty"][0] = settings.min_p, settings.repetition_penalty
         p["seed"][0] = seed
-        with m._lock:
-            exe = m._executable(("slot_insert",))
-            self.state = exe(self.state, logits, m._put_tree(r), m._put(np.int32(row)))
+        with m.lock:
+            exe = m.executable(("slot_insert",))
+            self.state = exe(self.state, logits, m.put_tree(r), m.put(np.int32(row)))
 
     # ------------------------------------------------------------------ decode
     def decode(self, steps: int, max_live_slot: int, cancel: np.ndarray | None = None) -> None:
@@ -154,13 +182,13 @@ class SlotBatch:
         m = self.model
         last_slot = min(max_live_slot + steps, self.n_positions) - 1  # the furthest slot fed
         width = bk.decode_bucket(m.tg_buckets, max(last_slot, 0))
-        with m._lock:
-            self.state["steps"] = m._put(np.int32(steps))
-            c = self._cancel_none if cancel is None or not cancel.any() else m._put(cancel.astype(np.bool_))
-            exe = m._executable(("slot_decode", width))
+        with m.lock:
+            self.state.steps = m.put(np.int32(steps))
+            c = self._cancel_none if cancel is None or not cancel.any() else m.put(cancel.astype(np.bool_))
+            exe = m.executable(("slot_decode", width))
             m.cache, self.state = exe(m.params, m.cache, self.state, c)
 
     def read(self, logprobs: bool = False) -> dict:
         """The host copy of what streaming needs: idx, done, reason, out (+ logp, top_*)."""
         keys = ("idx", "done", "reason", "out") + (("logp", "top_ids", "top_lp") if logprobs else ())
-        return {key: sharding.fetch(self.state[key]) for key in keys}
+        return {key: sharding.fetch(getattr(self.state, key)) for key in keys}

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from aotlm.core import sampling
+from aotlm.core.contract import GraphHost
 from aotlm.models import decoder
 
 MAX_EOS = 8
@@ -215,16 +216,16 @@ def state_spec(batch: int, n_out: int, sharding) -> dict:
     return dict(rows, **scalars, done=row(jnp.bool_), out=s((batch, n_out)), eos=s((MAX_EOS,)), sp=sp)
 
 
-def lower(target, draft, key: tuple):
+def lower(target: GraphHost, draft: GraphHost, key: tuple):
     """Lower ``("spec", k, Wt, Wd, tag)`` for ``target`` with ``draft``."""
     _, k, wt, wd, _ = key
-    rep = target._repl
+    rep = target.replicated
     capacity = min(target.n_positions, draft.n_positions)
-    tc, dc = target._cache_specs(), draft._cache_specs()
+    tc, dc = target.cache_specs(), draft.cache_specs()
     st = state_spec(target.batch_size, capacity, rep)
     fn = jax.jit(
         functools.partial(loop, target.cfg, draft.cfg, k, wt, wd, capacity, replicated=rep),
         donate_argnums=(1, 3),
-        out_shardings=(target._shardings(tc), draft._shardings(dc), target._shardings(st)),
+        out_shardings=(target.shardings(tc), draft.shardings(dc), target.shardings(st)),
     )
-    return fn.lower(target._abstract(target.params), tc, draft._abstract(draft.params), dc, st)
+    return fn.lower(target.abstract(target.params), tc, draft.abstract(draft.params), dc, st)

@@ -18,14 +18,16 @@ import numpy as np
 
 from aotlm.core import buckets as bk
 from aotlm.core import compile_cache, inputs, sharding
+from aotlm.core.contract import GraphHost
 from aotlm.generate import generation, params
 from aotlm.generate import spec_graphs as sg
+from aotlm.generate.strategies import StrategyHost
 
 SP_KEYS = sg.SP_KEYS
 
 
-def lower(model, key: tuple):
-    draft = model._spec_drafts.get(key[4])
+def lower(model: StrategyHost, key: tuple):
+    draft = model.strategies.drafts.get(key[4])
     if draft is None:
         raise ValueError(f"{key}: no draft model attached; use SpeculativeGenerator(draft, target, k)")
     return sg.lower(model, draft, key)
@@ -37,7 +39,7 @@ def draft_tag(draft) -> str:
     return hashlib.sha256(digest.encode()).hexdigest()[:12]
 
 
-def width_pairs(target, draft, k: int) -> list[tuple[int, int]]:
+def width_pairs(target: GraphHost, draft: GraphHost, k: int) -> list[tuple[int, int]]:
     """Every (target width, draft width) a round at slot ``idx`` may need (slots ``idx..idx+k``)."""
     s = min(target.n_positions, draft.n_positions)
     pairs = {
@@ -99,7 +101,7 @@ class SpeculativeGenerator:
                 f"the draft runs on other devices (tp_degree={draft.tp_degree}) than the target "
                 f"(tp_degree={target.tp_degree}); load both with the same tp_degree"
             )
-        enabled = getattr(target, "speculation_length", None)
+        enabled = target.strategies.speculation_length
         if enabled and k not in enabled:
             raise ValueError(
                 f"the target was built for speculation_length {list(enabled)} "
@@ -107,7 +109,7 @@ class SpeculativeGenerator:
             )
         self.draft, self.target, self.k = draft, target, k
         self.tag = draft_tag(draft)
-        target._spec_drafts[self.tag] = draft
+        target.strategies.drafts[self.tag] = draft
         self.stats: dict = {}
 
     def graph_keys(self) -> list[tuple]:
@@ -118,12 +120,12 @@ class SpeculativeGenerator:
         """Compile (or load) both models' prefill graphs, the target's first-token graph and the
         speculative loop graphs."""
         t, d = self.target, self.draft
-        with t._lock, d._lock:
+        with t.lock, d.lock:
             for model, kinds in ((t, ("prefill", "select")), (d, ("prefill",))):
                 for key in [key for key in model.graph_keys() if key[0] in kinds]:
-                    model._executable(key)
+                    model.executable(key)
             for key in self.graph_keys():
-                t._executable(key)
+                t.executable(key)
         return self
 
     def sample(self, input_ids, sequence_length: int | None = None, **kwargs) -> np.ndarray:
@@ -147,7 +149,7 @@ class SpeculativeGenerator:
         if unknown:
             raise ValueError(f"{sorted(unknown)} not supported with speculative decoding")
         t, d = self.target, self.draft
-        with t._lock, d._lock:
+        with t.lock, d.lock:
             return self._generate(
                 input_ids,
                 max_new_tokens,
@@ -163,10 +165,10 @@ class SpeculativeGenerator:
         self, input_ids, max_new_tokens, sequence_length, attention_mask, start_ids, eos_token_id, pad, skw
     ):
         t, d, k = self.target, self.draft, self.k
-        ids, mask, n = t._prepare(input_ids, attention_mask, start_ids)
+        ids, mask, n = t.prepare(input_ids, attention_mask, start_ids)
         b, plen = ids.shape
         budget = np.zeros(b, np.int32)  # per row; padding rows are done at once
-        budget[:n] = t._n_new(plen, n, max_new_tokens, sequence_length)
+        budget[:n] = t.token_budget(plen, n, max_new_tokens, sequence_length)
         new = int(budget.max())
         s = min(t.n_positions, d.n_positions)
         if plen + new + k - 1 > s:
@@ -179,11 +181,11 @@ class SpeculativeGenerator:
         pad = pad if pad is not None else (int(eos[0]) if eos[0] >= 0 else 0)
         cfg = params.GenerationConfig(**skw)
         sp = {key: v for key, v in generation.sampling_params(cfg, n, b).items() if key in SP_KEYS}
-        logits, positions = t._encode(ids, mask)
-        d._encode(ids, mask)
+        logits, positions = t.encode(ids, mask)
+        d.encode(ids, mask)
         # the first token: the target's own select graph (same token as target.sample, same seed)
         state = generation.initial_state(t, ids, mask, positions, n, np.full(b, plen + new - 1), cfg)
-        first = sharding.fetch(t._executable(("select",))(logits, t._put_tree(state))["tok"]).astype(np.int32)
+        first = sharding.fetch(t.executable(("select",))(logits, t.put_tree(state)).tok).astype(np.int32)
         out = np.zeros((b, s), np.int32)
         out[:, 0] = first
         done = np.isin(first, eos[eos >= 0]) | (budget <= 1)
@@ -204,11 +206,11 @@ class SpeculativeGenerator:
             "eos": eos.astype(np.int32),
             "sp": sp,
         }
-        st = t._put_tree(st)
+        st = t.put_tree(st)
         idx, calls = plen, 0
         while not done.all():
             wt, wd = bk.decode_bucket(t.tg_buckets, idx + k), bk.decode_bucket(d.tg_buckets, idx + k)
-            exe = t._executable(("spec", k, wt, wd, self.tag))
+            exe = t.executable(("spec", k, wt, wd, self.tag))
             t.cache, d.cache, st = exe(t.params, t.cache, d.params, d.cache, st)
             calls += 1
             new_idx, done = int(sharding.fetch(st["idx"])), sharding.fetch(st["done"])
@@ -233,10 +235,10 @@ class SpeculativeGenerator:
         return np.concatenate([ids[:n].astype(np.int64), gen.astype(np.int64)], axis=1)
 
 
-def sample_with_draft(target, draft, k, call: dict):
+def sample_with_draft(target: StrategyHost, draft: StrategyHost | None, k, call: dict):
     """``target.sample(..., draft_model=draft, speculation_length=k)``."""
     if k is None:
-        k = (getattr(target, "speculation_length", None) or (None,))[0]
+        k = (target.strategies.speculation_length or (None,))[0]
     if k is None:
         raise ValueError("give speculation_length=k (>= 1) with draft_model")
     gen = SpeculativeGenerator(draft, target, k)

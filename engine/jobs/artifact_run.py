@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from aotlm.core import artifacts
-from aotlm.core.model import MODEL_KEYS
+from aotlm.core.spec import MODEL_KEYS
 from aotlm.durable import atomic_write_bytes
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.models import family_for
@@ -33,18 +33,8 @@ def _quant_name(q) -> str:
 
 def model_args(model, quant=None) -> dict:
     """The constructor arguments that rebuild ``model``'s exact configuration."""
-    return {
-        "batch_size": model.batch_size,
-        "n_positions": list(model.tg_buckets),
-        "context_length_estimate": list(model.ctx_buckets),
-        "tp_degree": model.tp_degree,
-        "pp_degree": getattr(model, "pp_degree", 1),
-        "gqa": model.gqa,
-        "amp": model.amp,
-        "quant": quant if quant is None or isinstance(quant, str) else _quant_name(quant),
-        "fuse_qkv": model.fuse_qkv,
-        "kv_cache_dtype": model.kv_cache_dtype,
-    }
+    named = quant if quant is None or isinstance(quant, str) else _quant_name(quant)
+    return model.spec.arguments() | {"quant": named}
 
 
 def save_artifacts(model, directory: str | os.PathLike, quant=None) -> Path:

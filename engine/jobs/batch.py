@@ -62,7 +62,7 @@ def _cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     return (text[: min(ends)], True) if ends else (text, False)
 
 
-def _output(r: Record, g: Group, tok, result: rows.RowResult | None, error: str | None) -> dict:
+def output_record(r: Record, g: Group, tok, result: rows.RowResult | None, error: str | None) -> dict:
     out = {**r.data, "input_line": r.line}
     if error is not None:
         out["error"] = error
@@ -76,7 +76,7 @@ def _output(r: Record, g: Group, tok, result: rows.RowResult | None, error: str 
     return out
 
 
-def _batches(records: list[Record], batch_size: int) -> list[list[Record]]:
+def batches(records: list[Record], batch_size: int) -> list[list[Record]]:
     """Every setting is per row, so any records share a batch; sorting by prompt length keeps
     the left padding small."""
     recs = sorted(records, key=lambda r: len(r.prompt_ids))
@@ -127,7 +127,7 @@ def load_group_model(g: Group, opts: dict):
 def batch_outputs(model, g: Group, tok, eos: list[int], batch: list[Record]) -> tuple[list[dict], int]:
     """One batch's output records (sorted by input line) and how many carry an error."""
     results = _generate(model, batch, eos)
-    outs = [_output(r, g, tok, res, err) for r, (res, err) in zip(batch, results, strict=True)]
+    outs = [output_record(r, g, tok, res, err) for r, (res, err) in zip(batch, results, strict=True)]
     return sorted(outs, key=lambda o: o["input_line"]), sum(err is not None for _, err in results)
 
 
@@ -141,13 +141,13 @@ def run_group(g: Group, todo: list[Record], opts: dict, sink: JsonlAppender) -> 
     except SOFT_ERRORS as e:
         msg = load_error(g, e)
         log.warning("%s; %d records get an error", msg, len(todo))
-        sink.write([_output(r, g, tok, None, msg) for r in sorted(todo, key=lambda r: r.line)])
+        sink.write([output_record(r, g, tok, None, msg) for r in sorted(todo, key=lambda r: r.line)])
         return len(todo)
 
     eos = eos_ids(ckpt, model.hf_config, tok)  # as transformers generate finds them
     errors = 0
     try:
-        for batch in _batches(todo, model.batch_size):
+        for batch in batches(todo, model.batch_size):
             outs, n_err = batch_outputs(model, g, tok, eos, batch)
             errors += n_err
             sink.write(outs)

@@ -240,7 +240,7 @@ class Generator:
                 records.append(self._record(i, row))
             except (ValueError, TypeError) as e:
                 outs[i] = {**row, "error": str(e)}
-        for chunk in batch._batches(records, self.model.batch_size):
+        for chunk in batch.batches(records, self.model.batch_size):
             done, _ = batch.batch_outputs(self.model, self.group, self.tok, self.eos, chunk)
             for o in done:
                 outs[o.pop("input_line")] = o

@@ -2,7 +2,7 @@
 
 The driver does everything a plain run does before loading a model (pre-flight, plan, resume
 filter) and cuts the work exactly as the plain run does: batch-generate's batches
-(``batch._batches``, per model group) and run-h5's global steps. Each unit is one actor task,
+(``batch.batches``, per model group) and run-h5's global steps. Each unit is one actor task,
 so every row shares its batch with the same rows as in the plain run and the outputs are
 byte-identical (greedy or seeded: the sampler's per-row seeds do not depend on batch-mates
 anyway, but padding and bucket choice do depend on them, so the batches are kept).
@@ -78,10 +78,10 @@ class BatchWorker:
         ray_data.crash_once([r.line for r in records])
         error = self._load(g)
         if error is not None:
-            outs = [batch._output(r, g, self.tok, None, error) for r in records]
+            outs = [batch.output_record(r, g, self.tok, None, error) for r in records]
             return {"outs": outs, "errors": len(outs), "stats": self.stats()}
         outs, errors = [], 0
-        for chunk in batch._batches(records, self.model.batch_size):  # the same single batch
+        for chunk in batch.batches(records, self.model.batch_size):  # the same single batch
             done, n_err = batch.batch_outputs(self.model, g, self.tok, self.eos, chunk)
             outs += done
             errors += n_err
@@ -198,7 +198,7 @@ def run_batch_generate(
         if len(todo) < len(g.records):
             log.info("resume: %d records of %s already in %s", len(g.records) - len(todo), g.key[0], output)
         small = ray_data.strip_group(g)
-        tasks += [(small, b) for b in batch._batches(todo, opts["batch_size"])]
+        tasks += [(small, b) for b in batch.batches(todo, opts["batch_size"])]
     written_lines = {r.line for g in groups for r in g.records if batch.is_done(r, lines, ids)}
     counts = {"written": 0, "errors": 0}
     stats: dict = {}

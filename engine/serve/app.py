@@ -78,54 +78,77 @@ def create_app(
     ``max_n`` caps the choices of one HTTP request; ``max_tokens_cap`` (default: the
     engine's ``max_tokens_cap``) caps default and explicit ``max_tokens``.
     """
-    from fastapi import FastAPI, Request  # local: optional [serve] extra, see the module docstring
-    from fastapi.exceptions import RequestValidationError  # local: optional [serve] extra
-    from fastapi.responses import JSONResponse, Response, StreamingResponse  # local: optional [serve] extra
-    from starlette.exceptions import HTTPException  # local: optional [serve] extra (FastAPI's base)
-    from starlette.requests import ClientDisconnect  # local: optional [serve] extra
+    from fastapi import FastAPI  # local: optional [serve] extra, see the module docstring
 
     if max_tokens_cap is None:
         max_tokens_cap = getattr(engine, "max_tokens_cap", None)
     metrics = Metrics()
     served = Served(engine, tokenizer, model_name, metrics, TokenTexts(tokenizer), max_n, max_tokens_cap)
-    created = int(time.time())
     app = FastAPI(title="aotlm", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.served = served
     app.add_middleware(StatusCounter, metrics=metrics, known=lambda p: p in PATHS)
+    add_error_handlers(app)
+    check_key = key_checker(api_key)
+    add_generation_routes(app, served, check_key, max_body_bytes)
+    add_info_routes(app, served, check_key)
+    return app
 
-    def error(status: int, message: str, param=None, kind=None, code=None, headers=None):
-        kind = kind or ("invalid_request_error" if status in CLIENT_ERRORS else "server_error")
-        body = error_body(message, kind, param, code)
-        return JSONResponse(body, status_code=status, headers=headers)
+
+def error_response(status: int, message: str, param=None, kind=None, code=None, headers=None):
+    """A ``JSONResponse`` in OpenAI's error shape."""
+    from fastapi.responses import JSONResponse  # local: optional [serve] extra
+
+    kind = kind or ("invalid_request_error" if status in CLIENT_ERRORS else "server_error")
+    return JSONResponse(error_body(message, kind, param, code), status_code=status, headers=headers)
+
+
+def add_error_handlers(app: "FastAPI") -> None:
+    """Every error, ours or the framework's, in OpenAI's shape; never a traceback to the client."""
+    from fastapi import Request  # local: optional [serve] extra
+    from fastapi.exceptions import RequestValidationError  # local: optional [serve] extra
+    from starlette.exceptions import HTTPException  # local: optional [serve] extra (FastAPI's base)
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, e: APIError):
         headers = {"Retry-After": "1"} if e.status == 429 else None
-        return error(e.status, e.message, e.param, e.type, e.code, headers)
+        return error_response(e.status, e.message, e.param, e.type, e.code, headers)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, e: RequestValidationError):
         first = (e.errors() or [{}])[0]
         param = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-        return error(400, f"invalid request: {first.get('msg', e)}", param)
+        return error_response(400, f"invalid request: {first.get('msg', e)}", param)
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, e: HTTPException):
-        return error(e.status_code, str(e.detail), headers=getattr(e, "headers", None))
+        return error_response(e.status_code, str(e.detail), headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, e: Exception):
         log.exception("%s %s failed", request.method, request.url.path)
         why = f"internal server error ({type(e).__name__}); see the server log"
-        return error(500, why, code="internal_error")
+        return error_response(500, why, code="internal_error")
 
-    def check_key(request: Request) -> None:
+
+def key_checker(api_key: str | None):
+    """``check(request)``: raises 401 unless the request carries ``Authorization: Bearer api_key``."""
+
+    def check_key(request) -> None:
         if api_key is None:
             return
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(key.strip().encode(), api_key.encode()):
             why = "missing or wrong API key: send 'Authorization: Bearer KEY'"
             raise APIError(401, why, None, code="invalid_api_key")
+
+    return check_key
+
+
+def add_generation_routes(app: "FastAPI", served: Served, check_key, max_body_bytes: int) -> None:
+    """``/v1/completions`` and ``/v1/chat/completions``: JSON, or server-sent events when streamed."""
+    from fastapi import Request  # local: optional [serve] extra
+    from fastapi.responses import JSONResponse, Response, StreamingResponse  # local: optional [serve] extra
+    from starlette.requests import ClientDisconnect  # local: optional [serve] extra
 
     class SSE(StreamingResponse):
         """Server-sent events whose engine requests are cancelled however the response ends."""
@@ -143,7 +166,7 @@ def create_app(
 
     async def generate(request: Request, handler):
         check_key(request)
-        if served.stopping or not engine_running(engine):
+        if served.stopping or not engine_running(served.engine):
             raise engine_stopped()
 
         async def disconnected() -> None:
@@ -165,8 +188,16 @@ def create_app(
     async def post_chat_completions(request: Request):
         return await generate(request, chat_completions)
 
+
+def add_info_routes(app: "FastAPI", served: Served, check_key) -> None:
+    """``/v1/models``, ``/health`` and ``/metrics``."""
+    from fastapi import Request  # local: optional [serve] extra
+    from fastapi.responses import JSONResponse, Response  # local: optional [serve] extra
+
+    created, engine, name = int(time.time()), served.engine, served.model_name
+
     def model_card() -> dict:
-        card = {"id": model_name, "object": "model", "created": created, "owned_by": "aotlm"}
+        card = {"id": name, "object": "model", "created": created, "owned_by": "aotlm"}
         return card | {"max_model_len": engine.n_positions}
 
     @app.get("/v1/models")
@@ -177,7 +208,7 @@ def create_app(
     @app.get("/v1/models/{model_id:path}")
     async def get_model(request: Request, model_id: str):
         check_key(request)
-        if model_id != model_name:
+        if model_id != name:
             raise APIError(404, f"the model '{model_id}' does not exist", "model", code="model_not_found")
         return model_card()
 
@@ -189,6 +220,4 @@ def create_app(
 
     @app.get("/metrics")
     async def get_metrics():
-        return Response(metrics.render(engine.stats()), media_type=metrics.content_type)
-
-    return app
+        return Response(served.metrics.render(engine.stats()), media_type=served.metrics.content_type)

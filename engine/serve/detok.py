@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from aotlm.core.graphs import FinishReason
 from aotlm.serve.types import Finish, Token
 from aotlm.text.tokens import IncrementalDecoder
-
-FINISH_REASONS = {"eos": "stop", "stop_sequence": "stop", "length": "length", "cancelled": "cancelled"}
 
 
 def finish_reason(finish: Finish, stopped_by_text: bool) -> str:
@@ -25,7 +24,7 @@ def finish_reason(finish: Finish, stopped_by_text: bool) -> str:
     ``"cancelled"`` (not one of OpenAI's values) is left for a request the server itself cut
     short (shutdown); a client that went away never reads its reason.
     """
-    return "stop" if stopped_by_text else FINISH_REASONS.get(finish.reason, finish.reason)
+    return "stop" if stopped_by_text else FinishReason.of(finish.reason).openai
 
 
 @dataclass

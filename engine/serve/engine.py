@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from aotlm.core import buckets as bk
-from aotlm.generate.slots import REASONS, SlotBatch, check
+from aotlm.core.graphs import FinishReason
+from aotlm.generate.slots import SlotBatch, SlotModel, SlotRunner
 from aotlm.serve.types import (
     EngineStopped,
     Finish,
@@ -59,11 +60,13 @@ class _Active:
 
 
 class Engine:
-    """Continuous batching over a model built with ``continuous_batching=True`` and compiled."""
+    """Continuous batching over a model built with ``continuous_batching=True`` and compiled
+    (wrapped in its ``SlotBatch``), or over any ``SlotRunner`` (``eos_token_id`` and
+    ``pad_token_id`` are then the runner's business)."""
 
     def __init__(
         self,
-        model,
+        model: SlotModel | SlotRunner,
         *,
         eos_token_id: Sequence[int] = (),
         pad_token_id: int | None = None,
@@ -72,21 +75,20 @@ class Engine:
         decode_chunk: int = DECODE_CHUNK,
         prefill_budget: int | None = None,
     ):
-        if not getattr(model, "continuous_batching", False):
-            raise ValueError("the model must be built with continuous_batching=True to serve")
         if max_queue < 1 or decode_chunk < 1:
             raise ValueError("max_queue and decode_chunk must be >= 1")
-        self.model = model
-        self.n_positions = model.n_positions
-        self.batch = SlotBatch(model, eos_token_id, pad_token_id)
+        batch = model if isinstance(model, SlotRunner) else SlotBatch(model, eos_token_id, pad_token_id)
+        self.batch: SlotRunner = batch
+        self.n_positions = batch.n_positions
+        self.vocab_size = batch.vocab_size
         self.max_queue = max_queue
         self.max_tokens_cap = max_tokens_cap
         self.decode_chunk = decode_chunk
-        self.prefill_budget = prefill_budget or max(model.ctx_buckets)
+        self.prefill_budget = prefill_budget or batch.max_chunk
         self._cv = threading.Condition()
         self._waiting: collections.deque[Request] = collections.deque()
-        self._slots: list[_Active | None] = [None] * model.batch_size
-        self._kill = np.zeros(model.batch_size, np.bool_)  # freed rows to stop on the device
+        self._slots: list[_Active | None] = [None] * batch.slots
+        self._kill = np.zeros(batch.slots, np.bool_)  # freed rows to stop on the device
         self._accepting = False
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -95,7 +97,7 @@ class Engine:
     # ------------------------------------------------------------------ API
     def validate(self, prompt: Sequence[int], params: SamplingParams) -> None:
         """Raise ``InvalidRequest`` (naming the field) if the request cannot run."""
-        v = self.model.cfg.vocab_size
+        v = self.vocab_size
         if any(not 0 <= int(t) < v for t in prompt):
             raise InvalidRequest(f"prompt token ids must be in [0, {v})", "prompt")
         if self.max_tokens_cap is not None and params.max_tokens > self.max_tokens_cap:
@@ -103,7 +105,7 @@ class Engine:
                 f"max_tokens={params.max_tokens} exceeds this server's cap of {self.max_tokens_cap}",
                 "max_tokens",
             )
-        bad = check(self.model, len(prompt), params)
+        bad = self.batch.check(len(prompt), params)
         if bad:
             raise InvalidRequest(bad[0][1], bad[0][0])
 
@@ -184,7 +186,7 @@ class Engine:
                 self._waiting.clear()
                 self._slots = [None] * len(self._slots)
             for req in pending:
-                req._push(Finish("error", len(req.prompt), 0, None))
+                req.push(Finish(FinishReason.ERROR.label, len(req.prompt), 0, None))
 
     def _round(self) -> None:
         self._retire_cancelled()
@@ -203,10 +205,10 @@ class Engine:
             for r in gone:
                 self._waiting.remove(r)
         for r in gone:
-            r._push(Finish("cancelled", len(r.prompt), 0, None))
+            r.push(Finish(FinishReason.CANCELLED.label, len(r.prompt), 0, None))
         for i, a in enumerate(self._slots):
             if a is not None and a.req.cancelled.is_set():
-                self._finish(i, "cancelled")
+                self._finish(i, FinishReason.CANCELLED.label)
 
     def _admit(self) -> None:
         with self._cv:
@@ -254,23 +256,23 @@ class Engine:
                             host["top_ids"][i, slot, :k], host["top_lp"][i, slot, :k], strict=True
                         )
                     )
-                    a.req._push(Token(tok, float(host["logp"][i, slot]), top))
+                    a.req.push(Token(tok, float(host["logp"][i, slot]), top))
                 else:
-                    a.req._push(Token(tok))
+                    a.req.push(Token(tok))
                 a.tokens += 1
             if a.first_at is None and new_idx > a.idx:
                 a.first_at = now
             a.idx = new_idx
             if host["done"][i]:
-                self._finish(i, REASONS.get(int(host["reason"][i]), "length"))
+                self._finish(i, FinishReason.of(host["reason"][i]).label)
 
     def _finish(self, i: int, reason: str) -> None:
         a = self._slots[i]
         assert a is not None
         ttft = None if a.first_at is None else a.first_at - a.req.submitted
-        a.req._push(Finish(reason, len(a.prompt), a.tokens, ttft))
+        a.req.push(Finish(reason, len(a.prompt), a.tokens, ttft))
         with self._cv:
             self._slots[i] = None
-            if a.live and reason == "cancelled":
+            if a.live and reason == FinishReason.CANCELLED.label:
                 self._kill[i] = True  # still running on the device: stop it at the next decode
             self._cv.notify()

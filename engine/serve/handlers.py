@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from aotlm.core.graphs import FinishReason
 from aotlm.serve import protocol
 from aotlm.serve.chat import ChatError, render
 from aotlm.serve.detok import ChoiceText, Piece, TokenTexts, finish_reason
@@ -100,7 +101,7 @@ class ChoiceRun:
         (client gone, server stopping) counts as finished with reason ``"cancelled"``."""
         self.req.cancel()
         if self.done is None:
-            self._done("cancelled", self.text.n_tokens)
+            self._done(FinishReason.CANCELLED.label, self.text.n_tokens)
 
     def _done(self, reason: str, completion_tokens: int) -> str:
         self.done = reason
@@ -171,7 +172,7 @@ async def completions(served: Served, body: dict, disconnected: Callable[[], Awa
     parsed = protocol.parse_completion(body, served.max_n)
     common = parsed.common
     _check_model(served, common)
-    vocab = served.engine.model.cfg.vocab_size
+    vocab = served.engine.vocab_size
     prompts = []
     for p in parsed.prompts:
         ids = _encode(served, p, True, "prompt") if isinstance(p, str) else list(p)

@@ -45,7 +45,7 @@ class Token:
 
 @dataclass(frozen=True)
 class Finish:
-    reason: str  # "eos" | "stop_sequence" | "length" | "cancelled"
+    reason: str  # a ``FinishReason`` label: "eos", "stop_sequence", "length", "cancelled", "error"
     prompt_tokens: int
     completion_tokens: int
     time_to_first_token: float | None  # seconds from submit to the first token; None if none
@@ -55,9 +55,10 @@ class Finish:
 class Request:
     """A submitted request: iterate it for ``Token`` items, then one ``Finish``.
 
-    The engine thread calls ``_push``; a consumer reads with ``for item in req`` (blocking) or
-    ``async for item in req`` (inside one event loop). ``cancel()`` frees its slot at the next
-    scheduling round; the stream then ends with ``Finish(reason="cancelled")``.
+    The engine thread calls ``push`` (the scheduler's side; nothing else should); a consumer
+    reads with ``for item in req`` (blocking) or ``async for item in req`` (inside one event
+    loop). ``cancel()`` frees its slot at the next scheduling round; the stream then ends with
+    ``Finish(reason="cancelled")``.
     """
 
     id: str
@@ -72,7 +73,7 @@ class Request:
     def cancel(self) -> None:
         self.cancelled.set()
 
-    def _push(self, item: Token | Finish) -> None:
+    def push(self, item: Token | Finish) -> None:
         self._items.put(item)
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None and not loop.is_closed():

@@ -128,42 +128,11 @@ class HuggingFaceGenerationModelAdapter:
                 f"supported: {', '.join(SUPPORTED)}"
             )
         cfg = self._config(generation_config, kwargs)
-        if input_ids is None:
-            raise ValueError("generate() needs input_ids")
-        ids = input_ids.detach().cpu().numpy() if hasattr(input_ids, "detach") else np.asarray(input_ids)
-        ids = ids.astype(np.int64)
-        if ids.ndim == 1:
-            ids = ids[None]
-        eos = cfg.eos_token_id
-        eos_list = [] if eos is None else [int(e) for e in np.atleast_1d(eos)]
-        pad = cfg.pad_token_id
-        if pad is None and eos_list:
-            pad = eos_list[0]  # as generate does (it warns)
-        if isinstance(pad, list | tuple):
-            pad = pad[0]
-        if attention_mask is None:  # HF infers the mask from pad tokens when pad != eos
-            infer = pad is not None and (ids == pad).any() and pad not in eos_list
-            mask = (ids != pad).astype(np.int64) if infer else np.ones_like(ids)
-        else:
-            mask = (
-                attention_mask.detach().cpu().numpy() if hasattr(attention_mask, "detach") else attention_mask
-            )
-            mask = np.asarray(mask, np.int64)
+        ids, mask, eos_list, pad = _prompts(input_ids, attention_mask, cfg)
         n, plen = ids.shape
-        nb = int(cfg.num_beams or 1)
-        nrs = int(cfg.num_return_sequences or 1)
-        rows = n * nb if nb > 1 else n * nrs
-        if rows > self.model.batch_size:
-            what = f"num_beams {nb}" if nb > 1 else f"num_return_sequences {nrs}"
-            raise ValueError(
-                f"runtime batch {n} x {what} = {rows} rows exceed the compiled batch_size="
-                f"{self.model.batch_size} (compiled batch = runtime batch x num_return_sequences x num_beams "
-                "is always enough); load the model with a larger batch_size"
-            )
-        if cfg.max_new_tokens is not None:
-            new = int(cfg.max_new_tokens)
-        else:
-            new = int(cfg.max_length) - plen
+        nb, nrs = int(cfg.num_beams or 1), int(cfg.num_return_sequences or 1)
+        self._check_rows(n, nb, nrs)
+        new = int(cfg.max_new_tokens) if cfg.max_new_tokens is not None else int(cfg.max_length) - plen
         if new < 1:
             raise ValueError(f"max_length={cfg.max_length} leaves no room after the {plen}-token prompt")
         call: dict = dict(
@@ -172,44 +141,12 @@ class HuggingFaceGenerationModelAdapter:
         for name in ("min_new_tokens", "min_length"):
             if getattr(cfg, name, None):
                 call[name] = int(getattr(cfg, name))
-        beams = None
-        if nb > 1 and any(v is not None for v in listeners.values()):
-            raise ValueError("streamer / stopping_criteria run with greedy search or sampling, not beams")
         if nb > 1:
-            for name, off in (("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0)):
-                if (getattr(cfg, name, None) or off) != off:  # transformers would apply it: never drop it
-                    raise ValueError(
-                        f"{name}={getattr(cfg, name)} (from the arguments or generation_config.json) is not "
-                        f"supported with num_beams > 1; pass {name}={off}"
-                    )
-            if cfg.do_sample:
-                raise ValueError("beam sampling (num_beams > 1 with do_sample=True) is not supported")
-            beams = self.model.sample(
-                ids,
-                num_beams=nb,
-                num_return_sequences=nrs,
-                length_penalty=float(cfg.length_penalty),
-                early_stopping=cfg.early_stopping,
-                return_dict=True,
-                **call,
-            )
+            beams = self._beam_search(ids, cfg, call, listeners, nb, nrs)
             out = beams.sequences
         else:
-            if cfg.do_sample:
-                base = self._seed(seed)  # prompt i's rows get seeds base + i*nrs + j: all rows differ
-                call.update(do_sample=True, seed=[base + i * nrs for i in range(n)])
-                for name in _SAMPLING:
-                    value = getattr(cfg, name, None)
-                    if value is not None:
-                        call[name] = value
-            elif (cfg.repetition_penalty or 1.0) != 1.0 or (cfg.no_repeat_ngram_size or 0) > 0:
-                call.update(
-                    repetition_penalty=cfg.repetition_penalty, no_repeat_ngram_size=cfg.no_repeat_ngram_size
-                )
-            if nrs > 1:
-                call["num_return_sequences"] = nrs
-            call.update({k: v for k, v in listeners.items() if v is not None})
-            out = self.model.sample(ids, **call)
+            beams = None
+            out = self._sample(ids, cfg, call, listeners, nrs, seed)
         sequences = torch.from_numpy(np.ascontiguousarray(out).astype(np.int64))
         if not cfg.return_dict_in_generate:
             return sequences
@@ -220,6 +157,54 @@ class HuggingFaceGenerationModelAdapter:
             scores = torch.from_numpy(np.array(beams.sequences_scores)) if cfg.output_scores else None
             return GenerateBeamDecoderOnlyOutput(sequences=sequences, sequences_scores=scores)
         return GenerateDecoderOnlyOutput(sequences=sequences)
+
+    def _check_rows(self, n: int, nb: int, nrs: int) -> None:
+        rows = n * nb if nb > 1 else n * nrs
+        if rows > self.model.batch_size:
+            what = f"num_beams {nb}" if nb > 1 else f"num_return_sequences {nrs}"
+            raise ValueError(
+                f"runtime batch {n} x {what} = {rows} rows exceed the compiled batch_size="
+                f"{self.model.batch_size} (compiled batch = runtime batch x num_return_sequences x num_beams "
+                "is always enough); load the model with a larger batch_size"
+            )
+
+    def _beam_search(self, ids: np.ndarray, cfg, call: dict, listeners: dict, nb: int, nrs: int):
+        if any(v is not None for v in listeners.values()):
+            raise ValueError("streamer / stopping_criteria run with greedy search or sampling, not beams")
+        for name, off in (("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0)):
+            if (getattr(cfg, name, None) or off) != off:  # transformers would apply it: never drop it
+                raise ValueError(
+                    f"{name}={getattr(cfg, name)} (from the arguments or generation_config.json) is not "
+                    f"supported with num_beams > 1; pass {name}={off}"
+                )
+        if cfg.do_sample:
+            raise ValueError("beam sampling (num_beams > 1 with do_sample=True) is not supported")
+        return self.model.sample(
+            ids,
+            num_beams=nb,
+            num_return_sequences=nrs,
+            length_penalty=float(cfg.length_penalty),
+            early_stopping=cfg.early_stopping,
+            return_dict=True,
+            **call,
+        )
+
+    def _sample(self, ids: np.ndarray, cfg, call: dict, listeners: dict, nrs: int, seed) -> np.ndarray:
+        if cfg.do_sample:
+            base = self._seed(seed)  # prompt i's rows get seeds base + i*nrs + j: all rows differ
+            call.update(do_sample=True, seed=[base + i * nrs for i in range(ids.shape[0])])
+            for name in _SAMPLING:
+                value = getattr(cfg, name, None)
+                if value is not None:
+                    call[name] = value
+        elif (cfg.repetition_penalty or 1.0) != 1.0 or (cfg.no_repeat_ngram_size or 0) > 0:
+            call.update(
+                repetition_penalty=cfg.repetition_penalty, no_repeat_ngram_size=cfg.no_repeat_ngram_size
+            )
+        if nrs > 1:
+            call["num_return_sequences"] = nrs
+        call.update({k: v for k, v in listeners.items() if v is not None})
+        return self.model.sample(ids, **call)
 
     @staticmethod
     def _seed(seed) -> int:
@@ -232,3 +217,27 @@ class HuggingFaceGenerationModelAdapter:
 
     def __call__(self, *args, **kwargs):
         raise TypeError("the adapter only generates; use model.forward() for logits")
+
+
+def _prompts(input_ids, attention_mask, cfg) -> tuple[np.ndarray, np.ndarray, list[int], int | None]:
+    """``(ids [n, L], mask [n, L], eos ids, pad id)`` from torch or numpy inputs, as generate reads them."""
+    if input_ids is None:
+        raise ValueError("generate() needs input_ids")
+    ids = input_ids.detach().cpu().numpy() if hasattr(input_ids, "detach") else np.asarray(input_ids)
+    ids = ids.astype(np.int64)
+    if ids.ndim == 1:
+        ids = ids[None]
+    eos = cfg.eos_token_id
+    eos_list = [] if eos is None else [int(e) for e in np.atleast_1d(eos)]
+    pad = cfg.pad_token_id
+    if pad is None and eos_list:
+        pad = eos_list[0]  # as generate does (it warns)
+    if isinstance(pad, list | tuple):
+        pad = pad[0]
+    if attention_mask is None:  # HF infers the mask from pad tokens when pad != eos
+        infer = pad is not None and (ids == pad).any() and pad not in eos_list
+        mask = (ids != pad).astype(np.int64) if infer else np.ones_like(ids)
+    else:
+        mask = attention_mask.detach().cpu().numpy() if hasattr(attention_mask, "detach") else attention_mask
+        mask = np.asarray(mask, np.int64)
+    return ids, mask, eos_list, pad

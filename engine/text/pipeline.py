@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 from aotlm import progress as progress_mod
 from aotlm.core.resolve import default_model, validate_checkpoint
-from aotlm.generate.causal_lm import AutoModelForSampling, CausalLMForSampling
+from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.generate.params import FIELDS
 from aotlm.generate.params import PER_ROW_FIELDS as PER_PROMPT
+from aotlm.generate.sampler import Sampler
 from aotlm.text import defaults
 from aotlm.text import tokens as text
 
@@ -206,7 +207,7 @@ def pipeline(
     if model is None:
         model = default_model()
     with progress_mod.quiet(not progress):
-        if isinstance(model, CausalLMForSampling):
+        if isinstance(model, Sampler):
             if model_kwargs:
                 raise TypeError(f"model is already loaded; {sorted(model_kwargs)} apply to a model path only")
             tok = text.tokenizer_for(model.path, tokenizer)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from aotlm.core import sharding
+from aotlm.core.contract import GraphHost
 from aotlm.core.memory import GIB, plan_for_checkpoint
 from aotlm.generate import generation, params
 from aotlm.generate.causal_lm import AutoModelForSampling
@@ -58,23 +59,23 @@ def _median_time(fn: Callable, runs: int) -> float:
     return statistics.median(ts)
 
 
-def _prefill_call(model, c: int, w: int):
-    """One prefill graph call, exactly as ``model._encode`` makes it."""
+def _prefill_call(model: GraphHost, c: int, w: int):
+    """One prefill graph call, exactly as ``model.encode`` makes it."""
     b, start = model.batch_size, (0 if w == c else w - c)
-    tok = model._put(np.zeros((b, c), np.int32))
-    pos = model._put(np.broadcast_to(np.arange(start, start + c, dtype=np.int32), (b, c)).copy())
-    exe = model._executable(("prefill", c, w))
+    tok = model.put(np.zeros((b, c), np.int32))
+    pos = model.put(np.broadcast_to(np.arange(start, start + c, dtype=np.int32), (b, c)).copy())
+    exe = model.executable(("prefill", c, w))
 
     def run():
         logits, model.cache = exe(
-            model.params, model.cache, tok, pos, model._put(np.int32(start)), model._put(np.int32(c - 1))
+            model.params, model.cache, tok, pos, model.put(np.int32(start)), model.put(np.int32(c - 1))
         )
         sharding.fetch(logits)
 
     return run
 
 
-def _decode_call(model, w: int, k: int):
+def _decode_call(model: GraphHost, w: int, k: int):
     """One decode graph call generating ``k`` tokens, with the state ``generation.run`` builds."""
     b, start = model.batch_size, max(1, w - k - 1)
     ids = np.ones((b, start), np.int32)
@@ -82,12 +83,12 @@ def _decode_call(model, w: int, k: int):
     host = generation.initial_state(
         model, ids, np.ones_like(ids), positions, b, np.full(b, start + k), params.GenerationConfig()
     )
-    host["limit"] = np.int32(start + k)
-    exe = model._executable(("decode", w))
+    host.limit = np.int32(start + k)
+    exe = model.executable(("decode", w))
 
     def run():
-        model.cache, st = exe(model.params, model.cache, model._put_tree(host))
-        sharding.fetch(st["idx"])
+        model.cache, st = exe(model.params, model.cache, model.put_tree(host))
+        sharding.fetch(st.idx)
 
     return run
 

@@ -1,0 +1,129 @@
+"""``Sampler``: ``sample()`` for any model that can run a request on its devices.
+
+Both ``CausalLMForSampling`` (one compiled program per bucket, ``generation.run``) and
+``PipelineForSampling`` (stages chained by the host, ``pp_run.run``) subclass it honestly: the
+request's checks, its generation settings and token budgets are here, once; each subclass
+only says how the request runs (``_run``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from aotlm.core import graphs, inputs, sampling
+from aotlm.core.model import locked
+from aotlm.core.spec import SpecAttributes
+from aotlm.generate import generation, params, stopping
+
+
+class Sampler(SpecAttributes):
+    """Generation over a model's ``spec``; a subclass sets ``spec``, ``lock`` and
+    ``default_generation`` and implements ``_run``."""
+
+    lock: threading.RLock
+    default_generation: params.GenerationConfig
+
+    @locked
+    def sample(
+        self,
+        input_ids,
+        max_new_tokens: int | Sequence[int] | None = None,
+        sequence_length: int | None = None,
+        attention_mask=None,
+        start_ids=None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        *,
+        generation_config: params.GenerationConfig | None = None,
+        streamer=None,
+        stopping_criteria=None,
+        stopping_criteria_list=None,
+        return_dict: bool = False,
+        **generation_kwargs,
+    ) -> np.ndarray | generation.GenerateOutput:
+        """Generate: ``[batch, prompt_len + new]`` (prompt as given, then new tokens), or a
+        ``GenerateOutput`` with ``return_dict=True``.
+
+        Greedy by default. ``generation_kwargs`` are ``GenerationConfig`` fields with HF names
+        (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``,
+        ``no_repeat_ngram_size``, ``seed``, ``stop_sequences``, ``top_logprobs``); each sampling
+        value and ``max_new_tokens`` may be one value or one per row. They override
+        ``generation_config``, which defaults to the model's (``NeuronConfig(on_device_generation=
+        ...)``, else greedy). ``sequence_length`` (total length, transformers-neuronx style),
+        ``max_new_tokens`` or the config's ``max_length`` bound the output; none means "up to
+        n_positions". ``min_new_tokens`` / ``min_length`` hold eos back until reached. A row stops
+        at an eos id, at a stop sequence (kept in the output) or at its length; finished rows
+        are filled with ``pad_token_id`` (default: the first eos id) and the output is trimmed
+        to the longest row, as transformers does. ``streamer`` (HF ``BaseStreamer``: ``put``
+        gets the prompt, then each new token as it is produced: one ``[batch]`` array per step) and
+        ``stopping_criteria`` (HF ``StoppingCriteria``, or ``stopping_criteria_list`` as
+        transformers-neuronx calls it; checked after every token) make the decode loop run one
+        token per call (``generation.STREAM_CHUNK``).
+        """
+        cfg = generation_config or self.default_generation
+        if stopping_criteria is not None and stopping_criteria_list is not None:
+            raise ValueError("give stopping_criteria or stopping_criteria_list, not both")
+        unknown = set(generation_kwargs) - params.FIELDS
+        if unknown:
+            raise TypeError(
+                f"sample() got unknown generation arguments {sorted(unknown)}; known: {sorted(params.FIELDS)}"
+            )
+        given = dict(eos_token_id=eos_token_id, pad_token_id=pad_token_id, max_new_tokens=max_new_tokens)
+        cfg = cfg.replace(**{k: v for k, v in given.items() if v is not None}, **generation_kwargs)
+        if not isinstance(cfg.top_logprobs, int) or not 0 <= cfg.top_logprobs <= sampling.TOP_LOGPROBS_MAX:
+            raise ValueError(f"top_logprobs must be an int in [0, {sampling.TOP_LOGPROBS_MAX}]")
+        generation.check_streamer(streamer)
+        inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS), inputs.count(cfg.pad_token_id, "pad_token_id")
+        criteria = stopping.criteria_list(
+            stopping_criteria if stopping_criteria is not None else stopping_criteria_list
+        )
+        ids, mask, n = self.prepare(input_ids, attention_mask, start_ids)
+        if sequence_length is None and cfg.max_new_tokens is None and cfg.max_length is not None:
+            sequence_length = cfg.max_length
+        new = self.token_budget(ids.shape[1], n, cfg.max_new_tokens, sequence_length)
+        cfg = cfg.replace(max_new_tokens=None, max_length=None)
+        generation.sampling_params(cfg, n, self.batch_size)  # validate before any device work
+        generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
+        want = bool(return_dict or cfg.top_logprobs)
+        return self._run(ids, mask, n, new, cfg, streamer, criteria, want)
+
+    def _run(
+        self,
+        ids: np.ndarray,
+        mask: np.ndarray,
+        n: int,
+        new: np.ndarray,
+        cfg: params.GenerationConfig,
+        streamer,
+        criteria: list,
+        want_dict: bool,
+    ) -> np.ndarray | generation.GenerateOutput:
+        """The request on the device: the subclass's decode loop."""
+        raise NotImplementedError
+
+    def prepare(self, input_ids, attention_mask, start_ids) -> tuple[np.ndarray, np.ndarray, int]:
+        """Checked prompts padded to ``batch_size`` rows: ``(ids, mask, real rows)``."""
+        return inputs.padded_batch(input_ids, attention_mask, start_ids, self.cfg.vocab_size, self.batch_size)
+
+    def token_budget(self, p_len: int, n: int, max_new_tokens, sequence_length: int | None) -> np.ndarray:
+        """Per-row new-token budgets ``[n]`` (one value may serve every row)."""
+        if max_new_tokens is not None and sequence_length is not None:
+            raise ValueError("give max_new_tokens or sequence_length, not both")
+        if sequence_length is not None:
+            max_new_tokens = inputs.count(sequence_length, "sequence_length") - p_len
+        if max_new_tokens is None:
+            max_new_tokens = self.n_positions - p_len
+        new = generation.per_row(max_new_tokens, "max_new_tokens", n, np.int64)
+        if (new < 1).any():
+            raise ValueError(f"max_new_tokens must be >= 1 (prompt has {p_len} tokens), got {new.min()}")
+        top = int(new.max())
+        if p_len + top > self.n_positions:
+            raise ValueError(
+                f"prompt ({p_len} tokens) + max_new_tokens ({top}) = {p_len + top} "
+                f"exceeds n_positions={self.n_positions}; shorten the request or load the model with "
+                f"n_positions >= {p_len + top}"
+            )
+        return new.astype(np.int32)
