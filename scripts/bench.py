@@ -163,6 +163,7 @@ def mode_kwargs(mode: str) -> dict:
     from aotlm.models.quant import QuantizationConfig
 
     kw = dict(MODES[mode])
+    kw.setdefault("quant", "none")  # float weights as the mode says, also for a GGUF model (default: int8)
     if isinstance(kw.get("quant"), tuple):
         quant, dequant = kw["quant"]
         kw["quant"] = QuantizationConfig(quant_dtype=quant, dequant_dtype=dequant)
