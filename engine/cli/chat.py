@@ -102,13 +102,14 @@ class ChatSession:
         self.model = AutoModelForSampling.from_pretrained(files.checkpoint, **kw)
         self.pipe = TextGenerationPipeline(self.model, tok, progress_bars=not args.quiet)
 
-    def _prompt_ids(self, new: int) -> tuple[str, bool]:
-        """The rendered conversation, trimmed from the oldest turn until prompt + answer fit."""
+    def _prompt(self, new: int) -> tuple[str, bool, int]:
+        """``(text, add special tokens, its token count)`` of the rendered conversation, trimmed from
+        the oldest turn until prompt + answer fit."""
         while True:
             prompt, add_special = render(self.tok, self.conversation.messages())
             n = len(text.encode(self.tok, [prompt], add_special)[0])
             if n + new <= self.model.n_positions:
-                return prompt, add_special
+                return prompt, add_special, n
             if not self.conversation.drop_oldest():
                 raise ValueError(
                     f"this message needs {n} prompt tokens + {new} new ones, more than the "
@@ -122,12 +123,10 @@ class ChatSession:
         self.conversation.turns.append({"role": "user", "content": message})
         new = self.args.max_new_tokens
         try:
-            prompt, add_special = self._prompt_ids(new)
+            prompt, add_special, n = self._prompt(new)
         except ValueError:
             self.conversation.turns.pop()
             raise
-        n = len(text.encode(self.tok, [prompt], add_special)[0])
-        new = min(new, self.model.n_positions - n)
         with progress.quiet(self.args.quiet):
             for key in needed_graphs(self.model, [n], new):
                 self.model.compile_graph(key)
