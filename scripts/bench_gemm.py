@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import time
 
 import jax
@@ -56,6 +57,8 @@ def main() -> None:
     a = ap.parse_args()
     print(f"cpu: {cpu_model()}; threads: {kernels.threads()}; jax {jax.__version__}")
     peak, ipeak = kernels.fma_peak(5), kernels.int8_peak(5)
+    if peak is None or ipeak is None:
+        sys.exit("bench_gemm: the aotlm kernels are not available here (AOTLM_KERNELS=0 or a failed build)")
     print(
         f"kernel ISA: {kernels.isa_level()}; peaks (kernel threads, best of 5): f32 FMA {peak:.1f} GFLOP/s, "
         f"int8 multiply-add {ipeak:.1f} Gop/s (2 ops per multiply-add)"

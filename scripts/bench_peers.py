@@ -157,7 +157,7 @@ def requantized_gguf(source: Path, work: Path, outtype: str) -> Path:
     """A real GGUF file re-quantized by llama.cpp's own quantizer (``llama_model_quantize``, as
     ``llama-quantize --allow-requantize`` does): a speed peer, its values re-rounded from the source's."""
     llama_cpp = _llama_cpp()
-    out = work / f"{source.stem}-{outtype}.gguf"
+    out = work / f"{source.stem}-{source.stat().st_size}-{outtype}.gguf"  # a same-named file: its own out
     if out.is_file():
         return out
     params = llama_cpp.llama_model_quantize_default_params()
@@ -166,6 +166,7 @@ def requantized_gguf(source: Path, work: Path, outtype: str) -> Path:
     params.nthread = os.cpu_count() or 1
     tmp = out.with_suffix(".tmp")
     if llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), params) != 0:
+        tmp.unlink(missing_ok=True)
         raise Skip(f"llama.cpp could not quantize {source.name} to {outtype}")
     tmp.replace(out)
     return out

@@ -21,7 +21,9 @@ def missing_package(monkeypatch):
         named.NAMED_MODELS["smollm2"], distribution="aotlm-test-not-installed", install="pip install x-y"
     )
     monkeypatch.setitem(named.NAMED_MODELS, "smollm2", fake)
-    return fake
+    named.locate.cache_clear()  # a file found earlier in this process is remembered by name
+    yield fake
+    named.locate.cache_clear()
 
 
 def test_missing_package_names_the_pip_command(missing_package):

@@ -25,7 +25,7 @@ from aotlm import progress
 from aotlm.cli.common import (
     add_model_args,
     add_sampling_args,
-    checkpoint_window,
+    default_window,
     generation_settings,
     model_kwargs,
     setup_logging,
@@ -84,23 +84,26 @@ class Conversation:
         """Forget the oldest user turn and its answer; False when only the newest turn is left."""
         if len(self.turns) <= 1:
             return False
-        del self.turns[: 2 if len(self.turns) > 2 else 1]
+        del self.turns[:2]  # a user turn and its answer (the newest turn has none yet)
         return True
 
 
 class ChatSession:
     """One model, one tokenizer, one conversation: :meth:`answer` runs a turn."""
 
-    def __init__(self, args, files, tok):
+    def __init__(self, args, files, tok, asked: bool):
+        """``asked``: ``--max-new-tokens`` was given (else the default is capped at half the window)."""
         self.args, self.files, self.tok = args, files, tok
         self.conversation = Conversation(args.system)
         kw = model_kwargs(args)
         kw.setdefault("batch_size", 1)
         if kw.get("n_positions") is None:
-            window = checkpoint_window(str(files.checkpoint)) or DEFAULT_WINDOW
-            kw["n_positions"] = min(window, DEFAULT_WINDOW)
+            kw["n_positions"] = default_window(str(files.checkpoint), DEFAULT_WINDOW)
         self.model = AutoModelForSampling.from_pretrained(files.checkpoint, **kw)
         self.pipe = TextGenerationPipeline(self.model, tok, progress_bars=not args.quiet)
+        self.new = args.max_new_tokens
+        if not asked:  # a default (e.g. generation_config's max_length) leaves room for the conversation
+            self.new = min(self.new, self.model.n_positions // 2)
 
     def _prompt(self, new: int) -> tuple[str, bool, int]:
         """``(text, add special tokens, its token count)`` of the rendered conversation, trimmed from
@@ -118,27 +121,29 @@ class ChatSession:
                 )
             print("aotlm chat: (dropped the oldest turn to fit the context)", file=sys.stderr)
 
-    def answer(self, message: str) -> str:
-        """Add the user's message, stream the answer to stdout, remember it; returns its text."""
-        self.conversation.turns.append({"role": "user", "content": message})
-        new = self.args.max_new_tokens
-        try:
-            prompt, add_special, n = self._prompt(new)
-        except ValueError:
-            self.conversation.turns.pop()
-            raise
+    def _generate(self):
+        """Stream the answer to the conversation so far (compiling the graphs it needs first)."""
+        prompt, add_special, n = self._prompt(self.new)
         with progress.quiet(self.args.quiet):
-            for key in needed_graphs(self.model, [n], new):
+            for key in needed_graphs(self.model, [n], self.new):
                 self.model.compile_graph(key)
-        streamer = text.TextStreamer(self.tok)
-        gen = self.pipe.generate(
+        return self.pipe.generate(
             [prompt],
-            max_new_tokens=new,
+            max_new_tokens=self.new,
             stop=self.args.stop,
-            streamer=streamer,
+            streamer=text.TextStreamer(self.tok),
             add_special_tokens=add_special,
             **self.args.gen,
         )[0]
+
+    def answer(self, message: str) -> str:
+        """Add the user's message, stream the answer to stdout, remember it; returns its text."""
+        self.conversation.turns.append({"role": "user", "content": message})
+        try:
+            gen = self._generate()
+        except Exception:  # a failed turn leaves no unanswered message in the history
+            self.conversation.turns.pop()
+            raise
         sys.stdout.write("\n")
         sys.stdout.flush()
         self.conversation.turns.append({"role": "assistant", "content": gen.text})
@@ -184,8 +189,9 @@ def cmd_chat(args) -> int:
             f"{args.model} has no chat template (a base model?); for plain text completion use "
             f"aotlm generate --model {args.model} --prompt TEXT"
         )
+    asked = args.max_new_tokens is not None
     generation_settings(args, files.checkpoint, [1], DEFAULT_MAX_NEW_TOKENS)
-    session = ChatSession(args, files, tok)
+    session = ChatSession(args, files, tok, asked)
     if args.message is not None:
         session.answer(args.message)
         return 0

@@ -230,8 +230,13 @@ def serve_kwargs(kw: dict, checkpoint: str) -> dict:
     out = dict(kw, continuous_batching=True)
     out.setdefault("batch_size", SERVE_BATCH)
     if out.get("n_positions") is None:
-        out["n_positions"] = min(checkpoint_window(checkpoint) or SERVE_MAX_POSITIONS, SERVE_MAX_POSITIONS)
+        out["n_positions"] = default_window(checkpoint, SERVE_MAX_POSITIONS)
     return out
+
+
+def default_window(checkpoint: str, cap: int) -> int:
+    """The positions to compile when none are given: the checkpoint's window, capped at ``cap``."""
+    return min(checkpoint_window(checkpoint) or cap, cap)
 
 
 def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:

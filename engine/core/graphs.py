@@ -33,10 +33,10 @@ MAX_STOP_LEN = 16  # tokens per stop sequence (right-aligned, padded with -2)
 class FinishReason(enum.IntEnum):
     """Why a row stopped: ``state.reason`` (int32, traced) holds these values.
 
-    The graphs write ``EOS``, ``STOP_SEQUENCE`` and ``LENGTH`` (and the slot graphs ``STOPPED``
-    for a cancelled slot); the host writes ``STOPPED`` for a ``StoppingCriteria`` hit.
-    ``CANCELLED`` and ``ERROR`` never enter a graph: a serving request cut short before it
-    ended, or failed by a device error.
+    The graphs write ``EOS``, ``STOP_SEQUENCE`` and ``LENGTH`` (and the slot graphs ``CANCELLED``
+    for a cancelled slot); the host writes ``STOPPED`` for a ``StoppingCriteria`` hit and
+    ``CANCELLED`` / ``ERROR`` for a serving request cut short before it ended or failed by a
+    device error.
     ``label`` is the name outputs use (``GenerateOutput.finish_reason``, ``Finish.reason``),
     ``openai`` the HTTP API's ``finish_reason``: both come from ``NAMES``, the one table.
     """

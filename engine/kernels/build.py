@@ -106,7 +106,10 @@ def _build() -> Path:
 
 @functools.cache
 def _load() -> ctypes.CDLL | None:
-    """Build, load and register the FFI targets once; ``None`` (with a warning) on any failure."""
+    """Build, load and register the FFI targets once; ``None`` (with a warning) on any failure but a
+    bad ``AOTLM_KERNEL_ISA``, which raises ``isa.KernelIsaError`` (the user's error, not a reason to
+    fall back quietly)."""
+    isa_level()
     try:
         path = _build()
         lib = ctypes.CDLL(str(path))
@@ -132,14 +135,12 @@ def enabled() -> bool:
     ``isa.KernelIsaError`` when ``AOTLM_KERNEL_ISA`` asks for a level this CPU cannot run."""
     if os.environ.get("AOTLM_KERNELS", "1") == "0" or jax.default_backend() != "cpu":
         return False
-    isa_level()  # a bad AOTLM_KERNEL_ISA is the user's error, not a reason to fall back quietly
     return _load() is not None
 
 
 def ensure_registered() -> None:
     """Register the FFI targets before deserializing executables that may call them."""
     if os.environ.get("AOTLM_KERNELS", "1") != "0" and jax.default_backend() == "cpu":
-        isa_level()
         _load()
 
 
