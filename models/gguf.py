@@ -127,7 +127,7 @@ def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None
         write_safetensors(tmp / "model.safetensors", list(tensors))
         if plan.has_tokenizer:
             _write_tokenizer(plan, metadata, config, tmp)
-        _write_generation_config(plan, tmp)
+        _write_generation_config(metadata, tmp)
         source = {
             "format": FORMAT,
             "path": str(plan.path.resolve()),
@@ -181,14 +181,10 @@ def _first_line(e: Exception) -> str:
     return " ".join(str(e).split("\n")[0].split())[:200] or type(e).__name__
 
 
-def _write_generation_config(plan: Plan, out: Path) -> None:
-    keys = {
-        "bos_token_id": "bos_token_id",
-        "eos_token_id": "eos_token_id",
-        "pad_token_id": "padding_token_id",
-    }
-    found = {k: f"tokenizer.ggml.{g}" for k, g in keys.items()}
-    gen = {k: plan.metadata[g] for k, g in found.items() if g in plan.metadata}
+def _write_generation_config(metadata: dict, out: Path) -> None:
+    """bos / eos / pad ids of the file's tokenizer metadata."""
+    ids = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "pad_token_id": "padding_token_id"}
+    gen = {k: metadata[f"tokenizer.ggml.{g}"] for k, g in ids.items() if f"tokenizer.ggml.{g}" in metadata}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=1) + "\n")
 
 

@@ -21,17 +21,18 @@ from aotlm.models.gguf_names import (
     UNSUPPORTED_TENSORS,
     Arch,
     hf_name,
+    key_of,
     needs_float,
     transform,
     transposed,
 )
+from aotlm.models.gguf_safetensors import NUMPY_DTYPES
 
 # kept as stored (bit-exact); every other supported type is dequantized to float32
-FLOAT_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
+FLOAT_TYPES = ("F32", "F16", "BF16")
 # block-quantized types gguf-py dequantizes (numpy), llama.cpp's 4- to 8-bit ones
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPPORTED_TYPES = (*FLOAT_TYPES, *QUANT_TYPES)
-_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # BF16: its bits, as stored
 
 
 @dataclass
@@ -56,7 +57,6 @@ class Plan:
     tensors: list[Tensor]
     type_counts: dict[str, int] = field(default_factory=dict)
     has_tokenizer: bool = False
-    metadata: dict = field(default_factory=dict)  # the scalar fields (ints, floats, strings)
 
     def matrix_types(self) -> set[str]:
         """The types of the 2-D tensors (the weight matrices and the embedding)."""
@@ -125,17 +125,6 @@ def _check_arch(path: Path, reader) -> str:
     return arch
 
 
-def _scalar_fields(reader) -> dict:
-    out = {}
-    for key, f in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and len(f.data) > 1:  # the vocabulary: large, not needed here
-            continue
-        value = f.contents()
-        if isinstance(value, str | int | float | bool):
-            out[key] = value
-    return out
-
-
 def plan_tensor(path: Path, arch_name: str, arch: Arch, t, index: int) -> Tensor:
     """The conversion of one reader tensor, or the reason it cannot be converted."""
     qtype = t.tensor_type.name
@@ -144,7 +133,7 @@ def plan_tensor(path: Path, arch_name: str, arch: Arch, t, index: int) -> Tensor
             f"{path}: tensor {t.name!r} has GGUF type {qtype}, which aotlm cannot convert; supported: "
             f"{', '.join(SUPPORTED_TYPES)}: re-quantize the model to one of them (llama-quantize)"
         )
-    base = t.name.rsplit(".", 1)[0].split(".")[-1]
+    base = key_of(t.name)
     if base in UNSUPPORTED_TENSORS:
         raise CheckpointError(
             f"{path}: tensor {t.name!r} holds {UNSUPPORTED_TENSORS[base]}, which aotlm does not support yet; "
@@ -159,7 +148,7 @@ def plan_tensor(path: Path, arch_name: str, arch: Arch, t, index: int) -> Tensor
     shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions innermost first
     if transposed(arch_name, t.name) and len(shape) == 2:
         shape = shape[::-1]
-    dtype = FLOAT_TYPES.get(qtype, "F32")
+    dtype = qtype if qtype in FLOAT_TYPES else "F32"
     if needs_float(arch_name, t.name):
         dtype = "F32"
     return Tensor(t.name, hf, qtype, dtype, shape, index)
@@ -179,7 +168,7 @@ def inspect(path: str | os.PathLike) -> tuple[Plan, object]:
         raise CheckpointError(f"{path}: tensor {dup[0]!r} appears twice; the file is corrupt")
     counts = dict(sorted(Counter(t.qtype for t in tensors).items()))
     has_tok = field_value(reader, "tokenizer.ggml.model") is not None
-    return Plan(path, arch_name, arch, tensors, counts, has_tok, _scalar_fields(reader)), reader
+    return Plan(path, arch_name, arch, tensors, counts, has_tok), reader
 
 
 def tensor_array(reader, plan: Plan, t: Tensor, meta: dict) -> np.ndarray:
@@ -189,7 +178,7 @@ def tensor_array(reader, plan: Plan, t: Tensor, meta: dict) -> np.ndarray:
     rt = reader.tensors[t.index]
     if t.dtype == t.qtype:  # F32 / F16 / BF16 kept as stored
         logical = tuple(int(n) for n in reversed(rt.shape))
-        arr = np.asarray(rt.data).view(_NP[t.qtype]).reshape(logical)
+        arr = np.asarray(rt.data).view(NUMPY_DTYPES[t.qtype]).reshape(logical)
     else:
         arr = gguf.quants.dequantize(rt.data, rt.tensor_type)
     fn = transform(plan.arch_name, t.gguf, meta)

@@ -143,16 +143,21 @@ def bloom_qkv(a: np.ndarray, n_heads: int) -> np.ndarray:
     return np.stack([q, k, v], axis=1).reshape(a.shape)
 
 
+def key_of(gguf_name: str) -> str:
+    """The tensor's kind, without block number and suffix: ``"blk.3.attn_q.weight"`` -> ``"attn_q"``."""
+    return gguf_name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+
+
 def transform(arch_name: str, gguf_name: str, meta: dict) -> Callable[[np.ndarray], np.ndarray] | None:
     """The layout change to undo for ``gguf_name`` (None: stored as HF stores it).
 
     ``meta``: the converted config's fields (``num_attention_heads``, ``num_key_value_heads``, ``n_head``).
     """
-    key = gguf_name.rsplit(".", 1)[0].rsplit(".", 1)[-1]  # "blk.3.attn_q.weight" -> "attn_q"
+    key = key_of(gguf_name)
     if arch_name == "llama" and key in ("attn_q", "attn_k"):
         heads = meta["num_attention_heads"] if key == "attn_q" else meta["num_key_value_heads"]
         return lambda a: unpermute_rope(a, heads)
-    if arch_name in ("gemma2", "gemma3") and gguf_name.endswith("norm.weight"):
+    if needs_float(arch_name, gguf_name):  # Gemma's norms stored as 1 + w
         return lambda a: np.asarray(a, np.float32) - np.float32(1.0)
     if transposed(arch_name, gguf_name):
         return lambda a: np.ascontiguousarray(a.T)
@@ -163,8 +168,7 @@ def transform(arch_name: str, gguf_name: str, meta: dict) -> Callable[[np.ndarra
 
 def transposed(arch_name: str, gguf_name: str) -> bool:
     """Whether ``gguf_name`` is a GPT-2 ``Conv1D`` matrix (stored ``[out, in]``, HF keeps ``[in, out]``)."""
-    key = gguf_name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
-    return arch_name == "gpt2" and key in _GPT2_CONV1D and gguf_name.endswith(".weight")
+    return arch_name == "gpt2" and key_of(gguf_name) in _GPT2_CONV1D and gguf_name.endswith(".weight")
 
 
 def needs_float(arch_name: str, gguf_name: str) -> bool:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
-_NUMPY = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(np.uint16)}
+# safetensors dtype -> numpy dtype of its bytes (BF16: its bits, as stored)
+NUMPY_DTYPES = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(np.uint16)}
 
 
 def write_safetensors(
@@ -27,7 +27,7 @@ def write_safetensors(
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, dtype, shape, _ in tensors:
-        n = int(np.prod(shape, dtype=np.int64)) * _ITEMSIZE[dtype]
+        n = int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[dtype].itemsize
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
         offset += n
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -37,7 +37,7 @@ def write_safetensors(
         f.write(head)
         for name, dtype, shape, make in tensors:
             arr = make()
-            if arr.dtype != _NUMPY[dtype] or arr.shape != tuple(shape):
+            if arr.dtype != NUMPY_DTYPES[dtype] or arr.shape != tuple(shape):
                 raise ValueError(f"{name}: made {arr.dtype} {arr.shape}, declared {dtype} {tuple(shape)}")
             f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
         f.flush()
