@@ -22,30 +22,24 @@ _FAMILIES = (
 )
 
 
-def _unsupported() -> dict[str, str]:
-    """model_type -> why aotlm refuses it and what to load instead (a family's ``UNSUPPORTED``)."""
-    out: dict[str, str] = {}
-    for fam in _FAMILIES:
-        out.update(getattr(importlib.import_module(f"aotlm.models.{fam}"), "UNSUPPORTED", {}))
-    return out
-
-
-def _registry() -> dict[str, ModuleType]:
+def _registry() -> tuple[dict[str, ModuleType], dict[str, str]]:
+    """``(model_type -> family module, model_type -> why aotlm refuses it)`` (a family's ``UNSUPPORTED``)."""
     reg: dict[str, ModuleType] = {}
+    refused: dict[str, str] = {}
     for fam in _FAMILIES:
         mod = importlib.import_module(f"aotlm.models.{fam}")
-        for mt in mod.MODEL_TYPES:
-            reg[mt] = mod
-    return reg
+        reg.update(dict.fromkeys(mod.MODEL_TYPES, mod))
+        refused.update(getattr(mod, "UNSUPPORTED", {}))
+    return reg, refused
 
 
 def supported_model_types() -> list[str]:
-    return sorted(_registry())
+    return sorted(_registry()[0])
 
 
 def family_for(model_type: str) -> ModuleType:
-    reg = _registry()
-    why = _unsupported().get(model_type)
+    reg, refused = _registry()
+    why = refused.get(model_type)
     if why is not None:
         raise ValueError(f"model_type={model_type!r} {why}")
     if model_type not in reg:

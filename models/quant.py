@@ -99,8 +99,10 @@ def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig |
 
     ``"none"``: float weights, said explicitly (a GGUF model's default storage is then not applied).
     """
-    if quant is None or quant == "none" or isinstance(quant, QuantizationConfig):
-        return None if quant == "none" else quant
+    if quant == "none":
+        return None
+    if quant is None or isinstance(quant, QuantizationConfig):
+        return quant
     if isinstance(quant, str) and quant in QUANT_DTYPES:
         return QuantizationConfig(quant_dtype=quant)
     if quant == "w8a8":
