@@ -142,6 +142,7 @@ def visibility(cfg: ArchConfig, cache_pos, positions, write_idx, width: int) -> 
     Returns ``({window: mask or Keys}, alibi bias or None)``.
     """
     windows = {cfg.window(i) for i in range(cfg.n_layers)}  # one mask per distinct window
+    cache_pos = cache_pos[: positions.shape[0]]  # a call may run the cache's first rows only
     if flash.use_blocked(positions.shape[1], width):
         return {w: flash.Keys(cache_pos, positions, write_idx, width, w) for w in windows}, None
     masks = {w: L.attention_mask(cache_pos, positions, write_idx, width, w) for w in windows}
@@ -160,7 +161,9 @@ def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width:
     final norm runs where its weights are (the last stage).
 
     ``write_idx`` is traced: a scalar (all rows write the same slots) or ``[B]`` (each row its
-    own slot, as serving slots do; then ``T == 1`` in practice).
+    own slot, as serving slots do; then ``T == 1`` in practice). The cache may hold more rows
+    than ``tokens``: the call reads and writes its first ``B`` rows only (a serving decode
+    graph for fewer live rows than slots).
     ``positions [B,T]`` are the tokens' model positions (``-1`` marks padding, whose
     slot stays invisible to every query). ``width`` (static) is how many cache slots the
     queries attend to besides their own tokens (0: none, for a prompt starting at slot 0).

@@ -203,16 +203,17 @@ def attention_mask(kv_pos, positions, write_idx, width: int, sliding_window: int
     old = k_slot < w_idx
     if sliding_window is not None:
         old &= k_slot > q_slot - sliding_window
-    return old & (kv_pos[:, None, :width] >= 0), new
+    return old & (kv_pos[: positions.shape[0], None, :width] >= 0), new
 
 
 def attend(q, segments, scale: float, softcap: float | None = None):
     """Grouped-query attention of ``q [B,T,H,Dh]`` over key/value segments, one softmax.
 
-    Each segment is ``(keys [B,K,S,Dh], values [B,K,Dh,S], mask [B,T,W], bias | None, limit)``
-    with ``bias`` (ALiBi) ``[B,H,1|T,W]``; only the first ``W <= S`` slots are attended (the
-    cache is passed whole), and ``limit`` (traced slot count or None) says that no slot at or
-    past it is visible to any row, so the kernel path skips them. Attending to the old cache
+    Each segment is ``(keys [R,K,S,Dh], values [R,K,Dh,S], mask [B,T,W], bias | None, limit)``
+    with ``bias`` (ALiBi) ``[B,H,1|T,W]``; only the first ``W <= S`` slots of the first ``B <= R``
+    rows are attended (the cache is passed whole: a serving call may run its first rows only),
+    and ``limit`` (traced slot count or None) says that no slot at or past it is visible to any
+    row, so the kernel path skips them. Attending to the old cache
     and to the call's own new keys as two segments means the cache is only written, never read
     back, in the same step, so XLA updates it in place (reading the updated cache made it copy
     the cache every step). Scores
@@ -232,11 +233,11 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     scores = []
     for keys, _, mask, bias, limit in segments:
         w = mask.shape[-1]
-        if fast:
-            s = kernels.bdot(qk, keys.reshape(b * k_heads, keys.shape[2], dh), w, n_limit=limit)
+        if fast:  # the cache may hold more rows than the call: the kernel reads the first b
+            s = kernels.bdot(qk, keys.reshape(-1, keys.shape[2], dh), w, n_limit=limit)
             s = s.reshape(b, k_heads, g, t, w) * scale
         else:
-            kw = cache_view(keys[:, :, :w])
+            kw = cache_view(keys[:b, :, :w])
             s = jnp.einsum("btkgd,bksd->bkgts", qg, kw, preferred_element_type=jnp.float32)
             s = s * scale
         if softcap is not None:
@@ -250,10 +251,10 @@ def attend(q, segments, scale: float, softcap: float | None = None):
         w = s.shape[-1]
         if fast:
             pw = p[..., start : start + w].reshape(b * k_heads, g * t, w)
-            ov = kernels.bdot(pw, values.reshape(b * k_heads, dh, values.shape[-1]), dh, l_limit=limit)
+            ov = kernels.bdot(pw, values.reshape(-1, dh, values.shape[-1]), dh, l_limit=limit)
             o = o + jnp.transpose(ov.reshape(b, k_heads, g, t, dh), (0, 3, 1, 2, 4))
         else:
-            vw = cache_view(values[..., :w])
+            vw = cache_view(values[:b, ..., :w])
             dt = jnp.promote_types(q.dtype, vw.dtype)  # a bf16 cache under f32 compute: read as f32
             pw, vw = p[..., start : start + w].astype(dt), vw.astype(dt)
             o = o + jnp.einsum("bkgts,bkds->btkgd", pw, vw, preferred_element_type=jnp.float32)

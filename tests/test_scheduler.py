@@ -60,8 +60,8 @@ class FakeSlots:
             return [("max_tokens", "too long")]
         return []
 
-    def prefill_plan(self, prompt_len: int) -> tuple[bk.PrefillStep, ...]:
-        return bk.prefill_plan(prompt_len, [self.max_chunk], [self.n_positions])
+    def prefill_plan(self, prompt_len: int, start: int = 0) -> tuple[bk.PrefillStep, ...]:
+        return bk.resume_plan(prompt_len, start, [self.max_chunk], [self.n_positions])
 
     def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep) -> int:
         self.calls.append(("prefill", row, step.start, int(prompt[0])))
@@ -82,7 +82,7 @@ class FakeSlots:
         self.last[row] = len(prompt) + settings.max_tokens - 1
         self._emit(row, len(prompt), (logits + 1) % VOCAB)
 
-    def decode(self, steps: int, max_live_slot: int, cancel: np.ndarray | None = None) -> None:
+    def decode(self, steps: int, max_live_slot: int, rows: int, cancel: np.ndarray | None = None) -> None:
         with self.cv:
             self.entered += 1
             self.cv.notify_all()
@@ -92,12 +92,21 @@ class FakeSlots:
         self.done[list(stopped)] = True
         self.reason[list(stopped)] = FinishReason.STOPPED
         live = [r for r in range(self.slots) if not self.done[r]]
+        assert all(r < rows for r in live), f"live rows {live} outside the {rows} decoded"
         self.calls.append(("decode", tuple(live), stopped))
         for r in live:
             for _ in range(steps):
                 if not self.done[r]:
                     slot = int(self.idx[r]) + 1
                     self._emit(r, slot, (int(self.out[r, slot - 1]) + 1) % VOCAB)
+
+    def swap(self, a: int, b: int, filled: int) -> None:
+        self.calls.append(("swap", a, b))
+        for x in (self.idx, self.done, self.reason, self.last, self.out):
+            x[[a, b]] = x[[b, a]]
+        up = max(a, b)
+        if not self.done[up]:
+            self.done[up], self.reason[up] = True, FinishReason.CANCELLED
 
     def read(self, logprobs: bool = False) -> dict[str, np.ndarray]:
         host = {"idx": self.idx.copy(), "done": self.done.copy(), "reason": self.reason.copy()}
@@ -211,8 +220,9 @@ def test_prefill_goes_oldest_first_and_a_full_queue_refuses():
 
 
 def test_cancel_a_running_and_a_waiting_request():
-    """A cancelled running request finishes ``cancelled`` and its row is stopped on the device at
-    the next decode while the other row goes on; a cancelled waiting one never reaches prefill."""
+    """A cancelled running request finishes ``cancelled``; the request above it moves down into
+    its row (a swap, which stops the freed row on the device) and goes on unchanged; a cancelled
+    waiting one never reaches prefill."""
     fake = FakeSlots(slots=2)
     fake.hold()
     eng = Engine(fake, max_queue=4).start()
@@ -232,8 +242,10 @@ def test_cancel_a_running_and_a_waiting_request():
         toks, fin = collect(other)
         assert toks == expected([20], 6) and (fin.reason, fin.completion_tokens) == ("length", 6)
         assert [c[3] for c in fake.calls if c[0] == "prefill"] == [5, 20]  # the waiting one never ran
-        assert [c[2] for c in fake.calls if c[0] == "decode"][:3] == [(), (), (0,)]
-        assert fake.reason[0] == FinishReason.STOPPED
+        assert ("swap", 0, 1) in fake.calls  # ``other`` moved down, the cancelled row up
+        decoded = [c[1] for c in fake.calls if c[0] == "decode"]
+        assert decoded[:2] == [(0,), (0, 1)] and all(rows == (0,) for rows in decoded[2:])
+        assert fake.done.all() and fake.reason[1] == FinishReason.CANCELLED
     finally:
         fake.let_go()
         eng.shutdown(timeout=1)
@@ -277,5 +289,28 @@ def test_logprobs_are_streamed_from_read(fake):
             (3, -0.5, ((3, -0.5),)),
             (4, -0.5, ((4, -0.5),)),
         ]
+    finally:
+        eng.shutdown(timeout=1)
+
+
+def test_a_prompt_resumes_after_the_prefix_a_free_row_holds():
+    """A finished request's row keeps its tokens; a later prompt starting with them is admitted into
+    that row (swapped down to the lowest free row) and prefilled from the first token not held,
+    reported as ``cached_tokens``; a prompt sharing nothing takes an empty row, keeping the other."""
+    fake = FakeSlots(slots=2)
+    eng = Engine(fake).start()
+    try:
+        a = list(range(1, 9))
+        toks, fin = collect(eng.submit(a, SamplingParams(max_tokens=3)))
+        assert fin.cached_tokens == 0
+        b = list(range(20, 28))
+        assert collect(eng.submit(b, SamplingParams(max_tokens=2)))[1].cached_tokens == 0
+        assert ("swap", 0, 1) in fake.calls  # b took the empty row: a's tokens moved up, kept
+        follow = a + toks + [40, 41]  # a chat's next turn: 13 tokens, the first 10 held
+        toks2, fin2 = collect(eng.submit(follow, SamplingParams(max_tokens=2)))
+        assert toks2 == expected(follow, 2) and fin2.cached_tokens == len(follow) - 4  # one 4-chunk
+        assert fake.calls[-4:-2] == [("swap", 0, 1), ("prefill", 0, len(follow) - 4, 1)]
+        stats = eng.stats()
+        assert (stats["prefix_requests"], stats["prefix_hits"], stats["held_rows"]) == (3, 1, 2)
     finally:
         eng.shutdown(timeout=1)

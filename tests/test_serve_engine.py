@@ -101,7 +101,8 @@ def test_cancel_frees_the_slot(served, monkeypatch):
             assert fin.reason == "cancelled" and len(toks) < 60
         done = [eng.submit(prompt(4, 20 + i), SamplingParams(max_tokens=4, temperature=0)) for i in range(6)]
         assert all(collect(r)[1].reason == "length" for r in done)
-        assert eng.stats() == {"queue_depth": 0, "active_slots": 0, "slots": 3}
+        stats = eng.stats()
+        assert (stats["queue_depth"], stats["active_slots"], stats["slots"]) == (0, 0, 3)
     finally:
         eng.shutdown(timeout=5)
 
@@ -195,7 +196,8 @@ def test_model_needs_continuous_batching(served):
     _, ref = served
     with pytest.raises(ValueError, match="continuous_batching=True"):
         Engine(ref)
-    assert served[0].graph_keys()[-1] == ("slot_decode", 64)
+    keys = served[0].graph_keys()
+    assert ("slot_decode", 64, 1) in keys and ("slot_decode", 64, served[0].batch_size) in keys
 
 
 def test_compile_serve_precompiles_every_serving_graph(gpt2_path, tmp_path, capsys):
@@ -206,4 +208,72 @@ def test_compile_serve_precompiles_every_serving_graph(gpt2_path, tmp_path, caps
     kw = serve_kwargs(dict(n_positions=32, context_length_estimate=8, batch_size=2), str(gpt2_path))
     model = AutoModelForSampling.from_pretrained(gpt2_path, compile_cache=tmp_path, **kw).compile()
     assert [r["hit"] for r in model.compile_report] == [True] * len(model.graph_keys())
-    assert {k[0] for k in model.graph_keys()} == {"slot_prefill", "slot_insert", "slot_decode"}
+    assert {k[0] for k in model.graph_keys()} == {"slot_prefill", "slot_insert", "slot_decode", "slot_swap"}
+
+
+def record_rows(monkeypatch) -> list[int]:
+    """The ``rows`` every decode call is given (the scheduler's busy rows)."""
+    seen: list[int] = []
+    real = SlotBatch.decode
+
+    def decode(self, steps, top, rows, cancel=None):
+        seen.append(rows)
+        return real(self, steps, top, rows, cancel)
+
+    monkeypatch.setattr(SlotBatch, "decode", decode)
+    return seen
+
+
+def test_tokens_and_logprobs_do_not_depend_on_the_batch(served, monkeypatch):
+    """Batch invariance: a request's greedy tokens, seeded samples and log-probs are bitwise
+    those it gets alone (the one-row graph), whatever else shares the batch, whichever ladder
+    graph runs it and after being moved down rows as the requests below it end."""
+    rows = record_rows(monkeypatch)
+    eng = Engine(served[0], eos_token_id=[], prefix_cache=False).start()
+    try:
+        targets = [
+            (prompt(10, 40), SamplingParams(max_tokens=30, temperature=0, logprobs=2)),
+            (prompt(6, 41), SamplingParams(max_tokens=30, temperature=0.8, seed=5, logprobs=2)),
+        ]
+        alone = [collect(eng.submit(p, sp)) for p, sp in targets]
+        assert set(rows) == {1}
+        with count_compiles() as compiled:
+            for (p, sp), (want, _) in zip(targets, alone, strict=True):
+                company = [
+                    eng.submit(prompt(4 + i, 50 + i), SamplingParams(max_tokens=3 + 5 * i, temperature=0))
+                    for i in range(2)
+                ]
+                got, _ = collect(eng.submit(p, sp))  # row 2, moved to 1, then 0 as the others end
+                assert [(t.id, t.logprob, t.top) for t in got] == [(t.id, t.logprob, t.top) for t in want]
+                assert all(collect(r)[1].reason == "length" for r in company)
+        assert compiled["backend"] == 0, f"{compiled['backend']} compilations after warm-up"
+        assert {1, 2, 3} <= set(rows)
+    finally:
+        eng.shutdown(timeout=5)
+
+
+def test_prefix_reuse_gives_the_same_tokens(served):
+    """A chat's next turn (its last prompt + the answer + more) reuses the held K/V of the first
+    turn (``cached_tokens``) and gets exactly the tokens of a full prefill; off, nothing is reused."""
+    model, ref = served
+    first = prompt(12, 60)
+    runs = {}
+    for on in (True, False):
+        eng = Engine(model, eos_token_id=[], prefix_cache=on).start()
+        try:
+            t1, f1 = collect(eng.submit(first, SamplingParams(max_tokens=10, temperature=0)))
+            follow = first + [t.id for t in t1] + prompt(7, 61)
+            greedy = collect(eng.submit(follow, SamplingParams(max_tokens=10, temperature=0)))
+            seeded = collect(eng.submit(follow, SamplingParams(max_tokens=10, temperature=0.9, seed=3)))
+            runs[on] = (f1, greedy, seeded, follow, eng.stats())
+        finally:
+            eng.shutdown(timeout=5)
+    f1, (toks, fin), (stoks, sfin), follow, stats = runs[True]
+    assert f1.cached_tokens == 0 and fin.cached_tokens >= 12 and sfin.cached_tokens == len(follow) - 8
+    assert stats["prefix_hits"] == 2
+    assert stats["prefix_cached_tokens"] == fin.cached_tokens + sfin.cached_tokens
+    want = ref.sample(np.array([follow]), max_new_tokens=10)[0, len(follow) :].tolist()
+    assert [t.id for t in toks] == want
+    _, (toks_off, fin_off), (stoks_off, _), _, stats_off = runs[False]
+    assert fin_off.cached_tokens == 0 and stats_off["prefix_hits"] == 0
+    assert [t.id for t in toks_off] == want and [t.id for t in stoks] == [t.id for t in stoks_off]

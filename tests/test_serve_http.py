@@ -521,8 +521,19 @@ def test_non_streamed_client_that_leaves_cancels(srv, slow_engine):
 def test_metrics_and_health(srv):
     srv.post("/v1/completions", {"prompt": "x", "max_tokens": 2})
     srv.post("/v1/completions", {"prompt": "x", "max_tokens": 0})
+    ids = list(range(1, 41))  # sent twice: the second reuses the K/V the first left in its row
+    body = {"prompt": ids, "max_tokens": 2, "temperature": 0}
+    first, again = (srv.post("/v1/completions", body).json() for _ in range(2))
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
     text = httpx.get(srv.url + "/metrics").text
+    assert "aotlm_prompt_tokens_cached_total 0.0" not in text
     for name in [
+        "aotlm_prompt_tokens_cached_total",
+        "aotlm_prefix_cache_hit_rate",
+        "aotlm_prefix_cache_token_rate",
+        "aotlm_prefix_cache_rows",
         "aotlm_queue_depth",
         "aotlm_active_slots",
         "aotlm_slots 4.0",

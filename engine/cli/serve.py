@@ -2,6 +2,7 @@
 
 aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-size 8]
             [--max-queue 64] [--api-key KEY] [--max-tokens-cap N] [--served-model-name NAME]
+            [--no-prefix-cache]
 
 The model is compiled for every bucket before the port opens, so the first request does not
 compile. Without ``--n-positions`` it serves the checkpoint's whole context window (capped at
@@ -54,6 +55,11 @@ def register(sub) -> None:
     p.add_argument(
         "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
     )
+    p.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="do not reuse the K/V a free slot holds for a prompt starting with its tokens",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
     p.add_argument("--quiet", action="store_true", help="no aotlm INFO lines")
     p.set_defaults(fn=cmd_serve)
@@ -97,6 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         eos_token_id=eos_ids(args.checkpoint, model.hf_config, tokenizer),
         max_queue=args.max_queue,
         max_tokens_cap=args.max_tokens_cap,
+        prefix_cache=not args.no_prefix_cache,
     ).start()
     name = _model_name(args, args.checkpoint)
     try:

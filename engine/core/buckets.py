@@ -118,6 +118,38 @@ def prefill_plan(
     return tuple(steps)
 
 
+def resume_plan(
+    prompt_len: int, start: int, ctx_buckets: Sequence[int], tg_buckets: Sequence[int]
+) -> tuple[PrefillStep, ...]:
+    """How a prompt is encoded when the K/V of its first ``start`` tokens is already in its row.
+
+    The rest goes in chunks of the smallest fitting context bucket (of the largest when it
+    does not fit), each ending at the prompt's end or ``C`` past the previous one; a chunk that
+    would run past the end is shifted left, recomputing a few held tokens. When no chunk can
+    start after slot 0 (the rest needs a bucket as long as the prompt), or ``start`` is 0, this
+    is ``prefill_plan``: nothing is reused. The first step's ``start`` is the tokens reused.
+    """
+    c_max = max(ctx_buckets)
+    steps, s = [], max(start, 0)
+    while 0 < s < prompt_len:
+        c = smallest_fitting(ctx_buckets, prompt_len - s) or c_max
+        s = min(s, prompt_len - c)
+        width = smallest_fitting(tg_buckets, s + c)
+        if s <= 0 or width is None or width <= c:
+            break
+        steps.append(PrefillStep(s, c, width, c))
+        s += c
+    if not steps:
+        return prefill_plan(prompt_len, ctx_buckets, tg_buckets)
+    return tuple(steps)
+
+
+def resume_shapes(ctx_buckets: Sequence[int], tg_buckets: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Every ``(bucket, width)`` prefill graph ``resume_plan`` may call: each context bucket
+    attending each wider token bucket."""
+    return tuple((c, w) for c in ctx_buckets for w in tg_buckets if w > c)
+
+
 def prefill_graph_shapes(
     ctx_buckets: Sequence[int], tg_buckets: Sequence[int]
 ) -> tuple[tuple[int, int], ...]:

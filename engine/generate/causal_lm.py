@@ -60,7 +60,7 @@ class CausalLMForSampling(CompiledModel, Sampler):
 
     def graph_keys(self) -> list[tuple]:
         if self.continuous_batching:
-            return slot_graphs.graph_keys(self.ctx_buckets, self.tg_buckets)
+            return slot_graphs.graph_keys(self.ctx_buckets, self.tg_buckets, self.batch_size)
         return super().graph_keys()
 
     def _extra_graph_keys(self) -> list[tuple]:

@@ -1,15 +1,22 @@
 """Graphs of continuous batching: the KV cache's batch rows are slots that requests enter and leave.
 
-Three graph kinds, compiled ahead of time like every other (``graph_keys``):
+Four graph kinds, compiled ahead of time like every other (``graph_keys``):
 
 * ``("slot_prefill", C, W)``: encode one request's prompt chunk (context bucket ``C``, attending
   ``W`` cache slots, as ``core.graphs.prefill``) into the cache row ``row`` only; other rows are
-  untouched, so it runs between decode steps of the other requests.
+  untouched, so it runs between decode steps of the other requests. Besides the shapes
+  ``sample()`` uses, every ``(C, W > C)``: a prompt resumed after a reused prefix
+  (``buckets.resume_plan``).
 * ``("slot_insert",)``: put a request's per-row state (sampling settings, stop sequences,
   prompt tokens for the penalties) into row ``row`` and choose its first token from the prefill
   logits.
-* ``("slot_decode", W)``: up to ``steps`` decode steps for every live row at once, each row at
-  its own cache slot and position (``decoder.forward`` with a per-row ``write_idx``).
+* ``("slot_decode", W, R)``: up to ``steps`` decode steps for the first ``R`` rows, each row at
+  its own cache slot and position (``decoder.forward`` with a per-row ``write_idx``). ``R`` runs
+  over an occupancy ladder (``ladder``: powers of two up to the slots): the scheduler keeps
+  its requests in the lowest rows and calls the smallest ``R`` holding them, so one request
+  pays a one-row step, not a whole batch's.
+* ``("slot_swap", W)``: exchange two rows' first ``W`` cache slots and their states (how the
+  scheduler keeps live rows low while freed rows keep their tokens' K/V for reuse).
 
 What is static: the ``ArchConfig``, the bucket sizes and the state widths (``core.graphs``'
 ``MAX_*``, ``sampling``'s). What is traced: the row, the steps, every per-row value. A row's
@@ -37,12 +44,29 @@ from aotlm.core.state import SlotState
 from aotlm.models import decoder
 
 
-def graph_keys(ctx_buckets, tg_buckets) -> list[tuple]:
-    shapes = bk.prefill_graph_shapes(ctx_buckets, tg_buckets)
+def ladder(slots: int) -> tuple[int, ...]:
+    """The row counts decode graphs are compiled for: powers of two below ``slots``, and ``slots``."""
+    out, r = [], 1
+    while r < slots:
+        out.append(r)
+        r *= 2
+    return (*out, slots)
+
+
+def rows_for(live_rows: int, slots: int) -> int:
+    """The smallest ladder row count holding rows ``0 .. live_rows - 1``."""
+    return next(r for r in ladder(slots) if r >= max(live_rows, 1))
+
+
+def graph_keys(ctx_buckets, tg_buckets, slots: int) -> list[tuple]:
+    shapes = set(bk.prefill_graph_shapes(ctx_buckets, tg_buckets)) | set(
+        bk.resume_shapes(ctx_buckets, tg_buckets)
+    )
     return (
-        [("slot_prefill", c, w) for c, w in shapes]
+        [("slot_prefill", c, w) for c, w in sorted(shapes)]
         + [("slot_insert",)]
-        + [("slot_decode", w) for w in tg_buckets]
+        + [("slot_decode", w, r) for w in tg_buckets for r in ladder(slots)]
+        + [("slot_swap", w) for w in tg_buckets]
     )
 
 
@@ -139,12 +163,30 @@ def slot_insert(state: SlotState, logits, row_state: SlotState, row) -> SlotStat
     return state.replace(**rows)
 
 
-def slot_decode(cfg, width: int, params, cache, state, cancel, replicated=None):
-    """Up to ``state['steps']`` decode steps for every live row; ``cancel [B]`` ends rows first.
+def take_rows(state: SlotState, rows: int) -> SlotState:
+    """The first ``rows`` (static) rows of ``state`` (the shared fields as they are)."""
+    return state.replace(
+        **{k: jax.tree.map(lambda x: x[:rows], getattr(state, k)) for k in SlotState.row_fields()}
+    )
+
+
+def put_rows(state: SlotState, part: SlotState) -> SlotState:
+    """``state`` with its first rows replaced by ``part``'s (``take_rows``' inverse, in place)."""
+    put = lambda full, x: lax.dynamic_update_slice_in_dim(full, x, 0, 0)
+    return part.replace(
+        **{k: jax.tree.map(put, getattr(state, k), getattr(part, k)) for k in SlotState.row_fields()}
+    )
+
+
+def slot_decode(cfg, width: int, rows: int, params, cache, state, cancel, replicated=None):
+    """Up to ``state.steps`` decode steps for the live rows among the first ``rows``; ``cancel
+    [slots]`` ends rows first. Rows at or past ``rows`` are neither read nor written.
 
     The host picks ``width`` (static: the token bucket) so that every live row's slots stay
-    below it for the whole call.
+    below it for the whole call, and ``rows`` (static, a ``ladder`` value) so that every live
+    row is below it.
     """
+    full, state, cancel = state, take_rows(state, rows), cancel[:rows]
     n_slots = state.out.shape[1]
     ended = cancel & ~state.done
     reason = jnp.where(ended, graphs.FinishReason.CANCELLED, state.reason)
@@ -166,7 +208,38 @@ def slot_decode(cfg, width: int, params, cache, state, cancel, replicated=None):
         return cache, emit_rows(st, logits, st.idx + 1, live), n + 1
 
     cache, state, _ = lax.while_loop(cond, body, (cache, state, jnp.int32(0)))
-    return cache, state
+    return cache, put_rows(full, state)
+
+
+def slot_swap(width: int, cache, state: SlotState, a, b):
+    """Exchange rows ``a`` and ``b`` (traced): their first ``width`` (static) cache slots in every
+    layer and their whole states. Slots past ``width`` stay: the host picks a width covering
+    every slot either row has written that anyone will read. The row that moves up (to the
+    larger index) is marked done, so a freed row that was still live stops (``CANCELLED``).
+    """
+
+    def swap(buf, axis: int):
+        size = [1] + list(buf.shape[1:])
+        size[axis] = min(width, buf.shape[axis])
+        at = lambda r: [r] + [0] * (buf.ndim - 1)
+        ra, rb = lax.dynamic_slice(buf, at(a), size), lax.dynamic_slice(buf, at(b), size)
+        return lax.dynamic_update_slice(lax.dynamic_update_slice(buf, rb, at(a)), ra, at(b))
+
+    cache = {
+        "k": [swap(c, 2) for c in cache["k"]],
+        "v": [swap(c, 3) for c in cache["v"]],
+        "pos": swap(cache["pos"], 1),
+    }
+
+    def row_swap(x):
+        xa, xb = lax.dynamic_index_in_dim(x, a, 0), lax.dynamic_index_in_dim(x, b, 0)
+        return lax.dynamic_update_index_in_dim(lax.dynamic_update_index_in_dim(x, xb, a, 0), xa, b, 0)
+
+    state = state.replace(**{k: jax.tree.map(row_swap, getattr(state, k)) for k in SlotState.row_fields()})
+    up = jnp.maximum(a, b)
+    ended = ~state.done[up]
+    reason = jnp.where(ended, graphs.FinishReason.CANCELLED, state.reason[up])
+    return cache, state.replace(done=state.done.at[up].set(True), reason=state.reason.at[up].set(reason))
 
 
 def lower(model: GraphHost, key: tuple):
@@ -188,7 +261,12 @@ def lower(model: GraphHost, key: tuple):
         logits = jax.ShapeDtypeStruct((1, v), jnp.float32, sharding=rep)
         jit = jax.jit(slot_insert, donate_argnums=(0,), out_shardings=state_sh)
         return jit.lower(state, logits, row_state, scalar)
-    _, w = key
-    fn = functools.partial(slot_decode, model.cfg, w, replicated=rep)
+    if key[0] == "slot_swap":
+        jit = jax.jit(
+            functools.partial(slot_swap, key[1]), donate_argnums=(0, 1), out_shardings=(cache_sh, state_sh)
+        )
+        return jit.lower(cache, state, scalar, scalar)
+    _, w, rows = key
+    fn = functools.partial(slot_decode, model.cfg, w, rows, replicated=rep)
     jit = jax.jit(fn, donate_argnums=(1, 2), out_shardings=(cache_sh, state_sh))
     return jit.lower(p, cache, state, jax.ShapeDtypeStruct((b,), jnp.bool_, sharding=rep))

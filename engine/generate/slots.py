@@ -77,15 +77,18 @@ class SlotRunner(Protocol):
     """The contract a continuous-batching scheduler (``aotlm.serve.engine``) drives.
 
     ``slots`` rows of ``n_positions`` KV slots each. A request enters row ``row`` in three moves:
-    ``prefill_plan`` splits its prompt into chunks, ``prefill_step`` encodes one chunk (returning
-    opaque logits, only passed on), ``insert`` makes the row live with its settings and first
-    token. ``decode`` then advances every live row by up to ``steps`` tokens (``cancel`` marks
-    rows to stop), and ``read`` returns host arrays ``idx [slots]`` (slot of each row's last
-    token), ``done [slots]``, ``reason [slots]`` (``aotlm.core.graphs.FinishReason`` values),
-    ``out [slots, n_positions]`` (prompt then tokens) and, with ``logprobs``, ``logp``,
-    ``top_ids``, ``top_lp``. ``check`` lists what keeps a request from running. ``SlotBatch``
-    implements it on compiled slot graphs; a fake with arithmetic tokens drives the scheduler's
-    tests.
+    ``prefill_plan`` splits its prompt into chunks (from ``start``: the K/V of the first
+    ``start`` tokens is already in the row; the plan's first step says how many it reuses),
+    ``prefill_step`` encodes one chunk (returning opaque logits, only passed on), ``insert``
+    makes the row live with its settings and first token. ``decode`` then advances the live rows
+    among the first ``rows`` by up to ``steps`` tokens (``cancel`` marks rows to stop; rows at or
+    past ``rows`` must not be live), and ``read`` returns host arrays ``idx [slots]`` (slot of
+    each row's last token), ``done [slots]``, ``reason [slots]``
+    (``aotlm.core.graphs.FinishReason`` values), ``out [slots, n_positions]`` (prompt then
+    tokens) and, with ``logprobs``, ``logp``, ``top_ids``, ``top_lp``. ``swap`` exchanges two
+    rows (K/V of their first ``filled`` slots and their states; the row moving up stops).
+    ``check`` lists what keeps a request from running. ``SlotBatch`` implements it on compiled
+    slot graphs; a fake with arithmetic tokens drives the scheduler's tests.
     """
 
     slots: int
@@ -95,13 +98,15 @@ class SlotRunner(Protocol):
 
     def check(self, prompt_len: int, settings: SamplingParams) -> list[tuple[str, str]]: ...
 
-    def prefill_plan(self, prompt_len: int) -> Sequence[bk.PrefillStep]: ...
+    def prefill_plan(self, prompt_len: int, start: int = 0) -> Sequence[bk.PrefillStep]: ...
 
     def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep) -> Any: ...
 
     def insert(self, row: int, prompt: np.ndarray, settings: SamplingParams, logits: Any) -> None: ...
 
-    def decode(self, steps: int, max_live_slot: int, cancel: np.ndarray | None = None) -> None: ...
+    def decode(self, steps: int, max_live_slot: int, rows: int, cancel: np.ndarray | None = None) -> None: ...
+
+    def swap(self, a: int, b: int, filled: int) -> None: ...
 
     def read(self, logprobs: bool = False) -> dict[str, np.ndarray]: ...
 
@@ -129,9 +134,9 @@ class SlotBatch:
         return check(self.model, prompt_len, settings)
 
     # ------------------------------------------------------------------ prefill + insert
-    def prefill_plan(self, prompt_len: int) -> tuple[bk.PrefillStep, ...]:
+    def prefill_plan(self, prompt_len: int, start: int = 0) -> tuple[bk.PrefillStep, ...]:
         m = self.model
-        return bk.prefill_plan(prompt_len, m.ctx_buckets, m.tg_buckets)
+        return bk.resume_plan(prompt_len, start, m.ctx_buckets, m.tg_buckets)
 
     def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep):
         """Encode one chunk of ``prompt`` into cache row ``row``; returns the (device) logits."""
@@ -177,16 +182,25 @@ class SlotBatch:
             self.state = exe(self.state, logits, m.put_tree(r), m.put(np.int32(row)))
 
     # ------------------------------------------------------------------ decode
-    def decode(self, steps: int, max_live_slot: int, cancel: np.ndarray | None = None) -> None:
-        """Run up to ``steps`` decode steps; ``max_live_slot`` is the largest live row's slot."""
+    def decode(self, steps: int, max_live_slot: int, rows: int, cancel: np.ndarray | None = None) -> None:
+        """Run up to ``steps`` decode steps of the live rows, all below ``rows``; ``max_live_slot``
+        is the largest live row's slot. The graph is the smallest ladder row count holding them."""
         m = self.model
         last_slot = min(max_live_slot + steps, self.n_positions) - 1  # the furthest slot fed
         width = bk.decode_bucket(m.tg_buckets, max(last_slot, 0))
         with m.lock:
             self.state.steps = m.put(np.int32(steps))
             c = self._cancel_none if cancel is None or not cancel.any() else m.put(cancel.astype(np.bool_))
-            exe = m.executable(("slot_decode", width))
+            exe = m.executable(("slot_decode", width, slot_graphs.rows_for(rows, self.slots)))
             m.cache, self.state = exe(m.params, m.cache, self.state, c)
+
+    def swap(self, a: int, b: int, filled: int) -> None:
+        """Exchange rows ``a`` and ``b``: states and the K/V of their first ``filled`` slots."""
+        m = self.model
+        width = bk.decode_bucket(m.tg_buckets, max(min(filled, self.n_positions) - 1, 0))
+        with m.lock:
+            exe = m.executable(("slot_swap", width))
+            m.cache, self.state = exe(m.cache, self.state, m.put(np.int32(a)), m.put(np.int32(b)))
 
     def read(self, logprobs: bool = False) -> dict:
         """The host copy of what streaming needs: idx, done, reason, out (+ logp, top_*)."""

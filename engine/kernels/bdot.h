@@ -1,7 +1,8 @@
 // Batched attention dots for decode (included by wmatmul.cc after the element types).
 //
 //   aotlm_bdot:  c[i, m, n] = sum_{l < L'} a[i, m, l] * b[i, n, l]   for n < N', else 0 (f32 out)
-//   a [I, M, L]  (queries, or softmax weights), b [I, NB, LB] with NB >= N, LB >= L,
+//   a [I, M, L]  (queries, or softmax weights), b [IB >= I, NB, LB] with NB >= N, LB >= L (only
+//   the first I blocks are read: a decode call over a serving batch's first rows),
 //   lim int32 [2]: N' = min(N, lim[0]), L' = min(L, lim[1]) -- the cache slots written so far
 //   (traced), so a decode step reads the slots it can see, not the whole bucket: the scores of
 //   later slots are masked and their softmax weights are exactly 0.

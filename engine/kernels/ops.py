@@ -272,7 +272,8 @@ def causal_attention(q, k, v, mask, scale: float):
 def bdot(a, b, n: int, n_limit=None, l_limit=None):
     """``c[i, m, j] = sum_l a[i, m, l] * b[i, j, l]`` for ``j < n``, ``l < a.shape[2]`` (f32).
 
-    ``b [I, NB >= n, LB >= L]`` may be a whole KV cache: only its leading block is read. ``b`` is
+    ``b [IB >= I, NB >= n, LB >= L]`` may be a whole KV cache: only its leading blocks are read
+    (a decode call over the first rows of a serving batch passes the whole cache). ``b`` is
     f32, bf16, f16, or uint16 holding bf16 bits (how CPU models store a bf16 cache); converted in
     registers, accumulated in f32.
     ``n_limit`` / ``l_limit`` (traced ints): only ``j < n_limit`` (other outputs are 0) and

@@ -266,7 +266,7 @@ ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer lim, ffi::Res
   if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
     return ffi::Error::InvalidArgument("aotlm_bdot: a, b and c must be 3-D");
   const int64_t I = ad[0], M = ad[1], L = ad[2], NB = bd[1], LB = bd[2], N = cd[2];
-  if (bd[0] != I || cd[0] != I || cd[1] != M || N > NB || L > LB)
+  if (bd[0] < I || cd[0] != I || cd[1] != M || N > NB || L > LB)
     return ffi::Error::InvalidArgument("aotlm_bdot: shapes do not match");
   if (c->element_type() != DataType::F32) return ffi::Error::InvalidArgument("aotlm_bdot: c must be f32");
   if (lim.element_type() != DataType::S32 || lim.element_count() != 2)

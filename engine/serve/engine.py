@@ -3,17 +3,23 @@
 Requests arrive from any thread (``submit``) into a bounded queue. The scheduler thread loops in
 rounds; each round it
 
-1. frees the slots of cancelled requests (their rows stop at the next decode call),
-2. admits waiting requests into free slots (a prompt's prefill plan: context-bucket chunks),
+1. frees the slots of cancelled requests,
+2. admits waiting requests into free slots (a prompt's prefill plan: context-bucket chunks,
+   starting after the longest prefix of it a free row still holds: ``rows.HeldRows``),
 3. runs prefill chunks up to a token budget (``prefill_budget``; a long prompt is spread over
    rounds, so it delays the other slots' next tokens by about one chunk, not the whole
    prompt), and for each finished prompt inserts the request and streams its first token,
-4. runs one decode call of ``decode_chunk`` steps over every live slot (the token bucket is
-   the smallest covering the longest live slot) and streams each slot's new tokens,
+4. runs one decode call of ``decode_chunk`` steps over the busy rows (the token bucket is the
+   smallest covering the longest live slot, the row count the smallest ladder value covering
+   the busy rows) and streams each slot's new tokens,
 5. retires finished requests, or sleeps when there is nothing to do.
 
-All device work is the slot graphs (``aotlm.generate.slots``), compiled before ``start``:
-after warm-up no mix of prompt lengths, settings or arrivals compiles anything.
+Rows stay compact: requests hold rows ``0 .. n-1``. When a request ends below the highest busy
+row, the two rows are swapped (``SlotRunner.swap``: the K/V of their written slots and their
+states), so the decode graph for ``n`` rows covers every request and the freed row, now above
+them, keeps its tokens' K/V for reuse. All device work is the slot graphs
+(``aotlm.generate.slots``), compiled before ``start``: after warm-up no mix of prompt lengths,
+settings or arrivals compiles anything.
 """
 
 from __future__ import annotations
@@ -24,13 +30,14 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from aotlm.core import buckets as bk
 from aotlm.core.graphs import FinishReason
 from aotlm.generate.slots import SlotBatch, SlotModel, SlotRunner
+from aotlm.serve.rows import HeldRows
 from aotlm.serve.types import (
     EngineStopped,
     Finish,
@@ -56,7 +63,14 @@ class _Active:
     live: bool = False
     idx: int = 0  # the slot of the last token streamed
     first_at: float | None = None
-    tokens: int = 0
+    generated: list[int] = field(default_factory=list)
+    filled: int = 0  # cache slots whose K/V is written (prefill); live rows: idx
+    cached: int = 0  # prompt tokens whose K/V was reused
+
+    def written(self) -> np.ndarray:
+        """The tokens whose K/V the row holds (a live row's last token is not fed yet)."""
+        n = self.idx if self.live else self.filled
+        return np.concatenate([self.prompt, np.asarray(self.generated, np.int32)])[:n]
 
 
 class Engine:
@@ -74,6 +88,7 @@ class Engine:
         max_tokens_cap: int | None = None,
         decode_chunk: int = DECODE_CHUNK,
         prefill_budget: int | None = None,
+        prefix_cache: bool = True,
     ):
         if max_queue < 1 or decode_chunk < 1:
             raise ValueError("max_queue and decode_chunk must be >= 1")
@@ -88,7 +103,9 @@ class Engine:
         self._cv = threading.Condition()
         self._waiting: collections.deque[Request] = collections.deque()
         self._slots: list[_Active | None] = [None] * batch.slots
-        self._kill = np.zeros(batch.slots, np.bool_)  # freed rows to stop on the device
+        self.prefix_cache = prefix_cache
+        self._held = HeldRows(batch.slots)
+        self._reuse = {"requests": 0, "hits": 0, "prompt_tokens": 0, "cached_tokens": 0}
         self._accepting = False
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -160,6 +177,8 @@ class Engine:
                 "queue_depth": len(self._waiting),
                 "active_slots": sum(a is not None for a in self._slots),
                 "slots": len(self._slots),
+                "held_rows": self._held.count(),
+                **{f"prefix_{k}": v for k, v in self._reuse.items()},
             }
 
     def _busy(self) -> bool:
@@ -185,6 +204,7 @@ class Engine:
                 pending = list(self._waiting) + [a.req for a in self._slots if a is not None]
                 self._waiting.clear()
                 self._slots = [None] * len(self._slots)
+                self._held.clear()
             for req in pending:
                 req.push(Finish(FinishReason.ERROR.label, len(req.prompt), 0, None))
 
@@ -195,9 +215,12 @@ class Engine:
         live = [(i, a) for i, a in enumerate(self._slots) if a is not None and a.live]
         if live:
             top = max(a.idx for _, a in live)
-            self.batch.decode(self.decode_chunk, top, self._kill if self._kill.any() else None)
-            self._kill[:] = False
+            self.batch.decode(self.decode_chunk, top, self._busy_rows())
             self._stream(live)
+
+    def _busy_rows(self) -> int:
+        """Rows ``0 .. n-1`` hold every request (compact)."""
+        return max((i + 1 for i, a in enumerate(self._slots) if a is not None), default=0)
 
     def _retire_cancelled(self) -> None:
         with self._cv:
@@ -206,21 +229,33 @@ class Engine:
                 self._waiting.remove(r)
         for r in gone:
             r.push(Finish(FinishReason.CANCELLED.label, len(r.prompt), 0, None))
-        for i, a in enumerate(self._slots):
+        for i in reversed(range(len(self._slots))):  # from the top: a swap moves a higher row down
+            a = self._slots[i]
             if a is not None and a.req.cancelled.is_set():
-                self._finish(i, FinishReason.CANCELLED.label)
+                self._finish(i, FinishReason.CANCELLED.label, running=a.live)
 
     def _admit(self) -> None:
         with self._cv:
-            for i in range(len(self._slots)):
-                if not self._waiting:
-                    break
-                if self._slots[i] is None:
-                    req = self._waiting.popleft()
-                    prompt = np.asarray(req.prompt, np.int32)
-                    plan = collections.deque(self.batch.prefill_plan(len(prompt)))
-                    self._slots[i] = _Active(req, prompt, plan)
-                    self._kill[i] = False  # the row is about to be re-inserted
+            free = self._slots.count(None)
+            take = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+        for req in take:
+            n = self._busy_rows()
+            prompt = np.asarray(req.prompt, np.int32)
+            free_rows = range(n, len(self._slots))
+            row, length = self._held.best(prompt, free_rows) if self.prefix_cache else (None, 0)
+            row = self._held.victim(free_rows) if row is None else row
+            if row != n:  # bring the chosen row's K/V down to row n (n's moves up, kept)
+                self.batch.swap(n, row, max(self._held.filled(n), self._held.filled(row)))
+                self._held.swap(n, row)
+            self._held.forget(n)
+            plan = collections.deque(self.batch.prefill_plan(len(prompt), length))
+            cached = plan[0].start
+            self._reuse["requests"] += 1
+            self._reuse["hits"] += cached > 0
+            self._reuse["prompt_tokens"] += len(prompt)
+            self._reuse["cached_tokens"] += cached
+            with self._cv:
+                self._slots[n] = _Active(req, prompt, plan, filled=cached, cached=cached)
 
     def _prefill(self) -> None:
         budget = self.prefill_budget
@@ -230,6 +265,7 @@ class Engine:
             while a.plan and budget > 0:
                 step: bk.PrefillStep = a.plan.popleft()
                 a.logits = self.batch.prefill_step(i, a.prompt, step)
+                a.filled = max(a.filled, step.start + step.n_real)
                 budget -= step.bucket
             if a.plan:
                 return  # budget spent; the rest next round
@@ -244,6 +280,7 @@ class Engine:
         want = any(a.req.params.logprobs is not None for _, a in rows)
         host = self.batch.read(logprobs=want)
         now = time.perf_counter()
+        ended = []
         for i, a in rows:
             new_idx = int(host["idx"][i])
             k = a.req.params.logprobs or 0
@@ -259,20 +296,33 @@ class Engine:
                     a.req.push(Token(tok, float(host["logp"][i, slot]), top))
                 else:
                     a.req.push(Token(tok))
-                a.tokens += 1
+                a.generated.append(tok)
             if a.first_at is None and new_idx > a.idx:
                 a.first_at = now
             a.idx = new_idx
             if host["done"][i]:
-                self._finish(i, FinishReason.of(host["reason"][i]).label)
+                ended.append((i, FinishReason.of(host["reason"][i]).label))
+        for i, reason in sorted(ended, reverse=True):  # from the top: a swap moves a higher row down
+            self._finish(i, reason, running=False)
 
-    def _finish(self, i: int, reason: str) -> None:
+    def _finish(self, i: int, reason: str, running: bool) -> None:
+        """End row ``i``'s request (``running``: its row is still live on the device); keep its
+        tokens' K/V in the freed row and keep the busy rows compact."""
         a = self._slots[i]
         assert a is not None
         ttft = None if a.first_at is None else a.first_at - a.req.submitted
-        a.req.push(Finish(reason, len(a.prompt), a.tokens, ttft))
+        a.req.push(Finish(reason, len(a.prompt), len(a.generated), ttft, a.cached))
+        kept = a.written()
         with self._cv:
             self._slots[i] = None
-            if a.live and reason == FinishReason.CANCELLED.label:
-                self._kill[i] = True  # still running on the device: stop it at the next decode
+            top = self._busy_rows() - 1
+            if top > i:  # the highest request moves down into the gap; the freed row up (stopped)
+                b = self._slots[top]
+                assert b is not None
+                self.batch.swap(i, top, max(len(kept), len(b.written())))
+                self._slots[i], self._slots[top] = b, None
+                i = top
+            elif running:
+                self.batch.swap(i, i, 1)  # stops the row (the row moving "up" is marked done)
+            self._held.keep(i, kept)
             self._cv.notify()

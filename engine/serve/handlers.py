@@ -60,9 +60,12 @@ class Streamed:
 class ChoiceRun:
     """One choice: its engine request, its text, its metrics."""
 
-    def __init__(self, index: int, req: Request, text: ChoiceText, metrics: Metrics, prompt_tokens: int):
+    def __init__(
+        self, index: int, req: Request, text: ChoiceText, metrics: Metrics, prompt_tokens: int, prompt_no: int
+    ):
         self.index, self.req, self.text, self.metrics = index, req, text, metrics
-        self.prompt_tokens = prompt_tokens
+        self.prompt_tokens, self.prompt_no = prompt_tokens, prompt_no
+        self.cached_tokens = 0
         self.completion_tokens = 0
         self.t0 = time.perf_counter()
         self.first: float | None = None
@@ -92,6 +95,7 @@ class ChoiceRun:
                     why = "the engine failed while generating; see the server log"
                     raise APIError(500, why, None, "server_error", "engine_error")
                 piece = self.text.finish()
+                self.cached_tokens = item.cached_tokens
                 n = self.text.n_tokens if self.text.stopped else item.completion_tokens
                 yield piece, self._done(finish_reason(item, self.text.stopped), n)
                 return
@@ -108,8 +112,19 @@ class ChoiceRun:
         self.completion_tokens = completion_tokens
         now = time.perf_counter()
         ttft = None if self.first is None else self.first - self.t0
-        self.metrics.finished_request(reason, self.prompt_tokens, completion_tokens, ttft, now - self.t0)
+        self.metrics.finished_request(
+            reason, self.prompt_tokens, completion_tokens, ttft, now - self.t0, self.cached_tokens
+        )
         return reason
+
+
+def run_usage(runs: Sequence[ChoiceRun], prompt_tokens: int) -> dict:
+    """The usage of a response: completion tokens of every choice; cached tokens once per prompt
+    (the most any of its choices reused), as prompt tokens count once per prompt."""
+    cached: dict[int, int] = {}
+    for r in runs:
+        cached[r.prompt_no] = max(cached.get(r.prompt_no, 0), r.cached_tokens)
+    return usage(prompt_tokens, sum(r.completion_tokens for r in runs), sum(cached.values()))
 
 
 def engine_error(e: Exception, prompt_param: str) -> APIError:
@@ -205,10 +220,10 @@ async def _run(served, kind, common, prompts, default_max, prompt_param, disconn
     shapes = Shapes(kind, rid, int(time.time()), served.model_name, served.texts)
     reqs = _submit(served, jobs, rid, prompt_param)
     runs, k = [], 0
-    for ids, plist in jobs:
+    for no, (ids, plist) in enumerate(jobs):
         for _ in plist:
             text = ChoiceText(served.tokenizer, common.stop)
-            runs.append(ChoiceRun(k, reqs[k], text, served.metrics, len(ids)))
+            runs.append(ChoiceRun(k, reqs[k], text, served.metrics, len(ids), no))
             k += 1
     prompt_tokens = sum(len(ids) for ids in prompts)  # once per prompt, whatever n is (as OpenAI)
     want_lp = common.params.logprobs is not None
@@ -243,8 +258,7 @@ async def _collect(runs, shapes: Shapes, want_lp: bool, prompt_tokens: int, disc
         watcher.cancel()
         gathered.cancel()
         cancel_all(runs)
-    completion_tokens = sum(r.completion_tokens for r in runs)
-    return shapes.response(choices, usage(prompt_tokens, completion_tokens))
+    return shapes.response(choices, run_usage(runs, prompt_tokens))
 
 
 async def _stream(
@@ -280,8 +294,7 @@ async def _stream(
             lp = shapes.logprobs(piece) if want_lp else None
             yield sse(shapes.chunk(index, piece.text, lp, reason, include_usage))
         if include_usage:
-            completion_tokens = sum(r.completion_tokens for r in runs)
-            yield sse(shapes.usage_chunk(usage(prompt_tokens, completion_tokens)))
+            yield sse(shapes.usage_chunk(run_usage(runs, prompt_tokens)))
         yield sse("[DONE]")
     except Exception as e:  # headers are sent: the error goes into the stream, then it ends
         log.exception("stream %s failed", shapes.id)

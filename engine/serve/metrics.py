@@ -33,6 +33,13 @@ class Metrics:
         self.slots = pc.Gauge(PREFIX + "slots", "Slots of the compiled batch", registry=r)
         self.prompt_tokens = pc.Counter(PREFIX + "prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = pc.Counter(PREFIX + "generation_tokens", "Tokens generated", registry=r)
+        self.cached_tokens = pc.Counter(
+            PREFIX + "prompt_tokens_cached", "Prompt tokens whose K/V was reused (prefix reuse)", registry=r
+        )
+        gauge = lambda name, what: pc.Gauge(PREFIX + name, what, registry=r)
+        self.prefix_hit_rate = gauge("prefix_cache_hit_rate", "Admitted requests that reused a prefix")
+        self.prefix_reuse = gauge("prefix_cache_token_rate", "Share of admitted prompt tokens reused")
+        self.held_rows = gauge("prefix_cache_rows", "Free rows holding a reusable prefix")
         self.finished = pc.Counter(
             PREFIX + "request_finish", "Engine requests by finish reason", ["finish_reason"], registry=r
         )
@@ -59,10 +66,17 @@ class Metrics:
         )
 
     def finished_request(
-        self, reason: str, prompt_tokens: int, completion_tokens: int, ttft: float | None, seconds: float
+        self,
+        reason: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        ttft: float | None,
+        seconds: float,
+        cached_tokens: int = 0,
     ) -> None:
         self.finished.labels(finish_reason=reason).inc()
         self.prompt_tokens.inc(prompt_tokens)
+        self.cached_tokens.inc(cached_tokens)
         self.generation_tokens.inc(completion_tokens)
         if ttft is not None:
             self.ttft.observe(ttft)
@@ -73,6 +87,10 @@ class Metrics:
         self.queue_depth.set(stats.get("queue_depth", 0))
         self.active_slots.set(stats.get("active_slots", 0))
         self.slots.set(stats.get("slots", 0))
+        self.held_rows.set(stats.get("held_rows", 0))
+        admitted, prompt = stats.get("prefix_requests", 0), stats.get("prefix_prompt_tokens", 0)
+        self.prefix_hit_rate.set(stats.get("prefix_hits", 0) / admitted if admitted else 0.0)
+        self.prefix_reuse.set(stats.get("prefix_cached_tokens", 0) / prompt if prompt else 0.0)
         return self._latest(self.registry)
 
 

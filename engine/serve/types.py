@@ -49,6 +49,7 @@ class Finish:
     prompt_tokens: int
     completion_tokens: int
     time_to_first_token: float | None  # seconds from submit to the first token; None if none
+    cached_tokens: int = 0  # prompt tokens whose K/V was reused, not computed (prefix reuse)
 
 
 @dataclass(eq=False)

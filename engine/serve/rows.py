@@ -1,0 +1,75 @@
+"""What the free rows of a serving batch still hold: the tokens whose K/V a row kept when its
+request ended, so that a later prompt starting with them skips their prefill (prefix reuse).
+
+Pure host bookkeeping (no JAX): the scheduler (``aotlm.serve.engine``) keeps its requests in the
+lowest rows; a row freed by a finished request keeps that request's prompt and generated tokens
+(those whose K/V was written: every one but the last) until it is reused. A new request takes
+the free row holding the longest prefix of its prompt, else an empty free row, else the one
+used least recently (LRU). The batch's free rows are the store: as many held sequences as there
+are free slots, no copies.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
+class HeldRows:
+    """Per row: the tokens whose K/V it holds (``None``: nothing worth keeping) and its last use."""
+
+    def __init__(self, slots: int):
+        self.tokens: list[np.ndarray | None] = [None] * slots
+        self.used = [0] * slots
+        self._clock = itertools.count(1)
+
+    def keep(self, row: int, tokens: np.ndarray) -> None:
+        self.tokens[row] = np.asarray(tokens, np.int32) if len(tokens) else None
+        self.used[row] = next(self._clock)
+
+    def forget(self, row: int) -> None:
+        self.tokens[row] = None
+
+    def clear(self) -> None:
+        self.tokens = [None] * len(self.tokens)
+
+    def filled(self, row: int) -> int:
+        """Cache slots of ``row`` that hold kept K/V."""
+        held = self.tokens[row]
+        return 0 if held is None else len(held)
+
+    def swap(self, a: int, b: int) -> None:
+        self.tokens[a], self.tokens[b] = self.tokens[b], self.tokens[a]
+        self.used[a], self.used[b] = self.used[b], self.used[a]
+
+    def best(self, prompt: np.ndarray, free: Sequence[int]) -> tuple[int | None, int]:
+        """The free row holding the longest prefix of ``prompt`` and how many of its tokens can be
+        reused (at most all but the prompt's last: its logits must be computed); ``(None, 0)``
+        when no free row shares a token with it."""
+        row, length = None, 0
+        for r in free:
+            held = self.tokens[r]
+            if held is not None:
+                n = min(common_prefix(held, prompt), len(prompt) - 1)
+                if n > length:
+                    row, length = r, n
+        if row is not None:
+            self.used[row] = next(self._clock)
+        return row, length
+
+    def victim(self, free: Sequence[int]) -> int:
+        """The free row to overwrite: the first one holding nothing, else the least recently used."""
+        empty = [r for r in free if self.tokens[r] is None]
+        return empty[0] if empty else min(free, key=lambda r: self.used[r])
+
+    def count(self) -> int:
+        return sum(t is not None for t in self.tokens)
