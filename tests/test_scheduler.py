@@ -24,8 +24,11 @@ class FakeSlots:
     """``SlotRunner`` with arithmetic tokens: the first token is the prompt's last + 1, each next
     one the previous + 1 (mod ``VOCAB``); ``eos`` ends a row, as does its ``max_tokens``."""
 
-    def __init__(self, slots: int = 2, n_positions: int = 64, chunk: int = 4, eos: int | None = None):
+    def __init__(
+        self, slots: int = 2, n_positions: int = 64, chunk: int = 4, eos: int | None = None, prompts: int = 1
+    ):
         self.slots, self.n_positions, self.vocab_size, self.max_chunk = slots, n_positions, VOCAB, chunk
+        self.max_prompts = prompts
         self.eos = eos
         self.calls: list[tuple] = []  # ("prefill", row, start, prompt[0]), ("insert", row),
         # ("decode", rows decoded, rows cancelled)
@@ -66,6 +69,11 @@ class FakeSlots:
     def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep) -> int:
         self.calls.append(("prefill", row, step.start, int(prompt[0])))
         return int(prompt[step.start + step.n_real - 1])  # "logits": the chunk's last token
+
+    def prefill_rows(self, rows, prompts, bucket: int) -> list[int]:
+        assert 1 < len(rows) <= self.max_prompts and all(len(p) <= bucket for p in prompts)
+        self.calls.append(("prefill_rows", tuple(rows), bucket))
+        return [int(p[-1]) for p in prompts]
 
     def _emit(self, row: int, slot: int, tok: int) -> None:
         self.out[row, slot], self.idx[row] = tok, slot
@@ -312,5 +320,25 @@ def test_a_prompt_resumes_after_the_prefix_a_free_row_holds():
         assert fake.calls[-4:-2] == [("swap", 0, 1), ("prefill", 0, len(follow) - 4, 1)]
         stats = eng.stats()
         assert (stats["prefix_requests"], stats["prefix_hits"], stats["held_rows"]) == (3, 1, 2)
+    finally:
+        eng.shutdown(timeout=1)
+
+
+def test_short_prompts_arriving_together_are_prefilled_in_one_call():
+    """Whole one-chunk prompts waiting together go through one ``prefill_rows`` call, as many as
+    the round's prefill budget holds; the oldest first, each then streams its own tokens."""
+    fake = FakeSlots(slots=4, prompts=4)
+    fake.hold()
+    eng = Engine(fake, prefill_budget=8).start()
+    try:
+        busy = eng.submit([7], SamplingParams(max_tokens=30))
+        fake.wait_decodes(1)
+        reqs = [eng.submit([i, i + 1], SamplingParams(max_tokens=3)) for i in range(10, 13)]
+        fake.let_go()
+        for i, r in zip(range(10, 13), reqs, strict=True):
+            assert collect(r)[0] == expected([i, i + 1], 3)
+        assert collect(busy)[0] == expected([7], 30)
+        prefills = [c[:3] for c in fake.calls if c[0].startswith("prefill")]
+        assert prefills == [("prefill", 0, 0), ("prefill_rows", (1, 2), 4), ("prefill", 3, 0)]
     finally:
         eng.shutdown(timeout=1)

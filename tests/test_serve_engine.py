@@ -208,7 +208,8 @@ def test_compile_serve_precompiles_every_serving_graph(gpt2_path, tmp_path, caps
     kw = serve_kwargs(dict(n_positions=32, context_length_estimate=8, batch_size=2), str(gpt2_path))
     model = AutoModelForSampling.from_pretrained(gpt2_path, compile_cache=tmp_path, **kw).compile()
     assert [r["hit"] for r in model.compile_report] == [True] * len(model.graph_keys())
-    assert {k[0] for k in model.graph_keys()} == {"slot_prefill", "slot_insert", "slot_decode", "slot_swap"}
+    kinds = {"slot_prefill", "slot_prefill_rows", "slot_insert", "slot_decode", "slot_swap"}
+    assert {k[0] for k in model.graph_keys()} == kinds
 
 
 def record_rows(monkeypatch) -> list[int]:
@@ -277,3 +278,26 @@ def test_prefix_reuse_gives_the_same_tokens(served):
     _, (toks_off, fin_off), (stoks_off, _), _, stats_off = runs[False]
     assert fin_off.cached_tokens == 0 and stats_off["prefix_hits"] == 0
     assert [t.id for t in toks_off] == want and [t.id for t in stoks] == [t.id for t in stoks_off]
+
+
+def test_prompts_waiting_together_are_prefilled_in_one_call(served, monkeypatch):
+    """Two short prompts that wait while a long request decodes are encoded by one
+    ``slot_prefill_rows`` call, each into its row, and each gets what ``sample()`` gives it alone."""
+    model, ref = served
+    slow_decode(monkeypatch, 0.01)
+    calls = []
+    real = SlotBatch.prefill_rows
+    monkeypatch.setattr(SlotBatch, "prefill_rows", lambda self, *a: calls.append(a[0]) or real(self, *a))
+    eng = Engine(model, eos_token_id=[], prefix_cache=False).start()
+    try:
+        long = eng.submit(prompt(3, 70), SamplingParams(max_tokens=40, temperature=0))
+        next(iter(long))
+        cases = [prompt(5, 71), prompt(7, 72)]
+        reqs = [eng.submit(p, SamplingParams(max_tokens=6, temperature=0)) for p in cases]
+        for p, r in zip(cases, reqs, strict=True):
+            want = ref.sample(np.array([p]), max_new_tokens=6)[0, len(p) :].tolist()
+            assert [t.id for t in collect(r)[0]] == want
+        assert calls == [[1, 2]]
+        collect(long)
+    finally:
+        eng.shutdown(timeout=5)

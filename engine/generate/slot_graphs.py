@@ -1,12 +1,15 @@
 """Graphs of continuous batching: the KV cache's batch rows are slots that requests enter and leave.
 
-Four graph kinds, compiled ahead of time like every other (``graph_keys``):
+Five graph kinds, compiled ahead of time like every other (``graph_keys``):
 
 * ``("slot_prefill", C, W)``: encode one request's prompt chunk (context bucket ``C``, attending
   ``W`` cache slots, as ``core.graphs.prefill``) into the cache row ``row`` only; other rows are
   untouched, so it runs between decode steps of the other requests. Besides the shapes
   ``sample()`` uses, every ``(C, W > C)``: a prompt resumed after a reused prefix
   (``buckets.resume_plan``).
+* ``("slot_prefill_rows", C, N)``: ``N`` (2, 4, 8) whole prompts that fit context bucket ``C``,
+  each into its own row, in one call: a burst of short prompts shares the per-call costs (the
+  weights read once, not ``N`` times).
 * ``("slot_insert",)``: put a request's per-row state (sampling settings, stop sequences,
   prompt tokens for the penalties) into row ``row`` and choose its first token from the prefill
   logits.
@@ -43,6 +46,13 @@ from aotlm.core.contract import GraphHost
 from aotlm.core.state import SlotState
 from aotlm.models import decoder
 
+MAX_PROMPTS = 8  # whole prompts one call encodes at most (short prompts share per-call costs)
+
+
+def prompt_ladder(slots: int) -> tuple[int, ...]:
+    """How many whole prompts a ``slot_prefill_rows`` graph encodes: 2, 4, 8 (up to the slots)."""
+    return tuple(n for n in (2, 4, 8) if n <= min(slots, MAX_PROMPTS))
+
 
 def ladder(slots: int) -> tuple[int, ...]:
     """The row counts decode graphs are compiled for: powers of two below ``slots``, and ``slots``."""
@@ -64,6 +74,7 @@ def graph_keys(ctx_buckets, tg_buckets, slots: int) -> list[tuple]:
     )
     return (
         [("slot_prefill", c, w) for c, w in sorted(shapes)]
+        + [("slot_prefill_rows", c, n) for c in ctx_buckets for n in prompt_ladder(slots)]
         + [("slot_insert",)]
         + [("slot_decode", w, r) for w in tg_buckets for r in ladder(slots)]
         + [("slot_swap", w) for w in tg_buckets]
@@ -152,6 +163,41 @@ def slot_prefill(cfg, width: int, params, cache, tokens, positions, start, last,
     }
     h_last = lax.dynamic_index_in_dim(h, last, axis=1, keepdims=False)
     return decoder.logits(cfg, params, h_last), new
+
+
+def slot_prefill_rows(cfg, params, cache, tokens, positions, last, rows):
+    """Encode ``N`` whole prompts at once: ``tokens [N,C]`` (each from slot 0, right-padded;
+    ``positions`` -1 on padding), each into its cache row ``rows [N]`` (traced). Returns each
+    prompt's logits at its ``last [N]`` token as ``N`` arrays ``[1,V]`` (one per ``slot_insert``)
+    and the cache. Only the rows' first ``C`` slots are read and written; the host fills unused
+    entries with copies of a real one (the same values written twice), never another row.
+    """
+    n, c = tokens.shape
+
+    def cut(buf, axis: int):
+        size = [1] + [c if a == axis else d for a, d in enumerate(buf.shape[1:], 1)]
+        return jnp.concatenate(
+            [lax.dynamic_slice(buf, [rows[r]] + [0] * (buf.ndim - 1), size) for r in range(n)]
+        )
+
+    def back(buf, new):
+        for r in range(n):
+            buf = lax.dynamic_update_slice(buf, new[r : r + 1], [rows[r]] + [0] * (buf.ndim - 1))
+        return buf
+
+    sub = {
+        "k": [cut(b, 2) for b in cache["k"]],
+        "v": [cut(b, 3) for b in cache["v"]],
+        "pos": cut(cache["pos"], 1),
+    }
+    h, sub = decoder.forward(cfg, params, sub, tokens, positions, jnp.int32(0), 0)
+    new = {
+        "k": [back(b, x) for b, x in zip(cache["k"], sub["k"], strict=True)],
+        "v": [back(b, x) for b, x in zip(cache["v"], sub["v"], strict=True)],
+        "pos": back(cache["pos"], sub["pos"]),
+    }
+    logits = decoder.logits(cfg, params, h[jnp.arange(n), last])
+    return tuple(logits[r : r + 1] for r in range(n)), new
 
 
 def slot_insert(state: SlotState, logits, row_state: SlotState, row) -> SlotState:
@@ -255,6 +301,13 @@ def lower(model: GraphHost, key: tuple):
         jit = jax.jit(fn, donate_argnums=(1,), out_shardings=(rep, cache_sh))
         tok = jax.ShapeDtypeStruct((1, c), jnp.int32, sharding=rep)
         return jit.lower(p, cache, tok, tok, scalar, scalar, scalar)
+    if key[0] == "slot_prefill_rows":
+        _, c, n = key
+        fn = functools.partial(slot_prefill_rows, model.cfg)
+        jit = jax.jit(fn, donate_argnums=(1,), out_shardings=((rep,) * n, cache_sh))
+        tok = jax.ShapeDtypeStruct((n, c), jnp.int32, sharding=rep)
+        vec = jax.ShapeDtypeStruct((n,), jnp.int32, sharding=rep)
+        return jit.lower(p, cache, tok, tok, vec, vec)
     if key[0] == "slot_insert":
         one = state_spec(1, model.n_positions, v, rep)
         row_state = one

@@ -79,7 +79,8 @@ class SlotRunner(Protocol):
     ``slots`` rows of ``n_positions`` KV slots each. A request enters row ``row`` in three moves:
     ``prefill_plan`` splits its prompt into chunks (from ``start``: the K/V of the first
     ``start`` tokens is already in the row; the plan's first step says how many it reuses),
-    ``prefill_step`` encodes one chunk (returning opaque logits, only passed on), ``insert``
+    ``prefill_step`` encodes one chunk (returning opaque logits, only passed on; ``prefill_rows``
+    encodes up to ``max_prompts`` whole one-chunk prompts from slot 0 at once), ``insert``
     makes the row live with its settings and first token. ``decode`` then advances the live rows
     among the first ``rows`` by up to ``steps`` tokens (``cancel`` marks rows to stop; rows at or
     past ``rows`` must not be live), and ``read`` returns host arrays ``idx [slots]`` (slot of
@@ -95,12 +96,15 @@ class SlotRunner(Protocol):
     n_positions: int
     vocab_size: int
     max_chunk: int  # the largest prefill chunk (the default prefill budget per round)
+    max_prompts: int  # whole prompts ``prefill_rows`` takes at once (1: it is never called)
 
     def check(self, prompt_len: int, settings: SamplingParams) -> list[tuple[str, str]]: ...
 
     def prefill_plan(self, prompt_len: int, start: int = 0) -> Sequence[bk.PrefillStep]: ...
 
     def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep) -> Any: ...
+
+    def prefill_rows(self, rows: Sequence[int], prompts: Sequence[np.ndarray], bucket: int) -> list: ...
 
     def insert(self, row: int, prompt: np.ndarray, settings: SamplingParams, logits: Any) -> None: ...
 
@@ -120,6 +124,7 @@ class SlotBatch:
         self.model = model
         self.vocab_size = model.cfg.vocab_size
         self.max_chunk = max(model.ctx_buckets)
+        self.max_prompts = max(slot_graphs.prompt_ladder(model.batch_size), default=1)
         self.slots = model.batch_size
         self.n_positions = model.n_positions
         eos = inputs.eos_ids(list(eos_token_id) or None, graphs.MAX_EOS)
@@ -154,6 +159,24 @@ class SlotBatch:
                 put(np.int32(step.n_real - 1)), put(np.int32(row)),
             )  # fmt: skip
         return logits
+
+    def prefill_rows(self, rows: Sequence[int], prompts: Sequence[np.ndarray], bucket: int) -> list:
+        """Encode whole prompts (each fitting context bucket ``bucket``) into ``rows`` in one call;
+        returns each one's (device) logits. The call's prompt count is the smallest of
+        ``slot_graphs.prompt_ladder`` holding them; the rest of its entries repeat the first."""
+        m, k = self.model, len(rows)
+        n = next(n for n in slot_graphs.prompt_ladder(self.slots) if n >= k)
+        tok = np.zeros((n, bucket), np.int32)
+        pos = np.full((n, bucket), -1, np.int32)
+        last, where = np.zeros(n, np.int32), np.zeros(n, np.int32)
+        for i in range(n):
+            p = prompts[i if i < k else 0]
+            tok[i, : len(p)], pos[i, : len(p)] = p, np.arange(len(p))
+            last[i], where[i] = len(p) - 1, rows[i if i < k else 0]
+        with m.lock:
+            exe = m.executable(("slot_prefill_rows", bucket, n))
+            logits, m.cache = exe(m.params, m.cache, m.put(tok), m.put(pos), m.put(last), m.put(where))
+        return list(logits[:k])
 
     def insert(self, row: int, prompt: np.ndarray, settings: SamplingParams, logits) -> None:
         """Make ``row`` live with ``settings``; its first token is chosen from ``logits``."""

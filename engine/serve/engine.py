@@ -258,22 +258,45 @@ class Engine:
                 self._slots[n] = _Active(req, prompt, plan, filled=cached, cached=cached)
 
     def _prefill(self) -> None:
+        """Prefill chunks, oldest request first, up to the round's token budget; whole short
+        prompts of the oldest one's bucket go together (``prefill_rows``)."""
         budget = self.prefill_budget
         pending = [(i, a) for i, a in enumerate(self._slots) if a is not None and a.plan]
         pending.sort(key=lambda ia: ia[1].req.submitted)
-        for i, a in pending:
-            while a.plan and budget > 0:
-                step: bk.PrefillStep = a.plan.popleft()
-                a.logits = self.batch.prefill_step(i, a.prompt, step)
-                a.filled = max(a.filled, step.start + step.n_real)
-                budget -= step.bucket
-            if a.plan:
-                return  # budget spent; the rest next round
-            self.batch.insert(i, a.prompt, a.req.params, a.logits)
-            a.logits, a.live, a.idx = None, True, len(a.prompt) - 1
-            self._stream([(i, a)])
-            if budget <= 0:
-                return
+        while pending and budget > 0:
+            group = self._whole_prompts(pending, budget)
+            if len(group) > 1:
+                bucket = group[0][1].plan[0].bucket
+                logits = self.batch.prefill_rows([i for i, _ in group], [a.prompt for _, a in group], bucket)
+                for (_, a), lg in zip(group, logits, strict=True):
+                    a.plan.clear()
+                    a.logits, a.filled = lg, len(a.prompt)
+                budget -= bucket * len(group)
+            else:
+                i, a = group[0]
+                while a.plan and budget > 0:
+                    step: bk.PrefillStep = a.plan.popleft()
+                    a.logits = self.batch.prefill_step(i, a.prompt, step)
+                    a.filled = max(a.filled, step.start + step.n_real)
+                    budget -= step.bucket
+                if a.plan:
+                    return  # budget spent; the rest next round
+            for i, a in group:
+                self.batch.insert(i, a.prompt, a.req.params, a.logits)
+                a.logits, a.live, a.idx = None, True, len(a.prompt) - 1
+            self._stream(group)
+            pending = [x for x in pending if x not in group]
+
+    def _whole_prompts(self, pending: list[tuple[int, _Active]], budget: int) -> list[tuple[int, _Active]]:
+        """The oldest pending request, with (when its prompt is one whole chunk from slot 0) the
+        next ones whose prompts are whole chunks of the same bucket, as many as one call and
+        the budget take."""
+        first = pending[0][1].plan[0]
+        whole = lambda a: len(a.plan) == 1 and a.plan[0].start == 0 and a.plan[0].width == a.plan[0].bucket
+        if not whole(pending[0][1]) or self.batch.max_prompts < 2:
+            return pending[:1]
+        same = [(i, a) for i, a in pending if whole(a) and a.plan[0].bucket == first.bucket]
+        return same[: max(1, min(self.batch.max_prompts, budget // first.bucket))]
 
     def _stream(self, rows: list[tuple[int, _Active]]) -> None:
         """Push every row's new tokens (slots ``a.idx + 1 .. idx``) and finish the ended rows."""
