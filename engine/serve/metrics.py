@@ -10,9 +10,35 @@ Gauges of the engine (queue depth, active slots) are read from ``Engine.stats()`
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 PREFIX = "aotlm_"
+_COMPILES = {"n": 0, "listening": False}
+_COMPILES_LOCK = threading.Lock()
+
+
+def count_compilations() -> None:
+    """Count XLA compilations in this process from now on (``compilations()``); idempotent."""
+    import jax  # local: only a server counts
+
+    with _COMPILES_LOCK:
+        if _COMPILES["listening"]:
+            return
+        _COMPILES["listening"] = True
+
+    def listen(event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            _COMPILES["n"] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+
+
+def compilations() -> int:
+    """XLA compilations since ``count_compilations`` was first called."""
+    return _COMPILES["n"]
+
+
 # latency buckets (seconds) from a tiny CPU model's milliseconds to a large model's seconds
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -40,6 +66,9 @@ class Metrics:
         self.prefix_hit_rate = gauge("prefix_cache_hit_rate", "Admitted requests that reused a prefix")
         self.prefix_reuse = gauge("prefix_cache_token_rate", "Share of admitted prompt tokens reused")
         self.held_rows = gauge("prefix_cache_rows", "Free rows holding a reusable prefix")
+        self.compiles = gauge("xla_compilations", "XLA compilations since the app was made (0 expected)")
+        count_compilations()
+        self._compiles_at_start = compilations()
         self.finished = pc.Counter(
             PREFIX + "request_finish", "Engine requests by finish reason", ["finish_reason"], registry=r
         )
@@ -88,6 +117,7 @@ class Metrics:
         self.active_slots.set(stats.get("active_slots", 0))
         self.slots.set(stats.get("slots", 0))
         self.held_rows.set(stats.get("held_rows", 0))
+        self.compiles.set(compilations() - self._compiles_at_start)
         admitted, prompt = stats.get("prefix_requests", 0), stats.get("prefix_prompt_tokens", 0)
         self.prefix_hit_rate.set(stats.get("prefix_hits", 0) / admitted if admitted else 0.0)
         self.prefix_reuse.set(stats.get("prefix_cached_tokens", 0) / prompt if prompt else 0.0)
