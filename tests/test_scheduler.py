@@ -116,6 +116,14 @@ class FakeSlots:
         if not self.done[up]:
             self.done[up], self.reason[up] = True, FinishReason.CANCELLED
 
+    def save(self, row: int, filled: int) -> tuple[np.ndarray, int]:
+        self.calls.append(("save", row, filled))
+        return self.out[row, :filled].copy(), filled * 4
+
+    def restore(self, row: int, kv: np.ndarray) -> None:
+        self.calls.append(("restore", row, len(kv)))
+        self.out[row, : len(kv)] = kv
+
     def read(self, logprobs: bool = False) -> dict[str, np.ndarray]:
         host = {"idx": self.idx.copy(), "done": self.done.copy(), "reason": self.reason.copy()}
         host["out"] = self.out.copy()
@@ -342,3 +350,24 @@ def test_short_prompts_arriving_together_are_prefilled_in_one_call():
         assert prefills == [("prefill", 0, 0), ("prefill_rows", (1, 2), 4), ("prefill", 3, 0)]
     finally:
         eng.shutdown(timeout=1)
+
+
+def test_a_prefix_overwritten_in_its_row_comes_back_from_the_store():
+    """With one slot, a second prompt overwrites the row holding the first; the first's tokens are
+    copied out first (``save``), and a prompt continuing the first copies them back (``restore``)
+    and resumes after them. A store of 0 bytes keeps nothing."""
+    for limit, reused in ((1 << 20, True), (0, False)):
+        fake = FakeSlots(slots=1)
+        eng = Engine(fake, prefix_store_bytes=limit).start()
+        try:
+            a = list(range(1, 21))
+            toks = collect(eng.submit(a, SamplingParams(max_tokens=3)))[0]
+            collect(eng.submit(list(range(30, 50)), SamplingParams(max_tokens=2)))
+            follow = a + toks + [7, 8]
+            toks2, fin = collect(eng.submit(follow, SamplingParams(max_tokens=2)))
+            assert toks2 == expected(follow, 2)
+            assert (fin.cached_tokens > 0) == reused and (("save", 0, 22) in fake.calls) == reused
+            assert (("restore", 0, 22) in fake.calls) == reused
+            assert eng.stats()["prefix_store_entries"] == (2 if reused else 0)
+        finally:
+            eng.shutdown(timeout=1)

@@ -208,7 +208,8 @@ def test_compile_serve_precompiles_every_serving_graph(gpt2_path, tmp_path, caps
     kw = serve_kwargs(dict(n_positions=32, context_length_estimate=8, batch_size=2), str(gpt2_path))
     model = AutoModelForSampling.from_pretrained(gpt2_path, compile_cache=tmp_path, **kw).compile()
     assert [r["hit"] for r in model.compile_report] == [True] * len(model.graph_keys())
-    kinds = {"slot_prefill", "slot_prefill_rows", "slot_insert", "slot_decode", "slot_swap"}
+    kinds = {"slot_prefill", "slot_prefill_rows", "slot_insert", "slot_decode", "slot_swap", "slot_kv_out"}
+    kinds.add("slot_kv_in")
     assert {k[0] for k in model.graph_keys()} == kinds
 
 
@@ -299,5 +300,28 @@ def test_prompts_waiting_together_are_prefilled_in_one_call(served, monkeypatch)
             assert [t.id for t in collect(r)[0]] == want
         assert calls == [[1, 2]]
         collect(long)
+    finally:
+        eng.shutdown(timeout=5)
+
+
+def test_a_prefix_copied_out_and_back_gives_the_same_tokens(served):
+    """The first prompt's row is overwritten by later requests (its K/V copied into the prefix
+    store first); a prompt continuing it copies the K/V back into a row and resumes after it,
+    with exactly the tokens of a full prefill; no compiles."""
+    model, ref = served
+    eng = Engine(model, eos_token_id=[]).start()
+    try:
+        first = prompt(20, 80)
+        toks = collect(eng.submit(first, SamplingParams(max_tokens=6, temperature=0)))[0]
+        with count_compiles() as compiled:
+            for i in range(4):  # sequential: each takes an empty row first, then the LRU one
+                collect(eng.submit(prompt(9, 81 + i), SamplingParams(max_tokens=2, temperature=0)))
+            assert eng.stats()["prefix_store_entries"] >= 1
+            follow = first + [t.id for t in toks] + prompt(5, 90)
+            got, fin = collect(eng.submit(follow, SamplingParams(max_tokens=8, temperature=0)))
+        assert compiled["backend"] == 0, f"{compiled['backend']} compilations after warm-up"
+        assert fin.cached_tokens >= 16
+        want = ref.sample(np.array([follow]), max_new_tokens=8)[0, len(follow) :].tolist()
+        assert [t.id for t in got] == want
     finally:
         eng.shutdown(timeout=5)

@@ -2,7 +2,7 @@
 
 aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-size 8]
             [--max-queue 64] [--api-key KEY] [--max-tokens-cap N] [--served-model-name NAME]
-            [--no-prefix-cache]
+            [--no-prefix-cache] [--prefix-cache-mb 512]
 
 The model is compiled for every bucket before the port opens, so the first request does not
 compile. Without ``--n-positions`` it serves the checkpoint's whole context window (capped at
@@ -30,7 +30,7 @@ from pathlib import Path
 from aotlm.cli.common import add_model_args, model_kwargs, serve_kwargs, setup_logging
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.serve.app import create_app
-from aotlm.serve.engine import Engine
+from aotlm.serve.engine import PREFIX_STORE_BYTES, Engine
 from aotlm.text.tokens import eos_ids, tokenizer_for
 
 SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")
@@ -59,6 +59,12 @@ def register(sub) -> None:
         "--no-prefix-cache",
         action="store_true",
         help="do not reuse the K/V a free slot holds for a prompt starting with its tokens",
+    )
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=PREFIX_STORE_BYTES / 2**20,
+        help="MB of K/V kept for reuse after the slot holding it is reused (default 512; 0: none)",
     )
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
     p.add_argument("--quiet", action="store_true", help="no aotlm INFO lines")
@@ -90,6 +96,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     args.checkpoint = args.checkpoint_given = args.checkpoint or args.model_alias
     if args.port < 0 or args.port > 65535 or args.max_queue < 1:
         raise ValueError("--port must be in 0..65535 and --max-queue >= 1")
+    if args.prefix_cache_mb < 0:
+        raise ValueError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
     if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
         raise ValueError(f"--max-tokens-cap must be >= 1, got {args.max_tokens_cap}")
     setup_logging(args.quiet)
@@ -104,6 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_tokens_cap=args.max_tokens_cap,
         prefix_cache=not args.no_prefix_cache,
+        prefix_store_bytes=int(args.prefix_cache_mb * 2**20),
     ).start()
     name = _model_name(args, args.checkpoint)
     try:

@@ -1,6 +1,6 @@
 """Graphs of continuous batching: the KV cache's batch rows are slots that requests enter and leave.
 
-Five graph kinds, compiled ahead of time like every other (``graph_keys``):
+Seven graph kinds, compiled ahead of time like every other (``graph_keys``):
 
 * ``("slot_prefill", C, W)``: encode one request's prompt chunk (context bucket ``C``, attending
   ``W`` cache slots, as ``core.graphs.prefill``) into the cache row ``row`` only; other rows are
@@ -18,6 +18,8 @@ Five graph kinds, compiled ahead of time like every other (``graph_keys``):
   over an occupancy ladder (``ladder``: powers of two up to the slots): the scheduler keeps
   its requests in the lowest rows and calls the smallest ``R`` holding them, so one request
   pays a one-row step, not a whole batch's.
+* ``("slot_kv_out", W)`` / ``("slot_kv_in", W)``: copy a row's first ``W`` cache slots out (to
+  arrays the host keeps in its prefix store) and back into a row.
 * ``("slot_swap", W)``: exchange two rows' first ``W`` cache slots and their states (how the
   scheduler keeps live rows low while freed rows keep their tokens' K/V for reuse).
 
@@ -78,6 +80,7 @@ def graph_keys(ctx_buckets, tg_buckets, slots: int) -> list[tuple]:
         + [("slot_insert",)]
         + [("slot_decode", w, r) for w in tg_buckets for r in ladder(slots)]
         + [("slot_swap", w) for w in tg_buckets]
+        + [(kind, w) for w in tg_buckets for kind in ("slot_kv_out", "slot_kv_in")]
     )
 
 
@@ -257,6 +260,31 @@ def slot_decode(cfg, width: int, rows: int, params, cache, state, cancel, replic
     return cache, put_rows(full, state)
 
 
+def _row_block(buf, row, width: int, axis: int):
+    """Row ``row``'s first ``width`` slots (along ``axis``) of one cache buffer."""
+    size = [1] + [min(width, d) if a == axis else d for a, d in enumerate(buf.shape[1:], 1)]
+    return lax.dynamic_slice(buf, [row] + [0] * (buf.ndim - 1), size)
+
+
+def slot_kv_out(width: int, cache, row):
+    """A copy of row ``row``'s first ``width`` (static) slots: ``{"k", "v", "pos"}`` one-row blocks."""
+    return {
+        "k": [_row_block(c, row, width, 2) for c in cache["k"]],
+        "v": [_row_block(c, row, width, 3) for c in cache["v"]],
+        "pos": _row_block(cache["pos"], row, width, 1),
+    }
+
+
+def slot_kv_in(cache, kv, row):
+    """Write ``kv`` (``slot_kv_out``'s blocks) into row ``row``'s first slots."""
+    put = lambda buf, x: lax.dynamic_update_slice(buf, x, [row] + [0] * (buf.ndim - 1))
+    return {
+        "k": [put(c, x) for c, x in zip(cache["k"], kv["k"], strict=True)],
+        "v": [put(c, x) for c, x in zip(cache["v"], kv["v"], strict=True)],
+        "pos": put(cache["pos"], kv["pos"]),
+    }
+
+
 def slot_swap(width: int, cache, state: SlotState, a, b):
     """Exchange rows ``a`` and ``b`` (traced): their first ``width`` (static) cache slots in every
     layer and their whole states. Slots past ``width`` stay: the host picks a width covering
@@ -314,6 +342,14 @@ def lower(model: GraphHost, key: tuple):
         logits = jax.ShapeDtypeStruct((1, v), jnp.float32, sharding=rep)
         jit = jax.jit(slot_insert, donate_argnums=(0,), out_shardings=state_sh)
         return jit.lower(state, logits, row_state, scalar)
+    if key[0] in ("slot_kv_out", "slot_kv_in"):  # the blocks are sharded as the cache is
+        out = functools.partial(slot_kv_out, key[1])
+        blocks = jax.tree.map(lambda b, c: jax.ShapeDtypeStruct(b.shape, b.dtype, sharding=c.sharding),
+                              jax.eval_shape(out, cache, scalar), cache)  # fmt: skip
+        if key[0] == "slot_kv_out":
+            return jax.jit(out, out_shardings=model.shardings(blocks)).lower(cache, scalar)
+        jit = jax.jit(slot_kv_in, donate_argnums=(0,), out_shardings=cache_sh)
+        return jit.lower(cache, blocks, scalar)
     if key[0] == "slot_swap":
         jit = jax.jit(
             functools.partial(slot_swap, key[1]), donate_argnums=(0, 1), out_shardings=(cache_sh, state_sh)

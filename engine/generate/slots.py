@@ -87,7 +87,9 @@ class SlotRunner(Protocol):
     each row's last token), ``done [slots]``, ``reason [slots]``
     (``aotlm.core.graphs.FinishReason`` values), ``out [slots, n_positions]`` (prompt then
     tokens) and, with ``logprobs``, ``logp``, ``top_ids``, ``top_lp``. ``swap`` exchanges two
-    rows (K/V of their first ``filled`` slots and their states; the row moving up stops).
+    rows (K/V of their first ``filled`` slots and their states; the row moving up stops);
+    ``save`` copies a row's first ``filled`` slots out (an opaque copy and its bytes) and
+    ``restore`` writes such a copy back into a row (the scheduler's prefix store).
     ``check`` lists what keeps a request from running. ``SlotBatch`` implements it on compiled
     slot graphs; a fake with arithmetic tokens drives the scheduler's tests.
     """
@@ -111,6 +113,10 @@ class SlotRunner(Protocol):
     def decode(self, steps: int, max_live_slot: int, rows: int, cancel: np.ndarray | None = None) -> None: ...
 
     def swap(self, a: int, b: int, filled: int) -> None: ...
+
+    def save(self, row: int, filled: int) -> tuple[Any, int]: ...
+
+    def restore(self, row: int, kv: Any) -> None: ...
 
     def read(self, logprobs: bool = False) -> dict[str, np.ndarray]: ...
 
@@ -224,6 +230,21 @@ class SlotBatch:
         with m.lock:
             exe = m.executable(("slot_swap", width))
             m.cache, self.state = exe(m.cache, self.state, m.put(np.int32(a)), m.put(np.int32(b)))
+
+    def save(self, row: int, filled: int) -> tuple[Any, int]:
+        """A copy of row ``row``'s first ``filled`` slots of K/V (for a prefix store) and its bytes."""
+        m = self.model
+        width = bk.decode_bucket(m.tg_buckets, max(min(filled, self.n_positions) - 1, 0))
+        with m.lock:
+            kv = m.executable(("slot_kv_out", width))(m.cache, m.put(np.int32(row)))
+        return kv, sum(x.nbytes for x in jax.tree.leaves(kv))
+
+    def restore(self, row: int, kv: Any) -> None:
+        """Write ``save``'s copy back into row ``row`` (its first slots)."""
+        m = self.model
+        with m.lock:
+            exe = m.executable(("slot_kv_in", kv["pos"].shape[1]))
+            m.cache = exe(m.cache, kv, m.put(np.int32(row)))
 
     def read(self, logprobs: bool = False) -> dict:
         """The host copy of what streaming needs: idx, done, reason, out (+ logp, top_*)."""

@@ -5,7 +5,8 @@ rounds; each round it
 
 1. frees the slots of cancelled requests,
 2. admits waiting requests into free slots (a prompt's prefill plan: context-bucket chunks,
-   starting after the longest prefix of it a free row still holds: ``rows.HeldRows``),
+   starting after the longest prefix of it a free row still holds (``rows.HeldRows``) or the
+   prefix store holds a copy of (``rows.PrefixStore``: what overwritten rows held),
 3. runs prefill chunks up to a token budget (``prefill_budget``; a long prompt is spread over
    rounds, so it delays the other slots' next tokens by about one chunk, not the whole
    prompt), and for each finished prompt inserts the request and streams its first token,
@@ -37,7 +38,7 @@ import numpy as np
 from aotlm.core import buckets as bk
 from aotlm.core.graphs import FinishReason
 from aotlm.generate.slots import SlotBatch, SlotModel, SlotRunner
-from aotlm.serve.rows import HeldRows
+from aotlm.serve.rows import HeldRows, PrefixStore
 from aotlm.serve.types import (
     EngineStopped,
     Finish,
@@ -50,6 +51,7 @@ from aotlm.serve.types import (
 
 log = logging.getLogger("aotlm.serve")
 DECODE_CHUNK = 1  # decode steps per scheduling round (README, Serving: measured choice)
+PREFIX_STORE_BYTES = 512 << 20  # K/V copied out of overwritten rows, kept for reuse (LRU)
 
 
 @dataclass(eq=False)
@@ -89,6 +91,7 @@ class Engine:
         decode_chunk: int = DECODE_CHUNK,
         prefill_budget: int | None = None,
         prefix_cache: bool = True,
+        prefix_store_bytes: int = PREFIX_STORE_BYTES,
     ):
         if max_queue < 1 or decode_chunk < 1:
             raise ValueError("max_queue and decode_chunk must be >= 1")
@@ -105,6 +108,7 @@ class Engine:
         self._slots: list[_Active | None] = [None] * batch.slots
         self.prefix_cache = prefix_cache
         self._held = HeldRows(batch.slots)
+        self._store = PrefixStore(prefix_store_bytes)
         self._reuse = {"requests": 0, "hits": 0, "prompt_tokens": 0, "cached_tokens": 0}
         self._accepting = False
         self._stop = False
@@ -178,6 +182,8 @@ class Engine:
                 "active_slots": sum(a is not None for a in self._slots),
                 "slots": len(self._slots),
                 "held_rows": self._held.count(),
+                "prefix_store_bytes": self._store.nbytes,
+                "prefix_store_entries": len(self._store.entries),
                 **{f"prefix_{k}": v for k, v in self._reuse.items()},
             }
 
@@ -205,6 +211,7 @@ class Engine:
                 self._waiting.clear()
                 self._slots = [None] * len(self._slots)
                 self._held.clear()
+                self._store.clear()
             for req in pending:
                 req.push(Finish(FinishReason.ERROR.label, len(req.prompt), 0, None))
 
@@ -243,11 +250,20 @@ class Engine:
             prompt = np.asarray(req.prompt, np.int32)
             free_rows = range(n, len(self._slots))
             row, length = self._held.best(prompt, free_rows) if self.prefix_cache else (None, 0)
-            row = self._held.victim(free_rows) if row is None else row
+            kv, stored = self._store.best(prompt) if self.prefix_cache else (None, 0)
+            kv = kv if stored > length else None  # a held row beats a copy of the same length
+            if not self._saves(len(prompt), max(length, stored)):
+                row, kv, length = None, None, 0
+            row = self._held.victim(free_rows) if row is None or kv is not None else row
             if row != n:  # bring the chosen row's K/V down to row n (n's moves up, kept)
                 self.batch.swap(n, row, max(self._held.filled(n), self._held.filled(row)))
                 self._held.swap(n, row)
+            if kv is not None or length == 0:  # row n's tokens are about to be overwritten
+                self._keep_copy(n)
             self._held.forget(n)
+            if kv is not None:
+                self.batch.restore(n, kv)
+                length = stored
             plan = collections.deque(self.batch.prefill_plan(len(prompt), length))
             cached = plan[0].start
             self._reuse["requests"] += 1
@@ -256,6 +272,18 @@ class Engine:
             self._reuse["cached_tokens"] += cached
             with self._cv:
                 self._slots[n] = _Active(req, prompt, plan, filled=cached, cached=cached)
+
+    def _saves(self, prompt_len: int, held: int) -> bool:
+        """Does resuming after ``held`` tokens encode fewer (bucket) tokens than a fresh prefill?"""
+        cost = lambda start: sum(s.bucket for s in self.batch.prefill_plan(prompt_len, start))
+        return held > 0 and cost(held) < cost(0)
+
+    def _keep_copy(self, row: int) -> None:
+        """Copy the K/V of the tokens free row ``row`` holds into the prefix store, if worth it."""
+        held = self._held.tokens[row]
+        if self.prefix_cache and self._store.wants(held):
+            kv, nbytes = self.batch.save(row, len(held))
+            self._store.put(held, kv, nbytes)
 
     def _prefill(self) -> None:
         """Prefill chunks, oldest request first, up to the round's token budget; whole short

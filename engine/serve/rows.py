@@ -5,12 +5,13 @@ Pure host bookkeeping (no JAX): the scheduler (``aotlm.serve.engine``) keeps its
 lowest rows; a row freed by a finished request keeps that request's prompt and generated tokens
 (those whose K/V was written: every one but the last) until it is reused. A new request takes
 the free row holding the longest prefix of its prompt, else an empty free row, else the one
-used least recently (LRU). The batch's free rows are the store: as many held sequences as there
-are free slots, no copies.
+used least recently (LRU). Before a free row's tokens are overwritten, their K/V is copied out
+into a ``PrefixStore`` (bounded in bytes, LRU), from which a later prompt can copy it back in.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Sequence
 
@@ -73,3 +74,50 @@ class HeldRows:
 
     def count(self) -> int:
         return sum(t is not None for t in self.tokens)
+
+
+class PrefixStore:
+    """Token sequences whose K/V was copied out of rows about to be overwritten, up to ``limit``
+    bytes, least recently used dropped first. Each entry is ``(tokens, kv, nbytes)``: ``kv`` is
+    the runner's opaque copy (``SlotRunner.save``). A sequence that starts another held one
+    replaces it; one that is the start of a held one is not stored."""
+
+    def __init__(self, limit: int, min_tokens: int = 16):
+        self.limit, self.min_tokens = limit, min_tokens
+        self.entries: collections.OrderedDict[int, tuple[np.ndarray, object, int]] = collections.OrderedDict()
+        self.nbytes = 0
+        self._ids = itertools.count()
+
+    def wants(self, tokens: np.ndarray | None) -> bool:
+        """Is ``tokens`` worth a copy (long enough, not already held as the start of an entry)?"""
+        if self.limit <= 0 or tokens is None or len(tokens) < self.min_tokens:
+            return False
+        return not any(common_prefix(held, tokens) == len(tokens) for held, _, _ in self.entries.values())
+
+    def put(self, tokens: np.ndarray, kv: object, nbytes: int) -> None:
+        for key, (held, _, size) in list(self.entries.items()):
+            if common_prefix(held, tokens) == len(held):  # the new one covers it
+                del self.entries[key]
+                self.nbytes -= size
+        self.entries[next(self._ids)] = (np.asarray(tokens, np.int32), kv, nbytes)
+        self.nbytes += nbytes
+        while self.nbytes > self.limit and self.entries:
+            _, (_, _, size) = self.entries.popitem(last=False)
+            self.nbytes -= size
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.nbytes = 0
+
+    def best(self, prompt: np.ndarray) -> tuple[object | None, int]:
+        """The entry's copy holding the longest prefix of ``prompt`` and the tokens reusable (as
+        ``HeldRows.best``); marks it used."""
+        key, length = None, 0
+        for k, (held, _, _) in self.entries.items():
+            n = min(common_prefix(held, prompt), len(prompt) - 1)
+            if n > length:
+                key, length = k, n
+        if key is None:
+            return None, 0
+        self.entries.move_to_end(key)
+        return self.entries[key][1], length
