@@ -28,7 +28,7 @@ class FakeSlots:
         self, slots: int = 2, n_positions: int = 64, chunk: int = 4, eos: int | None = None, prompts: int = 1
     ):
         self.slots, self.n_positions, self.vocab_size, self.max_chunk = slots, n_positions, VOCAB, chunk
-        self.max_prompts = prompts
+        self.max_prompts, self.prompt_buckets = prompts, (chunk,)
         self.eos = eos
         self.calls: list[tuple] = []  # ("prefill", row, start, prompt[0]), ("insert", row),
         # ("decode", rows decoded, rows cancelled)

@@ -7,9 +7,9 @@ Seven graph kinds, compiled ahead of time like every other (``graph_keys``):
   untouched, so it runs between decode steps of the other requests. Besides the shapes
   ``sample()`` uses, every ``(C, W > C)``: a prompt resumed after a reused prefix
   (``buckets.resume_plan``).
-* ``("slot_prefill_rows", C, N)``: ``N`` (2, 4, 8) whole prompts that fit context bucket ``C``,
-  each into its own row, in one call: a burst of short prompts shares the per-call costs (the
-  weights read once, not ``N`` times).
+* ``("slot_prefill_rows", C, N)``: ``N`` (2, 4, 8) whole prompts that fit context bucket ``C``
+  (``C <= ROWS_MAX_BUCKET``), each into its own row, in one call: a burst of short prompts shares
+  the per-call costs (the weights read once, not ``N`` times).
 * ``("slot_insert",)``: put a request's per-row state (sampling settings, stop sequences,
   prompt tokens for the penalties) into row ``row`` and choose its first token from the prefill
   logits.
@@ -49,11 +49,17 @@ from aotlm.core.state import SlotState
 from aotlm.models import decoder
 
 MAX_PROMPTS = 8  # whole prompts one call encodes at most (short prompts share per-call costs)
+ROWS_MAX_BUCKET = 128  # longer prompts are compute-bound: encoding them together saves nothing
 
 
 def prompt_ladder(slots: int) -> tuple[int, ...]:
     """How many whole prompts a ``slot_prefill_rows`` graph encodes: 2, 4, 8 (up to the slots)."""
     return tuple(n for n in (2, 4, 8) if n <= min(slots, MAX_PROMPTS))
+
+
+def rows_buckets(ctx_buckets) -> tuple[int, ...]:
+    """The context buckets ``slot_prefill_rows`` graphs exist for: those up to ``ROWS_MAX_BUCKET``."""
+    return tuple(c for c in ctx_buckets if c <= ROWS_MAX_BUCKET)
 
 
 def ladder(slots: int) -> tuple[int, ...]:
@@ -76,7 +82,7 @@ def graph_keys(ctx_buckets, tg_buckets, slots: int) -> list[tuple]:
     )
     return (
         [("slot_prefill", c, w) for c, w in sorted(shapes)]
-        + [("slot_prefill_rows", c, n) for c in ctx_buckets for n in prompt_ladder(slots)]
+        + [("slot_prefill_rows", c, n) for c in rows_buckets(ctx_buckets) for n in prompt_ladder(slots)]
         + [("slot_insert",)]
         + [("slot_decode", w, r) for w in tg_buckets for r in ladder(slots)]
         + [("slot_swap", w) for w in tg_buckets]

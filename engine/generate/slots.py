@@ -80,7 +80,8 @@ class SlotRunner(Protocol):
     ``prefill_plan`` splits its prompt into chunks (from ``start``: the K/V of the first
     ``start`` tokens is already in the row; the plan's first step says how many it reuses),
     ``prefill_step`` encodes one chunk (returning opaque logits, only passed on; ``prefill_rows``
-    encodes up to ``max_prompts`` whole one-chunk prompts from slot 0 at once), ``insert``
+    encodes up to ``max_prompts`` whole one-chunk prompts of one of ``prompt_buckets`` from slot
+    0 at once), ``insert``
     makes the row live with its settings and first token. ``decode`` then advances the live rows
     among the first ``rows`` by up to ``steps`` tokens (``cancel`` marks rows to stop; rows at or
     past ``rows`` must not be live), and ``read`` returns host arrays ``idx [slots]`` (slot of
@@ -99,6 +100,7 @@ class SlotRunner(Protocol):
     vocab_size: int
     max_chunk: int  # the largest prefill chunk (the default prefill budget per round)
     max_prompts: int  # whole prompts ``prefill_rows`` takes at once (1: it is never called)
+    prompt_buckets: tuple[int, ...]  # the context buckets ``prefill_rows`` takes
 
     def check(self, prompt_len: int, settings: SamplingParams) -> list[tuple[str, str]]: ...
 
@@ -131,6 +133,7 @@ class SlotBatch:
         self.vocab_size = model.cfg.vocab_size
         self.max_chunk = max(model.ctx_buckets)
         self.max_prompts = max(slot_graphs.prompt_ladder(model.batch_size), default=1)
+        self.prompt_buckets = slot_graphs.rows_buckets(model.ctx_buckets)
         self.slots = model.batch_size
         self.n_positions = model.n_positions
         eos = inputs.eos_ids(list(eos_token_id) or None, graphs.MAX_EOS)

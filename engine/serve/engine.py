@@ -321,7 +321,11 @@ class Engine:
         the budget take."""
         first = pending[0][1].plan[0]
         whole = lambda a: len(a.plan) == 1 and a.plan[0].start == 0 and a.plan[0].width == a.plan[0].bucket
-        if not whole(pending[0][1]) or self.batch.max_prompts < 2:
+        if (
+            not whole(pending[0][1])
+            or self.batch.max_prompts < 2
+            or first.bucket not in self.batch.prompt_buckets
+        ):
             return pending[:1]
         same = [(i, a) for i, a in pending if whole(a) and a.plan[0].bucket == first.bucket]
         return same[: max(1, min(self.batch.max_prompts, budget // first.bucket))]
