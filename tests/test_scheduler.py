@@ -324,8 +324,8 @@ def test_a_prompt_resumes_after_the_prefix_a_free_row_holds():
         assert ("swap", 0, 1) in fake.calls  # b took the empty row: a's tokens moved up, kept
         follow = a + toks + [40, 41]  # a chat's next turn: 13 tokens, the first 10 held
         toks2, fin2 = collect(eng.submit(follow, SamplingParams(max_tokens=2)))
-        assert toks2 == expected(follow, 2) and fin2.cached_tokens == len(follow) - 4  # one 4-chunk
-        assert fake.calls[-4:-2] == [("swap", 0, 1), ("prefill", 0, len(follow) - 4, 1)]
+        assert toks2 == expected(follow, 2) and fin2.cached_tokens == 10  # a's prompt + 2 of its tokens
+        assert fake.calls[-4:-2] == [("swap", 0, 1), ("prefill", 0, 10, 1)]
         stats = eng.stats()
         assert (stats["prefix_requests"], stats["prefix_hits"], stats["held_rows"]) == (3, 1, 2)
     finally:

@@ -123,22 +123,23 @@ def resume_plan(
 ) -> tuple[PrefillStep, ...]:
     """How a prompt is encoded when the K/V of its first ``start`` tokens is already in its row.
 
-    The rest goes in chunks of the smallest fitting context bucket (of the largest when it
-    does not fit), each ending at the prompt's end or ``C`` past the previous one; a chunk that
-    would run past the end is shifted left, recomputing a few held tokens. When no chunk can
-    start after slot 0 (the rest needs a bucket as long as the prompt), or ``start`` is 0, this
-    is ``prefill_plan``: nothing is reused. The first step's ``start`` is the tokens reused.
+    The rest goes in chunks from ``start``: the smallest context bucket holding what is left
+    (right-padded; padding gets position -1, which no query sees), else the largest. A chunk
+    that would run past the cache's end is shifted left, recomputing a few held tokens. When no
+    chunk can start after slot 0, or ``start`` is 0, this is ``prefill_plan``: nothing is
+    reused. The first step's ``start`` is the tokens reused.
     """
-    c_max = max(ctx_buckets)
+    c_max, n_slots = max(ctx_buckets), max(tg_buckets)
     steps, s = [], max(start, 0)
     while 0 < s < prompt_len:
         c = smallest_fitting(ctx_buckets, prompt_len - s) or c_max
-        s = min(s, prompt_len - c)
+        s = min(s, n_slots - c)
         width = smallest_fitting(tg_buckets, s + c)
         if s <= 0 or width is None or width <= c:
             break
-        steps.append(PrefillStep(s, c, width, c))
-        s += c
+        real = min(c, prompt_len - s)
+        steps.append(PrefillStep(s, c, width, real))
+        s += real
     if not steps:
         return prefill_plan(prompt_len, ctx_buckets, tg_buckets)
     return tuple(steps)
