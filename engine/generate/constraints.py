@@ -67,6 +67,34 @@ class Constraint:
         return cls("grammar", text)
 
 
+def from_response_format(v) -> Constraint | None:
+    """OpenAI's ``response_format`` (``{"type": "text" | "json_object" | "json_schema",
+    "json_schema": {"schema": ...}}``) plus ``{"type": "regex", "regex": ...}`` and
+    ``{"type": "grammar", "grammar": ...}``; None for text. ``ConstraintError`` names the problem."""
+    if v is None:
+        return None
+    if not isinstance(v, dict) or not isinstance(v.get("type"), str):
+        raise ConstraintError("'response_format' must be an object with a 'type'")
+    kind = v["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint.json_object()
+    if kind == "json_schema":
+        js = v.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+            raise ConstraintError("'response_format.json_schema' must be {'name', 'schema': {...}}")
+        return Constraint.json_schema(js.get("schema", {}))
+    if kind in ("regex", "grammar"):
+        text = v.get(kind)
+        if not isinstance(text, str) or not text:
+            raise ConstraintError(f"'response_format.{kind}' must be a non-empty string")
+        return Constraint.regex(text) if kind == "regex" else Constraint.grammar(text)
+    raise ConstraintError(
+        f"'response_format.type' must be text, json_object, json_schema, regex or grammar, got {kind!r}"
+    )
+
+
 def words(vocab: int) -> int:
     return -(-vocab // 32)
 

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from aotlm.core.sampling import MAX_LOGIT_BIAS
-from aotlm.generate.constraints import Constraint, ConstraintError
+from aotlm.generate.constraints import Constraint, ConstraintError, from_response_format
 
 TOOL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
@@ -48,34 +48,6 @@ class Structured:
     def reads_calls(self) -> bool:
         """The answer is read for tool calls (its text is held back while streaming)."""
         return self.tool_choice in ("auto", "required", "named")
-
-
-def response_format(v) -> Constraint | None:
-    """``{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}``, plus the
-    extensions ``{"type": "regex", "regex": ...}`` and ``{"type": "grammar", "grammar": ...}``."""
-    if v is None:
-        return None
-    p = "response_format"
-    if not isinstance(v, dict) or not isinstance(v.get("type"), str):
-        raise FieldError("'response_format' must be an object with a 'type'", p)
-    kind = v["type"]
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return Constraint.json_object()
-    if kind == "json_schema":
-        js = v.get("json_schema")
-        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
-            raise FieldError("'response_format.json_schema' must be {'name', 'schema': {...}}", p)
-        return Constraint.json_schema(js.get("schema", {}))
-    if kind in ("regex", "grammar"):
-        text = v.get(kind)
-        if not isinstance(text, str) or not text:
-            raise FieldError(f"'response_format.{kind}' must be a non-empty string", p)
-        return Constraint.regex(text) if kind == "regex" else Constraint.grammar(text)
-    raise FieldError(
-        f"'response_format.type' must be text, json_object, json_schema, regex or grammar, got {kind!r}", p
-    )
 
 
 def logit_bias(v) -> tuple[tuple[int, float], ...]:
@@ -129,7 +101,7 @@ def parse(body: dict, chat: bool) -> Structured:
     if tools and not chat:
         raise FieldError("'tools' need /v1/chat/completions", "tools")
     try:
-        fmt = response_format(body.get("response_format"))
+        fmt = from_response_format(body.get("response_format"))
     except ConstraintError as e:
         raise FieldError(str(e), "response_format") from None
     choice, named = _tool_choice(body.get("tool_choice"), tools)
