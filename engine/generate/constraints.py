@@ -51,7 +51,7 @@ class Constraint:
                 raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, dict | bool):
             raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
-        return cls("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        return cls("json_schema", json.dumps(schema, separators=(",", ":")))  # property order kept
 
     @classmethod
     def json_object(cls) -> Constraint:
