@@ -54,6 +54,8 @@ def test_sample_constraints_checks(pipe):
     ids = np.array([[1, 2, 3]])
     with pytest.raises(ValueError, match="one per prompt"):
         model.sample(ids, max_new_tokens=2, constraints=[None, None])
+    with pytest.raises(ValueError, match="num_beams"):
+        model.sample(ids, max_new_tokens=2, num_beams=2, constraints=[None])
     with pytest.raises(ConstraintError, match="Invalid type"):
         pipe.generate(["x"], json_schema={"type": "object", "properties": {"a": {"type": "nope"}}})
     with pytest.raises(ValueError, match="not both"):

@@ -150,14 +150,13 @@ def _submit(
     jobs: Sequence[tuple[list[int], list[SamplingParams]]],
     rid: str,
     prompt_param: str,
-    constraint: Constraint | None = None,
+    matchers: Sequence[Matcher | None],
 ) -> list[Request]:
     """Validate every choice first, then submit all; a failure part-way cancels the rest."""
     if served.stopping:
         raise engine_stopped()
     engine = served.engine
     reqs: list[Request] = []
-    matchers = served.matchers(constraint, sum(len(plist) for _, plist in jobs))
     try:
         for ids, plist in jobs:
             for p in plist:
@@ -226,7 +225,9 @@ async def _run(served, kind, common, prompts, default_max, prompt_param, disconn
     prefix = "chatcmpl" if kind == CHAT else "cmpl"
     rid = f"{prefix}-{uuid.uuid4().hex}"
     shapes = Shapes(kind, rid, int(time.time()), served.model_name, served.texts, common.form)
-    reqs = _submit(served, jobs, rid, prompt_param, common.form.constraint)
+    n = sum(len(plist) for _, plist in jobs)  # grammars compile off the event loop (first: ~1 s)
+    matchers = await asyncio.to_thread(served.matchers, common.form.constraint, n)
+    reqs = _submit(served, jobs, rid, prompt_param, matchers)
     runs, k = [], 0
     for ids, plist in jobs:
         for _ in plist:
