@@ -62,10 +62,12 @@ def test_sample_constraints_checks(pipe):
         pipe.generate(["x"], json_schema=SCHEMA, constraint=Constraint.json_object())
 
 
-def test_cli_generate_json_schema(tmp_path, tmp_path_factory):
-    from test_cli_text import records, run
+def test_cli_generate_json_schema(pipe, tmp_path, tmp_path_factory, capsys):
+    """``aotlm generate --json-schema FILE`` (in-process, the pipeline's shapes): every record
+    constrained, a record's own response_format winning; a bad schema file: one line, exit 2."""
+    from aotlm.cli.app import main
 
-    ckpt, _ = shared_text_checkpoint(tmp_path_factory)
+    ckpt, cache = shared_text_checkpoint(tmp_path_factory)
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(SCHEMA))
     prompts = tmp_path / "p.jsonl"
@@ -73,14 +75,16 @@ def test_cli_generate_json_schema(tmp_path, tmp_path_factory):
     prompts.write_text(
         json.dumps({"prompt": "def f():"}) + "\n" + json.dumps({"prompt": "x", "response_format": own})
     )
-    out = run(["--model", str(ckpt), "--prompts-file", str(prompts), "--json-schema", str(schema), "--quiet"])
-    assert out.returncode == 0, out.stderr
-    got = records(out.stdout)
+    shape = ["--model", str(ckpt), "--batch-size", "4", "--n-positions", "64", "--max-new-tokens", "50"]
+    shape += ["--cache-dir", str(cache), "--quiet"]
+    assert main(["generate", "--prompts-file", str(prompts), "--json-schema", str(schema), *shape]) == 0
+    got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     jsonschema.validate(json.loads(got[0]["completion"]), SCHEMA)
     assert got[1]["completion"] in ("yes", "no")
     schema.write_text("{not json")
-    bad = run(["--model", str(ckpt), "--prompt", "x", "--json-schema", str(schema), "--quiet"])
-    assert bad.returncode == 2 and "not valid JSON" in bad.stderr and "Traceback" not in bad.stderr
+    assert main(["generate", "--prompt", "x", "--json-schema", str(schema), *shape]) == 2
+    err = capsys.readouterr().err
+    assert "not valid JSON" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
@@ -106,3 +110,33 @@ def test_smollm2_extracts_the_fields_of_a_sentence(tmp_path):
     text, _ = render(pipe.tokenizer, msgs)
     g = pipe.generate([text], max_new_tokens=60, add_special_tokens=False, json_schema=schema)[0]
     assert json.loads(g.text) == {"name": "Maria", "age": 34, "city": "Lisbon"}
+
+
+def test_batch_generate_per_record_response_format(pipe, tmp_path, tmp_path_factory, capsys):
+    """batch-generate (in-process; the pipeline's shapes, so its graphs load from the cache): a
+    record's response_format constrains that record only; a malformed one is a pre-flight error
+    (exit 2), a schema the library refuses an error field on that record."""
+    from aotlm.cli.app import main
+
+    ckpt, cache = shared_text_checkpoint(tmp_path_factory)
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
+    bad_schema = {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}
+    recs = [
+        {"id": 1, "prompt": "def f(x):", "response_format": fmt},
+        {"id": 2, "prompt": "import os\n"},
+        {"id": 3, "prompt": "x =", "response_format": {"type": "regex", "regex": "[0-9]{4}"}},
+        {"id": 4, "prompt": "y =", "response_format": bad_schema},
+    ]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    shape = ["--model", str(ckpt), "--batch-size", "4", "--n-positions", "64", "--cache-dir", str(cache)]
+    args = ["batch-generate", "--input", str(inp), "--max-new-tokens", "50", *shape]
+    assert main([*args, "--output", str(out)]) == 0, capsys.readouterr().err
+    got = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    jsonschema.validate(json.loads(got[1]["completion"]), SCHEMA)
+    assert re.fullmatch("[0-9]{4}", got[3]["completion"]) and "error" not in got[2]
+    assert "Invalid type" in got[4]["error"] and "completion" not in got[4]
+    inp.write_text(json.dumps({"prompt": "x", "response_format": {"type": "yaml"}}) + "\n")
+    assert main([*args, "--output", str(tmp_path / "out2.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "line 1" in err and "response_format.type" in err
