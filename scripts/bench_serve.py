@@ -5,6 +5,7 @@
     python scripts/bench_serve.py --engines aotlm-f32 aotlm1-f32 offline-f32 --plot serve.png
     python scripts/bench_serve.py --workload chat --engines aotlm-int8 aotlm-int8-noprefix llama-q8_0
     python scripts/bench_serve.py --checkpoint smollm2 --engines aotlm-w8a8 llama-gguf llama-gguf-q8_0
+    python scripts/bench_serve.py --structured [--rounds 3]    # JSON-schema mask cost: bench_structured.py
 
 Each server runs as a subprocess on a free loopback port; the bench waits for ``GET /health``,
 sends warm-up requests, then drives it with closed-loop clients (each sends its next request
@@ -397,6 +398,11 @@ def default_engines(args: argparse.Namespace) -> list[str]:
 
 
 def main() -> int:
+    if "--structured" in sys.argv[1:]:  # the structured-output workload: bench_structured.py's flags
+        import bench_structured
+
+        bench_structured.main([a for a in sys.argv[1:] if a != "--structured"])
+        return 0
     args = parse()
     if args.offline_worker:
         offline_worker(args)

@@ -82,7 +82,10 @@ class FakeSlots:
         elif slot >= self.last[row]:
             self.done[row], self.reason[row] = True, FinishReason.LENGTH
 
-    def insert(self, row: int, prompt: np.ndarray, settings: SamplingParams, logits: int) -> None:
+    def constrain(self, matchers) -> None:
+        assert not matchers, "grammar-constrained rows run on the real SlotBatch (test_structured*)"
+
+    def insert(self, row: int, prompt: np.ndarray, settings: SamplingParams, logits: int, allow=None) -> None:
         self.calls.append(("insert", row))
         self.out[row] = -1
         self.out[row, : len(prompt)] = prompt

@@ -454,7 +454,7 @@ class StubEngine:
         if prompt[0] == 1:
             raise RuntimeError("a bug")
 
-    def submit(self, prompt, params, request_id=None):
+    def submit(self, prompt, params, request_id=None, matcher=None):
         raise self.error
 
     def stats(self):

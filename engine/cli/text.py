@@ -28,6 +28,7 @@ from aotlm.cli.common import (
 from aotlm.core import buckets as bk
 from aotlm.core.resolve import default_model, expand, validate_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling
+from aotlm.generate.constraints import Constraint, ConstraintError, from_response_format
 from aotlm.text import tokens as text
 from aotlm.text.pipeline import TextGenerationPipeline
 
@@ -53,6 +54,13 @@ def register(sub) -> None:
         help=f"default: the checkpoint's generation_config.json, else {DEFAULT_MAX_NEW_TOKENS}",
     )
     p.add_argument("--return-full-text", action="store_true", help="completion = prompt + generated text")
+    p.add_argument(
+        "--json-schema",
+        default=None,
+        metavar="FILE",
+        help="constrain every answer to this JSON schema (structured outputs; a prompts-file record's "
+        '"response_format", OpenAI-shaped, constrains that record)',
+    )
     add_sampling_args(p)
     p.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
@@ -164,6 +172,7 @@ def cmd_generate(args) -> int:
         progress.set_enabled(False)
     setup_logging(args.quiet)
     records = read_prompts(args)
+    specs = record_constraints(args, records)
     if args.stream and len(records) != 1:
         raise ValueError(f"--stream prints one prompt as it is generated; got {len(records)} prompts")
     files = validate_checkpoint(args.model, args.tokenizer)
@@ -174,7 +183,7 @@ def cmd_generate(args) -> int:
     output = _Output(args.output)
     ok = False
     try:
-        gens, model = _generate(args, files, tok, kw, [r["prompt"] for r in records])
+        gens, model = _generate(args, files, tok, kw, [r["prompt"] for r in records], specs)
         if not (args.stream and args.output is None):  # streamed to stdout: the record only to --output
             for rec, g in zip(records, gens, strict=True):
                 output.write(_record(rec, g, args, files, model))
@@ -202,7 +211,29 @@ def needed_graphs(model, lengths: list[int], max_new: int) -> list[tuple]:
     return [k for k in model.graph_keys() if k in keys or k[2:] in keys]
 
 
-def _generate(args, files, tok, kw: dict, prompts: list[str]):
+def record_constraints(args, records: list[dict]) -> list | None:
+    """One ``Constraint`` or None per record: ``--json-schema FILE``, or a record's own
+    ``response_format``; None when nothing is constrained. Errors name the file or record."""
+    default = None
+    if args.json_schema is not None:
+        path = expand(args.json_schema)
+        if not path.is_file():
+            raise ValueError(f"--json-schema: {path} does not exist")
+        try:
+            default = Constraint.json_schema(path.read_text(encoding="utf-8"))
+        except ConstraintError as e:
+            raise ValueError(f"--json-schema {path}: {e}") from None
+    out = []
+    for i, rec in enumerate(records, 1):
+        try:
+            own = from_response_format(rec.get("response_format"))
+        except ConstraintError as e:
+            raise ValueError(f"record {i}: {e}") from None
+        out.append(own or default)
+    return out if any(c is not None for c in out) else None
+
+
+def _generate(args, files, tok, kw: dict, prompts: list[str], constraints=None):
     t0 = time.perf_counter()
     model = AutoModelForSampling.from_pretrained(files.checkpoint, **kw)
     t_load, t0 = time.perf_counter() - t0, time.perf_counter()
@@ -234,6 +265,7 @@ def _generate(args, files, tok, kw: dict, prompts: list[str]):
         max_new_tokens=args.max_new_tokens,
         stop=args.stop,
         streamer=streamer,
+        constraint=constraints,
         **gen_kw,
     )
     if streamer is not None:

@@ -110,7 +110,7 @@ def emit(st: DecodeState, logits, slot) -> DecodeState:
     """
     logits = mask_eos(logits, st.eos, slot, st.min_end)
     tok, lp, top_ids, top_lp = sampling.select(
-        logits, st.params, st.seen, st.out, slot - 1, st.pos, st.want_logprobs
+        logits, st.params, st.seen, st.out, slot - 1, st.pos, st.want_logprobs, allow=st.allow
     )
     live = ~st.done
     tok = jnp.where(live, tok, st.pad)
@@ -201,6 +201,7 @@ def sampler_fields(batch: int, n_slots: int, vocab: int, spec) -> dict:
         top_ids=spec((batch, n_slots, k), i32),
         top_lp=spec((batch, n_slots, k), f32),
         seen=spec((batch, vocab), jnp.bool_),
+        allow=spec((batch, sampling.mask_words(vocab)), jnp.uint32),
         stop=spec((batch, MAX_STOPS, MAX_STOP_LEN), i32),
         eos=spec((MAX_EOS,), i32),
         pad=spec((), i32),

@@ -36,6 +36,7 @@ from aotlm import kernels
 TOPK_WIDTH = 64  # static width of the lax.top_k used for top_k <= 64 (larger k bisect)
 NGRAM_MAX = 8  # largest no_repeat_ngram_size (static: the window of the n-gram match)
 TOP_LOGPROBS_MAX = 5  # widest top_logprobs (static: the output buffer width)
+MAX_LOGIT_BIAS = 300  # logit_bias entries per row (static width; OpenAI's limit too)
 _BLOCK = 256  # vocabulary block of the inverse-CDF draw
 NEG = -jnp.inf
 
@@ -264,12 +265,48 @@ def processed_logprobs(scores, params):
 
 
 # --------------------------------------------------------------------------- selection
-def select(logits, params, seen, out, slot, position, want_logprobs, bias=None):
+def mask_words(vocab: int) -> int:
+    """uint32 words of a ``vocab``-token allowed-token bitmask."""
+    return -(-vocab // 32)
+
+
+def unpack_allowed(allow, vocab: int):
+    """``allow [B, ceil(V/32)]`` uint32 bitmask (bit ``t % 32`` of word ``t // 32`` = token ``t``
+    allowed, llguidance's / xgrammar's layout) as ``[B, V]`` booleans."""
+    bits = (allow[:, :, None] >> jnp.arange(32, dtype=jnp.uint32)[None, None, :]) & jnp.uint32(1)
+    return bits.reshape(allow.shape[0], -1)[:, :vocab].astype(jnp.bool_)
+
+
+def constrain(scores, allow, bias_ids, bias_val):
+    """OpenAI ``logit_bias`` (``bias_ids [B,N]`` -1 padded, ``bias_val [B,N]``) added, then the
+    tokens a row's grammar forbids (``allow`` bitmask, all ones = unconstrained) set to ``-inf``.
+
+    Both are skipped in the graph when no row uses them, so unconstrained batches pay two
+    small reductions. Either argument may be None (a state without the field).
+    """
+    b, v = scores.shape
+    if bias_ids is not None:
+
+        def add(s):
+            cols = jnp.where(bias_ids >= 0, bias_ids, v)  # padding: out of range, dropped
+            rows = jnp.broadcast_to(jnp.arange(b)[:, None], cols.shape)
+            return s.at[rows, cols].add(bias_val, mode="drop")
+
+        scores = lax.cond(jnp.any(bias_ids >= 0), add, lambda s: s, scores)
+    if allow is not None:
+        full = jnp.all(allow == jnp.uint32(0xFFFFFFFF))
+        mask = lambda s: jnp.where(unpack_allowed(allow, v), s, NEG)
+        scores = lax.cond(full, lambda s: s, mask, scores)
+    return scores
+
+
+def select(logits, params, seen, out, slot, position, want_logprobs, bias=None, allow=None, sparse=None):
     """Choose the token of slot ``slot + 1`` for every row.
 
     ``slot`` is a scalar or ``[B, 1]`` (one per row). ``bias`` (``[B,V]`` or None) is added
     after the repetition penalty and the n-gram bans: OpenAI's presence / frequency penalties
-    (``aotlm.generate.slots``), applied in that order as vLLM does.
+    (``aotlm.generate.slots``), applied in that order as vLLM does. Then ``constrain``: the
+    ``sparse`` logit bias ``(ids, values)`` and the ``allow`` bitmask of structured outputs.
     Returns ``(token [B], logprob [B], top_ids [B,TOP_LOGPROBS_MAX], top_logprobs)``. The
     log-probs (of the distribution the row drew from) are only computed when
     ``want_logprobs`` (traced) is set.
@@ -277,6 +314,8 @@ def select(logits, params, seen, out, slot, position, want_logprobs, bias=None):
     scores = penalize(logits, params, seen, out, slot)
     if bias is not None:
         scores = scores + bias
+    ids, vals = sparse if sparse is not None else (None, None)
+    scores = constrain(scores, allow, ids, vals)
     greedy = kernels.argmax(scores) if kernels.argmax_ok(scores) else jnp.argmax(scores, -1).astype(jnp.int32)
     samp = sampled_rows(params)
 

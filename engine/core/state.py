@@ -31,6 +31,8 @@ class SamplerState:
 
     ``tok [B]``: the token of slot ``idx`` (already recorded); ``done [B]``, ``reason [B]``
     (``graphs.FinishReason`` values); ``last [B]``: the last slot a row may write;
+    ``allow [B, ceil(V/32)]`` uint32 the tokens a row may choose next (structured outputs:
+    a bitmask the host's grammar fills; all ones = unconstrained);
     ``out [B, S]`` the prompt then the tokens (-1 unwritten), ``logp [B, S]`` their
     log-probabilities, ``top_ids`` / ``top_lp [B, S, K]`` the alternatives; ``seen [B, V]``
     the ids a row has seen (repetition penalty); ``stop [B, MAX_STOPS, MAX_STOP_LEN]`` its stop
@@ -50,6 +52,7 @@ class SamplerState:
     top_ids: Array
     top_lp: Array
     seen: Array
+    allow: Array
     stop: Array
     eos: Array
     pad: Array
@@ -84,7 +87,8 @@ class SlotState(SamplerState):
     """The slot graphs' state (continuous batching): each row a request at its own slot.
 
     Adds ``counts [B, V]`` (generated-token counts: OpenAI penalties), ``ignore_eos [B]``,
-    ``want [B]`` (logprobs asked), ``presence`` / ``frequency [B]`` (OpenAI penalties) and
+    ``want [B]`` (logprobs asked), ``presence`` / ``frequency [B]`` (OpenAI penalties),
+    ``bias_ids [B, MAX_LOGIT_BIAS]`` (-1 padded) / ``bias_val`` (OpenAI ``logit_bias``) and
     ``steps []`` (decode steps of the next call). ``SHARED`` fields belong to the whole batch;
     the others (``row_fields()``) are what ``slot_insert`` copies into a row.
     """
@@ -94,6 +98,8 @@ class SlotState(SamplerState):
     want: Array
     presence: Array
     frequency: Array
+    bias_ids: Array
+    bias_val: Array
     steps: Array
 
     SHARED: ClassVar[tuple[str, ...]] = ("eos", "pad", "steps")

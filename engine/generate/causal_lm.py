@@ -91,6 +91,7 @@ class CausalLMForSampling(CompiledModel, Sampler):
         self.strategies.speculation_length = speculation_lengths(speculation_length)
 
     sample = extensions.routed(Sampler.sample)
+    constrained_decoding = True  # sample(constraints=...): generation.run fills the masks
 
     def _run(self, *args) -> np.ndarray | generation.GenerateOutput:
         return generation.run(self, *args)

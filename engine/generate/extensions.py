@@ -120,6 +120,11 @@ def routed(sample):
             and num_return_sequences == 1
         ):
             return sample(model, *args, **kwargs)
+        if kwargs.get("constraints") is not None:
+            why = (
+                "constraints (structured outputs) run without num_beams, num_return_sequences > 1 or a draft"
+            )
+            raise ValueError(why)
         named = {k: v for k, v in kwargs.items() if k in sig.parameters}
         bound = sig.bind_partial(model, *args, **named).arguments
         bound.pop("self", None)

@@ -19,6 +19,7 @@ from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampling, sharding
 from aotlm.core.contract import GraphHost
 from aotlm.core.state import DecodeState
+from aotlm.generate import constraints
 from aotlm.generate.params import GenerationConfig
 from aotlm.generate.stopping import criteria_hit
 
@@ -214,6 +215,7 @@ def initial_state(
         top_ids=np.zeros((b, s, k), np.int32),
         top_lp=np.zeros((b, s, k), np.float32),
         seen=seen,
+        allow=np.full((b, sampling.mask_words(v)), 0xFFFFFFFF, np.uint32),
         stop=stop_array(cfg.stop_sequences, n, b, v),
         idx=np.int32(p_len),
         first=np.int32(p_len),
@@ -242,16 +244,39 @@ def _stop_rows(model: GraphHost, state: DecodeState, criteria: list, ids, n: int
     return done
 
 
+def _advance(matchers: dict, tokens: np.ndarray, done: np.ndarray) -> None:
+    """Feed each constrained row that was live its newest token."""
+    for row, m in matchers.items():
+        if not done[row]:
+            m.advance((int(tokens[row]),))
+
+
 def run(
-    model, ids, mask, n: int, new: np.ndarray, cfg: GenerationConfig, streamer, criteria, want_dict: bool
+    model,
+    ids,
+    mask,
+    n: int,
+    new: np.ndarray,
+    cfg: GenerationConfig,
+    streamer,
+    criteria,
+    want_dict: bool,
+    matchers: dict | None = None,
 ):
-    """Prefill, first token, then decode calls (whole buckets, or chunks while someone listens)."""
+    """Prefill, first token, then decode calls (whole buckets, or chunks while someone listens).
+
+    ``matchers`` (``{row: constraints.Matcher}``) constrain those rows to their grammars: the
+    loop then runs one token per call and fills their masks before each.
+    """
     t_start = time.perf_counter()
     b, p_len = ids.shape
     last = p_len + np.concatenate([new, np.repeat(new[:1], b - n)]) - 1
     logits, positions = model.encode(ids, mask)
     state = initial_state(model, ids, mask, positions, n, last, cfg)
     state.want_logprobs = np.bool_(want_dict)
+    matchers = matchers or {}
+    allow = state.allow
+    constraints.fill_rows(allow, matchers)
     state = model.executable(("select",))(logits, model.put_tree(state))
     fetch = sharding.fetch
     first_tok = fetch(state.tok)  # waits for prefill + first token (the decode waits anyway)
@@ -259,16 +284,22 @@ def run(
     if streamer is not None:
         streamer.put(ids[:n])
         streamer.put(first_tok[:n])
-    listening = streamer is not None or bool(criteria)
+    listening = streamer is not None or bool(criteria) or bool(matchers)
     stop, idx, done = int(last.max()), p_len, fetch(state.done)
+    _advance(matchers, first_tok, np.zeros_like(done))
     if criteria:
         done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     while idx < stop and not done.all():
         limit = min(stop, idx + STREAM_CHUNK) if listening else stop
         state.limit = model.put(np.int32(limit))
+        if matchers:
+            constraints.fill_rows(allow, {r: m for r, m in matchers.items() if not done[r]})
+            state.allow = model.put(allow)
         exe = model.executable(("decode", bk.decode_bucket(model.tg_buckets, idx)))
         model.cache, state = exe(model.params, model.cache, state)
-        prev, idx, done = idx, int(fetch(state.idx)), fetch(state.done)
+        prev, was_done, idx, done = idx, done, int(fetch(state.idx)), fetch(state.done)
+        if matchers and idx > prev:
+            _advance(matchers, fetch(state.tok), was_done)
         if streamer is not None and idx > prev:  # STREAM_CHUNK = 1: the rows' newest token (pad if done)
             streamer.put(fetch(state.tok)[:n])
         if criteria:

@@ -50,7 +50,8 @@ class SamplingParams:
 
     ``temperature == 0`` is greedy (OpenAI); ``stop_token_ids`` are token-id stop sequences
     checked in the graph (text stop strings are the HTTP layer's job); ``logprobs=k`` returns
-    each token's log-probability and its ``k`` most likely alternatives (``k`` may be 0).
+    each token's log-probability and its ``k`` most likely alternatives (``k`` may be 0);
+    ``logit_bias`` ``(token id, value)`` pairs are added to the logits (OpenAI's, up to 300).
     """
 
     max_tokens: int = 16
@@ -65,6 +66,7 @@ class SamplingParams:
     stop_token_ids: tuple[tuple[int, ...], ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 # the sampling settings (one value or one per row) with their greedy defaults

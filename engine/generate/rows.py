@@ -76,12 +76,15 @@ def generate(
     stop_sequences: Sequence[Sequence[int]] = (),
     eos_token_id: Sequence[int] = (),
     row_stop_sequences: Sequence[Sequence[Sequence[int]]] | None = None,
+    constraints: Sequence | None = None,
 ) -> list[RowResult]:
     """Generate for every prompt, ``model.batch_size`` rows per call, in input order.
 
     ``sampling[i]`` holds row ``i``'s settings (keys of ``SAMPLING_KEYS``) and
     ``row_stop_sequences[i]`` its stop sequences (default: ``stop_sequences`` for every row);
     one batch mixes rows with different settings. ``eos_token_id`` applies to every row.
+    ``constraints[i]``: a callable making row ``i``'s ``constraints.Matcher`` (structured
+    outputs; called when its batch runs), or None.
     """
     n = len(prompts)
     sampling = list(sampling) if sampling is not None else [{} for _ in prompts]
@@ -96,11 +99,12 @@ def generate(
             [sampling[i] for i in rows],
             [stops[i] for i in rows],
             eos_token_id,
+            None if constraints is None else [constraints[i] for i in rows],
         )
     return out
 
 
-def _generate_batch(model, prompts, limits, sampling, stops, eos) -> list[RowResult]:
+def _generate_batch(model, prompts, limits, sampling, stops, eos, constraints=None) -> list[RowResult]:
     ids, mask = left_pad(prompts)
     n = len(prompts)
     kw: dict = {"attention_mask": mask, "max_new_tokens": _per_row(limits, "max_new_tokens", n)}
@@ -117,6 +121,8 @@ def _generate_batch(model, prompts, limits, sampling, stops, eos) -> list[RowRes
         if key == "seed":  # rows without a seed get a fresh one when their companions have one
             vals = [random.randrange(2**32) if v is None else int(v) for v in vals]
         kw[key] = _per_row(vals, key, n)
+    if constraints is not None and any(c is not None for c in constraints):
+        kw["constraints"] = [None if c is None else c() for c in constraints]
     out = model.sample(ids, return_dict=True, **kw)
     p_len = ids.shape[1]
     results = []

@@ -42,6 +42,7 @@ class Sampler(SpecAttributes):
         stopping_criteria=None,
         stopping_criteria_list=None,
         return_dict: bool = False,
+        constraints=None,
         **generation_kwargs,
     ) -> np.ndarray | generation.GenerateOutput:
         """Generate: ``[batch, prompt_len + new]`` (prompt as given, then new tokens), or a
@@ -61,7 +62,10 @@ class Sampler(SpecAttributes):
         gets the prompt, then each new token as it is produced: one ``[batch]`` array per step) and
         ``stopping_criteria`` (HF ``StoppingCriteria``, or ``stopping_criteria_list`` as
         transformers-neuronx calls it; checked after every token) make the decode loop run one
-        token per call (``generation.STREAM_CHUNK``).
+        token per call (``generation.STREAM_CHUNK``). ``constraints`` (structured outputs): one
+        ``aotlm.generate.constraints.Matcher`` or None per prompt (``Grammars.matcher``; the text
+        pipeline's ``json_schema=`` builds them); those rows follow their grammars, one token
+        per call.
         """
         cfg = generation_config or self.default_generation
         if stopping_criteria is not None and stopping_criteria_list is not None:
@@ -88,7 +92,18 @@ class Sampler(SpecAttributes):
         generation.sampling_params(cfg, n, self.batch_size)  # validate before any device work
         generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
         want = bool(return_dict or cfg.top_logprobs)
-        return self._run(ids, mask, n, new, cfg, streamer, criteria, want)
+        if constraints is None:
+            return self._run(ids, mask, n, new, cfg, streamer, criteria, want)
+        if not getattr(self, "constrained_decoding", False):
+            raise ValueError(
+                f"constraints are not supported by {type(self).__name__}; use CausalLMForSampling"
+            )
+        if len(constraints) != n:
+            raise ValueError(
+                f"constraints has {len(constraints)} entries for {n} prompts; give one per prompt"
+            )
+        matchers = {i: m for i, m in enumerate(constraints) if m is not None}
+        return self._run(ids, mask, n, new, cfg, streamer, criteria, want, matchers)
 
     def _run(
         self,

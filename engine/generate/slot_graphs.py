@@ -104,6 +104,8 @@ def state_spec(slots: int, n_slots: int, vocab: int, sharding) -> SlotState:
         want=row(jnp.bool_),
         presence=row(jnp.float32),
         frequency=row(jnp.float32),
+        bias_ids=s((slots, sampling.MAX_LOGIT_BIAS), jnp.int32),
+        bias_val=s((slots, sampling.MAX_LOGIT_BIAS), jnp.float32),
         steps=s((), jnp.int32),
     )
 
@@ -130,7 +132,7 @@ def emit_rows(st: SlotState, logits, slot, live) -> SlotState:
     rows = jnp.arange(b)
     tok, lp, top_ids, top_lp = sampling.select(
         logits, st.params, st.seen, st.out, (slot - 1)[:, None], slot,
-        jnp.any(st.want & live), _penalty_bias(st),
+        jnp.any(st.want & live), _penalty_bias(st), st.allow, (st.bias_ids, st.bias_val),
     )  # fmt: skip
     tok = jnp.where(live, tok, st.pad)
     col = jnp.where(live, slot, n_slots)  # out of range: dropped

@@ -22,7 +22,7 @@ from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampling, sharding
 from aotlm.core.contract import GraphHost
 from aotlm.core.state import SlotState
-from aotlm.generate import slot_graphs
+from aotlm.generate import constraints, slot_graphs
 from aotlm.generate.generation import rule_violations, stop_array
 from aotlm.generate.params import SamplingParams
 
@@ -49,6 +49,7 @@ def check(model: GraphHost, prompt_len: int, s: SamplingParams) -> list[tuple[st
     if len(s.stop_token_ids) > graphs.MAX_STOPS:
         bad.append(("stop", f"at most {graphs.MAX_STOPS} token stop sequences are supported"))
     v = model.cfg.vocab_size
+    bad += _bias_problems(s.logit_bias, v)
     for seq in s.stop_token_ids:
         if not 0 < len(seq) <= graphs.MAX_STOP_LEN or not all(0 <= t < v for t in seq):
             bad.append(("stop", f"token stop sequence {list(seq)} must hold 1..{graphs.MAX_STOP_LEN} ids "
@@ -56,11 +57,24 @@ def check(model: GraphHost, prompt_len: int, s: SamplingParams) -> list[tuple[st
     return bad
 
 
+def _bias_problems(bias: Sequence[tuple[int, float]], vocab: int) -> list[tuple[str, str]]:
+    n = sampling.MAX_LOGIT_BIAS
+    if len(bias) > n:
+        return [("logit_bias", f"logit_bias takes at most {n} tokens, got {len(bias)}")]
+    for t, val in bias:
+        if not 0 <= t < vocab:
+            return [("logit_bias", f"logit_bias token id {t} is outside the vocabulary (0..{vocab - 1})")]
+        if not -100 <= val <= 100:
+            return [("logit_bias", f"logit_bias values must be in [-100, 100], got {val} for token {t}")]
+    return []
+
+
 def host_state(slots: int, n_slots: int, vocab: int) -> SlotState:
     """A serving state of numpy arrays: nothing generated, neutral sampler settings."""
     zeros = lambda a: np.zeros(a.shape, a.dtype)
     st = jax.tree.map(zeros, slot_graphs.state_spec(slots, n_slots, vocab, None))
-    st.out[:], st.stop[:] = -1, -2  # unwritten slots; unused stop tokens
+    st.out[:], st.stop[:], st.bias_ids[:] = -1, -2, -1  # unwritten slots; unused stop tokens, biases
+    st.allow[:] = 0xFFFFFFFF  # unconstrained
     for name in ("temperature", "top_p", "repetition_penalty"):
         st.params[name][:] = 1
     return st
@@ -81,18 +95,19 @@ class SlotRunner(Protocol):
     ``start`` tokens is already in the row; the plan's first step says how many it reuses),
     ``prefill_step`` encodes one chunk (returning opaque logits, only passed on; ``prefill_rows``
     encodes up to ``max_prompts`` whole one-chunk prompts of one of ``prompt_buckets`` from slot
-    0 at once), ``insert``
-    makes the row live with its settings and first token. ``decode`` then advances the live rows
-    among the first ``rows`` by up to ``steps`` tokens (``cancel`` marks rows to stop; rows at or
-    past ``rows`` must not be live), and ``read`` returns host arrays ``idx [slots]`` (slot of
-    each row's last token), ``done [slots]``, ``reason [slots]``
-    (``aotlm.core.graphs.FinishReason`` values), ``out [slots, n_positions]`` (prompt then
-    tokens) and, with ``logprobs``, ``logp``, ``top_ids``, ``top_lp``. ``swap`` exchanges two
-    rows (K/V of their first ``filled`` slots and their states; the row moving up stops);
-    ``save`` copies a row's first ``filled`` slots out (an opaque copy and its bytes) and
-    ``restore`` writes such a copy back into a row (the scheduler's prefix store).
-    ``check`` lists what keeps a request from running. ``SlotBatch`` implements it on compiled
-    slot graphs; a fake with arithmetic tokens drives the scheduler's tests.
+    0 at once), ``insert`` makes the row live with its settings and first token (chosen among
+    ``allow``'s tokens: structured outputs). ``constrain`` sets the live constrained rows'
+    next-token masks before a decode call. ``decode`` then advances the live rows among the
+    first ``rows`` by up to ``steps`` tokens (``cancel`` marks rows to stop; rows at or past
+    ``rows`` must not be live), and ``read`` returns host arrays ``idx [slots]`` (slot of each
+    row's last token), ``done [slots]``, ``reason [slots]`` (``aotlm.core.graphs.FinishReason``
+    values), ``out [slots, n_positions]`` (prompt then tokens) and, with ``logprobs``,
+    ``logp``, ``top_ids``, ``top_lp``. ``swap`` exchanges two rows (K/V of their first
+    ``filled`` slots and their states; the row moving up stops); ``save`` copies a row's first
+    ``filled`` slots out (an opaque copy and its bytes) and ``restore`` writes such a copy back
+    into a row (the scheduler's prefix store). ``check`` lists what keeps a request from
+    running. ``SlotBatch`` implements it on compiled slot graphs; a fake with arithmetic tokens
+    drives the scheduler's tests.
     """
 
     slots: int
@@ -110,7 +125,16 @@ class SlotRunner(Protocol):
 
     def prefill_rows(self, rows: Sequence[int], prompts: Sequence[np.ndarray], bucket: int) -> list: ...
 
-    def insert(self, row: int, prompt: np.ndarray, settings: SamplingParams, logits: Any) -> None: ...
+    def insert(
+        self,
+        row: int,
+        prompt: np.ndarray,
+        settings: SamplingParams,
+        logits: Any,
+        allow: np.ndarray | None = None,
+    ) -> None: ...
+
+    def constrain(self, matchers: dict[int, constraints.Matcher]) -> None: ...
 
     def decode(self, steps: int, max_live_slot: int, rows: int, cancel: np.ndarray | None = None) -> None: ...
 
@@ -143,6 +167,8 @@ class SlotBatch:
         with model.lock:
             self.state = model.put_tree(host)
         self._cancel_none = model.put(np.zeros(self.slots, np.bool_))
+        self._allow = host.allow.copy()  # host buffer of the masks (``constrain``)
+        self._constrained = False  # some row's device mask is not all ones
 
     def check(self, prompt_len: int, settings: SamplingParams) -> list[tuple[str, str]]:
         return check(self.model, prompt_len, settings)
@@ -187,8 +213,11 @@ class SlotBatch:
             logits, m.cache = exe(m.params, m.cache, m.put(tok), m.put(pos), m.put(last), m.put(where))
         return list(logits[:k])
 
-    def insert(self, row: int, prompt: np.ndarray, settings: SamplingParams, logits) -> None:
-        """Make ``row`` live with ``settings``; its first token is chosen from ``logits``."""
+    def insert(
+        self, row: int, prompt: np.ndarray, settings: SamplingParams, logits, allow: np.ndarray | None = None
+    ) -> None:
+        """Make ``row`` live with ``settings``; its first token is chosen from ``logits`` among
+        the tokens ``allow`` (a ``[ceil(V/32)]`` uint32 bitmask; None: every token)."""
         m = self.model
         v, p_len = self.vocab_size, len(prompt)
         r = host_state(1, self.n_positions, v)
@@ -209,11 +238,27 @@ class SlotBatch:
         )
         p["min_p"][0], p["repetition_penalty"][0] = settings.min_p, settings.repetition_penalty
         p["seed"][0] = seed
+        if settings.logit_bias:
+            ids, vals = zip(*settings.logit_bias, strict=True)
+            r.bias_ids[0, : len(ids)], r.bias_val[0, : len(ids)] = ids, vals
+        if allow is not None:
+            r.allow[0] = allow
+            self._constrained = True
         with m.lock:
             exe = m.executable(("slot_insert",))
             self.state = exe(self.state, logits, m.put_tree(r), m.put(np.int32(row)))
 
     # ------------------------------------------------------------------ decode
+    def constrain(self, matchers: dict[int, constraints.Matcher]) -> None:
+        """Write the next-token masks of the constrained live rows (``{row: matcher}``) into
+        the state before a decode call (one step per call while any row is constrained);
+        the other rows get all ones. Nothing is sent while no row is, or was, constrained."""
+        if not matchers and not self._constrained:
+            return
+        self._constrained = constraints.fill_rows(self._allow, matchers)
+        with self.model.lock:
+            self.state.allow = self.model.put(self._allow)
+
     def decode(self, steps: int, max_live_slot: int, rows: int, cancel: np.ndarray | None = None) -> None:
         """Run up to ``steps`` decode steps of the live rows, all below ``rows``; ``max_live_slot``
         is the largest live row's slot. The graph is the smallest ladder row count holding them."""

@@ -19,6 +19,7 @@ import os
 from aotlm.durable import JsonlAppender, atomic_write_jsonl, read_jsonl, truncate_partial_line
 from aotlm.generate import rows
 from aotlm.generate.causal_lm import AutoModelForSampling
+from aotlm.generate.constraints import Grammars
 from aotlm.jobs.model_refs import load_tokenizer
 from aotlm.jobs.plan import Group, Record
 from aotlm.text.tokens import eos_ids
@@ -87,7 +88,22 @@ def _sampling(r: Record) -> dict:
     return {k: r.gen[k] for k in rows.SAMPLING_KEYS}
 
 
-def _generate(model, batch: list[Record], eos: list[int]) -> list[tuple[rows.RowResult | None, str | None]]:
+_GRAMMARS: dict[int, tuple] = {}  # id(tokenizer) -> (tokenizer, Grammars): built once per tokenizer
+
+
+def _matcher(r: Record, model, tok, eos: list[int]):
+    """A callable making ``r``'s grammar matcher (None: unconstrained); a bad schema fails the row."""
+    if r.constraint is None:
+        return None
+    if id(tok) not in _GRAMMARS:
+        _GRAMMARS[id(tok)] = (tok, Grammars(tok, model.cfg.vocab_size, eos))
+    grammars = _GRAMMARS[id(tok)][1]
+    return lambda: grammars.matcher(r.constraint)
+
+
+def _generate(
+    model, batch: list[Record], eos: list[int], tok=None
+) -> list[tuple[rows.RowResult | None, str | None]]:
     """Results for one batch; if the batch fails, each row alone, so only bad rows get an error."""
 
     def call(recs):
@@ -98,6 +114,7 @@ def _generate(model, batch: list[Record], eos: list[int]) -> list[tuple[rows.Row
             [_sampling(r) for r in recs],
             row_stop_sequences=[r.stop_ids for r in recs],
             eos_token_id=eos,
+            constraints=[_matcher(r, model, tok, eos) for r in recs],
         )
 
     try:
@@ -105,7 +122,7 @@ def _generate(model, batch: list[Record], eos: list[int]) -> list[tuple[rows.Row
     except SOFT_ERRORS as e:
         if len(batch) == 1:
             return [(None, f"{type(e).__name__}: {e}")]
-    return [_generate(model, [r], eos)[0] for r in batch]
+    return [_generate(model, [r], eos, tok)[0] for r in batch]
 
 
 def load_error(g: Group, e: BaseException) -> str:
@@ -126,7 +143,7 @@ def load_group_model(g: Group, opts: dict):
 
 def batch_outputs(model, g: Group, tok, eos: list[int], batch: list[Record]) -> tuple[list[dict], int]:
     """One batch's output records (sorted by input line) and how many carry an error."""
-    results = _generate(model, batch, eos)
+    results = _generate(model, batch, eos, tok)
     outs = [output_record(r, g, tok, res, err) for r, (res, err) in zip(batch, results, strict=True)]
     return sorted(outs, key=lambda o: o["input_line"]), sum(err is not None for _, err in results)
 

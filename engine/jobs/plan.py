@@ -4,7 +4,8 @@ A record is self-describing; only ``prompt`` is required::
 
     {"id": "q1", "prompt": "def f(x):",
      "model": {"checkpoint": "~/ckpt", "dtype": "bf16", "tokenizer": "$TOK"},   # or "model": "PATH"
-     "generation": {"max_new_tokens": 16, "temperature": 0.7, "seed": 3, "stop_sequences": ["\\n\\n"]}}
+     "generation": {"max_new_tokens": 16, "temperature": 0.7, "seed": 3, "stop_sequences": ["\\n\\n"]},
+     "response_format": {"type": "json_schema", "json_schema": {"schema": {...}}}}   # optional
 
 Bad JSON, a missing prompt, an unknown field, an out-of-range parameter, or a checkpoint or
 tokenizer that does not resolve raise ``ValueError("<file> line N: ...")`` (exit code 2);
@@ -20,12 +21,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from aotlm.core.resolve import default_model
+from aotlm.generate.constraints import Constraint, ConstraintError, from_response_format
 from aotlm.generate.params import GREEDY_DEFAULTS
 from aotlm.jobs.model_refs import amp_for, expand, load_tokenizer, resolve
 from aotlm.models import family_for
 from aotlm.models.checkpoint import load_hf_config
 
-TOP_FIELDS = {"prompt", "id", "model", "generation", "metadata"}
+TOP_FIELDS = {"prompt", "id", "model", "generation", "metadata", "response_format"}
 MODEL_FIELDS = {"checkpoint", "output_dir", "dtype", "tokenizer"}
 
 GEN_DEFAULTS = {
@@ -83,6 +85,7 @@ class Record:
     key: tuple  # (checkpoint dir, amp, tokenizer dir): the group
     prompt_ids: list[int] = field(default_factory=list)
     stop_ids: list[list[int]] = field(default_factory=list)
+    constraint: Constraint | None = None  # OpenAI-shaped "response_format" (structured outputs)
 
 
 @dataclass
@@ -190,7 +193,11 @@ def parse(path: str, cli: dict) -> list[Record]:
             except ValueError as e:  # CheckpointError too
                 raise ValueError(f"{where}: {e}") from e
         ckpt, tok = resolved[spec[:2]]
-        records.append(Record(n, rec, prompt, gen, (ckpt, spec[2], tok)))
+        try:
+            constraint = from_response_format(rec.get("response_format"))
+        except ConstraintError as e:
+            raise ValueError(f"{where}: {e}") from None
+        records.append(Record(n, rec, prompt, gen, (ckpt, spec[2], tok), constraint=constraint))
     if not records:
         raise ValueError(f"{path} holds no records")
     return records

@@ -8,6 +8,7 @@ documented in ``render`` instead of refusing them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -32,6 +33,19 @@ def _text(content, where: str, role: str) -> str:
     raise ChatError(f"{where}.content must be a string or a list of text parts", where)
 
 
+def _call(c, where: str) -> dict:
+    """An assistant message's tool call, its arguments as an object (what HF templates read)."""
+    fn = c.get("function") if isinstance(c, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise ChatError(f"{where} must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}", where)
+    args = fn.get("arguments", "{}")
+    try:
+        args = json.loads(args) if isinstance(args, str) else args
+    except json.JSONDecodeError:
+        raise ChatError(f"{where}.function.arguments must be a JSON object string", where) from None
+    return {"id": c.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}}
+
+
 class ChatError(ValueError):
     """A malformed ``messages`` list; ``param`` is ``messages[i]`` (HTTP 400)."""
 
@@ -54,13 +68,19 @@ def validate_messages(messages) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise ChatError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", where)
-        if m.get("tool_calls"):
-            raise ChatError(f"{where}.tool_calls: tool calls are not supported", where)
-        out.append({"role": role, "content": _text(m.get("content"), where, role)})
+        msg = {"role": role, "content": _text(m.get("content"), where, role)}
+        calls = m.get("tool_calls")
+        if calls:
+            if role != "assistant" or not isinstance(calls, list):
+                raise ChatError(f"{where}.tool_calls must be a list on an assistant message", where)
+            msg["tool_calls"] = [_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
     return out
 
 
-def render(tokenizer, messages: Sequence[dict]) -> tuple[str, bool]:
+def render(tokenizer, messages: Sequence[dict], tools: Sequence[dict] = ()) -> tuple[str, bool]:
     """``(prompt text, add special tokens when encoding)`` for validated ``messages``.
 
     With the tokenizer's ``chat_template``: its text with the generation prompt, encoded
@@ -74,13 +94,28 @@ def render(tokenizer, messages: Sequence[dict]) -> tuple[str, bool]:
         Hi
         <|assistant|>
 
-    encoded like a plain prompt (the tokenizer adds its BOS if it has one).
+    encoded like a plain prompt (the tokenizer adds its BOS if it has one). ``tools`` (OpenAI
+    tool objects) go to the template as ``tools=``; the fallback lists them first as
+    ``<|tools|>\n{JSON list}\n``, and writes a message's tool calls as JSON after its content.
     """
     if getattr(tokenizer, "chat_template", None):
         try:
-            text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+            kw = {"tools": list(tools)} if tools else {}
+            text = tokenizer.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=True, **kw
+            )
         except Exception as e:  # jinja's TemplateError, raise_exception() in templates, ...
             raise ChatError(f"the model's chat template rejected the messages: {e}", "messages") from e
         return text, False
-    parts = [f"<|{m['role']}|>\n{m['content']}\n" for m in messages]
-    return "".join(parts) + "<|assistant|>\n", True
+    listed = json.dumps(list(tools), ensure_ascii=False, separators=(",", ":"))
+    head = [f"<|tools|>\n{listed}\n"] if tools else []
+    parts = [f"<|{m['role']}|>\n{m['content']}{_calls_text(m)}\n" for m in messages]
+    return "".join(head + parts) + "<|assistant|>\n", True
+
+
+def _calls_text(m: dict) -> str:
+    calls = [
+        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+        for c in m.get("tool_calls", ())
+    ]
+    return json.dumps(calls, ensure_ascii=False) if calls else ""

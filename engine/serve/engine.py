@@ -37,6 +37,7 @@ import numpy as np
 
 from aotlm.core import buckets as bk
 from aotlm.core.graphs import FinishReason
+from aotlm.generate.constraints import Matcher
 from aotlm.generate.slots import SlotBatch, SlotModel, SlotRunner
 from aotlm.serve.rows import HeldRows, PrefixStore
 from aotlm.serve.types import (
@@ -97,6 +98,7 @@ class Engine:
             raise ValueError("max_queue and decode_chunk must be >= 1")
         batch = model if isinstance(model, SlotRunner) else SlotBatch(model, eos_token_id, pad_token_id)
         self.batch: SlotRunner = batch
+        self.eos_token_id = tuple(int(t) for t in eos_token_id)  # what ends a constrained answer
         self.n_positions = batch.n_positions
         self.vocab_size = batch.vocab_size
         self.max_queue = max_queue
@@ -130,14 +132,22 @@ class Engine:
         if bad:
             raise InvalidRequest(bad[0][1], bad[0][0])
 
-    def submit(self, prompt: Sequence[int], params: SamplingParams, request_id: str | None = None) -> Request:
-        """Queue a request; iterate the returned ``Request`` for its tokens."""
+    def submit(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        matcher: Matcher | None = None,
+    ) -> Request:
+        """Queue a request; iterate the returned ``Request`` for its tokens. ``matcher``
+        (``aotlm.generate.constraints``) constrains its tokens to a grammar."""
         self.validate(prompt, params)
         req = Request(
             id=request_id or uuid.uuid4().hex,
             prompt=tuple(int(t) for t in prompt),
             params=params,
             submitted=time.perf_counter(),
+            matcher=matcher,
         )
         with self._cv:
             if not self._accepting:
@@ -222,7 +232,10 @@ class Engine:
         live = [(i, a) for i, a in enumerate(self._slots) if a is not None and a.live]
         if live:
             top = max(a.idx for _, a in live)
-            self.batch.decode(self.decode_chunk, top, self._busy_rows())
+            masks = {i: a.req.matcher for i, a in live if a.req.matcher is not None}
+            self.batch.constrain(masks)  # structured outputs: the next token's masks
+            steps = 1 if masks else self.decode_chunk
+            self.batch.decode(steps, top, self._busy_rows())
             self._stream(live)
 
     def _busy_rows(self) -> int:
@@ -310,7 +323,8 @@ class Engine:
                 if a.plan:
                     return  # budget spent; the rest next round
             for i, a in group:
-                self.batch.insert(i, a.prompt, a.req.params, a.logits)
+                allow = None if a.req.matcher is None else a.req.matcher.mask()
+                self.batch.insert(i, a.prompt, a.req.params, a.logits, allow)
                 a.logits, a.live, a.idx = None, True, len(a.prompt) - 1
             self._stream(group)
             pending = [x for x in pending if x not in group]
@@ -341,6 +355,8 @@ class Engine:
             k = a.req.params.logprobs or 0
             for slot in range(a.idx + 1, new_idx + 1):
                 tok = int(host["out"][i, slot])
+                if a.req.matcher is not None:
+                    a.req.matcher.advance((tok,))
                 if a.req.params.logprobs is not None:
                     top = tuple(
                         (int(t), float(lp))

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from aotlm.core.graphs import FinishReason
+from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Matcher
 from aotlm.serve import protocol
 from aotlm.serve.chat import ChatError, render
 from aotlm.serve.detok import ChoiceText, Piece, TokenTexts, finish_reason
@@ -39,6 +40,22 @@ class Served:
     max_n: int = 16  # choices per HTTP request (n times the prompts)
     max_tokens_cap: int | None = None
     stopping: bool = False  # set on SIGTERM: /health says 503 and new requests are refused
+    grammars: Grammars | None = None  # structured outputs, built at the first constrained request
+
+    def matchers(self, c: Constraint | None, n: int) -> list[Matcher | None]:
+        """``n`` fresh matchers of ``c`` (None: unconstrained); a bad schema or grammar is a 400
+        with the library's message."""
+        if c is None:
+            return [None] * n
+        try:
+            if self.grammars is None:
+                eos = getattr(self.engine, "eos_token_id", ()) or [self.tokenizer.eos_token_id]
+                self.grammars = Grammars(
+                    self.tokenizer, self.engine.vocab_size, [t for t in eos if t is not None]
+                )
+            return [self.grammars.matcher(c) for _ in range(n)]
+        except ConstraintError as e:
+            raise protocol.bad(f"invalid {c.kind.replace('_', ' ')}: {e}", "response_format") from None
 
 
 class ClientGone(Exception):
@@ -144,7 +161,11 @@ def engine_stopped() -> APIError:
 
 
 def _submit(
-    served: Served, jobs: Sequence[tuple[list[int], list[SamplingParams]]], rid: str, prompt_param: str
+    served: Served,
+    jobs: Sequence[tuple[list[int], list[SamplingParams]]],
+    rid: str,
+    prompt_param: str,
+    matchers: Sequence[Matcher | None],
 ) -> list[Request]:
     """Validate every choice first, then submit all; a failure part-way cancels the rest."""
     if served.stopping:
@@ -157,7 +178,8 @@ def _submit(
                 engine.validate(ids, p)
         for ids, plist in jobs:
             for p in plist:
-                reqs.append(engine.submit(ids, p, request_id=f"{rid}-{len(reqs)}"))
+                m = matchers[len(reqs)]
+                reqs.append(engine.submit(ids, p, request_id=f"{rid}-{len(reqs)}", matcher=m))
     except (InvalidRequest, QueueFull, EngineStopped) as e:
         for r in reqs:
             r.cancel()
@@ -202,7 +224,7 @@ async def chat_completions(served: Served, body: dict, disconnected: Callable[[]
     parsed = protocol.parse_chat(body, served.max_n)
     _check_model(served, parsed.common)
     try:
-        text, add_special = render(served.tokenizer, parsed.messages)
+        text, add_special = render(served.tokenizer, parsed.messages, parsed.common.form.tools)
     except ChatError as e:
         raise protocol.bad(str(e), e.param) from None
     ids = _encode(served, text, add_special, "messages")
@@ -217,8 +239,10 @@ async def _run(served, kind, common, prompts, default_max, prompt_param, disconn
     ]
     prefix = "chatcmpl" if kind == CHAT else "cmpl"
     rid = f"{prefix}-{uuid.uuid4().hex}"
-    shapes = Shapes(kind, rid, int(time.time()), served.model_name, served.texts)
-    reqs = _submit(served, jobs, rid, prompt_param)
+    shapes = Shapes(kind, rid, int(time.time()), served.model_name, served.texts, common.form)
+    n = sum(len(plist) for _, plist in jobs)  # grammars compile off the event loop (first: ~1 s)
+    matchers = await asyncio.to_thread(served.matchers, common.form.constraint, n)
+    reqs = _submit(served, jobs, rid, prompt_param, matchers)
     runs, k = [], 0
     for no, (ids, plist) in enumerate(jobs):
         for _ in plist:
@@ -257,8 +281,15 @@ async def _collect(runs, shapes: Shapes, want_lp: bool, prompt_tokens: int, disc
     finally:
         watcher.cancel()
         gathered.cancel()
+        gathered.add_done_callback(_retrieved)  # a cancelled gather's error is expected, not logged
         cancel_all(runs)
     return shapes.response(choices, run_usage(runs, prompt_tokens))
+
+
+def _retrieved(fut: asyncio.Future) -> None:
+    """Mark a finished future's exception as seen (asyncio logs unseen ones at collection)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 async def _stream(
@@ -284,11 +315,17 @@ async def _stream(
             for r in runs:
                 yield sse(shapes.chunk(r.index, "", None, None, include_usage, role=True))
         remaining = len(runs)
+        held: dict[int, list] = {r.index: [] for r in runs}
         while remaining:
             index, piece, reason = await queue.get()
             if isinstance(piece, Exception):
                 raise piece
             remaining -= reason is not None
+            if shapes.form.reads_calls:  # tool calls: the answer is read whole, then sent
+                held[index].append(piece)
+                if reason is not None:
+                    yield sse(shapes.whole_chunk(index, held[index], want_lp, reason, include_usage))
+                continue
             if reason is None and not piece.text and not want_lp:
                 continue  # tokens whose text is still held back: nothing to say yet
             lp = shapes.logprobs(piece) if want_lp else None

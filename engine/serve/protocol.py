@@ -4,8 +4,9 @@ Plain Python on the decoded JSON (no pydantic models), so every message names th
 way the client sent it, and the HTTP layer turns an ``APIError`` into
 ``{"error": {"message", "type", "param", "code"}}`` with its status. Unknown fields are
 ignored (OpenAI clients send extras such as ``user`` or ``metadata``); fields that ask for
-something this server does not do (``echo``, ``suffix``, ``best_of`` != ``n``, ``logit_bias``,
-tools, a JSON ``response_format``) are rejected by name rather than silently dropped.
+something this server does not do (``echo``, ``suffix``, ``best_of`` != ``n``, the deprecated
+``functions``) are rejected by name rather than silently dropped. ``response_format``,
+``logit_bias`` and ``tools`` are ``aotlm.serve.structured``'s.
 
 Completions take ``prompt`` as a string, a list of strings, a list of token ids or a list of
 token-id lists; several prompts give ``len(prompts) * n`` choices, numbered prompt-major as
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from aotlm.core.sampling import TOP_LOGPROBS_MAX as MAX_LOGPROBS  # per token (OpenAI's limit too)
+from aotlm.serve import structured
 from aotlm.serve.chat import ChatError, validate_messages
 from aotlm.serve.types import SamplingParams
 
@@ -65,6 +67,7 @@ class Common:
     stop: tuple[str, ...]
     max_tokens: int | None  # None: the endpoint's default, worked out once the prompt is known
     params: SamplingParams  # max_tokens and seed are set per choice by ``choice_params``
+    form: structured.Structured = structured.Structured()  # response_format, tools, logit_bias
 
 
 @dataclass(frozen=True)
@@ -155,24 +158,18 @@ def _reject_unsupported(body: dict, n: int) -> None:
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise bad(f"'best_of' is not supported (only best_of == n, got {best_of!r})", "best_of")
-    if body.get("logit_bias"):
-        raise bad("'logit_bias' is not supported", "logit_bias")
-    for name in ("tools", "functions", "function_call"):
-        if body.get(name):
-            raise bad(f"'{name}' is not supported: this server generates text only", name)
-    if body.get("tool_choice") not in (None, "none"):
-        raise bad("'tool_choice' is not supported: this server generates text only", "tool_choice")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise bad("'response_format' supports only {'type': 'text'}", "response_format")
 
 
-def _common(body: dict, max_n: int, max_tokens: int | None, logprobs: int | None) -> Common:
+def _common(body: dict, max_n: int, max_tokens: int | None, logprobs: int | None, chat: bool) -> Common:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad("'model' must be a string", "model")
     n = get_int(body, "n", 1, 1, max_n)
     _reject_unsupported(body, n)
+    try:
+        form = structured.parse(body, chat)
+    except structured.FieldError as e:
+        raise bad(str(e), e.param) from None
     stream = get_bool(body, "stream", False)
     options = body.get("stream_options")
     if options is not None:
@@ -194,8 +191,9 @@ def _common(body: dict, max_n: int, max_tokens: int | None, logprobs: int | None
         stop_token_ids=_stop_token_ids(body),
         ignore_eos=get_bool(body, "ignore_eos", False),
         logprobs=logprobs,
+        logit_bias=form.logit_bias,
     )
-    return Common(model, n, stream, include_usage, _stop(body), max_tokens, params)
+    return Common(model, n, stream, include_usage, _stop(body), max_tokens, params, form)
 
 
 def _logprobs_count(body: dict, name: str) -> int | None:
@@ -243,6 +241,7 @@ def parse_completion(body: dict, max_n: int) -> CompletionBody:
         max_n,
         get_int(body, "max_tokens", None, 1),
         _logprobs_count(body, "logprobs"),
+        chat=False,
     )
     if len(prompts) * common.n > max_n:
         raise bad(f"{len(prompts)} prompts x n={common.n} is over the limit of {max_n} choices", "n")
@@ -262,7 +261,7 @@ def parse_chat(body: dict, max_n: int) -> ChatBody:
     max_tokens = get_int(body, "max_completion_tokens", None, 1)
     if max_tokens is None:
         max_tokens = get_int(body, "max_tokens", None, 1)
-    return ChatBody(_common(body, max_n, max_tokens, (top or 0) if want else None), messages)
+    return ChatBody(_common(body, max_n, max_tokens, (top or 0) if want else None, chat=True), messages)
 
 
 def choice_params(

@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 
 from aotlm.serve.detok import Piece
+from aotlm.serve.structured import Structured, read_calls
 
 COMPLETION, CHAT = "text_completion", "chat.completion"
 
@@ -60,8 +61,17 @@ def chat_logprobs(piece: Piece, text_of: Callable[[int], str]) -> dict:
 class Shapes:
     """The response shapes of one HTTP request (``id``, ``created``, ``model`` shared)."""
 
-    def __init__(self, kind: str, rid: str, created: int, model: str, text_of: Callable[[int], str]):
+    def __init__(
+        self,
+        kind: str,
+        rid: str,
+        created: int,
+        model: str,
+        text_of: Callable[[int], str],
+        form: Structured | None = None,
+    ):
         self.kind, self.id, self.created, self.model, self.text_of = kind, rid, created, model, text_of
+        self.form = form or Structured()
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -82,12 +92,14 @@ class Shapes:
 
     def choice(self, index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
         if self.kind == CHAT:
-            return {
-                "index": index,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish_reason,
-            }
+            message: dict = {"role": "assistant", "content": text}
+            calls = read_calls(self.form, text) if self.form.reads_calls else []
+            if calls:  # OpenAI: content null, finish_reason "tool_calls"
+                message, finish_reason = (
+                    {"role": "assistant", "content": None, "tool_calls": calls},
+                    "tool_calls",
+                )
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def response(self, choices: list[dict], use: dict) -> dict:
@@ -115,6 +127,19 @@ class Shapes:
             out = {**self._head(COMPLETION), "choices": [choice]}
         if with_usage:
             out["usage"] = None  # OpenAI: null on every chunk but the last when usage is asked for
+        return out
+
+    def whole_chunk(
+        self, index: int, pieces: list[Piece], want_lp: bool, reason: str, with_usage: bool
+    ) -> dict:
+        """A held-back answer (tools) as one chunk: its tool calls (``delta.tool_calls``, each
+        with its ``index``) or its text."""
+        lp = self.merge_logprobs(pieces) if want_lp else None
+        choice = self.choice(index, "".join(p.text for p in pieces), lp, reason)
+        out = self.chunk(index, choice["message"]["content"], lp, choice["finish_reason"], with_usage)
+        calls = choice["message"].get("tool_calls")
+        if calls:
+            out["choices"][0]["delta"] = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
         return out
 
     def usage_chunk(self, use: dict) -> dict:

@@ -15,6 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
+from aotlm.generate.constraints import Matcher
 from aotlm.generate.params import SamplingParams
 
 __all__ = ["EngineStopped", "Finish", "InvalidRequest", "QueueFull", "Request", "SamplingParams", "Token"]
@@ -66,6 +67,7 @@ class Request:
     prompt: tuple[int, ...]
     params: SamplingParams
     submitted: float
+    matcher: Matcher | None = None  # structured outputs: the request's grammar state
     cancelled: threading.Event = field(default_factory=threading.Event)
     _items: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     _loop: asyncio.AbstractEventLoop | None = None

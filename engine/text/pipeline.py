@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from aotlm import progress as progress_mod
 from aotlm.core.resolve import default_model, validate_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling
+from aotlm.generate.constraints import Constraint, Grammars
 from aotlm.generate.params import FIELDS
 from aotlm.generate.params import PER_ROW_FIELDS as PER_PROMPT
 from aotlm.generate.sampler import Sampler
@@ -61,6 +62,7 @@ class TextGenerationPipeline:
         self.default_new = found.get("max_new_tokens")
         self.default_length = found.get("max_length")
         self._sample_params = _sample_params(model)
+        self._grammars: Grammars | None = None  # structured outputs, built on first use
 
     # ------------------------------------------------------------------ transformers-shaped call
     def __call__(self, text_inputs: str | Sequence[str], return_full_text: bool = False, **kwargs):
@@ -88,11 +90,16 @@ class TextGenerationPipeline:
         clean_up_tokenization_spaces: bool | None = None,
         streamer=None,
         add_special_tokens: bool = True,
+        json_schema=None,
+        constraint=None,
         **generation_kwargs,
     ) -> list[Generation]:
         """Generate for every prompt; results in input order (see the module docstring).
 
         ``add_special_tokens=False`` for prompts that hold their own (a chat template's text).
+        Structured outputs: ``json_schema`` (a dict or JSON text) or ``constraint`` (an
+        ``aotlm.generate.constraints.Constraint``: regex, grammar, any JSON object), one for
+        every prompt or a list with one (or None) per prompt.
 
         Time to first token is measured by ``sample()`` (``GenerateOutput.time_to_first_token``).
         """
@@ -116,6 +123,9 @@ class TextGenerationPipeline:
             )
         if streamer is not None and n != 1:
             raise ValueError(f"a streamer follows one prompt, got {n}")
+        specs = self._constraints(n, json_schema, constraint)
+        if specs is not None:
+            generation_kwargs["constraints"] = specs
         decode_kw = dict(skip_special=skip_special_tokens, cleanup=clean_up_tokenization_spaces)
         new = [self._new_tokens(i, len(r), self._pick(max_new_tokens, i)) for i, r in enumerate(rows)]
         b = self.model.batch_size
@@ -135,8 +145,34 @@ class TextGenerationPipeline:
     def _pick(value, i: int):
         return value[i] if isinstance(value, list | tuple) else value
 
+    def _constraints(self, n: int, json_schema, constraint) -> list | None:
+        """One ``Constraint`` or None per prompt (None: no prompt is constrained); checked now."""
+        if json_schema is not None and constraint is not None:
+            raise ValueError("give json_schema or constraint, not both")
+        given = json_schema if json_schema is not None else constraint
+        if given is None:
+            return None
+        many = isinstance(given, list | tuple)
+        if many and len(given) != n:
+            raise ValueError(f"{len(given)} constraints for {n} prompts; give one, or one per prompt")
+        make = Constraint.json_schema if json_schema is not None else (lambda c: c)
+        specs = [None if g is None else make(g) for g in (given if many else [given] * n)]
+        if any(c is not None and not isinstance(c, Constraint) for c in specs):
+            raise TypeError("constraint must be an aotlm.generate.constraints.Constraint (or one per prompt)")
+        for c in specs:
+            if c is not None:
+                self.grammars().compile(c)  # a bad schema or grammar fails before any device work
+        return specs
+
+    def grammars(self) -> Grammars:
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.model.cfg.vocab_size, self.eos)
+        return self._grammars
+
     @staticmethod
     def _slice(key: str, value, idx: list[int]):
+        if key == "constraints":
+            return [value[i] for i in idx]
         if key in PER_PROMPT and isinstance(value, list | tuple):
             return [value[i] for i in idx]
         return value
@@ -169,6 +205,10 @@ class TextGenerationPipeline:
         p_len = ids.shape[1]
         call = dict(kwargs, attention_mask=mask, max_new_tokens=new, return_dict=True, streamer=streamer)
         call.update(eos_token_id=self.eos or None, pad_token_id=pad)
+        if "constraints" in call:  # fresh matchers for this batch's rows
+            call["constraints"] = [
+                None if c is None else self.grammars().matcher(c) for c in call["constraints"]
+            ]
         t0 = time.perf_counter()
         out = self.model.sample(ids, **call)
         seconds = time.perf_counter() - t0
