@@ -31,7 +31,7 @@ import numpy as np
 
 from aotlm.kernels import layout
 from aotlm.kernels.layout import PANEL
-from aotlm.models.axes import CONTRACT_AXES, LOGICAL_AXES, Path
+from aotlm.models.axes import CONTRACT_AXES, LOGICAL_AXES, QUANT_SCALES, Path
 
 DTYPES = ("int8", "bfloat16", "float16", "float32")  # stored dtypes the panel kernels read
 # leaf -> its contracted dims. ``embed_q`` (the tied lm_head's int8 rows) is [V, D]: D contracted.
@@ -67,12 +67,20 @@ def is_packed(name: str | None, ndim: int) -> bool:
     return name in PACK_CONTRACT and ndim == len(LOGICAL_AXES[name]) + 2
 
 
+# scale leaf -> its weight, for the 4-bit scales ``[G, S, *Nd]`` (``aotlm.models.quant4``)
+SCALE_OF = {**{s: n for s, n in QUANT_SCALES.items() if n in PACK_CONTRACT}, "embed_q_scale": "embed_q"}
+
+
 def logical_axes(path: Path, ndim: int) -> tuple[str | None, ...]:
     """Logical axes of a parameter (norm scales and other small leaves: replicated); a leaf in
-    the kernels' packed int8 layout (this module) has two more dims."""
+    the kernels' packed int8 layout (this module) has two more dims, and so has a 4-bit weight's
+    scale leaf ``[G, S, *Nd]`` (its group axis: the weight's first contracted axis)."""
     axes = LOGICAL_AXES.get(path[-1], (None,) * ndim)
     if len(axes) + 2 == ndim and is_packed(path[-1], ndim):
         return packed_axes(path[-1], axes)
+    if len(axes) + 2 == ndim and path[-1] in SCALE_OF:
+        w = SCALE_OF[path[-1]]
+        return (LOGICAL_AXES[w][PACK_CONTRACT[w][0]], None, *axes)
     if len(axes) != ndim:
         raise ValueError(f"parameter {path} has {ndim} dims but its logical axes are {axes}")
     return axes
@@ -111,7 +119,7 @@ def unpack(w, name: str):
 
 def pad_vocab(name: str, arr: np.ndarray, tp: int) -> np.ndarray:
     """Zero-pad the vocab axis of an lm_head leaf (``VOCAB_LEAVES``) to a multiple of 16 * tp."""
-    axis = LOGICAL_AXES[name].index("vocab")
+    axis = logical_axes((name,), arr.ndim).index("vocab")
     extra = -arr.shape[axis] % (PANEL * tp)
     if not extra:
         return arr
@@ -126,17 +134,30 @@ def pack_if(name: str, arr: np.ndarray, sharded: tuple[bool, ...], tp: int) -> n
     ``sharded``: per logical dim, whether tensor parallelism splits it over ``tp`` devices; such a
     dim must split into whole panels (output) or pairs of rows (contracted) per device.
     """
-    if name not in PACK_CONTRACT or arr.dtype.name not in DTYPES or arr.ndim != len(LOGICAL_AXES[name]):
+    codes = arr.dtype == np.uint8  # a 4-bit leaf's codes (aotlm.models.quant4): always packed
+    if name not in PACK_CONTRACT or arr.ndim != len(LOGICAL_AXES[name]) or not (codes or arr.dtype.name in DTYPES):
         return arr
     contract = PACK_CONTRACT[name]
     kd, nd = split_dims(arr.shape, contract)
-    if kd[-1] % 2 or nd[-1] % PANEL or math.prod(arr.shape) == 0:
-        return arr
     pshape = packed_shape(arr.shape, contract)
     ks, ns = split_dims(sharded, contract)
-    if any(s and n % tp for s, n in zip((*ns, *ks), pshape, strict=False)):
+    split = any(s and n % tp for s, n in zip((*ns, *ks), pshape, strict=False))
+    if kd[-1] % 2 or nd[-1] % PANEL or math.prod(arr.shape) == 0 or split:
+        if codes:
+            raise ValueError(
+                f"4-bit {name} {arr.shape} does not split into whole panels of 16 columns / pairs of rows "
+                f"over tp={tp}; use another tp_degree or quant='int8'"
+            )
         return arr
+    if codes:
+        return pack_nibbles(pack(arr, contract))
     return pack(arr, contract)
+
+
+def pack_nibbles(pairs: np.ndarray) -> np.ndarray:
+    """Packed 4-bit codes ``[..., 16, 2]`` (one per byte) -> ``[..., 16, 1]``, the even row in the low
+    nibble (``aotlm.models.quant4``)."""
+    return np.ascontiguousarray((pairs[..., 0] | (pairs[..., 1] << 4))[..., None])
 
 
 def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:

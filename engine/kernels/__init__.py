@@ -54,8 +54,12 @@ from aotlm.kernels.ops import (
     gemm_fuses,
     gemm_supported,
     matmul,
+    matmul_q4,
     mesh_context,
+    q4_group,
+    q4_supported,
     supported,
+    unpack_q4,
 )
 
 __all__ = [
@@ -79,8 +83,12 @@ __all__ = [
     "int8_peak",
     "isa_level",
     "matmul",
+    "matmul_q4",
     "mesh_context",
+    "q4_group",
+    "q4_supported",
     "read_gbps",
     "supported",
     "threads",
+    "unpack_q4",
 ]

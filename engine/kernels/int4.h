@@ -1,0 +1,247 @@
+// 4-bit weights in groups along K (quant="int4", models/quant4.py), included by wmatmul.cc after packed.h.
+//
+//   aotlm_wmm_q4:  y[M,N] = act(x[M,K] @ W[K,N] (+ bias)),  W[k,n] = s[g,n] * q[k,n] + m[g,n],  g = k / group
+//
+// q is 0..15; symmetric groups have no m and mean m = -8 s (Q4_0's w = d (q - 8)), asymmetric ones
+// store it (Q4_1, Q4_K: w = d q + m). Scales and minimums are f16 [G][S][Np] (S = 1 or 2: scale,
+// then minimum), G = Kp / group. Layout of q: panels of 16 columns, like packed.h's, each a stream
+// of Kp / 2 lines of 16 bytes, byte c of line j = q[2j][c] | q[2j+1][c] << 4 (Kp = K rounded up to
+// the group, Np = N rounded up to 16; padded rows and columns are read but multiply zeros / are
+// not written).
+//
+// Math (the XLA fallback dequantizes to the same f32 W and dots): per group and column,
+// y += s * sum_k x[k] q[k] + m * sum_k x[k]. The nibbles are widened to int32 and converted to
+// f32 in registers (vpmovzxbd, vpand / vpsrld, vcvtdq2ps) and multiplied by broadcast x with the
+// f32 FMA; the per-group sum of x is computed once per call. One 16-byte line is 32 weights.
+// AVX2: 8 columns per vector; AVX-512 (the avx512 levels, aotlm.kernels.isa): 16 per vector.
+#pragma once
+
+namespace aotlm_q4 {
+constexpr int64_t P = 16;     // columns per panel
+constexpr int64_t PFB = 512;  // prefetch distance in the panel stream (bytes)
+constexpr int64_t ROWS = 64;  // rows of x per pass over a panel range (bounds the sums buffer)
+
+struct W4 {
+  const uint8_t* q;    // panels [Np / 16][Kp / 2][16]
+  const uint16_t* sm;  // f16 [G][S][Np]
+  int64_t Kp, Np, group, S;
+};
+
+#if defined(__AVX512F__)
+constexpr int MR_MAX = 8;
+// MR rows of x (xp [MR, Kp], zero padded) x panel p -> out[m * ld + 0..15] (+=, per group).
+template <int MR>
+inline void panel_rows(const float* xp, const float* xs, int64_t G, const W4& w, int64_t p, float* out,
+                       int64_t ld) {
+  constexpr int A = MR == 1 ? 2 : 1;  // one row: even and odd rows in separate sums (FMA latency)
+  const uint8_t* panel = w.q + p * (w.Kp / 2) * P;
+  const __m512i lo4 = _mm512_set1_epi32(15);
+  __m512 f[MR];
+  for (int m = 0; m < MR; ++m) f[m] = _mm512_setzero_ps();
+  const int64_t gh = w.group / 2;  // lines per group
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 acc[MR][A];
+    for (int m = 0; m < MR; ++m)
+      for (int a = 0; a < A; ++a) acc[m][a] = _mm512_setzero_ps();
+    for (int64_t j = g * gh; j < (g + 1) * gh; ++j) {
+      const uint8_t* r = panel + j * P;
+      if ((j & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r)));
+      const __m512 e = _mm512_cvtepi32_ps(_mm512_and_si512(v, lo4)), o = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+      for (int m = 0; m < MR; ++m) {
+        const float* x = xp + m * w.Kp + 2 * j;
+        acc[m][0] = _mm512_fmadd_ps(e, _mm512_set1_ps(x[0]), acc[m][0]);
+        acc[m][A - 1] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[1]), acc[m][A - 1]);
+      }
+    }
+    const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
+    const __m512 mn = w.S == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + w.Np)))
+                               : _mm512_mul_ps(s, _mm512_set1_ps(-8.f));
+    for (int m = 0; m < MR; ++m) {
+      const __m512 a = A == 2 ? _mm512_add_ps(acc[m][0], acc[m][A - 1]) : acc[m][0];
+      f[m] = _mm512_fmadd_ps(a, s, f[m]);
+      f[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * G + g]), mn, f[m]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + m * ld, f[m]);
+}
+#else
+constexpr int MR_MAX = 3;
+// AVX2: the same with two vectors of 8 columns; sums per group in registers, the running f32 total
+// in registers too (MR <= 3: 4 MR + 4 weight + 1 broadcast <= 16).
+template <int MR>
+inline void panel_rows(const float* xp, const float* xs, int64_t G, const W4& w, int64_t p, float* out,
+                       int64_t ld) {
+  const uint8_t* panel = w.q + p * (w.Kp / 2) * P;
+  const __m256i lo4 = _mm256_set1_epi32(15);
+  __m256 f[MR][2];
+  for (int m = 0; m < MR; ++m) f[m][0] = f[m][1] = _mm256_setzero_ps();
+  const int64_t gh = w.group / 2;
+  for (int64_t g = 0; g < G; ++g) {
+    __m256 acc[MR][2];
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int64_t j = g * gh; j < (g + 1) * gh; ++j) {
+      const uint8_t* r = panel + j * P;
+      if ((j & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r));
+      __m256 e[2], o[2];
+      for (int v = 0; v < 2; ++v) {
+        const __m256i c = _mm256_cvtepu8_epi32(v ? _mm_srli_si128(b, 8) : b);
+        e[v] = _mm256_cvtepi32_ps(_mm256_and_si256(c, lo4));
+        o[v] = _mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
+      }
+      for (int m = 0; m < MR; ++m) {
+        const float* x = xp + m * w.Kp + 2 * j;
+        const __m256 x0 = _mm256_broadcast_ss(x), x1 = _mm256_broadcast_ss(x + 1);
+        for (int v = 0; v < 2; ++v) acc[m][v] = _mm256_fmadd_ps(o[v], x1, _mm256_fmadd_ps(e[v], x0, acc[m][v]));
+      }
+    }
+    const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
+    for (int v = 0; v < 2; ++v) {
+      const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * v)));
+      const __m256 mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + w.Np + 8 * v)))
+                                 : _mm256_mul_ps(s, _mm256_set1_ps(-8.f));
+      for (int m = 0; m < MR; ++m) {
+        f[m][v] = _mm256_fmadd_ps(acc[m][v], s, f[m][v]);
+        f[m][v] = _mm256_fmadd_ps(_mm256_set1_ps(xs[m * G + g]), mn, f[m][v]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + m * ld + 8 * v, f[m][v]);
+}
+#endif
+
+// M rows (<= ROWS) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c].
+inline void rows(const float* xp, const float* xs, int64_t G, int64_t M, const W4& w, int64_t p0, int64_t p1,
+                 float* buf, int64_t ld) {
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t m0 = 0; m0 < M;) {
+      const int64_t left = M - m0;
+      const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
+      const float* x = xp + m0 * w.Kp;
+      const float* s = xs + m0 * G;
+      float* o = buf + m0 * ld + (p - p0) * P;
+      switch (mr) {
+        case 1: panel_rows<1>(x, s, G, w, p, o, ld); break;
+        case 2: panel_rows<2>(x, s, G, w, p, o, ld); break;
+#if defined(__AVX512F__)
+        case 3: panel_rows<3>(x, s, G, w, p, o, ld); break;
+        case 4: panel_rows<4>(x, s, G, w, p, o, ld); break;
+        case 5: panel_rows<5>(x, s, G, w, p, o, ld); break;
+        case 6: panel_rows<6>(x, s, G, w, p, o, ld); break;
+        case 7: panel_rows<7>(x, s, G, w, p, o, ld); break;
+        default: panel_rows<8>(x, s, G, w, p, o, ld); break;
+#else
+        default: panel_rows<3>(x, s, G, w, p, o, ld); break;
+#endif
+      }
+      m0 += mr;
+    }
+}
+
+// y [M, N] = act(x [M, K] @ W (+ bias)); bias: f32 [Np] (zero padded) or null.
+inline void run(const float* x, const W4& w, const float* bias, int32_t act, int64_t M, int64_t K, int64_t N,
+                const Out& out) {
+  const int64_t G = w.Kp / w.group;
+  std::vector<float> xp(M * w.Kp, 0.f), xs(M * G, 0.f);  // x zero padded to Kp; per-group sums of x
+  for (int64_t m = 0; m < M; ++m) {
+    std::memcpy(xp.data() + m * w.Kp, x + m * K, K * sizeof(float));
+    for (int64_t k = 0; k < K; ++k) xs[m * G + k / w.group] += x[m * K + k];
+  }
+  aotlm_pk::panel_ranges(w.Np / P, M == 1 ? 1 : 4, [&](int64_t p0, int64_t p1) {
+    const int64_t ld = (p1 - p0) * P, n0 = p0 * P, width = std::min(ld, N - n0);
+    thread_local std::vector<float> buf;
+    buf.resize(std::min(M, ROWS) * ld);
+    for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
+      const int64_t mc = std::min(ROWS, M - m0);
+      rows(xp.data() + m0 * w.Kp, xs.data() + m0 * G, G, mc, w, p0, p1, buf.data(), ld);
+      for (int64_t m = 0; m < mc; ++m) {
+        float* r = buf.data() + m * ld;
+        if (bias || act)
+          for (int64_t j = 0; j < ld; j += 8)
+            _mm256_storeu_ps(r + j, aotlm_ep::finish(_mm256_loadu_ps(r + j), _mm256_set1_ps(1.f),
+                                                     bias ? bias + n0 + j : nullptr, act));
+        out.put((m0 + m) * N + n0, r, int(width));
+      }
+    }
+  });
+}
+
+// Whole W -> y [K, N] f32 / bf16 / f16 (the dequantized matrix, for tests and XLA's dot).
+inline void run_unpack(const W4& w, int64_t K, int64_t N, const Out& out) {
+  aotlm_pk::panel_ranges(w.Np / P, 4, [&](int64_t p0, int64_t p1) {
+    const int64_t ld = (p1 - p0) * P, n0 = p0 * P, width = std::min(ld, N - n0);
+    std::vector<float> row(ld);
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t g = k / w.group, sh = 4 * (k & 1);
+      for (int64_t p = p0; p < p1; ++p) {
+        const uint8_t* r = w.q + (p * (w.Kp / 2) + k / 2) * P;
+        const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
+        for (int64_t c = 0; c < P; ++c) {
+          const float s = f16_to_f32(sg[c]);
+          const float mn = w.S == 2 ? f16_to_f32(sg[w.Np + c]) : -8.f * s;
+          row[(p - p0) * P + c] = std::fma(s, float((r[c] >> sh) & 15), mn);
+        }
+      }
+      out.put(k * N + n0, row.data(), int(width));
+    }
+  });
+}
+
+}  // namespace aotlm_q4
+
+// ------------------------------------------------------------------ handlers
+// The operands of a 4-bit W for y [.., K] x [.., N]: Kp (K up to the group) and Np (N up to 16) from
+// ``group``; w holds Np * Kp / 2 bytes, sm f16 [G][S][Np] with S = 1 or 2. Returns "" or the problem.
+std::string q4_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64_t K, int64_t N, int32_t group,
+                        aotlm_q4::W4* out) {
+  if (group < 2 || group % 2) return "group must be an even number >= 2";
+  const int64_t Kp = (K + group - 1) / group * group, Np = (N + 15) / 16 * 16, G = Kp / group;
+  if (w.element_type() != DataType::U8 || int64_t(w.element_count()) != Kp * Np / 2)
+    return "w must be uint8 with Np * Kp / 2 bytes (Kp: K rounded up to the group, Np: N up to 16)";
+  if (sm.element_type() != DataType::F16 || (int64_t(sm.element_count()) != G * Np && int64_t(sm.element_count()) != 2 * G * Np))
+    return "scales must be f16 [G, 1 or 2, Np] (G = Kp / group)";
+  *out = {static_cast<const uint8_t*>(w.untyped_data()), static_cast<const uint16_t*>(sm.untyped_data()), Kp, Np,
+          group, int64_t(sm.element_count()) / (G * Np)};
+  return "";
+}
+
+// x [M, K] (f32 / bf16 / f16) -> y [M, N] of x's dtype; bias f32 [N] or empty; act as aotlm_wmm_pk's.
+ffi::Error wmm_q4(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::AnyBuffer bias,
+                  ffi::Result<ffi::AnyBuffer> y, int32_t group, int32_t act) {
+  auto xd = x.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
+    return ffi::Error::InvalidArgument("aotlm_wmm_q4: x [M, K] and y [M, N] must be 2-D with equal M");
+  const int64_t M = xd[0], K = xd[1], N = yd[1];
+  const DataType xt = x.element_type();
+  if (y->element_type() != xt || (xt != DataType::F32 && xt != DataType::BF16 && xt != DataType::F16))
+    return ffi::Error::InvalidArgument("aotlm_wmm_q4: x and y must both be f32, bf16 or f16");
+  aotlm_q4::W4 w4;
+  if (const std::string e = q4_operands(w, sm, K, N, group, &w4); !e.empty())
+    return ffi::Error::InvalidArgument("aotlm_wmm_q4: " + e);
+  const float* b = nullptr;
+  if (!scale_of(bias, N, &b)) return ffi::Error::InvalidArgument("aotlm_wmm_q4: bias must be f32 [N] or empty");
+  if (act < aotlm_ep::ACT_NONE || act > aotlm_ep::ACT_RELU)
+    return ffi::Error::InvalidArgument("aotlm_wmm_q4: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
+  std::vector<float> bp;  // bias zero padded to Np (the output pass reads whole panels)
+  if (b) bp.assign(w4.Np, 0.f), std::memcpy(bp.data(), b, N * sizeof(float));
+  std::vector<float> tmp;
+  aotlm_q4::run(x_f32(x, M * K, tmp), w4, b ? bp.data() : nullptr, act, M, K, N, Out{y->untyped_data(), xt});
+  return ffi::Error::Success();
+}
+
+// 4-bit W -> y [K, N] (f32 / bf16 / f16), dequantized; ``after``: unused (orders the call, see convert).
+ffi::Error unpack_q4(ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::AnyBuffer after, ffi::Result<ffi::AnyBuffer> y,
+                     int32_t group) {
+  auto yd = y->dimensions();
+  const DataType yt = y->element_type();
+  if (yd.size() != 2 || (yt != DataType::F32 && yt != DataType::BF16 && yt != DataType::F16))
+    return ffi::Error::InvalidArgument("aotlm_unpack_q4: y must be 2-D f32, bf16 or f16");
+  aotlm_q4::W4 w4;
+  if (const std::string e = q4_operands(w, sm, yd[0], yd[1], group, &w4); !e.empty())
+    return ffi::Error::InvalidArgument("aotlm_unpack_q4: " + e);
+  aotlm_q4::run_unpack(w4, yd[0], yd[1], Out{y->untyped_data(), yt});
+  return ffi::Error::Success();
+}

@@ -1,0 +1,112 @@
+"""4-bit weights in groups along the input dimension (``quant="int4"``): storage, quantization, math.
+
+A matrix ``W [*Kd, *Nd]`` (contracted dims ``Kd``, flattened to ``K``) is cut into groups of
+``group`` rows (32, 64 or 128) along ``K``; each group and output column has an f16 scale ``s``
+and, when asymmetric, an f16 minimum ``m``; a weight is a 4-bit code ``q`` in 0..15:
+
+* symmetric (Q4_0's form): ``w = s * (q - 8)``, ``s = a / -8`` with ``a`` the group's value of largest
+  magnitude (so ``a`` itself is exact, codes -8..7 used);
+* asymmetric (Q4_1's form): ``w = s * q + m``, ``m = min``, ``s = (max - min) / 15``.
+
+Round to nearest, after the scale (and minimum) are rounded to f16, so the codes fit the stored
+scale. f16, not f32: a group of 32 then costs 4.5 bits per weight (5 asymmetric) instead of 5 (6), and
+GGUF's Q4_0 / Q4_1 blocks (f16 ``d`` / ``m``) map onto it exactly (``aotlm.models.gguf_q4``).
+
+Leaves: the weight ``<name>`` as uint8 codes in the kernels' panel layout (``aotlm/kernels/int4.h``):
+``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 2, 16, 1]``, each byte a pair of rows (low nibble
+the even row) of one column -- ``models.packing``'s int8 panels with each pair in one byte, so every
+logical dim is kept and a tensor-parallel shard is the packed form of the logical shard. The scales
+``<name>_scale`` are f16 ``[G, S, *Nd]`` (``S`` = 1, or 2: scale then minimum); their group axis is
+sharded like the weight's first contracted dim. The loader emits the codes one per byte in the
+logical layout (so the mesh's padding / kv-head repeats apply to them unchanged); ``packing.prepare``
+packs them always (with or without the kernels).
+
+Which matrices: the ``PACK_CONTRACT`` ones (q/k/v/o, MLP, fused forms, an untied lm_head) and the tied
+lm_head's copy ``embed_q [V, D]`` (groups along D), whose shape allows the layout (``packable``);
+the embedding lookup stays in the compute dtype, MoE experts and any matrix whose shape does not fit
+take int8 (``models.quant``). The math (``dense4``): the CPU kernel ``aotlm_wmm_q4`` for any number of
+rows, else the dequantized matrix (the same f32 ``s * q + m``) and XLA's dot.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from aotlm import kernels
+from aotlm.kernels.layout import PANEL
+from aotlm.models import packing
+
+GROUPS = (32, 64, 128)
+
+
+def packable(shape: tuple, contract: tuple[int, ...], group: int) -> bool:
+    """Can a matrix of ``shape`` (contracted dims ``contract``) be stored as 4-bit groups of ``group``?"""
+    kd, nd = packing.split_dims(shape, contract)
+    if not kd or not nd:
+        return False
+    return kd[-1] % 2 == 0 and nd[-1] % PANEL == 0 and math.prod(kd) % group == 0 and math.prod(shape) > 0
+
+
+def quantize_int4(
+    w: np.ndarray, contract: tuple[int, ...], group: int, asymmetric: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """``w`` -> ``(codes uint8 0..15 of w's shape, scales f16 [G, S, *Nd])`` (module docstring)."""
+    w = np.asarray(w, np.float32)
+    nk = len(contract)
+    a = np.moveaxis(w, contract, tuple(range(nk)))  # [*Kd, *Nd]
+    kd, nd = a.shape[:nk], a.shape[nk:]
+    a = a.reshape(math.prod(kd) // group, group, *nd)
+    if asymmetric:
+        lo, hi = a.min(axis=1, keepdims=True), a.max(axis=1, keepdims=True)
+        mn = lo.astype(np.float16)
+        s = ((hi - mn.astype(np.float32)) / 15.0).astype(np.float16)
+        base, off, parts = mn.astype(np.float32), 0.0, (s, mn)
+    else:
+        i = np.argmax(np.abs(a), axis=1)[:, None]
+        s = (np.take_along_axis(a, i, axis=1) / -8.0).astype(np.float16)
+        base, off, parts = 0.0, 8.0, (s,)
+    s32 = s.astype(np.float32)
+    inv = np.divide(1.0, s32, out=np.zeros_like(s32), where=s32 != 0)
+    q = np.clip(np.rint((a - base) * inv) + off, 0, 15)
+    q = np.where(s32 != 0, q, off).astype(np.uint8).reshape(*kd, *nd)
+    sm = np.concatenate(parts, axis=1)  # [G, S, *Nd]
+    return np.ascontiguousarray(np.moveaxis(q, tuple(range(nk)), contract)), sm
+
+
+def codes(w, name: str):
+    """Packed 4-bit leaf -> its codes ``[*Kd, *Nd]`` as f32 (jnp)."""
+    pairs = jnp.concatenate([w & 15, w >> 4], axis=-1)  # [..., 16, 2]: even row, odd row
+    return packing.unpack(pairs, name).astype(jnp.float32)
+
+
+def dequantize(w, sm, name: str):
+    """Packed 4-bit leaf and its scales -> the f32 matrix ``[*Kd, *Nd]`` (jnp): ``s * q + m`` (XLA's
+    path, the same numbers the kernel multiplies)."""
+    q = codes(w, name)
+    kd, nd = packing.logical_dims(name, w.shape)
+    k, n, g = math.prod(kd), math.prod(nd), sm.shape[0]
+    kernels.q4_group(k, sm)  # a clear error if the groups do not tile K
+    s = sm[:, 0].astype(jnp.float32).reshape(g, 1, n)
+    m = sm[:, 1].astype(jnp.float32).reshape(g, 1, n) if sm.shape[1] == 2 else -8.0 * s
+    return (q.reshape(g, k // g, n) * s + m).reshape(*kd, *nd)
+
+
+def is_int4(w, scale) -> bool:
+    """Static: is ``w`` (with ``scale``) a 4-bit leaf of this module?"""
+    return scale is not None and jnp.dtype(w.dtype) == jnp.uint8
+
+
+def dense4(x, w, sm, axes: int, name: str):
+    """``x [..., *Kd] @ W`` (f32 accumulation, ``x``'s dtype) for a 4-bit leaf ``name``: the kernel, or
+    XLA's dot of ``dequantize`` (kernels off / another backend)."""
+    pk = packing.packed_k(name, w.ndim)
+    if pk is None:
+        raise ValueError(f"4-bit leaf {name} of shape {w.shape} is not in the panel layout")
+    nt = name == "embed_q"
+    if kernels.q4_supported(x, name):
+        return kernels.matmul_q4(x, w, sm, axes, name, packed_k=pk, nt=nt)
+    wl = dequantize(w, sm, name).astype(x.dtype)
+    return jnp.tensordot(x, wl, axes=axes, preferred_element_type=jnp.float32).astype(x.dtype)
