@@ -135,29 +135,38 @@ def pack_if(name: str, arr: np.ndarray, sharded: tuple[bool, ...], tp: int) -> n
     dim must split into whole panels (output) or pairs of rows (contracted) per device.
     """
     codes = arr.dtype == np.uint8  # a 4-bit leaf's codes (aotlm.models.quant4): always packed
-    if name not in PACK_CONTRACT or arr.ndim != len(LOGICAL_AXES[name]) or not (codes or arr.dtype.name in DTYPES):
+    if name not in PACK_CONTRACT or arr.ndim != len(LOGICAL_AXES[name]):
+        return arr
+    if not (codes or arr.dtype.name in DTYPES):
         return arr
     contract = PACK_CONTRACT[name]
     kd, nd = split_dims(arr.shape, contract)
-    pshape = packed_shape(arr.shape, contract)
+    rows = layout.Q4_ROWS if codes else 2  # rows of W per packed unit along the last contracted dim
+    pshape = (*nd[:-1], nd[-1] // PANEL, *kd[:-1], kd[-1] // rows)
     ks, ns = split_dims(sharded, contract)
     split = any(s and n % tp for s, n in zip((*ns, *ks), pshape, strict=False))
-    if kd[-1] % 2 or nd[-1] % PANEL or math.prod(arr.shape) == 0 or split:
+    if kd[-1] % rows or nd[-1] % PANEL or math.prod(arr.shape) == 0 or split:
         if codes:
             raise ValueError(
                 f"4-bit {name} {arr.shape} does not split into whole panels of 16 columns / pairs of rows "
                 f"over tp={tp}; use another tp_degree or quant='int8'"
             )
         return arr
-    if codes:
-        return pack_nibbles(pack(arr, contract))
-    return pack(arr, contract)
+    return pack_q4(arr, contract) if codes else pack(arr, contract)
 
 
-def pack_nibbles(pairs: np.ndarray) -> np.ndarray:
-    """Packed 4-bit codes ``[..., 16, 2]`` (one per byte) -> ``[..., 16, 1]``, the even row in the low
-    nibble (``aotlm.models.quant4``)."""
-    return np.ascontiguousarray((pairs[..., 0] | (pairs[..., 1] << 4))[..., None])
+def pack_q4(codes: np.ndarray, contract: tuple[int, ...]) -> np.ndarray:
+    """Logical 4-bit codes (one per byte, ``aotlm.models.quant4``) -> ``[*Nd[:-1], Nd[-1] // 16,
+    *Kd[:-1], Kd[-1] // 8, 16, 4]``: per block of 8 rows, byte ``(c, t)`` holds rows ``t`` (low nibble)
+    and ``t + 4`` (high) of column ``c`` (``aotlm/kernels/int4.h``)."""
+    nk = len(contract)
+    a = np.moveaxis(codes, contract, tuple(range(nk)))  # [*Kd, *Nd]
+    kd, nd = a.shape[:nk], a.shape[nk:]
+    a = a.reshape(*kd[:-1], kd[-1] // layout.Q4_ROWS, 2, 4, *nd[:-1], nd[-1] // PANEL, PANEL)
+    # dims: K-blocks 0..nk-1, half nk, t nk+1, N-blocks nk+2.., column last
+    n_blocks = list(range(nk + 2, a.ndim - 1))
+    a = a.transpose(*n_blocks, *range(nk), a.ndim - 1, nk + 1, nk)  # [..N, ..K, 16, 4, 2]
+    return np.ascontiguousarray(a[..., 0] | (a[..., 1] << 4))
 
 
 def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:

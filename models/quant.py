@@ -89,7 +89,7 @@ class QuantizationConfig:
                 f"{DEQUANT_DTYPES} (the model's amp) or None"
             )
         if self.group_size not in quant4.GROUPS:
-            raise ValueError(f"group_size={self.group_size!r} is not supported; choose one of {quant4.GROUPS}")
+            raise ValueError(f"group_size={self.group_size!r} is not supported; use one of {quant4.GROUPS}")
         int8 = self.quant_dtype in ("s8", "int8")
         if self.activations not in (None, "s8") or (self.activations and not int8):
             raise ValueError(
@@ -137,7 +137,9 @@ def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig |
 
 # "int4", "int4-g64", "int4-asym", "int4-g128-asym", ... -> config ("int4" alone: groups of 32, symmetric)
 INT4_NAMES = {
-    f"int4{'' if g == 32 else f'-g{g}'}{'-asym' if a else ''}": QuantizationConfig("int4", group_size=g, asymmetric=a)
+    f"int4{'' if g == 32 else f'-g{g}'}{'-asym' if a else ''}": QuantizationConfig(
+        "int4", group_size=g, asymmetric=a
+    )
     for g in quant4.GROUPS
     for a in (False, True)
 }
@@ -251,7 +253,7 @@ class ParamRewriter:
         if name == "embed" and self.quant is not None and self.quant.lm_head and self.embed_view:
             if floating:  # the logits' view: bf16 / f16 rows, unit scales (the lookup keeps its dtype)
                 q, scale = to_float(arr, self.quant.quant_dtype), np.ones(arr.shape[0], np.float32)
-            elif self.quant.int4 and quant4.packable(arr.shape, (1,), self.quant.group_size):
+            elif self.quant.int4 and quant4.packable(arr.shape, (1,), self.quant.group_size, vocab=True):
                 return [(path, arr), *self._int4((*path[:-1], "embed_q"), arr, (1,))]
             else:
                 q, scale = quantize_int8(arr, (1,))  # per vocab row: the logits' output channel
@@ -268,7 +270,7 @@ class ParamRewriter:
     def _int4(self, path: Path, arr: np.ndarray, contract: tuple[int, ...]) -> list[tuple[Path, np.ndarray]]:
         """4-bit codes and scales of ``path`` (``aotlm.models.quant4``); int8 where the shape does not fit."""
         q = self.quant
-        if not quant4.packable(arr.shape, contract, q.group_size):
+        if not quant4.packable(arr.shape, contract, q.group_size, vocab=path[-1] in ("embed_q", "lm_head")):
             q8, scale = quantize_int8(arr, contract)
             return [(path, q8), ((*path[:-1], f"{path[-1]}_scale"), scale)]
         codes, sm = quant4.quantize_int4(arr, contract, q.group_size, q.asymmetric)

@@ -36,18 +36,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from aotlm import kernels
+from aotlm.kernels import layout
 from aotlm.kernels.layout import PANEL
 from aotlm.models import packing
 
 GROUPS = (32, 64, 128)
 
 
-def packable(shape: tuple, contract: tuple[int, ...], group: int) -> bool:
-    """Can a matrix of ``shape`` (contracted dims ``contract``) be stored as 4-bit groups of ``group``?"""
+def packable(shape: tuple, contract: tuple[int, ...], group: int, vocab: bool = False) -> bool:
+    """Can a matrix of ``shape`` (contracted dims ``contract``) be stored as 4-bit groups of ``group``?
+    ``vocab``: its output dim is a vocabulary, padded to whole panels later (``packing.pad_vocab``)."""
     kd, nd = packing.split_dims(shape, contract)
     if not kd or not nd:
         return False
-    return kd[-1] % 2 == 0 and nd[-1] % PANEL == 0 and math.prod(kd) % group == 0 and math.prod(shape) > 0
+    fits = kd[-1] % layout.Q4_ROWS == 0 and (vocab or nd[-1] % PANEL == 0)
+    return fits and math.prod(kd) % group == 0 and math.prod(shape) > 0
 
 
 def quantize_int4(
@@ -76,17 +79,35 @@ def quantize_int4(
     return np.ascontiguousarray(np.moveaxis(q, tuple(range(nk)), contract)), sm
 
 
+def logical_dims(name: str, shape: tuple) -> tuple[tuple, tuple]:
+    """``(Kd, Nd)`` of a packed 4-bit leaf ``name`` (or of a local shard of one)."""
+    return layout.q4_logical_dims(shape, len(packing.PACK_CONTRACT[name]))
+
+
 def codes(w, name: str):
     """Packed 4-bit leaf -> its codes ``[*Kd, *Nd]`` as f32 (jnp)."""
-    pairs = jnp.concatenate([w & 15, w >> 4], axis=-1)  # [..., 16, 2]: even row, odd row
-    return packing.unpack(pairs, name).astype(jnp.float32)
+    kd, nd = logical_dims(name, w.shape)
+    nk, nn = len(kd), len(nd)
+    a = jnp.stack([w & 15, w >> 4], axis=-1)  # [..N-blocks, ..K-blocks, 16, 4 (t), 2 (half)]
+    order = (*range(nn, nn + nk), nn + nk + 2, nn + nk + 1, *range(nn), nn + nk)
+    return jnp.transpose(a, order).reshape(*kd, *nd).astype(jnp.float32)
+
+
+def round_x(x, group: int, axes: int):
+    """``x`` rounded to int8 per row and group of ``group`` contracted entries (scale ``max|x| / 127``)
+    and back to f32: what the kernel multiplies (``aotlm/kernels/int4.h``)."""
+    lead, kd = x.shape[: x.ndim - axes], x.shape[x.ndim - axes :]
+    xf = x.astype(jnp.float32).reshape(*lead, -1, group)
+    s = jnp.max(jnp.abs(xf), axis=-1, keepdims=True) / 127.0
+    inv = jnp.where(s > 0, 1.0 / jnp.where(s > 0, s, 1.0), 0.0)
+    return (jnp.clip(jnp.round(xf * inv), -127, 127) * s).reshape(*lead, *kd)
 
 
 def dequantize(w, sm, name: str):
     """Packed 4-bit leaf and its scales -> the f32 matrix ``[*Kd, *Nd]`` (jnp): ``s * q + m`` (XLA's
     path, the same numbers the kernel multiplies)."""
     q = codes(w, name)
-    kd, nd = packing.logical_dims(name, w.shape)
+    kd, nd = logical_dims(name, w.shape)
     k, n, g = math.prod(kd), math.prod(nd), sm.shape[0]
     kernels.q4_group(k, sm)  # a clear error if the groups do not tile K
     s = sm[:, 0].astype(jnp.float32).reshape(g, 1, n)
@@ -108,5 +129,7 @@ def dense4(x, w, sm, axes: int, name: str):
     nt = name == "embed_q"
     if kernels.q4_supported(x, name):
         return kernels.matmul_q4(x, w, sm, axes, name, packed_k=pk, nt=nt)
-    wl = dequantize(w, sm, name).astype(x.dtype)
-    return jnp.tensordot(x, wl, axes=axes, preferred_element_type=jnp.float32).astype(x.dtype)
+    wl = dequantize(w, sm, name)
+    g = kernels.q4_group(math.prod(wl.shape[:axes]), sm)
+    y = jnp.tensordot(round_x(x, g, axes), wl, axes=axes, preferred_element_type=jnp.float32)
+    return y.astype(x.dtype)

@@ -161,7 +161,8 @@ class CompiledModel(SpecAttributes):
             view = quant is not None and kernels.enabled()  # int8 / bf16 embedding copy for a tied lm_head
             # int8 / bf16 / f16 / f32 matrices in the kernels' panel layout (aotlm.models.packing); 4-bit
             # codes are stored only in it (aotlm.models.quant4)
-            self._pack = view or (kernels.enabled() and np_dtype == np.float32) or (quant is not None and quant.int4)
+            int4 = quant is not None and quant.int4
+            self._pack = view or int4 or (kernels.enabled() and np_dtype == np.float32)
             rewriter = ParamRewriter(quant, self.fuse_qkv, view) if quant or self.fuse_qkv else None
             params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
             if "lm_head" in params:  # untied: the int8 embedding copy is not needed

@@ -312,7 +312,7 @@ def q4_group(k: int, sm) -> int:
     """The group size of a 4-bit weight with ``k`` contracted rows and scales ``sm [G, S, ...]``;
     a clear error when the groups do not tile ``k`` (e.g. a tensor-parallel shard split inside a group)."""
     groups = sm.shape[0]
-    if groups == 0 or k % groups or (k // groups) % 2:
+    if groups == 0 or k % groups or (k // groups) % layout.Q4_ROWS:
         raise ValueError(
             f"a 4-bit weight with {k} contracted rows has {groups} groups of scales: a shard or padding "
             "split a group; use a group size that divides each shard's rows (or tp_degree=1)"
@@ -324,7 +324,7 @@ def _q4_call(x, w, sm, axes: int, packed_k: int, b=None, act: str | None = None)
     """The kernel on local arrays: ``x [..., *K] @ W`` for packed 4-bit ``w`` (``packed_k`` contracted
     dims) and its scales ``sm [G, S, *N]``; ``b`` / ``act`` applied in the output pass."""
     kernels.ensure_registered()
-    kd, nd = layout.logical_dims(w.shape, packed_k)
+    kd, nd = layout.q4_logical_dims(w.shape, packed_k)
     k, n = math.prod(kd), math.prod(nd)
     lead = x.shape[: x.ndim - axes]
     bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
@@ -366,7 +366,7 @@ def unpack_q4(w, sm, dtype, packed_k: int, name: str | None = None, after=None, 
 
     def local(wl, sl, d):
         kernels.ensure_registered()
-        kd, nd = layout.logical_dims(wl.shape, packed_k)
+        kd, nd = layout.q4_logical_dims(wl.shape, packed_k)
         k, n = math.prod(kd), math.prod(nd)
         out = jax.ShapeDtypeStruct((k, n), dtype)
         y = jax.ffi.ffi_call("aotlm_unpack_q4", out)(wl, sl, d, group=np.int32(q4_group(k, sl)))
