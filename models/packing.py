@@ -80,7 +80,9 @@ def logical_axes(path: Path, ndim: int) -> tuple[str | None, ...]:
         return packed_axes(path[-1], axes)
     if len(axes) + 2 == ndim and path[-1] in SCALE_OF:
         w = SCALE_OF[path[-1]]
-        return (LOGICAL_AXES[w][PACK_CONTRACT[w][0]], None, *axes)
+        group_axis = LOGICAL_AXES[w][PACK_CONTRACT[w][0]]
+        # "mlp" is zero-padded for tp (core.sharding), which would add groups the rows do not have
+        return ("mlp_groups" if group_axis == "mlp" else group_axis, None, *axes)
     if len(axes) != ndim:
         raise ValueError(f"parameter {path} has {ndim} dims but its logical axes are {axes}")
     return axes
@@ -180,4 +182,10 @@ def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:
         return arr
     if name in VOCAB_LEAVES:
         arr = pad_vocab(name, arr, tp)
+    q4_scales = name in SCALE_OF and arr.ndim == len(LOGICAL_AXES[name]) + 2
+    if q4_scales and spec and spec[0] is not None and arr.shape[0] % tp:  # groups split over the mesh
+        raise ValueError(
+            f"{name}: {arr.shape[0]} groups of 4-bit weights do not split over tp={tp}; use a smaller "
+            "group size (quant='int4' is groups of 32), another tp_degree or quant='int8'"
+        )
     return pack_if(name, arr, tuple(s is not None for s in spec), tp)

@@ -40,7 +40,7 @@ from aotlm.kernels import layout
 from aotlm.kernels.layout import PANEL
 from aotlm.models import packing
 
-GROUPS = (32, 64, 128)
+GROUPS = layout.Q4_GROUPS
 
 
 def packable(shape: tuple, contract: tuple[int, ...], group: int, vocab: bool = False) -> bool:

@@ -312,7 +312,7 @@ def q4_group(k: int, sm) -> int:
     """The group size of a 4-bit weight with ``k`` contracted rows and scales ``sm [G, S, ...]``;
     a clear error when the groups do not tile ``k`` (e.g. a tensor-parallel shard split inside a group)."""
     groups = sm.shape[0]
-    if groups == 0 or k % groups or (k // groups) % layout.Q4_ROWS:
+    if groups == 0 or k % groups or k // groups not in layout.Q4_GROUPS:
         raise ValueError(
             f"a 4-bit weight with {k} contracted rows has {groups} groups of scales: a shard or padding "
             "split a group; use a group size that divides each shard's rows (or tp_degree=1)"
