@@ -209,10 +209,16 @@ class ParamRewriter:
     """
 
     def __init__(
-        self, quant: QuantizationConfig | None = None, fuse_qkv: bool = False, embed_view: bool = False
+        self,
+        quant: QuantizationConfig | None = None,
+        fuse_qkv: bool = False,
+        embed_view: bool = False,
+        gguf_blocks: bool = False,
     ):
         self.quant = quant
-        self.embed_view = embed_view or (quant is not None and quant.int4)  # int4: on every backend
+        self.gguf_blocks = gguf_blocks  # int4 from a GGUF file's Q4 blocks: exact codes, int8 embedding copy
+        # the int4 lm_head copy is made on every backend (the kernels' and XLA's logits then agree)
+        self.embed_view = embed_view or (quant is not None and quant.int4 and not gguf_blocks)
         self.fuse_qkv = fuse_qkv
         self._held: dict[tuple, dict[str, np.ndarray]] = {}
 
@@ -253,7 +259,7 @@ class ParamRewriter:
         if name == "embed" and self.quant is not None and self.quant.lm_head and self.embed_view:
             if floating:  # the logits' view: bf16 / f16 rows, unit scales (the lookup keeps its dtype)
                 q, scale = to_float(arr, self.quant.quant_dtype), np.ones(arr.shape[0], np.float32)
-            elif self.quant.int4 and quant4.packable(arr.shape, (1,), self.quant.group_size, vocab=True):
+            elif self.quant.int4 and not self.gguf_blocks and quant4.packable(arr.shape, (1,), 32, True):
                 return [(path, arr), *self._int4((*path[:-1], "embed_q"), arr, (1,))]
             else:
                 q, scale = quantize_int8(arr, (1,))  # per vocab row: the logits' output channel
@@ -273,5 +279,6 @@ class ParamRewriter:
         if not quant4.packable(arr.shape, contract, q.group_size, vocab=path[-1] in ("embed_q", "lm_head")):
             q8, scale = quantize_int8(arr, contract)
             return [(path, q8), ((*path[:-1], f"{path[-1]}_scale"), scale)]
-        codes, sm = quant4.quantize_int4(arr, contract, q.group_size, q.asymmetric)
+        exact = self.gguf_blocks and q.group_size == 32
+        codes, sm = quant4.quantize_int4(arr, contract, q.group_size, q.asymmetric, exact)
         return [(path, codes), ((*path[:-1], f"{path[-1]}_scale"), sm)]

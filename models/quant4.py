@@ -54,9 +54,14 @@ def packable(shape: tuple, contract: tuple[int, ...], group: int, vocab: bool = 
 
 
 def quantize_int4(
-    w: np.ndarray, contract: tuple[int, ...], group: int, asymmetric: bool
+    w: np.ndarray, contract: tuple[int, ...], group: int, asymmetric: bool, exact: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``w`` -> ``(codes uint8 0..15 of w's shape, scales f16 [G, S, *Nd])`` (module docstring)."""
+    """``w`` -> ``(codes uint8 0..15 of w's shape, scales f16 [G, S, *Nd])`` (module docstring).
+
+    ``exact`` (a GGUF file's Q4_0 / Q4_1 blocks, dequantized by the loader): a group whose round to
+    nearest does not give back its values bit for bit retries with the scale one f16 step either way
+    -- a block's own ``d`` when ``max - min`` lost a bit in f32 -- so such blocks keep their values
+    (``exact_groups`` counts them)."""
     w = np.asarray(w, np.float32)
     nk = len(contract)
     a = np.moveaxis(w, contract, tuple(range(nk)))  # [*Kd, *Nd]
@@ -66,17 +71,50 @@ def quantize_int4(
         lo, hi = a.min(axis=1, keepdims=True), a.max(axis=1, keepdims=True)
         mn = lo.astype(np.float16)
         s = ((hi - mn.astype(np.float32)) / 15.0).astype(np.float16)
-        base, off, parts = mn.astype(np.float32), 0.0, (s, mn)
     else:
         i = np.argmax(np.abs(a), axis=1)[:, None]
-        s = (np.take_along_axis(a, i, axis=1) / -8.0).astype(np.float16)
-        base, off, parts = 0.0, 8.0, (s,)
+        s, mn = (np.take_along_axis(a, i, axis=1) / -8.0).astype(np.float16), None
+    q = _codes(a, s, mn)
+    if exact:
+        for step in (np.inf, -np.inf):  # the groups not reproduced: the neighbouring f16 scales
+            bad = ~np.all(_dequant(q, s, mn) == a, axis=1, keepdims=True)
+            if not bad.any():
+                break
+            s2 = np.where(bad, np.nextafter(s, np.float16(step) * np.sign(s + np.float16(1e-7))), s)
+            q2 = _codes(a, s2, mn)
+            good = bad & np.all(_dequant(q2, s2, mn) == a, axis=1, keepdims=True)
+            s, q = np.where(good, s2, s), np.where(good, q2, q)
+    parts = (s, mn) if asymmetric else (s,)
+    sm = np.concatenate(parts, axis=1)  # [G, S, *Nd]
+    q = q.reshape(*kd, *nd)
+    return np.ascontiguousarray(np.moveaxis(q, tuple(range(nk)), contract)), sm
+
+
+def _codes(a: np.ndarray, s: np.ndarray, mn: np.ndarray | None) -> np.ndarray:
+    """Round to nearest codes of groups ``a [G, g, ..]`` for f16 scales ``s`` (and minimums ``mn``)."""
+    base, off = (0.0, 8.0) if mn is None else (mn.astype(np.float32), 0.0)
     s32 = s.astype(np.float32)
     inv = np.divide(1.0, s32, out=np.zeros_like(s32), where=s32 != 0)
     q = np.clip(np.rint((a - base) * inv) + off, 0, 15)
-    q = np.where(s32 != 0, q, off).astype(np.uint8).reshape(*kd, *nd)
-    sm = np.concatenate(parts, axis=1)  # [G, S, *Nd]
-    return np.ascontiguousarray(np.moveaxis(q, tuple(range(nk)), contract)), sm
+    return np.where(s32 != 0, q, off).astype(np.uint8)
+
+
+def _dequant(q: np.ndarray, s: np.ndarray, mn: np.ndarray | None) -> np.ndarray:
+    """``s * q + m`` in f32 (``m = -8 s`` symmetric): the values the codes stand for."""
+    s32 = s.astype(np.float32)
+    m = -8.0 * s32 if mn is None else mn.astype(np.float32)
+    return q.astype(np.float32) * s32 + m
+
+
+def exact_groups(w: np.ndarray, codes: np.ndarray, sm: np.ndarray, contract: tuple[int, ...]) -> float:
+    """The share of groups whose codes and scales give ``w`` back bit for bit (diagnostics, tests)."""
+    nk = len(contract)
+    a = np.moveaxis(np.asarray(w, np.float32), contract, tuple(range(nk)))
+    q = np.moveaxis(codes, contract, tuple(range(nk)))
+    g = sm.shape[0]
+    a, q = a.reshape(g, -1, *a.shape[nk:]), q.reshape(g, -1, *a.shape[nk:])
+    deq = _dequant(q, sm[:, :1], sm[:, 1:] if sm.shape[1] == 2 else None)
+    return float(np.all(deq == a, axis=1).mean())
 
 
 def logical_dims(name: str, shape: tuple) -> tuple[tuple, tuple]:
