@@ -314,6 +314,9 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     where ``kernels.gemm_fuses`` says it can (one pass over the output instead of XLA's two).
     """
     if quant4.is_int4(w, scale):  # 4-bit groups (aotlm.models.quant4): the kernel or the dequantized matrix
+        kact = "gelu_tanh" if act in GELU_TANH else act
+        if kernels.q4_fuses(x, name, kact):  # bias and activation in the kernel's output pass
+            return quant4.dense4(x, w, scale, axes, name, b, kact).astype(x.dtype)
         y = quant4.dense4(x, w, scale, axes, name)
         y = y if b is None else y + b
         return (y if act is None else activation(act, y)).astype(x.dtype)

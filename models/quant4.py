@@ -158,15 +158,16 @@ def is_int4(w, scale) -> bool:
     return scale is not None and jnp.dtype(w.dtype) == jnp.uint8
 
 
-def dense4(x, w, sm, axes: int, name: str):
+def dense4(x, w, sm, axes: int, name: str, b=None, act: str | None = None):
     """``x [..., *Kd] @ W`` (f32 accumulation, ``x``'s dtype) for a 4-bit leaf ``name``: the kernel, or
-    XLA's dot of ``dequantize`` (kernels off / another backend)."""
+    XLA's dot of ``dequantize`` (kernels off / another backend). ``b`` / ``act`` (a ``kernels.GEMM_ACTS``
+    name): only where ``kernels.q4_fuses`` says so, added / applied in the kernel's output pass."""
     pk = packing.packed_k(name, w.ndim)
     if pk is None:
         raise ValueError(f"4-bit leaf {name} of shape {w.shape} is not in the panel layout")
     nt = name == "embed_q"
     if kernels.q4_supported(x, name):
-        return kernels.matmul_q4(x, w, sm, axes, name, packed_k=pk, nt=nt)
+        return kernels.matmul_q4(x, w, sm, axes, name, packed_k=pk, nt=nt, b=b, act=act)
     wl = dequantize(w, sm, name)
     g = kernels.q4_group(math.prod(wl.shape[:axes]), sm)
     y = jnp.tensordot(round_x(x, g, axes), wl, axes=axes, preferred_element_type=jnp.float32)

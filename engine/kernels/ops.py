@@ -308,6 +308,12 @@ def q4_supported(x, name: str | None = None) -> bool:
     return _one_device() or name is not None
 
 
+def q4_fuses(x, name: str | None, act: str | None) -> bool:
+    """Static: does ``matmul_q4(..., b=, act=)`` apply the bias and ``act`` (None or one of ``GEMM_ACTS``)
+    in the kernel's output pass (one device)?"""
+    return (act is None or act in GEMM_ACTS) and _one_device() and q4_supported(x, name)
+
+
 def q4_group(k: int, sm) -> int:
     """The group size of a 4-bit weight with ``k`` contracted rows and scales ``sm [G, S, ...]``;
     a clear error when the groups do not tile ``k`` (e.g. a tensor-parallel shard split inside a group)."""
