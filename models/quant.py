@@ -135,12 +135,12 @@ def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig |
     )
 
 
-# "int4", "int4-g64", "int4-asym", "int4-g128-asym", ... -> config ("int4" alone: groups of 32, symmetric)
+# "int4", "int4-g64", "int4-asym", "int4-g128-asym", ... -> config ("int4" alone: groups of 32, symmetric;
+# "int4-g32" says so explicitly, also for a GGUF file whose Q4_1 blocks "int4" would keep as "int4-asym")
 INT4_NAMES = {
-    f"int4{'' if g == 32 else f'-g{g}'}{'-asym' if a else ''}": QuantizationConfig(
-        "int4", group_size=g, asymmetric=a
-    )
+    f"int4{suffix}{'-asym' if a else ''}": QuantizationConfig("int4", group_size=g, asymmetric=a)
     for g in quant4.GROUPS
+    for suffix in (("", "-g32") if g == 32 else (f"-g{g}",))
     for a in (False, True)
 }
 

@@ -95,7 +95,8 @@ def test_round_to_nearest_within_half_a_step(group, asym):
 
 def test_config_names_and_refusals():
     assert quant_config("int4") == QuantizationConfig("int4", group_size=32, asymmetric=False)
-    assert quant_config("int4-g128-asym").label == "int4-g128-asym" and len(INT4_NAMES) == 6
+    assert quant_config("int4-g128-asym").label == "int4-g128-asym" and len(INT4_NAMES) == 8
+    assert quant_config("int4-g32") == quant_config("int4")
     with pytest.raises(ValueError, match="group_size=48"):
         QuantizationConfig("int4", group_size=48)
     with pytest.raises(ValueError, match="int4"):
