@@ -10,12 +10,15 @@ and, when asymmetric, an f16 minimum ``m``; a weight is a 4-bit code ``q`` in 0.
 
 Round to nearest, after the scale (and minimum) are rounded to f16, so the codes fit the stored
 scale. f16, not f32: a group of 32 then costs 4.5 bits per weight (5 asymmetric) instead of 5 (6), and
-GGUF's Q4_0 / Q4_1 blocks (f16 ``d`` / ``m``) map onto it exactly (``aotlm.models.gguf_q4``).
+GGUF's Q4_0 / Q4_1 blocks (f16 ``d`` / ``m``, 32 rows along the input) map onto it exactly: a GGUF
+model's dequantized Q4 values round back to their own codes, checked group by group (``exact``; the
+loader's ``ParamRewriter(gguf_blocks=True)``). Q4_K's scales ``d x 6-bit`` do not fit f16: re-rounded.
 
 Leaves: the weight ``<name>`` as uint8 codes in the kernels' panel layout (``aotlm/kernels/int4.h``):
-``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 2, 16, 1]``, each byte a pair of rows (low nibble
-the even row) of one column -- ``models.packing``'s int8 panels with each pair in one byte, so every
-logical dim is kept and a tensor-parallel shard is the packed form of the logical shard. The scales
+``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 8, 16, 4]``, per block of 8 rows byte ``(c, t)`` holds
+rows ``t`` (low nibble) and ``t + 4`` (high) of column ``c`` (``packing.pack_q4``) -- panels of 16
+columns as ``models.packing``'s, so every logical dim is kept and a tensor-parallel shard is the
+packed form of the logical shard. The scales
 ``<name>_scale`` are f16 ``[G, S, *Nd]`` (``S`` = 1, or 2: scale then minimum); their group axis is
 sharded like the weight's first contracted dim. The loader emits the codes one per byte in the
 logical layout (so the mesh's padding / kv-head repeats apply to them unchanged); ``packing.prepare``
@@ -24,8 +27,9 @@ packs them always (with or without the kernels).
 Which matrices: the ``PACK_CONTRACT`` ones (q/k/v/o, MLP, fused forms, an untied lm_head) and the tied
 lm_head's copy ``embed_q [V, D]`` (groups along D), whose shape allows the layout (``packable``);
 the embedding lookup stays in the compute dtype, MoE experts and any matrix whose shape does not fit
-take int8 (``models.quant``). The math (``dense4``): the CPU kernel ``aotlm_wmm_q4`` for any number of
-rows, else the dequantized matrix (the same f32 ``s * q + m``) and XLA's dot.
+take int8 (``models.quant``). The math (``dense4``): x rounded to int8 per row and group (``round_x``)
+times the dequantized ``s * q + m`` -- the CPU kernel ``aotlm_wmm_q4`` for any number of rows (integer
+dot products), else XLA's dot of ``round_x(x)`` and ``dequantize(w)``: the same numbers.
 """
 
 from __future__ import annotations
