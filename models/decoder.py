@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from aotlm import kernels
-from aotlm.models import flash, packing
+from aotlm.models import flash, packing, quant4
 from aotlm.models import layers as L
 from aotlm.models.arch import ArchConfig
 from aotlm.models.moe import moe_mlp
@@ -204,7 +204,9 @@ def logits(cfg: ArchConfig, params, h):
         if "embed_q" in params
         else (params["embed"], None, "embed")
     )
-    if kernels.supported(hf, w, 1, name):
+    if quant4.is_int4(w, scale):  # 4-bit lm_head / embedding copy (aotlm.models.quant4)
+        out = quant4.dense4(hf, w, scale, 1, name)
+    elif kernels.supported(hf, w, 1, name):
         out = kernels.matmul(hf, w, scale, name=name, nt=tied, packed_k=packing.packed_k(name, w.ndim))
     elif not tied:  # int8 (with lm_head_scale, models/quant.py) or float lm_head
         out = jnp.dot(h, L.xla_weight(w, h, scale is not None, name), preferred_element_type=jnp.float32)

@@ -223,3 +223,26 @@ def default_quant(checkpoint: str | os.PathLike) -> str | None:
             Path(source.get("path", "")).name, types, how, quant,
         )  # fmt: skip
     return quant
+
+
+Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # 4-bit blocks of 32 rows along the input: quant="int4" groups
+
+
+def q4_types(checkpoint: str | os.PathLike) -> list[str]:
+    """The 4-bit block types among a converted GGUF model's matrices (empty for any other checkpoint)."""
+    f = Path(checkpoint) / SOURCE_FILE
+    try:
+        types = json.loads(f.read_text()).get("matrix_types", []) if f.is_file() else []
+    except ValueError:
+        return []
+    return [t for t in Q4_TYPES if t in types]
+
+
+def int4_form(checkpoint: str | os.PathLike, quant):
+    """``quant="int4"`` for a GGUF model with Q4_1 / Q4_K blocks (a minimum per block) -> ``"int4-asym"``,
+    the form that holds them (``aotlm.models.quant4``); anything else unchanged."""
+    types = q4_types(checkpoint)
+    if quant != "int4" or not {"Q4_1", "Q4_K"} & set(types):
+        return quant
+    logger.warning("%s blocks have a minimum each: quant='int4' stores them as 'int4-asym'", "/".join(types))
+    return "int4-asym"

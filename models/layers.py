@@ -17,7 +17,7 @@ import numpy as np
 from jax import lax
 
 from aotlm import kernels
-from aotlm.models import packing
+from aotlm.models import packing, quant4
 
 NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
 _opts = threading.local()  # options of the graph being traced (``int8_activations``)
@@ -314,6 +314,13 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     ``act`` (an ``activation`` name) is applied to the result: by the kernel itself, with the bias,
     where ``kernels.gemm_fuses`` says it can (one pass over the output instead of XLA's two).
     """
+    if quant4.is_int4(w, scale):  # 4-bit groups (aotlm.models.quant4): the kernel or the dequantized matrix
+        kact = "gelu_tanh" if act in GELU_TANH else act
+        if kernels.q4_fuses(x, name, kact):  # bias and activation in the kernel's output pass
+            return quant4.dense4(x, w, scale, axes, name, b, kact).astype(x.dtype)
+        y = quant4.dense4(x, w, scale, axes, name)
+        y = y if b is None else y + b
+        return (y if act is None else activation(act, y)).astype(x.dtype)
     pk = packing.packed_k(name, w.ndim)
     rows = math.prod(x.shape[: x.ndim - axes])
     kact = "gelu_tanh" if act in GELU_TANH else act

@@ -31,7 +31,7 @@ import numpy as np
 
 from aotlm.kernels import layout
 from aotlm.kernels.layout import PANEL
-from aotlm.models.axes import CONTRACT_AXES, LOGICAL_AXES, Path
+from aotlm.models.axes import CONTRACT_AXES, LOGICAL_AXES, QUANT_SCALES, Path
 
 DTYPES = ("int8", "bfloat16", "float16", "float32")  # stored dtypes the panel kernels read
 # leaf -> its contracted dims. ``embed_q`` (the tied lm_head's int8 rows) is [V, D]: D contracted.
@@ -67,12 +67,22 @@ def is_packed(name: str | None, ndim: int) -> bool:
     return name in PACK_CONTRACT and ndim == len(LOGICAL_AXES[name]) + 2
 
 
+# scale leaf -> its weight, for the 4-bit scales ``[G, S, *Nd]`` (``aotlm.models.quant4``)
+SCALE_OF = {**{s: n for s, n in QUANT_SCALES.items() if n in PACK_CONTRACT}, "embed_q_scale": "embed_q"}
+
+
 def logical_axes(path: Path, ndim: int) -> tuple[str | None, ...]:
     """Logical axes of a parameter (norm scales and other small leaves: replicated); a leaf in
-    the kernels' packed int8 layout (this module) has two more dims."""
+    the kernels' packed int8 layout (this module) has two more dims, and so has a 4-bit weight's
+    scale leaf ``[G, S, *Nd]`` (its group axis: the weight's first contracted axis)."""
     axes = LOGICAL_AXES.get(path[-1], (None,) * ndim)
     if len(axes) + 2 == ndim and is_packed(path[-1], ndim):
         return packed_axes(path[-1], axes)
+    if len(axes) + 2 == ndim and path[-1] in SCALE_OF:
+        w = SCALE_OF[path[-1]]
+        group_axis = LOGICAL_AXES[w][PACK_CONTRACT[w][0]]
+        # "mlp" is zero-padded for tp (core.sharding), which would add groups the rows do not have
+        return ("mlp_groups" if group_axis == "mlp" else group_axis, None, *axes)
     if len(axes) != ndim:
         raise ValueError(f"parameter {path} has {ndim} dims but its logical axes are {axes}")
     return axes
@@ -111,7 +121,7 @@ def unpack(w, name: str):
 
 def pad_vocab(name: str, arr: np.ndarray, tp: int) -> np.ndarray:
     """Zero-pad the vocab axis of an lm_head leaf (``VOCAB_LEAVES``) to a multiple of 16 * tp."""
-    axis = LOGICAL_AXES[name].index("vocab")
+    axis = logical_axes((name,), arr.ndim).index("vocab")
     extra = -arr.shape[axis] % (PANEL * tp)
     if not extra:
         return arr
@@ -126,17 +136,39 @@ def pack_if(name: str, arr: np.ndarray, sharded: tuple[bool, ...], tp: int) -> n
     ``sharded``: per logical dim, whether tensor parallelism splits it over ``tp`` devices; such a
     dim must split into whole panels (output) or pairs of rows (contracted) per device.
     """
-    if name not in PACK_CONTRACT or arr.dtype.name not in DTYPES or arr.ndim != len(LOGICAL_AXES[name]):
+    codes = arr.dtype == np.uint8  # a 4-bit leaf's codes (aotlm.models.quant4): always packed
+    if name not in PACK_CONTRACT or arr.ndim != len(LOGICAL_AXES[name]):
+        return arr
+    if not (codes or arr.dtype.name in DTYPES):
         return arr
     contract = PACK_CONTRACT[name]
     kd, nd = split_dims(arr.shape, contract)
-    if kd[-1] % 2 or nd[-1] % PANEL or math.prod(arr.shape) == 0:
-        return arr
-    pshape = packed_shape(arr.shape, contract)
+    rows = layout.Q4_ROWS if codes else 2  # rows of W per packed unit along the last contracted dim
+    pshape = (*nd[:-1], nd[-1] // PANEL, *kd[:-1], kd[-1] // rows)
     ks, ns = split_dims(sharded, contract)
-    if any(s and n % tp for s, n in zip((*ns, *ks), pshape, strict=False)):
+    split = any(s and n % tp for s, n in zip((*ns, *ks), pshape, strict=False))
+    if kd[-1] % rows or nd[-1] % PANEL or math.prod(arr.shape) == 0 or split:
+        if codes:
+            raise ValueError(
+                f"4-bit {name} {arr.shape} does not split into whole panels of 16 columns / pairs of rows "
+                f"over tp={tp}; use another tp_degree or quant='int8'"
+            )
         return arr
-    return pack(arr, contract)
+    return pack_q4(arr, contract) if codes else pack(arr, contract)
+
+
+def pack_q4(codes: np.ndarray, contract: tuple[int, ...]) -> np.ndarray:
+    """Logical 4-bit codes (one per byte, ``aotlm.models.quant4``) -> ``[*Nd[:-1], Nd[-1] // 16,
+    *Kd[:-1], Kd[-1] // 8, 16, 4]``: per block of 8 rows, byte ``(c, t)`` holds rows ``t`` (low nibble)
+    and ``t + 4`` (high) of column ``c`` (``aotlm/kernels/int4.h``)."""
+    nk = len(contract)
+    a = np.moveaxis(codes, contract, tuple(range(nk)))  # [*Kd, *Nd]
+    kd, nd = a.shape[:nk], a.shape[nk:]
+    a = a.reshape(*kd[:-1], kd[-1] // layout.Q4_ROWS, 2, 4, *nd[:-1], nd[-1] // PANEL, PANEL)
+    # dims: K-blocks 0..nk-1, half nk, t nk+1, N-blocks nk+2.., column last
+    n_blocks = list(range(nk + 2, a.ndim - 1))
+    a = a.transpose(*n_blocks, *range(nk), a.ndim - 1, nk + 1, nk)  # [..N, ..K, 16, 4, 2]
+    return np.ascontiguousarray(a[..., 0] | (a[..., 1] << 4))
 
 
 def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:
@@ -150,4 +182,10 @@ def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:
         return arr
     if name in VOCAB_LEAVES:
         arr = pad_vocab(name, arr, tp)
+    q4_scales = name in SCALE_OF and arr.ndim == len(LOGICAL_AXES[name]) + 2
+    if q4_scales and spec and spec[0] is not None and arr.shape[0] % tp:  # groups split over the mesh
+        raise ValueError(
+            f"{name}: {arr.shape[0]} groups of 4-bit weights do not split over tp={tp}; use a smaller "
+            "group size (quant='int4' is groups of 32), another tp_degree or quant='int8'"
+        )
     return pack_if(name, arr, tuple(s is not None for s in spec), tp)

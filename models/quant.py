@@ -32,9 +32,11 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from aotlm.models import quant4
 from aotlm.models.axes import CONTRACT_AXES, Path
+from aotlm.models.packing import PACK_CONTRACT
 
-QUANT_DTYPES = ("s8", "int8", "bf16", "f16")
+QUANT_DTYPES = ("s8", "int8", "bf16", "f16", "int4")
 DEQUANT_DTYPES = ("bf16", "f16", "f32")  # transformers-neuronx's names; must equal the model's amp
 FLOAT_DTYPES = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}  # weight-only float storage
 
@@ -65,12 +67,16 @@ class QuantizationConfig:
     also rounds prefill's activations to int8 per row (dynamic scale ``max|x| / 127``, computed in
     the graph) and sums int8 x int8 products in int32 (W8A8); decode keeps int8 weights with float
     activations, where reading the weights, not the arithmetic, is the cost.
+    ``quant_dtype="int4"`` (aotlm's): 4-bit codes in groups of ``group_size`` (32, 64, 128) input rows with
+    f16 scales, ``asymmetric`` adding a per-group minimum (``aotlm.models.quant4``).
     """
 
     quant_dtype: str = "s8"
     lm_head: bool = True
     dequant_dtype: str | None = None
     activations: str | None = None
+    group_size: int = 32
+    asymmetric: bool = False
 
     def __post_init__(self):
         if self.quant_dtype not in QUANT_DTYPES:
@@ -82,6 +88,8 @@ class QuantizationConfig:
                 f"dequant_dtype={self.dequant_dtype!r} is not supported; choose one of "
                 f"{DEQUANT_DTYPES} (the model's amp) or None"
             )
+        if self.group_size not in quant4.GROUPS:
+            raise ValueError(f"group_size={self.group_size!r} is not supported; use one of {quant4.GROUPS}")
         int8 = self.quant_dtype in ("s8", "int8")
         if self.activations not in (None, "s8") or (self.activations and not int8):
             raise ValueError(
@@ -92,6 +100,18 @@ class QuantizationConfig:
     def w8a8(self) -> bool:
         """int8 activations in prefill (``activations="s8"``)."""
         return self.activations == "s8"
+
+    @property
+    def int4(self) -> bool:
+        """4-bit group-wise weights (``aotlm.models.quant4``)."""
+        return self.quant_dtype == "int4"
+
+    @property
+    def label(self) -> str:
+        """The storage in one word, e.g. ``int8``, ``bf16``, ``int4-g32``, ``int4-g64-asym``."""
+        if self.int4:
+            return f"int4-g{self.group_size}" + ("-asym" if self.asymmetric else "")
+        return {"s8": "int8"}.get(self.quant_dtype, self.quant_dtype)
 
 
 def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig | None:
@@ -107,10 +127,22 @@ def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig |
         return QuantizationConfig(quant_dtype=quant)
     if quant == "w8a8":
         return QuantizationConfig(quant_dtype="s8", activations="s8")
+    if isinstance(quant, str) and quant in INT4_NAMES:
+        return INT4_NAMES[quant]
     raise ValueError(
-        f"quant={quant!r} is not supported; use None, 'none', 'int8', 'w8a8', 'bf16', 'f16' or a "
-        "QuantizationConfig"
+        f"quant={quant!r} is not supported; use None, 'none', 'int8', 'w8a8', 'bf16', 'f16', 'int4' "
+        "('int4-g64', 'int4-g128', '-asym' for a per-group minimum) or a QuantizationConfig"
     )
+
+
+# "int4", "int4-g64", "int4-asym", "int4-g128-asym", ... -> config ("int4" alone: groups of 32, symmetric;
+# "int4-g32" says so explicitly, also for a GGUF file whose Q4_1 blocks "int4" would keep as "int4-asym")
+INT4_NAMES = {
+    f"int4{suffix}{'-asym' if a else ''}": QuantizationConfig("int4", group_size=g, asymmetric=a)
+    for g in quant4.GROUPS
+    for suffix in (("", "-g32") if g == 32 else (f"-g{g}",))
+    for a in (False, True)
+}
 
 
 def to_bf16(w: np.ndarray) -> np.ndarray:
@@ -177,10 +209,16 @@ class ParamRewriter:
     """
 
     def __init__(
-        self, quant: QuantizationConfig | None = None, fuse_qkv: bool = False, embed_view: bool = False
+        self,
+        quant: QuantizationConfig | None = None,
+        fuse_qkv: bool = False,
+        embed_view: bool = False,
+        gguf_blocks: bool = False,
     ):
         self.quant = quant
-        self.embed_view = embed_view
+        self.gguf_blocks = gguf_blocks  # int4 from a GGUF file's Q4 blocks: exact codes, int8 embedding copy
+        # the int4 lm_head copy is made on every backend (the kernels' and XLA's logits then agree)
+        self.embed_view = embed_view or (quant is not None and quant.int4 and not gguf_blocks)
         self.fuse_qkv = fuse_qkv
         self._held: dict[tuple, dict[str, np.ndarray]] = {}
 
@@ -221,6 +259,8 @@ class ParamRewriter:
         if name == "embed" and self.quant is not None and self.quant.lm_head and self.embed_view:
             if floating:  # the logits' view: bf16 / f16 rows, unit scales (the lookup keeps its dtype)
                 q, scale = to_float(arr, self.quant.quant_dtype), np.ones(arr.shape[0], np.float32)
+            elif self.quant.int4 and not self.gguf_blocks and quant4.packable(arr.shape, (1,), 32, True):
+                return [(path, arr), *self._int4((*path[:-1], "embed_q"), arr, (1,))]
             else:
                 q, scale = quantize_int8(arr, (1,))  # per vocab row: the logits' output channel
             return [(path, arr), ((*path[:-1], "embed_q"), q), ((*path[:-1], "embed_q_scale"), scale)]
@@ -228,5 +268,17 @@ class ParamRewriter:
             return [(path, arr)]
         if floating:
             return [(path, to_float(arr, self.quant.quant_dtype))]
+        if self.quant.int4 and name in PACK_CONTRACT:
+            return self._int4(path, arr, PACK_CONTRACT[name]) or [(path, arr)]
         q, scale = quantize_int8(arr, CONTRACT_AXES[name])
         return [(path, q), ((*path[:-1], f"{name}_scale"), scale)]
+
+    def _int4(self, path: Path, arr: np.ndarray, contract: tuple[int, ...]) -> list[tuple[Path, np.ndarray]]:
+        """4-bit codes and scales of ``path`` (``aotlm.models.quant4``); int8 where the shape does not fit."""
+        q = self.quant
+        if not quant4.packable(arr.shape, contract, q.group_size, vocab=path[-1] in ("embed_q", "lm_head")):
+            q8, scale = quantize_int8(arr, contract)
+            return [(path, q8), ((*path[:-1], f"{path[-1]}_scale"), scale)]
+        exact = self.gguf_blocks and q.group_size == 32
+        codes, sm = quant4.quantize_int4(arr, contract, q.group_size, q.asymmetric, exact)
+        return [(path, codes), ((*path[:-1], f"{path[-1]}_scale"), sm)]

@@ -135,13 +135,14 @@ def load_params(
 
     ``rewriter`` (optional, ``aotlm.models.quant.ParamRewriter``): host-side rewrite of each finished
     parameter into the leaves actually placed (int8 + scale, bf16 / f16, fused q/k/v); quantization
-    scales stay float32, leaves it stores in bf16 / f16 keep that dtype, other floats become
-    ``dtype``. ``cfg`` (the ``ArchConfig``): check each parameter's shape against it.
+    scales keep their dtype (float32; int4's float16), leaves it stores in bf16 / f16 keep that dtype,
+    other floats become ``dtype``. ``cfg`` (the ``ArchConfig``): check each parameter's shape against it.
     """
     params: dict = {}
 
     def put(path: Path, arr: np.ndarray) -> None:
-        if arr.dtype.kind == "f" and path[-1] not in QUANT_SCALES:  # the rewriter's f16 leaves stay f16
+        # quantization scales keep their dtype (f32; int4's f16), the rewriter's f16 leaves stay f16
+        if arr.dtype.kind == "f" and path[-1] not in QUANT_SCALES and path[-1] != "embed_q_scale":
             stored = rewriter.float_dtype(path[-1]) if rewriter is not None else None
             arr = arr.astype(dtype if stored is None else stored)
         _set(params, path, place(path, arr))

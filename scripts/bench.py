@@ -54,11 +54,17 @@ MODES = {  # aotlm mode -> from_pretrained kwargs (every mode also gets fuse_qkv
     # int8 weights and, in prefill, int8 activations (per-row dynamic scales, int32 sums: gemm.h)
     "w8a8": {"quant": "w8a8"},
     "w8a8+kvbf16": {"quant": "w8a8", "kv_cache_dtype": "bf16"},
+    # 4-bit weights in groups of 32 / 64 / 128 with f16 scales (+ minimums: asym), aotlm.models.quant4
+    "int4": {"quant": "int4"},
+    "int4-g64": {"quant": "int4-g64"},
+    "int4-g128": {"quant": "int4-g128"},
+    "int4-asym": {"quant": "int4-asym"},
 }
 PEERS = ["hf", "ct2-float32", "ct2-int8", "llama-f32", "llama-f16", "llama-q8_0"]
 # a GGUF model (--checkpoint smollm2 / FILE.gguf): llama.cpp on the file as shipped and re-quantized
 GGUF_PEERS = ["llama-gguf", "llama-gguf-q8_0", "llama-gguf-q4_0"]
 ONLY = {"amp": {"batch": [1], "modes": list(MODES), "peers": [], "stream": True}}  # --only NAME
+DEFAULT_MODES = [m for m in MODES if not m.startswith("int4-")]  # the int4 variants: ask by name
 
 
 def parse() -> argparse.Namespace:
@@ -71,7 +77,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES))
     ap.add_argument("--peers", nargs="*", default=None, choices=PEERS + GGUF_PEERS, help="none: aotlm only")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--runs", type=int, default=3)

@@ -205,8 +205,8 @@ def test_options_change_the_compile_fingerprint(peaked_runs, ckpt_dir):
     ms = [runs["f32"][2], runs["int8"][2], fused, _load(path, quant=QuantizationConfig(lm_head=False))]
     keys = {entry_key(m.fingerprint(), ("decode", N_POS), m.mesh)[0] for m in ms}
     assert len(keys) == len(ms)
-    with pytest.raises(ValueError, match="quant='int4' is not supported"):
-        _load(path, quant="int4")
+    with pytest.raises(ValueError, match="quant='int2' is not supported"):
+        _load(path, quant="int2")
     with pytest.raises(ValueError, match="quant_dtype='f8' is not supported"):
         QuantizationConfig(quant_dtype="f8")
 

@@ -102,6 +102,7 @@ class CompiledModel(SpecAttributes):
         self.scoring = scoring
         if quant is None:  # none given for a GGUF model: the storage it was converted for
             quant = gguf.default_quant(path)
+        quant = gguf.int4_form(path, quant)  # a GGUF file's Q4_1 / Q4_K blocks: asymmetric groups
         self.spec = ModelSpec.resolve(
             cfg, batch_size, n_positions, context_length_estimate, tp_degree, amp, gqa, quant, fuse_qkv,
             kv_cache_dtype,
@@ -159,9 +160,12 @@ class CompiledModel(SpecAttributes):
             np_dtype = np.dtype(jnp.dtype(self.dtype))
             quant = self.precision.quant  # the matrices' storage (amp's on CPU with the kernels)
             view = quant is not None and kernels.enabled()  # int8 / bf16 embedding copy for a tied lm_head
-            # int8 / bf16 / f16 / f32 matrices in the kernels' panel layout (aotlm.models.packing)
-            self._pack = view or (kernels.enabled() and np_dtype == np.float32)
-            rewriter = ParamRewriter(quant, self.fuse_qkv, view) if quant or self.fuse_qkv else None
+            # int8 / bf16 / f16 / f32 matrices in the kernels' panel layout (aotlm.models.packing); 4-bit
+            # codes are stored only in it (aotlm.models.quant4)
+            int4 = quant is not None and quant.int4
+            self._pack = view or int4 or (kernels.enabled() and np_dtype == np.float32)
+            blocks = bool(gguf.q4_types(self.path))  # a GGUF file's 4-bit blocks: kept as they are
+            rewriter = ParamRewriter(quant, self.fuse_qkv, view, blocks) if quant or self.fuse_qkv else None
             params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
             if "lm_head" in params:  # untied: the int8 embedding copy is not needed
                 params.pop("embed_q", None), params.pop("embed_q_scale", None)

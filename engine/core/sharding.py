@@ -135,6 +135,7 @@ def rules(strategy: str, tp: int) -> dict[str, str | None]:
     if tp == 1:
         return {}
     r: dict[str, str | None] = {"heads": TP, "kv_heads": TP, "mlp": TP, "vocab": TP, "experts": None}
+    r["mlp_groups"] = TP  # 4-bit scales' groups of MLP rows (aotlm.models.packing): split, never padded
     if strategy == "shard-over-batch":  # attention runs batch-parallel with whole weights
         r["heads"] = r["kv_heads"] = None
     return r

@@ -23,7 +23,9 @@ Weights of every dtype take the kernel for 1..``MAX_ROWS`` rows
 packed int8 / bf16 / f16 weights take the GEMM of ``gemm.h`` (``aotlm_gemm_pk``: W widened to f32
 block by block, f32 x, bias and MLP activation in its output pass; int8 x with per-row scales
 under ``quant="w8a8"``); an f32 GEMM (``aotlm_gemm``) exists but ``models.layers.GEMM_F32`` keeps
-XLA's dot, which measured faster inside the model. A prompt attends over its own tokens in
+XLA's dot, which measured faster inside the model. 4-bit weights (``quant="int4"``) take one kernel
+for every row count (``int4.h``: x rounded to int8 per group, ``vpdpbusd`` / ``vpmaddubsw`` on the
+nibbles; ``matmul_q4``). A prompt attends over its own tokens in
 ``attn.h`` (``causal_attention``). The prefill kernels run on XLA's own intra-op threads.
 """
 
@@ -54,8 +56,13 @@ from aotlm.kernels.ops import (
     gemm_fuses,
     gemm_supported,
     matmul,
+    matmul_q4,
     mesh_context,
+    q4_fuses,
+    q4_group,
+    q4_supported,
     supported,
+    unpack_q4,
 )
 
 __all__ = [
@@ -79,8 +86,13 @@ __all__ = [
     "int8_peak",
     "isa_level",
     "matmul",
+    "matmul_q4",
     "mesh_context",
+    "q4_fuses",
+    "q4_group",
+    "q4_supported",
     "read_gbps",
     "supported",
     "threads",
+    "unpack_q4",
 ]

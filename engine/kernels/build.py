@@ -38,6 +38,8 @@ TARGETS = {
     "aotlm_gemm_pk": "AotlmGemmPk",
     "aotlm_attn": "AotlmAttn",
     "aotlm_argmax": "AotlmArgmax",
+    "aotlm_wmm_q4": "AotlmWmmQ4",
+    "aotlm_unpack_q4": "AotlmUnpackQ4",
 }
 # More rows than this (prefill) stay on XLA's dot. f32 weights take the kernels too: XLA runs 2..16
 # rows (batched decode, a speculative check) as a GEMM reading W 2-4x slower, and its one-row GEMV

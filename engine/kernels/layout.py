@@ -9,6 +9,8 @@ contracted (``nk``) to recover the logical shape, so callers pass that number.
 from __future__ import annotations
 
 PANEL = 16  # output columns per panel (packed.h)
+Q4_ROWS = 8  # rows of W per 64-byte block of a 4-bit panel (int4.h): [.., Kd[-1] // 8, 16, 4] bytes
+Q4_GROUPS = (32, 64, 128)  # rows of W per scale (quant="int4"; GGUF's Q4 blocks: 32)
 
 
 def logical_dims(shape: tuple, nk: int) -> tuple[tuple, tuple]:
@@ -16,4 +18,12 @@ def logical_dims(shape: tuple, nk: int) -> tuple[tuple, tuple]:
     nn = len(shape) - 2 - nk
     nd = (*shape[: nn - 1], shape[nn - 1] * PANEL)
     kd = (*shape[nn : nn + nk - 1], shape[nn + nk - 1] * 2)
+    return kd, nd
+
+
+def q4_logical_dims(shape: tuple, nk: int) -> tuple[tuple, tuple]:
+    """``(Kd, Nd)`` of a packed 4-bit leaf ``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 8, 16, 4]``."""
+    nn = len(shape) - 2 - nk
+    nd = (*shape[: nn - 1], shape[nn - 1] * PANEL)
+    kd = (*shape[nn : nn + nk - 1], shape[nn + nk - 1] * Q4_ROWS)
     return kd, nd

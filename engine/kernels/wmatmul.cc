@@ -3,6 +3,7 @@
 //   aotlm_wmm_nn:  y[M,N] = x[M,K] @ W[K,N]      (dense weights, row-major [in, out])
 //   aotlm_wmm_nt:  y[M,N] = x[M,K] @ W[N,K]^T    (embedding rows: tied lm_head)
 //   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N]      (int8 / bf16 / f16 / f32 W in the panel layout, packed.h)
+//   aotlm_wmm_q4:  y[M,N] = x[M,K] @ W[K,N]      (4-bit W in groups along K, int4.h)
 //
 // W is bf16, f16, f32 or int8 (then times a per-output-channel f32 scale); x and y are f32,
 // bf16 or f16 (y has x's dtype); products accumulate in f32. Why: XLA:CPU converts a whole
@@ -300,6 +301,7 @@ ffi::Error convert(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyB
   return ffi::Error::Success();
 }
 #include "prefill.h"  // prefill handlers: the GEMMs and attention on XLA's threads
+#include "int4.h"     // 4-bit group-quantized weights (decode and prefill rows)
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmConvert, convert,
@@ -314,6 +316,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmPK, wmm_pk,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int32_t>("act"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmQ4, wmm_q4,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("group")
+                                  .Attr<int32_t>("act"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmUnpackQ4, unpack_q4,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("group"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmNN, wmm_nn,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
