@@ -107,7 +107,7 @@ def srv(tmp_path_factory):
         continuous_batching=True,
         compile_cache=str(root / "cc"),
         batch_size=4,
-        n_positions=1024,
+        n_positions=[512, 1024],  # two token buckets: fewer serving graphs to compile
         context_length_estimate=[64, 512],
     )
     model.compile()

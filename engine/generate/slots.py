@@ -272,12 +272,16 @@ class SlotBatch:
             m.cache, self.state = exe(m.params, m.cache, self.state, c)
 
     def swap(self, a: int, b: int, filled: int) -> None:
-        """Exchange rows ``a`` and ``b``: states and the K/V of their first ``filled`` slots."""
+        """Exchange rows ``a`` and ``b``: states and the K/V of their first ``filled`` slots (each
+        row's block copied out, then written into the other: in place, where one graph swapping
+        two rows of the cache made XLA copy all of it)."""
         m = self.model
-        width = bk.decode_bucket(m.tg_buckets, max(min(filled, self.n_positions) - 1, 0))
+        if a != b and filled > 0:
+            ka, kb = self.save(a, filled)[0], self.save(b, filled)[0]
+            self.restore(b, ka)
+            self.restore(a, kb)
         with m.lock:
-            exe = m.executable(("slot_swap", width))
-            m.cache, self.state = exe(m.cache, self.state, m.put(np.int32(a)), m.put(np.int32(b)))
+            self.state = m.executable(("slot_swap",))(self.state, m.put(np.int32(a)), m.put(np.int32(b)))
 
     def save(self, row: int, filled: int) -> tuple[Any, int]:
         """A copy of row ``row``'s first ``filled`` slots of K/V (for a prefix store) and its bytes."""
