@@ -184,29 +184,12 @@ def slot_prefill_rows(cfg, params, cache, tokens, positions, last, rows):
     entries with copies of a real one (the same values written twice), never another row.
     """
     n, c = tokens.shape
-
-    def cut(buf, axis: int):
-        size = [1] + [c if a == axis else d for a, d in enumerate(buf.shape[1:], 1)]
-        return jnp.concatenate(
-            [lax.dynamic_slice(buf, [rows[r]] + [0] * (buf.ndim - 1), size) for r in range(n)]
-        )
-
-    def back(buf, new):
-        for r in range(n):
-            buf = lax.dynamic_update_slice(buf, new[r : r + 1], [rows[r]] + [0] * (buf.ndim - 1))
-        return buf
-
-    sub = {
-        "k": [cut(b, 2) for b in cache["k"]],
-        "v": [cut(b, 3) for b in cache["v"]],
-        "pos": cut(cache["pos"], 1),
-    }
+    blocks = [slot_kv_out(c, cache, rows[r]) for r in range(n)]  # each row's first C slots
+    sub = jax.tree.map(lambda *xs: jnp.concatenate(xs), *blocks)
     h, sub = decoder.forward(cfg, params, sub, tokens, positions, jnp.int32(0), 0)
-    new = {
-        "k": [back(b, x) for b, x in zip(cache["k"], sub["k"], strict=True)],
-        "v": [back(b, x) for b, x in zip(cache["v"], sub["v"], strict=True)],
-        "pos": back(cache["pos"], sub["pos"]),
-    }
+    new = cache
+    for r in range(n):
+        new = slot_kv_in(new, jax.tree.map(lambda x, r=r: x[r : r + 1], sub), rows[r])
     logits = decoder.logits(cfg, params, h[jnp.arange(n), last])
     return tuple(logits[r : r + 1] for r in range(n)), new
 
