@@ -87,7 +87,6 @@ def test_cli_generate_json_schema(pipe, tmp_path, tmp_path_factory, capsys):
     assert "not valid JSON" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.slow
 def test_smollm2_extracts_the_fields_of_a_sentence(tmp_path):
     """The real model, where installed: a schema-constrained extraction, greedy."""
     from aotlm.core import named
