@@ -186,7 +186,8 @@ def memory_plan(
             axes = tuple(spec) + (None,) * (len(padded) - len(spec))
             local = [n // tp if ax == sharding.TP else n for n, ax in zip(padded, axes, strict=True)]
             w_total += int(_prod(lshape) * per)
-            for st in pipeline.owners(stages, path, tied):
+            owner = ("lm_head",) if leaf[-1] in ("embed_q", "embed_q_scale") else path  # the logits' copy
+            for st in pipeline.owners(stages, owner, tied):
                 w_stage[st.index] += int(_prod(local) * per)
     rep = sharding.kv_replication(cfg.n_kv_heads, tp, strategy)
     kv_heads = cfg.n_kv_heads * rep
