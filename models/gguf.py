@@ -11,6 +11,8 @@ of aotlm already reads (``aotlm.core.resolve`` calls it for any ``*.gguf`` path)
   K-quants) dequantized to float32 with gguf-py (numpy, memory-mapped, one tensor at a time);
 * the tokenizer files and chat template (transformers' GGUF tokenizer conversion, torch-free, saved);
 * ``generation_config.json`` (bos / eos / pad ids from the metadata);
+* ``aotlm_q4k.safetensors`` (Q4_K files only): each Q4_K matrix's float32 group scales and minimums
+  (:mod:`aotlm.models.gguf_q4k`), so that ``quant="int4"`` keeps the file's codes;
 * ``aotlm_gguf.json``: the source (path, sha256, size), its tensor type counts and the default
   weight storage (:func:`default_quant`).
 
@@ -34,6 +36,7 @@ from pathlib import Path
 from aotlm.models.checkpoint import CheckpointError
 from aotlm.models.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, tensor_array
 from aotlm.models.gguf_meta import build_config, build_tokenizer, read_metadata
+from aotlm.models.gguf_q4k import write_sidecar
 from aotlm.models.gguf_safetensors import write_safetensors
 
 __all__ = ["convert", "default_quant", "is_gguf", "cache_root", "SOURCE_FILE", "stats"]
@@ -41,7 +44,7 @@ __all__ = ["convert", "default_quant", "is_gguf", "cache_root", "SOURCE_FILE", "
 logger = logging.getLogger("aotlm.models.gguf")
 SOURCE_FILE = "aotlm_gguf.json"
 _MEMO = "hashes.json"
-FORMAT = 1  # bump when the converted layout changes: old cache entries are then converted again
+FORMAT = 2  # bump when the converted layout changes: old cache entries are then converted again
 stats = {"conversions": 0, "cache_hits": 0}  # this process's counts (tests assert on them)
 
 
@@ -125,6 +128,7 @@ def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None
             (t.hf, t.dtype, t.shape, lambda t=t: tensor_array(reader, plan, t, meta)) for t in plan.tensors
         )
         write_safetensors(tmp / "model.safetensors", list(tensors))
+        write_sidecar(tmp, reader, plan, meta)  # Q4_K's exact group scales, for quant="int4"
         if plan.has_tokenizer:
             _write_tokenizer(plan, metadata, config, tmp)
         _write_generation_config(metadata, tmp)

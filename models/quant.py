@@ -27,6 +27,7 @@ no family needs code of its own: they act on the generic leaf names every family
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -35,6 +36,8 @@ import numpy as np
 from aotlm.models import quant4
 from aotlm.models.axes import CONTRACT_AXES, Path
 from aotlm.models.packing import PACK_CONTRACT
+
+logger = logging.getLogger("aotlm.models.quant")
 
 QUANT_DTYPES = ("s8", "int8", "bf16", "f16", "int4")
 DEQUANT_DTYPES = ("bf16", "f16", "f32")  # transformers-neuronx's names; must equal the model's amp
@@ -214,27 +217,37 @@ class ParamRewriter:
         fuse_qkv: bool = False,
         embed_view: bool = False,
         gguf_blocks: bool = False,
+        blocks=None,
     ):
         self.quant = quant
         self.gguf_blocks = gguf_blocks  # int4 from a GGUF file's Q4 blocks: exact codes, int8 embedding copy
+        # Q4_K's group scales (aotlm.models.gguf_q4k.BlockScales), read by load_params for int4 only
+        int4_g32 = quant is not None and quant.int4 and quant.group_size == 32
+        self.blocks = blocks if blocks and int4_g32 else None
         # the int4 lm_head copy is made on every backend (the kernels' and XLA's logits then agree)
         self.embed_view = embed_view or (quant is not None and quant.int4 and not gguf_blocks)
         self.fuse_qkv = fuse_qkv
         self._held: dict[tuple, dict[str, np.ndarray]] = {}
 
-    def rewrite(self, path: Path, arr: np.ndarray) -> list[tuple[Path, np.ndarray]]:
+    def rewrite(self, path: Path, arr: np.ndarray, groups=None) -> list[tuple[Path, np.ndarray]]:
+        """``groups``: ``(scale, minimum)`` of arr's Q4_K sub-blocks, arr's shape (``self.blocks``)."""
         fused = _PART_OF.get(path[-1]) if self.fuse_qkv else None
         if fused is None:
-            return self._quantize(path, arr)
+            return self._quantize(path, arr, groups)
         parts, axis = FUSED[fused]
         held = self._held.setdefault((*path[:-1], fused), {})
-        held[path[-1]] = arr
+        held[path[-1]] = (arr, groups)
         if len(held) < len(parts):
             return []
         del self._held[(*path[:-1], fused)]
-        arrs = [held[p] for p in parts]
-        out = fuse_qkv_heads(*arrs, axis) if fused in ("wqkv", "bqkv") else np.stack(arrs, axis=axis)
-        return self._quantize((*path[:-1], fused), out)
+        fuse = lambda arrs: (
+            fuse_qkv_heads(*arrs, axis) if fused in ("wqkv", "bqkv") else np.stack(arrs, axis=axis)
+        )
+        out = fuse([held[p][0] for p in parts])
+        gs = [held[p][1] for p in parts]
+        if any(g is None for g in gs):
+            return self._quantize((*path[:-1], fused), out)
+        return self._quantize((*path[:-1], fused), out, (fuse([g[0] for g in gs]), fuse([g[1] for g in gs])))
 
     def float_dtype(self, name: str) -> np.dtype | None:
         """The bf16 / f16 dtype leaf ``name`` is stored in by this rewriter, else None."""
@@ -248,12 +261,12 @@ class ParamRewriter:
     def finish(self) -> list[tuple[Path, np.ndarray]]:
         out = []
         for key, held in self._held.items():
-            for name, arr in held.items():
-                out += self._quantize((*key[:-1], name), arr)
+            for name, (arr, groups) in held.items():
+                out += self._quantize((*key[:-1], name), arr, groups)
         self._held.clear()
         return out
 
-    def _quantize(self, path: Path, arr: np.ndarray) -> list[tuple[Path, np.ndarray]]:
+    def _quantize(self, path: Path, arr: np.ndarray, groups=None) -> list[tuple[Path, np.ndarray]]:
         name = path[-1]
         floating = self.quant is not None and self.quant.quant_dtype in FLOAT_DTYPES  # bf16 / f16
         if name == "embed" and self.quant is not None and self.quant.lm_head and self.embed_view:
@@ -269,16 +282,24 @@ class ParamRewriter:
         if floating:
             return [(path, to_float(arr, self.quant.quant_dtype))]
         if self.quant.int4 and name in PACK_CONTRACT:
-            return self._int4(path, arr, PACK_CONTRACT[name]) or [(path, arr)]
+            return self._int4(path, arr, PACK_CONTRACT[name], groups) or [(path, arr)]
         q, scale = quantize_int8(arr, CONTRACT_AXES[name])
         return [(path, q), ((*path[:-1], f"{name}_scale"), scale)]
 
-    def _int4(self, path: Path, arr: np.ndarray, contract: tuple[int, ...]) -> list[tuple[Path, np.ndarray]]:
-        """4-bit codes and scales of ``path`` (``aotlm.models.quant4``); int8 where the shape does not fit."""
+    def _int4(
+        self, path: Path, arr: np.ndarray, contract: tuple[int, ...], groups=None
+    ) -> list[tuple[Path, np.ndarray]]:
+        """4-bit codes and scales of ``path`` (``aotlm.models.quant4``); int8 where the shape does not fit;
+        ``groups``: Q4_K's exact scales and minimums, whose codes are kept (``quant4.from_blocks``)."""
         q = self.quant
         if not quant4.packable(arr.shape, contract, q.group_size, vocab=path[-1] in ("embed_q", "lm_head")):
             q8, scale = quantize_int8(arr, contract)
             return [(path, q8), ((*path[:-1], f"{path[-1]}_scale"), scale)]
         exact = self.gguf_blocks and q.group_size == 32
-        codes, sm = quant4.quantize_int4(arr, contract, q.group_size, q.asymmetric, exact)
+        if exact and q.asymmetric and groups is not None:
+            codes, sm, kept = quant4.from_blocks(arr, *groups, contract)
+            if kept < 1.0:
+                logger.warning("%s: %.4f of its Q4_K groups kept their codes", ".".join(map(str, path)), kept)
+        else:
+            codes, sm = quant4.quantize_int4(arr, contract, q.group_size, q.asymmetric, exact)
         return [(path, codes), ((*path[:-1], f"{path[-1]}_scale"), sm)]

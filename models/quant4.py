@@ -12,7 +12,11 @@ Round to nearest, after the scale (and minimum) are rounded to f16, so the codes
 scale. f16, not f32: a group of 32 then costs 4.5 bits per weight (5 asymmetric) instead of 5 (6), and
 GGUF's Q4_0 / Q4_1 blocks (f16 ``d`` / ``m``, 32 rows along the input) map onto it exactly: a GGUF
 model's dequantized Q4 values round back to their own codes, checked group by group (``exact``; the
-loader's ``ParamRewriter(gguf_blocks=True)``). Q4_K's scales ``d x 6-bit`` do not fit f16: re-rounded.
+loader's ``ParamRewriter(gguf_blocks=True)``). Q4_K's sub-blocks (32 rows, scale ``d * sc``, minimum
+``-dmin * m``: f16 times 6 bits, exact in f32, not in f16) keep their codes too (``from_blocks``, with the
+exact scales the converter saved, ``aotlm.models.gguf_q4k``); their scale and minimum are stored
+rounded to f16, the one error left: relative <= 2^-11 each (f16's normal range), so a value moves by at
+most ``2^-11 (|d sc| q + |dmin m|)``.
 
 Leaves: the weight ``<name>`` as uint8 codes in the kernels' panel layout (``aotlm/kernels/int4.h``):
 ``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 8, 16, 4]``, per block of 8 rows byte ``(c, t)`` holds
@@ -57,6 +61,20 @@ def packable(shape: tuple, contract: tuple[int, ...], group: int, vocab: bool = 
     return fits and math.prod(kd) % group == 0 and math.prod(shape) > 0
 
 
+def _groups(w: np.ndarray, contract: tuple[int, ...], group: int) -> np.ndarray:
+    """``w`` as groups ``[G, group, *Nd]`` along its contracted dims (moved first, flattened)."""
+    nk = len(contract)
+    a = np.moveaxis(np.asarray(w), contract, tuple(range(nk)))  # [*Kd, *Nd]
+    return a.reshape(math.prod(a.shape[:nk]) // group, group, *a.shape[nk:])
+
+
+def _ungroup(q: np.ndarray, shape: tuple, contract: tuple[int, ...]) -> np.ndarray:
+    """Inverse of ``_groups`` for an array of ``shape``'s layout."""
+    nk = len(contract)
+    kd_nd = (*(shape[c] for c in contract), *(n for i, n in enumerate(shape) if i not in contract))
+    return np.ascontiguousarray(np.moveaxis(q.reshape(kd_nd), tuple(range(nk)), contract))
+
+
 def quantize_int4(
     w: np.ndarray, contract: tuple[int, ...], group: int, asymmetric: bool, exact: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -66,11 +84,7 @@ def quantize_int4(
     nearest does not give back its values bit for bit retries with the scale one f16 step either way
     -- a block's own ``d`` when ``max - min`` lost a bit in f32 -- so such blocks keep their values
     (``exact_groups`` counts them)."""
-    w = np.asarray(w, np.float32)
-    nk = len(contract)
-    a = np.moveaxis(w, contract, tuple(range(nk)))  # [*Kd, *Nd]
-    kd, nd = a.shape[:nk], a.shape[nk:]
-    a = a.reshape(math.prod(kd) // group, group, *nd)
+    a = _groups(np.asarray(w, np.float32), contract, group)
     if asymmetric:
         lo, hi = a.min(axis=1, keepdims=True), a.max(axis=1, keepdims=True)
         mn = lo.astype(np.float16)
@@ -90,8 +104,35 @@ def quantize_int4(
             s, q = np.where(good, s2, s), np.where(good, q2, q)
     parts = (s, mn) if asymmetric else (s,)
     sm = np.concatenate(parts, axis=1)  # [G, S, *Nd]
-    q = q.reshape(*kd, *nd)
-    return np.ascontiguousarray(np.moveaxis(q, tuple(range(nk)), contract)), sm
+    return _ungroup(q, w.shape, contract), sm
+
+
+def from_blocks(
+    w: np.ndarray, scale: np.ndarray, minimum: np.ndarray, contract: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Asymmetric groups of 32 for ``w`` with the file's own codes: ``(codes, scales, share kept)``.
+
+    ``scale`` / ``minimum`` (``w``'s shape, float32, constant over each 32-group): a GGUF file's Q4_K
+    sub-block scales ``d * sc`` and minimums ``-dmin * m`` (``aotlm.models.gguf_q4k``), exact in f32,
+    of which ``w = scale * q + minimum`` (f32) are the dequantized values. The codes are
+    ``round((w - minimum) / scale)`` with those exact values, so a group whose values they give back
+    bit for bit holds the file's codes (a zero scale: code 0, the value is the minimum); the scales
+    stored are them rounded to f16 (relative error <= 2^-11 each, in f16's normal range: the one
+    error left). A group that is not reproduced (its scales not constant, or another type's values)
+    takes ``quantize_int4``'s asymmetric round to nearest instead; the share kept says how many did not."""
+    a = _groups(np.asarray(w, np.float32), contract, 32)
+    sg, mg = _groups(scale, contract, 32), _groups(minimum, contract, 32)
+    s, m = sg[:, :1].astype(np.float32), mg[:, :1].astype(np.float32)
+    inv = np.divide(1.0, s, out=np.zeros_like(s), where=s != 0)
+    q = np.clip(np.rint((a - m) * inv), 0, 15).astype(np.uint8)
+    uniform = np.all(sg == s, axis=1, keepdims=True) & np.all(mg == m, axis=1, keepdims=True)
+    good = uniform & np.all(q.astype(np.float32) * s + m == a, axis=1, keepdims=True)
+    sm = np.concatenate([s, m], axis=1).astype(np.float16)
+    if not good.all():
+        q_rtn, sm_rtn = quantize_int4(w, contract, 32, True, exact=True)
+        q = np.where(good, q, _groups(q_rtn, contract, 32))
+        sm = np.where(good, sm, sm_rtn)
+    return _ungroup(q, w.shape, contract), sm, float(good.mean())
 
 
 def _codes(a: np.ndarray, s: np.ndarray, mn: np.ndarray | None) -> np.ndarray:
@@ -112,11 +153,9 @@ def _dequant(q: np.ndarray, s: np.ndarray, mn: np.ndarray | None) -> np.ndarray:
 
 def exact_groups(w: np.ndarray, codes: np.ndarray, sm: np.ndarray, contract: tuple[int, ...]) -> float:
     """The share of groups whose codes and scales give ``w`` back bit for bit (diagnostics, tests)."""
-    nk = len(contract)
-    a = np.moveaxis(np.asarray(w, np.float32), contract, tuple(range(nk)))
-    q = np.moveaxis(codes, contract, tuple(range(nk)))
     g = sm.shape[0]
-    a, q = a.reshape(g, -1, *a.shape[nk:]), q.reshape(g, -1, *a.shape[nk:])
+    group = np.asarray(w).size // (g * math.prod(sm.shape[2:]))
+    a, q = _groups(np.asarray(w, np.float32), contract, group), _groups(codes, contract, group)
     deq = _dequant(q, sm[:, :1], sm[:, 1:] if sm.shape[1] == 2 else None)
     return float(np.all(deq == a, axis=1).mean())
 

@@ -159,7 +159,8 @@ def load_params(
                 f"in {reader.path}; the checkpoint is incomplete or not of this architecture"
             )
         try:
-            out = r.fn(reader.get(name), *(reader.get(m) for m in extra))
+            arrays = [reader.get(name), *(reader.get(m) for m in extra)]
+            out = r.fn(*arrays)
         except ValueError as e:  # a layout transform's reshape refused the tensor's shape
             if isinstance(e, CheckpointError):
                 raise
@@ -170,10 +171,13 @@ def load_params(
         outs = out if isinstance(out, tuple) else (out,)
         if len(outs) != len(r.targets):
             raise ValueError(f"row for {r.hf} produced {len(outs)} arrays for {len(r.targets)} targets")
-        for path, arr in zip(r.targets, outs, strict=True):
+        blocks = getattr(rewriter, "blocks", None)  # a GGUF file's Q4_K group scales, moved like the weights
+        groups = blocks.through(r.fn, [name, *extra], arrays, len(outs)) if blocks else None
+        for i, (path, arr) in enumerate(zip(r.targets, outs, strict=True)):
             arr = np.asarray(arr)
             check_shape(path, arr, cfg, name, reader.path)
-            for p, a in rewriter.rewrite(path, arr) if rewriter is not None else [(path, arr)]:
+            g = groups[i] if groups is not None and groups[i][0].shape == arr.shape else None
+            for p, a in rewriter.rewrite(path, arr, g) if rewriter is not None else [(path, arr)]:
                 put(p, a)
     for p, a in rewriter.finish() if rewriter is not None else []:
         put(p, a)

@@ -78,7 +78,9 @@ def case(pp: int, tp: int, batch: int, **kw) -> dict:
     out = run(model.compile(), batch)
     out["weights"] = device_bytes(model, lambda st: st.params)
     out["caches"] = device_bytes(model, lambda st: getattr(st, "caches", st.cache))
-    plan = memory.plan_for_checkpoint(PATH, batch_size=batch, tp_degree=tp, pp_degree=pp, **SHAPES)
+    plan = memory.plan_for_checkpoint(
+        PATH, batch_size=batch, tp_degree=tp, pp_degree=pp, quant=kw.get("quant"), **SHAPES
+    )
     out["plan"] = {k: v for k, v in plan.items() if k != "graphs"}
     out["micro_batches"] = getattr(model, "micro_batches", 1)
     return out
@@ -111,9 +113,10 @@ def main() -> dict:
         )
         res["loaded"] = {"greedy": run(m2.load(JOB["artifacts"]), 4)["greedy"]}
     res["loaded"]["compiles"] = loaded
-    # weight options: int8 weights run the CPU kernels inside each stage
+    # weight options: int8 and int4 weights run the CPU kernels inside each stage
     for pp in (1, 2):
         res["cases"][f"int8 {pp}x1/b4"] = case(pp, 1, 4, quant="int8")
+        res["cases"][f"int4 {pp}x1/b4"] = case(pp, 1, 4, quant="int4")
     # streaming and stopping criteria see every token
     m = AutoModelForSampling.from_pretrained(PATH, pp_degree=2, batch_size=4, compile_cache=CACHE, **SHAPES)
     puts: list = []

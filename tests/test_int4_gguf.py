@@ -66,3 +66,65 @@ def test_explicit_group_size_is_kept_and_requantizes(gguf_file):
         gguf_file("Q4_0"), quant="int4-g64", batch_size=1, n_positions=32, compile_cache=False
     )
     assert m.params["layers"][0]["wq_scale"].shape[0] * 64 == 256
+
+
+GGUF_OF = dict(
+    wq="attn_q",
+    wk="attn_k",
+    wv="attn_v",
+    wo="attn_output",
+    w_gate="ffn_gate",
+    w_up="ffn_up",
+    w_down="ffn_down",
+)
+
+
+def file_q4k(path, name: str, heads: int | None):
+    """Codes, scales and minimums of Q4_K tensor ``name`` read from the file's raw blocks with gguf-py,
+    each ``[out, in]`` in the HF layout (llama.cpp's rope permutation of q / k undone)."""
+    from gguf import GGUFReader
+    from gguf.quants import Q4_K
+
+    from aotlm.models.gguf_names import unpermute_rope
+
+    t = next(t for t in GGUFReader(str(path)).tensors if t.name == name)
+    assert t.tensor_type.name == "Q4_K"
+    raw = np.asarray(t.data).reshape(-1, 144)
+    d, dmin = (raw[:, i : i + 2].copy().view(np.float16).astype(np.float32) for i in (0, 2))
+    sc, mn = Q4_K.get_scale_min(raw[:, 4:16])
+    nib = raw[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    shape = tuple(int(n) for n in reversed(t.shape))
+    codes = (nib & 15).reshape(shape)
+    scale = np.repeat(d * sc.astype(np.float32), 32, axis=1).reshape(shape)
+    minimum = np.repeat(-(dmin * mn.astype(np.float32)), 32, axis=1).reshape(shape)
+    fix = (lambda a: unpermute_rope(a, heads)) if heads else (lambda a: a)
+    return fix(codes), fix(scale), fix(minimum)
+
+
+def test_q4k_codes_kept(gguf_file):
+    """Q4_K under int4: every group with a non-zero scale stores the file's own codes (zero-scale groups:
+    the minimum, exact); scale and minimum rounded to f16 are the one error (relative <= 2^-11)."""
+    path = gguf_file("Q4_K")
+    kw = dict(batch_size=1, n_positions=32, context_length_estimate=16, compile_cache=False)
+    ref = AutoModelForSampling.from_pretrained(path, quant="none", **kw)
+    m = AutoModelForSampling.from_pretrained(path, quant="int4", **kw)
+    heads = {"wq": 4, "wk": 2}
+    layer, zero_groups = m.params["layers"][0], 0
+    for leaf, g in GGUF_OF.items():
+        codes, scale, minimum = file_q4k(path, f"blk.0.{g}.weight", heads.get(leaf))
+        w, sm = layer[leaf], layer[f"{leaf}_scale"]
+        stored = np.asarray(quant4.codes(jnp.asarray(w), leaf)).reshape(codes.shape[::-1]).T
+        live = scale != 0
+        zero_groups += int((~live).sum()) // 32
+        np.testing.assert_array_equal(stored[live], codes[live], err_msg=leaf)
+        assert (stored[~live] == 0).all(), leaf
+        want = logical(ref, leaf).reshape(codes.shape[::-1]).T  # the file's values
+        np.testing.assert_array_equal(codes * scale + minimum, want, err_msg=leaf)
+        deq = np.asarray(quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), leaf)).reshape(want.T.shape).T
+        bound = (2.0**-11 + 2.0**-20) * (np.abs(scale) * codes + np.abs(minimum))
+        assert (np.abs(deq - want) <= bound).all(), leaf
+        assert not (deq == want).all(), leaf  # f16 scales: not exact (else this test proves nothing new)
+    assert zero_groups > 0  # random 6-bit scales: some are 0, whose codes the values cannot tell
+    ids = np.arange(1, 9)[None]
+    lg, lg_ref = m.forward(ids), ref.forward(ids)
+    assert np.abs(lg - lg_ref).max() <= 0.05 * np.abs(lg_ref).max()

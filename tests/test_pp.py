@@ -70,6 +70,20 @@ def test_tokens_equal_one_stage(pp_run):
     assert cases["int8 2x1/b4"]["greedy"] != cases["1x1/b4"]["greedy"]  # (int8 really changes numbers)
 
 
+def test_int4_stages_give_one_stage_tokens(pp_run):
+    """quant="int4" (4-bit groups, the kernel in each stage): pp=2 gives pp=1's tokens and logits, the
+    weights really are int4's, and the memory plan counts them exactly."""
+    c = pp_run["cases"]
+    one, two, f32 = c["int4 1x1/b4"], c["int4 2x1/b4"], c["1x1/b4"]
+    assert two["greedy"] == one["greedy"] and two["sampled"] == one["sampled"]
+    assert np.abs(np.array(two["logits"]) - np.array(one["logits"])).max() < 1e-5
+    assert np.abs(np.array(one["logits"]) - np.array(f32["logits"])).max() > 1e-3  # int4 changes numbers
+    assert sum(one["weights"].values()) < sum(c["int8 1x1/b4"]["weights"].values()) / 1.5
+    for case in (one, two):
+        assert max(case["weights"].values()) == case["plan"]["weights_bytes_per_device"]
+        assert case["plan"]["weights"] == "int4-g32"
+
+
 def test_each_device_holds_its_stage(pp_run):
     """Weights and KV cache per device <= 1.5 / (pp x tp) of the whole; the memory plan is exact."""
     cases = pp_run["cases"]

@@ -50,8 +50,8 @@ def cmd_compile(args) -> int:
     if args.serve:  # the slot graphs `aotlm serve` uses with the same flags
         kw = serve_kwargs(kw, args.checkpoint)
     if args.dry_run or args.device_memory_gb is not None:
-        # the plan counts weights at the amp dtype; the slot graphs have the plain graphs' shapes
-        skip = ("compile_cache", "quant", "fuse_qkv", "continuous_batching")
+        # the plan counts weights as stored (amp, quant); the slot graphs have the plain graphs' shapes
+        skip = ("compile_cache", "fuse_qkv", "continuous_batching")
         plan = plan_for_checkpoint(args.checkpoint, **{k: v for k, v in kw.items() if k not in skip})
         print(format_plan(plan))
         if args.device_memory_gb is not None:

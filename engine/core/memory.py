@@ -7,6 +7,11 @@ biases of row-parallel layers, position embeddings; attention weights under
 ``shard-over-batch``) and ``1/tp`` of the KV cache (per kv head or per batch row; with
 ``replicated-heads`` the kv heads are first repeated to ``lcm(K, tp)``). Activations and
 executables are not counted (small next to weights + cache for inference).
+
+Weights are counted as the loader stores them (``stored_leaves``): int8 matrices at 1 byte plus an f32
+scale per output channel, 4-bit groups (``aotlm.models.quant4``) at half a byte plus an f16 scale (and
+minimum) per group, bf16 / f16 storage at 2 bytes, the copy of the embedding a tied lm_head gets when
+quantized, and the vocab padding of the kernels' panel layout; the rest in the compute dtype.
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ from collections.abc import Mapping
 
 import jax.numpy as jnp
 
+from aotlm import kernels
 from aotlm.core import buckets as bk
 from aotlm.core import pipeline, precision, sharding
 from aotlm.core.spec import DEFAULT_N_POSITIONS
-from aotlm.models import family_for
+from aotlm.models import family_for, gguf, quant4
 from aotlm.models.arch import ArchConfig
 from aotlm.models.axes import CONTRACT_AXES
 from aotlm.models.checkpoint import load_hf_config
+from aotlm.models.packing import PACK_CONTRACT, PANEL, VOCAB_LEAVES
+from aotlm.models.quant import FLOAT_DTYPES, QuantizationConfig
 
 GIB = 2**30
 
@@ -87,6 +95,52 @@ def _prod(shape) -> int:
     return n
 
 
+class Storage:
+    """What the loader (``aotlm.models.quant.ParamRewriter``, ``aotlm.models.packing``) stores for a
+    parameter, from shapes alone: leaves with their logical shapes and bytes per element."""
+
+    def __init__(self, q: QuantizationConfig | None, compute: int, kernels_on: bool, gguf_blocks: bool):
+        self.q, self.compute, self.gguf_blocks = q, compute, gguf_blocks
+        int4 = q is not None and q.int4
+        self.view = q is not None and kernels_on  # the embedding copy for a tied lm_head
+        self.packed = self.view or int4 or (kernels_on and compute == 4)  # the panel layout (vocab padded)
+
+    def leaves(self, path: tuple, shape: tuple, tied: bool) -> list[tuple[tuple, tuple, float]]:
+        """``(leaf path, logical shape, bytes per element)`` of what parameter ``path`` becomes."""
+        q, name, up = self.q, path[-1], path[:-1]
+        if name == "embed" and tied and q is not None and q.lm_head:
+            if self.view or (q.int4 and not self.gguf_blocks):
+                return [(path, shape, self.compute), *self._matrix((*up, "embed_q"), shape, (1,))]
+        if q is None or name not in CONTRACT_AXES or (name == "lm_head" and not q.lm_head):
+            return [(path, shape, self.compute)]
+        return self._matrix(path, shape, CONTRACT_AXES[name])
+
+    def _matrix(self, path: tuple, shape: tuple, contract: tuple) -> list[tuple[tuple, tuple, float]]:
+        q, name, up = self.q, path[-1], path[:-1]
+        scale = (*up, f"{name}_scale")
+        if q.quant_dtype in FLOAT_DTYPES:
+            per_row = [(scale, (shape[0],), 4)] if name == "embed_q" else []  # unit scales
+            return [(path, shape, 2), *per_row]
+        vocab = name in ("embed_q", "lm_head")
+        if q.int4 and name in PACK_CONTRACT and (name != "embed_q" or not self.gguf_blocks):
+            contract = PACK_CONTRACT[name]
+            if quant4.packable(shape, contract, q.group_size, vocab):
+                k = _prod(shape[c] for c in contract)
+                nd = tuple(n for i, n in enumerate(shape) if i not in contract)
+                groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
+                return [(path, shape, 0.5), (scale, groups, 2)]
+        channels = tuple(n for i, n in enumerate(shape) if i not in contract)
+        return [(path, shape, 1), (scale, channels, 4)]
+
+    def pad_vocab(self, leaf: tuple, shape: tuple, per: float, tp: int) -> tuple:
+        """``shape`` with the vocab padded to whole panels per device (``packing.prepare``)."""
+        name = leaf[-1]
+        if not self.packed or name not in VOCAB_LEAVES or (name == "lm_head" and per == 4):  # f32: row-major
+            return shape
+        axes = sharding.logical_axes(leaf, len(shape))
+        return tuple(n + (-n % (PANEL * tp) if a == "vocab" else 0) for a, n in zip(axes, shape, strict=True))
+
+
 def memory_plan(
     cfg: ArchConfig,
     batch_size: int,
@@ -98,34 +152,43 @@ def memory_plan(
     pp: int = 1,
     micro_batches: int | None = None,
     kv_cache_dtype: str | None = None,
+    quant: str | QuantizationConfig | None = None,
+    kernels_on: bool | None = None,
+    gguf_blocks: bool = False,
 ) -> dict:
     """Bytes per device of the weights and the KV cache for one configuration.
 
     ``param_shapes`` maps parameter paths (``("layers", 0, "wq")``) to their unpadded shapes;
     default: ``estimate_param_shapes(cfg)``. ``gqa=None`` picks the strategy the engine would
     pick (invalid tp / gqa raise the engine's errors). ``kv_cache_dtype``: the model's option
-    (None follows amp), so a bf16 cache counts half an f32 one.
+    (None follows amp), so a bf16 cache counts half an f32 one. ``quant``: the model's weight storage
+    (``"int8"``, ``"int4-g64"``, a ``QuantizationConfig``, ...); ``kernels_on`` (default: this
+    backend's) and ``gguf_blocks`` (a GGUF file's Q4 blocks: an int8 embedding copy) as the loader has them.
     """
     # what amp means on this backend (aotlm.core.precision): on CPU with the kernels, bf16 / f16
     # matrices with f32 activations, embedding, norms and (unless kv_cache_dtype says) KV cache
-    prec = precision.resolve(amp, None, None, kv_cache_dtype)  # unknown names: the engine's errors
-    item, other = jnp.dtype(precision.amp_dtype(amp)).itemsize, jnp.dtype(prec.compute).itemsize
+    prec = precision.resolve(amp, quant, kernels_on, kv_cache_dtype)  # unknown names: the engine's errors
+    kernels_on = kernels.enabled() if kernels_on is None else kernels_on
     stages = pipeline.split_layers(cfg.n_layers, pp)
     n_micro = pipeline.micro_batches(batch_size, pp, micro_batches) if pp > 1 else 1
     strategy = sharding.choose_gqa(cfg.n_heads, cfg.n_kv_heads, batch_size // n_micro, tp, gqa)
     rule = sharding.rules(strategy, tp)
     shapes = dict(param_shapes) if param_shapes is not None else estimate_param_shapes(cfg)
     tied = ("lm_head",) not in shapes
+    store = Storage(prec.quant, jnp.dtype(prec.compute).itemsize, kernels_on, gguf_blocks)
     w_total, w_stage = 0, [0] * pp  # per stage: the bytes on each of its devices
     for path, shape in shapes.items():
-        padded = sharding.prepared_shape(path, tuple(shape), tp, strategy, cfg.n_kv_heads)
-        spec = sharding.param_spec(path, len(padded), rule)
-        axes = tuple(spec) + (None,) * (len(padded) - len(spec))
-        local = [n // tp if ax == sharding.TP else n for n, ax in zip(padded, axes, strict=True)]
-        size = item if path[-1] in CONTRACT_AXES or path[-1] == "lm_head" else other
-        w_total += _prod(shape) * size
-        for st in pipeline.owners(stages, path, tied):
-            w_stage[st.index] += _prod(local) * size
+        leaves = store.leaves(path, tuple(shape), tied)
+        for leaf, lshape, per in leaves:
+            padded = sharding.prepared_shape(leaf, lshape, tp, strategy, cfg.n_kv_heads)
+            padded = store.pad_vocab(leaf, padded, per, tp)
+            spec = sharding.param_spec(leaf, len(padded), rule)
+            axes = tuple(spec) + (None,) * (len(padded) - len(spec))
+            local = [n // tp if ax == sharding.TP else n for n, ax in zip(padded, axes, strict=True)]
+            w_total += int(_prod(lshape) * per)
+            owner = ("lm_head",) if leaf[-1] in ("embed_q", "embed_q_scale") else path  # the logits' copy
+            for st in pipeline.owners(stages, owner, tied):
+                w_stage[st.index] += int(_prod(local) * per)
     rep = sharding.kv_replication(cfg.n_kv_heads, tp, strategy)
     kv_heads = cfg.n_kv_heads * rep
     kv_item = jnp.dtype(prec.kv).itemsize
@@ -141,6 +204,7 @@ def memory_plan(
         "tp": tp,
         "gqa": strategy,
         "amp": amp,
+        "weights": prec.quant.label if prec.quant is not None else jnp.dtype(prec.compute).name,
         "kv_dtype": jnp.dtype(prec.kv).name,
         "batch_size": batch_size,
         "n_positions": n_positions,
@@ -173,7 +237,8 @@ def format_plan(plan: dict) -> str:
     g = lambda b: f"{b / GIB:.3f} GiB"
     pp = f"pp={plan['pp']} ({plan['micro_batches']} micro-batches) " if plan.get("pp", 1) > 1 else ""
     return (
-        f"{pp}tp={plan['tp']} gqa={plan['gqa']} amp={plan['amp']} kv={plan.get('kv_dtype', '?')}: "
+        f"{pp}tp={plan['tp']} gqa={plan['gqa']} amp={plan['amp']} weights={plan.get('weights', '?')} "
+        f"kv={plan.get('kv_dtype', '?')}: "
         "per device weights "
         f"{g(plan['weights_bytes_per_device'])} + KV cache {g(plan['kv_cache_bytes_per_device'])} = "
         f"{g(plan['total_bytes_per_device'])} (whole model: weights {g(plan['weights_bytes'])}, "
@@ -192,17 +257,24 @@ def plan_for_checkpoint(
     pp_degree: int = 1,
     micro_batches: int | None = None,
     kv_cache_dtype: str | None = None,
+    quant: str | QuantizationConfig | None = None,
 ) -> dict:
-    """The memory plan plus the list of graphs for a checkpoint, from its config.json only."""
+    """The memory plan plus the list of graphs for a checkpoint, from its config.json only (and, for a
+    converted GGUF model, its default storage: ``aotlm.models.gguf``)."""
     hf = load_hf_config(path)
+    if quant is None:  # as the engine does (core/model.py)
+        quant = gguf.default_quant(path)
+    quant = gguf.int4_form(path, quant)
+    blocks = bool(gguf.q4_types(path))
     cfg = family_for(hf.model_type).arch_config(hf)
     if n_positions is None:  # the engine's default (core/model.py)
         n_positions = min(DEFAULT_N_POSITIONS, cfg.max_positions)
     tg = bk.token_buckets(n_positions)
     ctx = bk.context_buckets(context_length_estimate, tg)
     plan = memory_plan(
-        cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches, kv_cache_dtype
-    )
+        cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches, kv_cache_dtype,
+        quant, gguf_blocks=blocks,
+    )  # fmt: skip
     if pp_degree == 1:
         plan["graphs"] = bk.graph_keys(ctx, tg)
     else:  # every stage: prefill shapes and a decode step per token bucket; the last also "select"

@@ -31,7 +31,7 @@ from aotlm.core.compile_cache import CompileCache
 from aotlm.core.resolve import resolve
 from aotlm.core.spec import ModelSpec, SpecAttributes
 from aotlm.core.state import layout as state_layout
-from aotlm.models import family_for, gguf, layers, packing
+from aotlm.models import family_for, gguf, gguf_q4k, layers, packing
 from aotlm.models.arch import ArchConfig
 from aotlm.models.checkpoint import CheckpointError, WeightReader, load_hf_config
 from aotlm.models.quant import ParamRewriter, QuantizationConfig
@@ -165,7 +165,10 @@ class CompiledModel(SpecAttributes):
             int4 = quant is not None and quant.int4
             self._pack = view or int4 or (kernels.enabled() and np_dtype == np.float32)
             blocks = bool(gguf.q4_types(self.path))  # a GGUF file's 4-bit blocks: kept as they are
-            rewriter = ParamRewriter(quant, self.fuse_qkv, view, blocks) if quant or self.fuse_qkv else None
+            q4k = gguf_q4k.BlockScales(self.path) if blocks else None  # Q4_K's exact group scales
+            rewriter = None
+            if quant or self.fuse_qkv:
+                rewriter = ParamRewriter(quant, self.fuse_qkv, view, blocks, q4k)
             params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
             if "lm_head" in params:  # untied: the int8 embedding copy is not needed
                 params.pop("embed_q", None), params.pop("embed_q_scale", None)

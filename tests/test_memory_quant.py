@@ -1,0 +1,84 @@
+"""Memory plans count weights as stored: int8, int4 groups (with and without a minimum), bf16, the
+embedding copy a tied lm_head gets, the kernels' vocab padding -- compared with real models' parameters.
+
+The comparison is exact (no tolerance): the plan reproduces each stored leaf's shape and dtype
+(``memory.Storage``), so its bytes per device must equal the sum of ``nbytes`` of that device's shards,
+at tp=1, tp=2 and pp=2 (one subprocess on 2 forced CPU devices, the device count being fixed before
+jax is imported). Activations and executables are not part of either side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+QUANTS = ("none", "int8", "int4", "int4-asym", "bf16")
+
+
+def measure(ckpts: list[str]) -> list[dict]:
+    """Per checkpoint, (tp, pp) and quant: each device's stored weight bytes and the plan's (in the child)."""
+    import jax
+
+    from aotlm import AutoModelForSampling
+    from aotlm.core import memory
+
+    out = []
+    for ckpt in ckpts:
+        for tp, pp in ((1, 1), (2, 1), (1, 2)):
+            for q in QUANTS if pp == 1 else ("none", "int8", "int4"):
+                kw = dict(quant=q, tp_degree=tp, pp_degree=pp, batch_size=1, n_positions=32)
+                m = AutoModelForSampling.from_pretrained(ckpt, compile_cache=False, **kw)
+                real: dict = {}
+                for st in getattr(m, "stages", [m]):
+                    for x in jax.tree_util.tree_leaves(st.params):
+                        for sh in x.addressable_shards:
+                            real[sh.device.id] = real.get(sh.device.id, 0) + sh.data.nbytes
+                plan = memory.plan_for_checkpoint(ckpt, **kw)
+                plan.pop("graphs")
+                out.append(dict(ckpt=Path(ckpt).name, tp=tp, pp=pp, quant=q, real=real, plan=plan))
+    return out
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    import transformers
+    from conformance import make_checkpoint
+
+    root = tmp_path_factory.mktemp("memq")
+    kw = dict(vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+    kw.update(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    ckpts = [
+        str(make_checkpoint(root / name, transformers.LlamaConfig(**kw, tie_word_embeddings=tied)))
+        for name, tied in (("tied", True), ("untied", False))
+    ]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    r = subprocess.run(
+        [sys.executable, __file__, *ckpts], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_plan_weight_bytes_equal_the_stored_params(cases):
+    assert len(cases) == 2 * (2 * len(QUANTS) + 3)
+    for c in cases:
+        name = f"{c['ckpt']} tp={c['tp']} pp={c['pp']} quant={c['quant']}"
+        real = [c["real"][d] for d in sorted(c["real"], key=int)]  # device i: stage i (tp=1) / shard i
+        assert c["plan"]["weights_bytes_per_device"] == max(real), name
+        if c["pp"] > 1:  # a tied lm_head's quantized copy lives on the last stage only
+            assert c["plan"]["weights_bytes_per_stage_device"] == real, name
+    by = {(c["ckpt"], c["tp"], c["pp"], c["quant"]): max(c["real"].values()) for c in cases}
+    for ck in ("tied", "untied"):  # the storages really differ, and int4 is the smallest
+        for tp in (1, 2):
+            f32, i8, i4, i4a = (by[(ck, tp, 1, q)] for q in ("none", "int8", "int4", "int4-asym"))
+            assert f32 > i8 > i4a > i4, (ck, tp)
+    assert {c["plan"]["weights"] for c in cases} == {"float32", "int8", "int4-g32", "int4-g32-asym", "bf16"}
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(sys.argv[1:])))
