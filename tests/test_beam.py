@@ -38,7 +38,7 @@ def _hf_beam(ref, ids, mask, **kw):
     return r.sequences.numpy(), r.sequences_scores.numpy()
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", [pytest.param("gpt2", marks=pytest.mark.slow), "llama"])  # default: llama
 def test_beam_search_equals_transformers(family, gpt2_path, llama_path, request):
     path = {"gpt2": gpt2_path, "llama": llama_path}[family]
     ref = hf_model(path)

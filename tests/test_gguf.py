@@ -275,6 +275,7 @@ def test_smollm2_chat_matches_transformers(cache, compile_dir):
     assert "Paris" in answers[0], answers  # a real model answering, not only two engines agreeing
 
 
+@pytest.mark.slow  # ~80 s; the default run's real-model conformance is SmolLM2's (and tiny gemma3 GGUFs)
 def test_gemma3_270m_continuation_matches_transformers(cache, compile_dir):
     """The real Gemma-3-270M (Q4_K_M, ``gemma3-270m`` by name) where its package is installed."""
     from aotlm.core import named

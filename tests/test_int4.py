@@ -144,7 +144,7 @@ def test_kernel_at_every_isa_level_in_subprocess(level):
 
 # ------------------------------------------------------------------ models
 @needs_kernels
-@pytest.mark.parametrize("quant", ["int4", "int4-g64-asym"])
+@pytest.mark.parametrize("quant", [pytest.param("int4", marks=pytest.mark.slow), "int4-g64-asym"])
 def test_forced_fallback_gives_identical_greedy_tokens(ckpt_dir, monkeypatch, quant):
     """The peaked Llama: the kernel's tokens equal the XLA fallback's (dequantized W, x rounded per
     group); under g64 its MLP's 96-row down projection does not fit whole groups and stays int8."""

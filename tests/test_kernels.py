@@ -379,7 +379,11 @@ def test_tied_int8_lm_head_view(gpt2_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "opts",
-    [["--amp", "bf16"], ["--quant", "w8a8"], ["--quant", "int8", "--context", "48", "--targets"]],
+    [
+        pytest.param(["--amp", "bf16"], marks=pytest.mark.slow),  # default run: w8a8 and int8
+        ["--quant", "w8a8"],
+        ["--quant", "int8", "--context", "48", "--targets"],
+    ],
     ids=["bf16", "w8a8", "int8-prefill-kernels"],
 )
 def test_warm_start_with_kernels_compiles_nothing(llama_path, tmp_path, opts):
