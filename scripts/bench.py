@@ -6,9 +6,11 @@
     python scripts/bench.py --tp 2 --peers        # aotlm only, 2 forced CPU devices
     python scripts/bench.py --only amp            # batch 1: every amp / weight mode + streamed vs plain
     python scripts/bench.py --checkpoint smollm2 --modes int8  # a real GGUF model vs llama.cpp on its file
-    pip install -e '.[bench]'                     # peers: CTranslate2, llama-cpp-python, matplotlib
+    python scripts/bench.py --peers ov-int8 ov-int4 ov-default  # OpenVINO GenAI (bench_openvino)
+    pip install -e '.[bench]'                     # peers: CTranslate2, llama-cpp-python, OpenVINO GenAI
 
-Rows: aotlm modes, transformers eager fp32, CTranslate2 float32/int8, llama.cpp f32/f16/q8_0
+Rows: aotlm modes, transformers eager fp32, CTranslate2 float32/int8, llama.cpp f32/f16/q8_0,
+OpenVINO GenAI int8/int4/default (optimum-intel's export, ``bench_openvino``; scripts/README.md)
 (a peer that is not installed is skipped with the reason). Decode tokens/s =
 batch * (new - 1) / (generate time - prefill time), medians over runs, all engines called
 round-robin so machine noise hits them alike. Roofline: a decode step reads every weight once
@@ -63,6 +65,7 @@ MODES = {  # aotlm mode -> from_pretrained kwargs (every mode also gets fuse_qkv
 PEERS = ["hf", "ct2-float32", "ct2-int8", "llama-f32", "llama-f16", "llama-q8_0"]
 # a GGUF model (--checkpoint smollm2 / FILE.gguf): llama.cpp on the file as shipped and re-quantized
 GGUF_PEERS = ["llama-gguf", "llama-gguf-q8_0", "llama-gguf-q4_0"]
+OV_PEERS = ["ov-int8", "ov-int4", "ov-default"]  # OpenVINO GenAI on either kind of checkpoint
 ONLY = {"amp": {"batch": [1], "modes": list(MODES), "peers": [], "stream": True}}  # --only NAME
 DEFAULT_MODES = [m for m in MODES if not m.startswith("int4-")]  # the int4 variants: ask by name
 
@@ -78,7 +81,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES))
-    ap.add_argument("--peers", nargs="*", default=None, choices=PEERS + GGUF_PEERS, help="none: aotlm only")
+    ap.add_argument(
+        "--peers", nargs="*", default=None, choices=PEERS + GGUF_PEERS + OV_PEERS, help="none: aotlm only"
+    )
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--work", default="/tmp/aotlm-bench", help="converted peer models, compile cache")
@@ -254,6 +259,11 @@ def peer_engine(peer: str, path: Path, ids, args, f32_bytes: int):
     if peer == "hf":
         return hf_engine(path, ids, args)
     kind, dt = peer.split("-", 1)
+    if kind == "ov":  # the runner knows the IR's weight bytes and the KV-cache element size
+        from bench_peers import openvino_runner
+
+        pre, gen, nbytes, kv_elem = openvino_runner(path, work, dt, ids, args.new)
+        return pre, gen, nbytes, kv_bytes(path, len(ids), args, kv_elem)
     kv = kv_bytes(path, len(ids), args, 4 if kind == "ct2" else 2)  # ct2: float32 cache; llama.cpp: f16
     if dt.startswith("gguf"):  # the real model's GGUF file as shipped, or re-quantized by llama.cpp
         if args.gguf is None:
@@ -378,7 +388,7 @@ def main() -> int:
     Path(args.work).mkdir(parents=True, exist_ok=True)
     path, args.gguf = model_path(args.checkpoint, Path(args.work))
     if args.peers is None:
-        args.peers = GGUF_PEERS if args.gguf else PEERS
+        args.peers = (GGUF_PEERS if args.gguf else PEERS) + OV_PEERS
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     bw, bw_how = read_bandwidth()
     print(f"CPU: {cpu_model()}")

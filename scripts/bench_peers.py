@@ -1,4 +1,5 @@
-"""Peers for ``scripts/bench.py``: the same checkpoint converted for CTranslate2 and llama.cpp.
+"""Peers for ``scripts/bench.py``: the same checkpoint converted for CTranslate2, llama.cpp and
+OpenVINO GenAI (``openvino_runner``, in ``bench_openvino``).
 
 Each runner returns ``(prefill(), generate())`` callables for one batch of prompt ids, or raises
 ``Skip`` with the reason (peer not installed, conversion failed) so the bench goes on without it.
@@ -56,7 +57,13 @@ def write_byte_vocab(path: Path, vocab_size: int) -> list[str]:
 
 def best_by_batch(rows: list[dict]) -> list[dict]:
     """Per batch: the fastest aotlm mode and the fastest mode of each peer (decode tok/s)."""
-    kinds = {"aotlm": "aotlm", "ct2": "CTranslate2", "llama": "llama.cpp", "hf": "transformers"}
+    kinds = {
+        "aotlm": "aotlm",
+        "ct2": "CTranslate2",
+        "llama": "llama.cpp",
+        "hf": "transformers",
+        "ov": "OpenVINO",
+    }
     out = []
     for b in dict.fromkeys(r["batch"] for r in rows):
         best: dict[str, dict] = {}
@@ -96,6 +103,14 @@ def ctranslate2_runner(ckpt: Path, work: Path, quant: str, ids, new: int):
         gen.generate_batch(prompts, max_length=new, min_length=new, **kw)
 
     return prefill, generate
+
+
+# ------------------------------------------------------------------ OpenVINO GenAI
+def openvino_runner(ckpt: Path, work: Path, fmt: str, ids, new: int):
+    """(prefill, generate, weight bytes, KV bytes per value): ``bench_openvino.openvino_runner``."""
+    from bench_openvino import openvino_runner as run  # local: bench_openvino imports Skip from here
+
+    return run(ckpt, work, fmt, ids, new)
 
 
 # ------------------------------------------------------------------ llama.cpp
