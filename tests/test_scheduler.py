@@ -35,6 +35,7 @@ class FakeSlots:
         self.open = True  # False: each decode call waits for a ``release`` (``hold``)
         self.permits = threading.Semaphore(0)
         self.entered = 0  # decode calls begun
+        self.steps: list[int] = []  # each decode call's steps
         self.cv = threading.Condition()
         self.idx = np.zeros(slots, np.int64)
         self.done = np.ones(slots, np.bool_)
@@ -105,6 +106,7 @@ class FakeSlots:
         live = [r for r in range(self.slots) if not self.done[r]]
         assert all(r < rows for r in live), f"live rows {live} outside the {rows} decoded"
         self.calls.append(("decode", tuple(live), stopped))
+        self.steps.append(steps)
         for r in live:
             for _ in range(steps):
                 if not self.done[r]:
@@ -165,18 +167,42 @@ def test_more_requests_than_slots_all_get_their_tokens(fake):
     eng = Engine(fake, max_queue=8).start()
     try:
         prompts = [[3, 4, 5], [10], [7, 8, 9, 10, 11, 12], [40, 41], [49]]
-        reqs = [eng.submit(prompts[0], SamplingParams(max_tokens=3))]
+        budgets = [9, 4, 5, 6, 7]  # the first outlasts its first decode call (4 steps, alone)
+        reqs = [eng.submit(prompts[0], SamplingParams(max_tokens=budgets[0]))]
         fake.wait_decodes(1)  # the first request is live; the others arrive now
-        reqs += [eng.submit(p, SamplingParams(max_tokens=3 + i)) for i, p in enumerate(prompts) if i]
+        reqs += [eng.submit(p, SamplingParams(max_tokens=budgets[i])) for i, p in enumerate(prompts) if i]
         fake.let_go()
-        for i, (p, req) in enumerate(zip(prompts, reqs, strict=True)):
+        for p, req, n in zip(prompts, reqs, budgets, strict=True):
             toks, fin = collect(req)
-            assert toks == expected(p, 3 + i)
-            assert (fin.reason, fin.prompt_tokens, fin.completion_tokens) == ("length", len(p), 3 + i)
+            assert toks == expected(p, n)
+            assert (fin.reason, fin.prompt_tokens, fin.completion_tokens) == ("length", len(p), n)
         decoded = [c[1] for c in fake.calls if c[0] == "decode"]
         assert decoded[:2] == [(0,), (0, 1)]  # both slots busy at once
         inserted = [c[1] for c in fake.calls if c[0] == "insert"]
         assert len(inserted) == 5 and set(inserted) == {0, 1}
+    finally:
+        fake.let_go()
+        eng.shutdown(timeout=1)
+
+
+def test_decode_steps_per_call_follow_the_rows_and_the_queue():
+    """A lone request decodes ``DECODE_CHUNK`` (4) steps a call; busier batches one step a call (and
+    while a prompt waits: it would wait for the whole call); tokens are the same either way."""
+    fake = FakeSlots(slots=2)
+    fake.hold()
+    eng = Engine(fake).start()
+    try:
+        prompts, budgets = [[1], [2], [3]], [20, 20, 4]
+        reqs = [eng.submit(prompts[0], SamplingParams(max_tokens=20))]
+        fake.wait_decodes(1)  # alone: 4 steps
+        reqs += [
+            eng.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[1:], budgets[1:], strict=True)
+        ]
+        fake.let_go()
+        for p, req, n in zip(prompts, reqs, budgets, strict=True):
+            assert collect(req)[0] == expected(p, n)
+        assert fake.steps[:2] == [4, 1], fake.steps  # then two rows busy and a third prompt waiting
+        assert set(fake.steps) == {1, 4} and fake.steps[-1] == 4, fake.steps  # the last one alone
     finally:
         fake.let_go()
         eng.shutdown(timeout=1)
@@ -256,7 +282,8 @@ def test_cancel_a_running_and_a_waiting_request():
         waiting.cancel()
         fake.let_go()
         toks, fin = collect(doomed)
-        assert fin.reason == "cancelled" and toks == expected([5], 3)  # the held decode call ran
+        # its first token, a 4-step call alone, then the held 1-step call (``waiting`` waits)
+        assert fin.reason == "cancelled" and toks == expected([5], 6)
         assert collect(waiting) == ([], Finish("cancelled", 2, 0, None))
         toks, fin = collect(other)
         assert toks == expected([20], 6) and (fin.reason, fin.completion_tokens) == ("length", 6)

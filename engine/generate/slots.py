@@ -261,10 +261,13 @@ class SlotBatch:
 
     def decode(self, steps: int, max_live_slot: int, rows: int, cancel: np.ndarray | None = None) -> None:
         """Run up to ``steps`` decode steps of the live rows, all below ``rows``; ``max_live_slot``
-        is the largest live row's slot. The graph is the smallest ladder row count holding them."""
+        is the largest live row's slot. The graph is the smallest ladder row count holding them. A
+        call never crosses a token bucket (fewer steps then): each step attends the window it would
+        in a call of its own, so a request's numbers do not depend on the steps per call."""
         m = self.model
-        last_slot = min(max_live_slot + steps, self.n_positions) - 1  # the furthest slot fed
-        width = bk.decode_bucket(m.tg_buckets, max(last_slot, 0))
+        first = max(max_live_slot, 0)
+        width = bk.decode_bucket(m.tg_buckets, first)
+        steps = max(1, min(steps, width - first))
         with m.lock:
             self.state.steps = m.put(np.int32(steps))
             c = self._cancel_none if cancel is None or not cancel.any() else m.put(cancel.astype(np.bool_))

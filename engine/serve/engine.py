@@ -10,9 +10,10 @@ rounds; each round it
 3. runs prefill chunks up to a token budget (``prefill_budget``; a long prompt is spread over
    rounds, so it delays the other slots' next tokens by about one chunk, not the whole
    prompt), and for each finished prompt inserts the request and streams its first token,
-4. runs one decode call of ``decode_chunk`` steps over the busy rows (the token bucket is the
-   smallest covering the longest live slot, the row count the smallest ladder value covering
-   the busy rows) and streams each slot's new tokens,
+4. runs one decode call over the busy rows (the token bucket is the smallest covering the longest
+   live slot, the row count the smallest ladder value covering the busy rows) and streams each
+   slot's new tokens: ``decode_chunk`` steps for a lone unconstrained request while nothing waits
+   to be prefilled, else one,
 5. retires finished requests, or sleeps when there is nothing to do.
 
 Rows stay compact: requests hold rows ``0 .. n-1``. When a request ends below the highest busy
@@ -51,7 +52,9 @@ from aotlm.serve.types import (
 )
 
 log = logging.getLogger("aotlm.serve")
-DECODE_CHUNK = 1  # decode steps per scheduling round (README, Serving: measured choice)
+# decode steps per call for a lone request (``_steps``): the call's fixed ~1 ms is a sixth of a
+# GPT-2-small step; busier batches run one step a call (README, Serving)
+DECODE_CHUNK = 4
 PREFIX_STORE_BYTES = 512 << 20  # K/V copied out of overwritten rows, kept for reuse (LRU)
 
 
@@ -234,9 +237,21 @@ class Engine:
             top = max(a.idx for _, a in live)
             masks = {i: a.req.matcher for i, a in live if a.req.matcher is not None}
             self.batch.constrain(masks)  # structured outputs: the next token's masks
-            steps = 1 if masks else self.decode_chunk
+            steps = 1 if masks else self._steps()
             self.batch.decode(steps, top, self._busy_rows())
             self._stream(live)
+
+    def _steps(self) -> int:
+        """Decode steps for this round's call: ``decode_chunk`` for a lone request (the call's fixed
+        cost shared by several tokens), one while a prompt waits or is being prefilled (it would
+        wait for the whole call) or when rows share the call: a row that ends inside a call would
+        go on through its remaining steps, and a finished row's passes can move a sampled row's
+        log-probs by an ulp, where batch invariance promises bitwise equality."""
+        with self._cv:
+            waiting = bool(self._waiting)
+        if waiting or self._busy_rows() != 1 or self._slots[0] is None or not self._slots[0].live:
+            return 1
+        return self.decode_chunk
 
     def _busy_rows(self) -> int:
         """Rows ``0 .. n-1`` hold every request (compact)."""
