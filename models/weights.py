@@ -171,7 +171,7 @@ def load_params(
         outs = out if isinstance(out, tuple) else (out,)
         if len(outs) != len(r.targets):
             raise ValueError(f"row for {r.hf} produced {len(outs)} arrays for {len(r.targets)} targets")
-        blocks = getattr(rewriter, "blocks", None)  # a GGUF file's Q4_K group scales, moved like the weights
+        blocks = rewriter.blocks if rewriter is not None else None  # Q4_K group scales, moved like weights
         groups = blocks.through(r.fn, [name, *extra], arrays, len(outs)) if blocks else None
         for i, (path, arr) in enumerate(zip(r.targets, outs, strict=True)):
             arr = np.asarray(arr)
