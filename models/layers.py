@@ -7,9 +7,7 @@ slots (the bucket width, static), ``H`` query heads, ``K`` kv heads, ``Dh`` head
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -17,10 +15,9 @@ import numpy as np
 from jax import lax
 
 from aotlm import kernels
-from aotlm.models import packing, quant4
+from aotlm.models import lowp, packing, quant4
 
 NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
-_opts = threading.local()  # options of the graph being traced (``int8_activations``)
 
 
 # --------------------------------------------------------------------------- norms
@@ -263,43 +260,6 @@ def attend(q, segments, scale: float, softcap: float | None = None):
 
 
 # --------------------------------------------------------------------------- dense helpers
-@contextlib.contextmanager
-def int8_activations(on: bool):
-    """Graphs traced inside multiply int8 weights by int8 activations in prefill (W8A8,
-    ``QuantizationConfig(activations="s8")``): a static option of the whole graph, set by the model
-    around lowering like the kernels' mesh (``dense`` has no config to read it from)."""
-    old = getattr(_opts, "w8a8", False)
-    _opts.w8a8 = bool(on)
-    try:
-        yield
-    finally:
-        _opts.w8a8 = old
-
-
-def quantize_rows(x, axes: int = 1):
-    """Per-row symmetric int8 of ``x [..., *K]`` over its last ``axes`` dims: ``(q int8, s f32 [...])``
-    with ``s = max|x| / 127`` (1 for an all-zero row), ``q * s ~ x``. Dynamic (computed in the graph
-    from each prompt's activations), so no calibration data is needed."""
-    xf = x.astype(jnp.float32)
-    red = tuple(range(x.ndim - axes, x.ndim))
-    amax = jnp.max(jnp.abs(xf), axis=red)
-    s = jnp.where(amax > 0, amax / 127.0, 1.0)
-    q = jnp.clip(jnp.round(xf / s.reshape(*s.shape, *(1,) * axes)), -127, 127).astype(jnp.int8)
-    return q, s
-
-
-def _w8a8(x, w, scale, axes: int, name: str | None, pk: int | None):
-    """``x @ (w * scale)`` as W8A8: int8 rows of x times int8 w summed in int32 (exact), then
-    ``* s_x[row] * scale[col]`` -- in the GEMM kernel (``aotlm_gemm_pk``) or XLA's integer dot,
-    the same numbers either way."""
-    xq, sx = quantize_rows(x, axes)
-    if kernels.gemm_supported(xq, w, axes, name, pk):
-        return kernels.matmul(xq, w, scale, axes, name, packed_k=pk, sx=sx)
-    wl = packing.unpack(w, name) if pk else w
-    acc = jnp.tensordot(xq, wl, axes=axes, preferred_element_type=jnp.int32).astype(jnp.float32)
-    return acc * sx.reshape(*sx.shape, *(1,) * (acc.ndim - sx.ndim)) * scale.astype(jnp.float32)
-
-
 def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act: str | None = None):
     """``x [..., D] @ w [D, ...]`` (+ bias), accumulating in float32.
 
@@ -308,9 +268,10 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     equals ``x @ (w * scale)`` because the scale is constant along the contracted dims.
     Weights with few rows of x (decode) go to the CPU kernels (``aotlm.kernels``), which read the
     stored bytes instead of converting the whole matrix; ``name`` (the weight's leaf name) gives
-    them its sharding under tensor parallelism. More rows (prefill): int8 weights under
-    ``int8_activations`` take W8A8 (``_w8a8``, any backend), and on CPU packed weights (int8 /
+    them its sharding under tensor parallelism. More rows (prefill): on CPU packed weights (int8 /
     bf16 / f16 / f32 in the panel layout) take the GEMM kernel (``gemm.h``), which beat XLA's dot.
+    Under ``lowp.activations`` prefill rounds x first, on any backend: to int8 per row with int8
+    weights (W8A8, ``lowp.w8a8``), to bf16 with bf16 weights (``lowp.bf16a``).
     ``act`` (an ``activation`` name) is applied to the result: by the kernel itself, with the bias,
     where ``kernels.gemm_fuses`` says it can (one pass over the output instead of XLA's two).
     """
@@ -324,13 +285,20 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     pk = packing.packed_k(name, w.ndim)
     rows = math.prod(x.shape[: x.ndim - axes])
     kact = "gelu_tanh" if act in GELU_TANH else act
-    w8a8 = scale is not None and rows > kernels.MAX_ROWS and getattr(_opts, "w8a8", False)
+    low = lowp.kind() if rows > kernels.MAX_ROWS else None  # prefill with low-precision activations
+    w8a8 = scale is not None and low == "s8"
+    if scale is None and low == "bf16" and jnp.dtype(w.dtype) == jnp.bfloat16:
+        y, fused = lowp.bf16a(x, w, axes, name, pk, b, kact)
+        if not fused:
+            y = y if b is None else y + b
+            y = y if act is None else activation(act, y)
+        return y.astype(x.dtype)
     fusable = pk and kernels.supported(x, w, axes, name) or _prefill_gemm(x, w, axes, name, pk)
     if not w8a8 and fusable and kernels.gemm_fuses(x, w, axes, name, pk, kact):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, b=b, act=kact)
         return y.astype(x.dtype)
     if w8a8:
-        y = _w8a8(x, w, scale, axes, name, pk)
+        y = lowp.w8a8(x, w, scale, axes, name, pk)
     elif kernels.supported(x, w, axes, name):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk)
     elif _prefill_gemm(x, w, axes, name, pk):

@@ -68,8 +68,10 @@ class QuantizationConfig:
     quantize an untied lm_head (a tied one is the embedding, which is never quantized).
     ``activations`` (aotlm's, not transformers-neuronx's): ``"s8"`` with int8 weights (``quant="w8a8"``)
     also rounds prefill's activations to int8 per row (dynamic scale ``max|x| / 127``, computed in
-    the graph) and sums int8 x int8 products in int32 (W8A8); decode keeps int8 weights with float
-    activations, where reading the weights, not the arithmetic, is the cost.
+    the graph) and sums int8 x int8 products in int32 (W8A8); ``"bf16"`` with bf16 weights
+    (``quant="bf16a"``) rounds them to bf16 (``aotlm.models.lowp``; ``vdpbf16ps`` on CPUs with
+    AVX512-BF16). Decode keeps float activations, where reading the weights, not the arithmetic, is
+    the cost.
     ``quant_dtype="int4"`` (aotlm's): 4-bit codes in groups of ``group_size`` (32, 64, 128) input rows with
     f16 scales, ``asymmetric`` adding a per-group minimum (``aotlm.models.quant4``).
     """
@@ -94,15 +96,22 @@ class QuantizationConfig:
         if self.group_size not in quant4.GROUPS:
             raise ValueError(f"group_size={self.group_size!r} is not supported; use one of {quant4.GROUPS}")
         int8 = self.quant_dtype in ("s8", "int8")
-        if self.activations not in (None, "s8") or (self.activations and not int8):
+        ok = {None: True, "s8": int8, "bf16": self.quant_dtype == "bf16"}
+        if not ok.get(self.activations, False):
             raise ValueError(
-                f"activations={self.activations!r} is not supported; use None, or 's8' with int8 weights"
+                f"activations={self.activations!r} is not supported; use None, 's8' with int8 weights "
+                "or 'bf16' with bf16 weights"
             )
 
     @property
     def w8a8(self) -> bool:
         """int8 activations in prefill (``activations="s8"``)."""
         return self.activations == "s8"
+
+    @property
+    def bf16a(self) -> bool:
+        """bf16 activations in prefill (``activations="bf16"``, ``quant="bf16a"``)."""
+        return self.activations == "bf16"
 
     @property
     def int4(self) -> bool:
@@ -118,7 +127,8 @@ class QuantizationConfig:
 
 
 def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig | None:
-    """``None``, ``"int8"`` / ``"s8"`` / ``"w8a8"`` / ``"bf16"`` / ``"f16"`` or a config -> config.
+    """``None``, ``"int8"`` / ``"s8"`` / ``"w8a8"`` / ``"bf16"`` / ``"bf16a"`` / ``"f16"`` or a config ->
+    config.
 
     ``"none"``: float weights, said explicitly (a GGUF model's default storage is then not applied).
     """
@@ -130,10 +140,12 @@ def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig |
         return QuantizationConfig(quant_dtype=quant)
     if quant == "w8a8":
         return QuantizationConfig(quant_dtype="s8", activations="s8")
+    if quant == "bf16a":
+        return QuantizationConfig(quant_dtype="bf16", activations="bf16")
     if isinstance(quant, str) and quant in INT4_NAMES:
         return INT4_NAMES[quant]
     raise ValueError(
-        f"quant={quant!r} is not supported; use None, 'none', 'int8', 'w8a8', 'bf16', 'f16', 'int4' "
+        f"quant={quant!r} is not supported; use None, 'none', 'int8', 'w8a8', 'bf16', 'bf16a', 'f16', 'int4' "
         "('int4-g64', 'int4-g128', '-asym' for a per-group minimum) or a QuantizationConfig"
     )
 

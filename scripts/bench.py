@@ -47,6 +47,8 @@ MODES = {  # aotlm mode -> from_pretrained kwargs (every mode also gets fuse_qkv
     "bf16": {"amp": "bf16"},  # CPU with the kernels: bf16 weights, f32 activations (aotlm.core.precision)
     "f16": {"amp": "f16"},
     "bf16w": {"quant": "bf16"},  # bf16 weights, amp f32
+    # bf16 weights and, in prefill, activations rounded to bf16 (vdpbf16ps with AVX512-BF16: models/lowp.py)
+    "bf16a": {"quant": "bf16a"},
     "int8": {"quant": "int8"},
     # transformers-neuronx's int8 example: QuantizationConfig(quant_dtype="s8", dequant_dtype="bf16")
     "int8+bf16": {"quant": ("s8", "bf16"), "amp": "bf16"},
@@ -393,8 +395,9 @@ def main() -> int:
     bw, bw_how = read_bandwidth()
     print(f"CPU: {cpu_model()}")
     if kernels.enabled():  # the level (AOTLM_KERNEL_ISA forces a lower one) and its measured limits
-        fma, i8 = kernels.fma_peak(3), kernels.int8_peak(3)
-        print(f"kernel ISA: {kernels.isa_level()}; peaks: f32 FMA {fma:.0f} GFLOP/s, int8 {i8:.0f} Gop/s")
+        fma, i8, b16 = kernels.fma_peak(3), kernels.int8_peak(3), kernels.bf16_peak(3)
+        bf = f", bf16 {b16:.0f} GFLOP/s" if b16 else ""
+        print(f"kernel ISA: {kernels.isa_level()}; peaks: f32 FMA {fma:.0f} GFLOP/s, int8 {i8:.0f} Gop/s{bf}")
     print(
         f"checkpoint {path}; prompt {args.prompt}, {args.new} new tokens, greedy, tp={args.tp}, median of "
         f"{args.runs}; aotlm kernels: {kernels.cache_tag()} ({kernels.threads()} threads); "

@@ -63,7 +63,7 @@ def kernel_rates(rows: list[int], runs: int) -> dict[str, dict[str, float]]:
 
     from aotlm import kernels
     from aotlm.models import packing
-    from aotlm.models.layers import quantize_rows
+    from aotlm.models.lowp import quantize_rows
 
     rng = np.random.default_rng(0)
     f32 = jax.jit(lambda x, w: kernels.matmul(x, w, None, packed_k=1))  # f32 panels

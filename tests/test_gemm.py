@@ -24,7 +24,7 @@ from builders import peaked_checkpoint, rel_error, run_with_kernels
 from aotlm import kernels
 from aotlm.core import precision
 from aotlm.kernels import build
-from aotlm.models import layers, packing
+from aotlm.models import lowp, packing
 from aotlm.models.quant import QuantizationConfig, quant_config
 
 pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="aotlm kernels unavailable on this machine")
@@ -46,10 +46,12 @@ def test_f32_gemm_matches_numpy_on_odd_shapes():
 def test_packed_gemm_matches_numpy_and_w8a8_is_exact():
     """Packed int8 / bf16 / f16 / f32 W with f32 x past the row kernels (widened to f32 in the GEMM) within
     1e-5 of the float64 product of the stored values; int8 x with its row scales (W8A8) equal to the int64
-    product scaled in f32, bit for bit, and to ``layers._w8a8``'s XLA path."""
+    product scaled in f32, bit for bit, and to ``lowp.w8a8``'s XLA path; so is f32 x that the GEMM
+    rounds to int8 itself (``quant_x``)."""
     rng = np.random.default_rng(1)
     f = jax.jit(lambda x, w, s: kernels.matmul(x, w, s, packed_k=1))
     g = jax.jit(lambda x, w, s, sx: kernels.matmul(x, w, s, packed_k=1, sx=sx))
+    fused = jax.jit(lambda x, w, s: lowp.w8a8(x, w, s, 1, None, 1))
     for m in ROWS:
         for k, n in ((38, 16), (1030, 48)):  # K/2 odd; K past several 256-row blocks
             x = rng.standard_normal((m, k)).astype(np.float32)
@@ -65,13 +67,20 @@ def test_packed_gemm_matches_numpy_and_w8a8_is_exact():
                 assert rel_error(y, x.astype(np.float64) @ wf.astype(np.float64)) <= 1e-5, (m, k, n, dt)
             if m <= kernels.MAX_ROWS:
                 continue
-            xq, sx = (np.asarray(a) for a in layers.quantize_rows(x))
+            xq, sx = (np.asarray(a) for a in lowp.quantize_rows(x))
             exact = (xq.astype(np.int64) @ wq).astype(np.float32) * sx[:, None] * s
             got = np.asarray(g(xq, wp, s, sx))
             np.testing.assert_array_equal(got, exact)
+            # f32 x rounded by the GEMM itself (quant_x): the graph's quantization bit for bit, also on
+            # a zero row and on ties (row 1: max 127, so its scale is 1 and halves round to even)
+            xt = x.copy()
+            xt[0], xt[1], xt[1, 0] = 0.0, rng.integers(-254, 255, k) / 2, 127.0
+            tq, ts = (np.asarray(a) for a in jax.jit(lowp.quantize_rows)(xt))  # as a graph computes it
+            want = (tq.astype(np.int64) @ wq).astype(np.float32) * ts[:, None] * s
+            np.testing.assert_array_equal(np.asarray(fused(xt, wp, s)), want, err_msg=str((m, k, n)))
             if m in (17, 65):
-                xla = jax.jit(lambda x, w, s: layers._w8a8(x, w, s, 1, None, None))
-                os.environ["AOTLM_KERNELS"] = "0"  # layers._w8a8 on XLA's integer dot
+                xla = jax.jit(lambda x, w, s: lowp.w8a8(x, w, s, 1, None, None))
+                os.environ["AOTLM_KERNELS"] = "0"  # lowp.w8a8 on XLA's integer dot
                 try:
                     np.testing.assert_array_equal(np.asarray(xla(x, wq, s)), exact)
                 finally:
@@ -132,7 +141,7 @@ from aotlm import kernels
 from aotlm.kernels import build
 from aotlm.core import precision
 from aotlm.core import sharding
-from aotlm.models import layers, packing
+from aotlm.models import lowp, packing
 
 mesh = sharding.make_mesh(2)
 rules = sharding.rules("shard-over-heads", 2)
@@ -159,11 +168,11 @@ for name, ws in (("w_up", (40, 64)), ("w_down", (64, 48))):  # column / row-para
     y = np.asarray(sharding.fetch(c(rep(x), put(wp, name), put(s, name + "_scale"))), np.float64)
     ref = (x.astype(np.float64) @ wq) * s
     out["int8 " + name] = [float(np.abs(y - ref).max() / np.abs(ref).max()), "aotlm_gemm_pk" in c.as_text()]
-    fn = lambda x, w, s: layers._w8a8(x, w, s, 1, name, pk)
+    fn = lambda x, w, s: lowp.w8a8(x, w, s, 1, name, pk)
     with kernels.mesh_context(mesh, sharding.spec_of(rules)):
         c = jax.jit(fn).lower(rep(x), put(wp, name), put(s, name + "_scale")).compile()
     y = np.asarray(sharding.fetch(c(rep(x), put(wp, name), put(s, name + "_scale"))))
-    xq, sx = (np.asarray(a) for a in jax.jit(layers.quantize_rows)(x))
+    xq, sx = (np.asarray(a) for a in jax.jit(lowp.quantize_rows)(x))
     exact = (xq.astype(np.int64) @ wq).astype(np.float32) * sx[..., None] * s
     err = float(np.abs(y - exact).max() / np.abs(exact).max())
     out["w8a8 " + name] = [err, "aotlm_gemm_pk" in c.as_text()]

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="aotlm kernels una
 HERE = Path(__file__).parent
 ZEN2 = frozenset("sse4_2 avx avx2 fma f16c bmi2".split())
 SKX = ZEN2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
-ZEN4 = SKX | {"avx512_vnni", "avx512_bf16", "avx512ifma"}
+ICL = SKX | {"avx512_vnni", "avx512ifma"}  # Ice Lake: VNNI without AVX512-BF16
+ZEN4 = ICL | {"avx512_bf16"}
 
 
 def _env(**kw) -> dict:
@@ -40,12 +41,16 @@ def _env(**kw) -> dict:
 def test_level_choice_from_cpu_flags():
     assert isa.supported_levels(ZEN2) == ["avx2"]
     assert isa.supported_levels(SKX) == ["avx2", "avx512"]
-    assert isa.supported_levels(ZEN4) == ["avx2", "avx512", "avx512vnni"]
+    assert isa.supported_levels(ICL) == ["avx2", "avx512", "avx512vnni"]
+    assert isa.supported_levels(ZEN4) == ["avx2", "avx512", "avx512vnni", "avx512bf16"]
     assert isa.supported_levels(ZEN4 - {"avx512bw"}) == ["avx2"]  # a level needs all of its features
-    assert [isa.choose(None, f) for f in (ZEN2, SKX, ZEN4)] == ["avx2", "avx512", "avx512vnni"]
+    assert isa.supported_levels(SKX | {"avx512_bf16"}) == ["avx2", "avx512"]  # and every lower level's
+    choices = [isa.choose(None, f) for f in (ZEN2, SKX, ICL, ZEN4)]
+    assert choices == ["avx2", "avx512", "avx512vnni", "avx512bf16"]
     assert isa.choose("avx2", ZEN4) == "avx2" and isa.choose("avx512", ZEN4) == "avx512"
     assert isa.flags_for("avx2") == ("-mavx2", "-mfma", "-mf16c")
     assert isa.flags_for("avx512vnni")[-1] == "-mavx512vnni" and "-mavx512bw" in isa.flags_for("avx512vnni")
+    assert isa.flags_for("avx512bf16")[-2:] == ("-mavx512vnni", "-mavx512bf16")
 
 
 @pytest.mark.parametrize(
@@ -117,12 +122,13 @@ def test_w8a8_gemm_is_exact_for_every_k_mod_4():
         )
 
 
-# Tests of the kernels each level changes: GEMMs (f32 micro-kernel, W8A8), prompt attention (the
+# Tests of the kernels each level changes: GEMMs (f32 micro-kernel, W8A8, bf16 x), prompt attention (the
 # same micro-kernel), the int8 and packed row kernels (vpdpwssd under avx512vnni).
 VARIANT_TESTS = [
     "tests/test_kernel_isa.py::test_w8a8_gemm_is_exact_for_every_k_mod_4",
     "tests/test_gemm.py::test_f32_gemm_matches_numpy_on_odd_shapes",
     "tests/test_gemm.py::test_packed_gemm_matches_numpy_and_w8a8_is_exact",
+    "tests/test_bf16a.py::test_bf16a_products_match_numpy_on_every_path",
     "tests/test_prefill_kernels.py::test_causal_attention_matches_numpy",
     "tests/test_prefill_kernels.py::test_row_kernels_apply_bias_and_activation",
     "tests/test_kernels.py::test_kernel_matches_numpy_on_odd_shapes",
@@ -137,7 +143,7 @@ def test_each_level_matches_numpy(level):
         pytest.skip(f"this CPU lacks {' '.join(isa.lacking(level))} (the {level} kernels)")
     if level == kernels.isa_level():
         pytest.skip(f"{level} is this process's level: the kernel tests run it in process")
-    sel = VARIANT_TESTS if level == "avx2" else VARIANT_TESTS[:3]  # avx512 differs from vnni in W8A8 only
+    sel = VARIANT_TESTS if level == "avx2" else VARIANT_TESTS[:4]  # the avx512 levels differ in GEMMs only
     cmd = [
         sys.executable,
         "-m",

@@ -31,7 +31,7 @@ from aotlm.core.compile_cache import CompileCache
 from aotlm.core.resolve import resolve
 from aotlm.core.spec import ModelSpec, SpecAttributes
 from aotlm.core.state import layout as state_layout
-from aotlm.models import family_for, gguf, gguf_q4k, layers, packing
+from aotlm.models import family_for, gguf, gguf_q4k, lowp, packing
 from aotlm.models.arch import ArchConfig
 from aotlm.models.checkpoint import CheckpointError, WeightReader, load_hf_config
 from aotlm.models.quant import ParamRewriter, QuantizationConfig
@@ -213,8 +213,9 @@ class CompiledModel(SpecAttributes):
 
     def lower(self, key: tuple):
         # kernel calls trace a shard_map over this mesh with the params' partition specs
-        w8a8 = self.precision.quant is not None and self.precision.quant.w8a8  # int8 prefill activations
-        with kernels.mesh_context(self.mesh, sharding.spec_of(self._rules)), layers.int8_activations(w8a8):
+        q = self.precision.quant
+        low = q.activations if q is not None else None  # prefill activations rounded: int8 / bf16
+        with kernels.mesh_context(self.mesh, sharding.spec_of(self._rules)), lowp.activations(low):
             if key[0] not in BASE_KINDS:  # beam search, speculative decoding, broadcasting
                 return self._lower_extra(key)
             return scoring.lower(self, key) if key[0] == "score" else self._lower_graph(key)

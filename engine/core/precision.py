@@ -103,7 +103,8 @@ class Precision:
         """One line for logs and reports, e.g. ``amp=bf16: bf16 weights, f32 activations, f32 KV``."""
         weights = self.quant.label if self.quant is not None else self.amp
         name = lambda d: {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[jnp.dtype(d).name]
-        acts = name(self.compute) + (", int8 prefill" if self.quant is not None and self.quant.w8a8 else "")
+        low = self.quant.activations if self.quant is not None else None
+        acts = name(self.compute) + {"s8": ", int8 prefill", "bf16": ", bf16 prefill"}.get(low, "")
         return f"amp={self.amp}: {weights} weights, {acts} activations, {name(self.kv)} KV"
 
 

@@ -28,7 +28,9 @@ ARG_KEYS = MODEL_KEYS
 
 def _quant_name(q) -> str:
     """A ``QuantizationConfig`` as the string option that rebuilds it (its dequant dtype is the amp)."""
-    return "w8a8" if q.w8a8 else {"s8": "int8"}.get(q.quant_dtype, q.quant_dtype)
+    if q.activations:  # prefill activations rounded too
+        return "w8a8" if q.w8a8 else "bf16a"
+    return {"s8": "int8"}.get(q.quant_dtype, q.quant_dtype)
 
 
 def model_args(model, quant=None) -> dict:

@@ -16,17 +16,19 @@ installs on machines without a compiler or AVX2: here any failure only means the
 Used when: the default backend is CPU, the CPU has AVX2+FMA+F16C, the build succeeded and
 ``AOTLM_KERNELS`` is not ``0``. ISA levels (``isa``): the library is built for the best level the CPU
 has -- ``avx2``, ``avx512`` (F/BW/VL/DQ: 16-lane FMAs in the GEMMs and prompt attention) or
-``avx512vnni`` (also ``vpdpbusd`` for W8A8, ``vpdpwssd`` in the int8 row kernels) -- or for
+``avx512vnni`` (also ``vpdpbusd`` for W8A8, ``vpdpwssd`` in the int8 row kernels) or ``avx512bf16``
+(also ``vdpbf16ps`` for ``quant="bf16a"``'s bf16-activation GEMM) -- or for
 ``AOTLM_KERNEL_ISA``; ``isa_level()`` says which. The level is in the build hash and ``cache_tag()``.
 Weights of every dtype take the kernel for 1..``MAX_ROWS`` rows
 (decode, batched decode, the ``k + 1`` tokens a speculative check feeds). More rows (prefill):
 packed int8 / bf16 / f16 weights take the GEMM of ``gemm.h`` (``aotlm_gemm_pk``: W widened to f32
 block by block, f32 x, bias and MLP activation in its output pass; int8 x with per-row scales
-under ``quant="w8a8"``); an f32 GEMM (``aotlm_gemm``) exists but ``models.layers.GEMM_F32`` keeps
-XLA's dot, which measured faster inside the model. 4-bit weights (``quant="int4"``) take one kernel
-for every row count (``int4.h``: x rounded to int8 per group, ``vpdpbusd`` / ``vpmaddubsw`` on the
-nibbles; ``matmul_q4``). A prompt attends over its own tokens in
-``attn.h`` (``causal_attention``). The prefill kernels run on XLA's own intra-op threads.
+under ``quant="w8a8"``; bf16 x with bf16 weights under ``quant="bf16a"``); an f32 GEMM
+(``aotlm_gemm``) exists but ``models.layers.GEMM_F32`` keeps XLA's dot, which measured faster inside
+the model. 4-bit weights (``quant="int4"``) take one kernel for every row count (``int4.h``: x
+rounded to int8 per group, ``vpdpbusd`` / ``vpmaddubsw`` on the nibbles; ``matmul_q4``). A prompt
+attends over its own tokens in ``attn.h`` (``causal_attention``). The prefill kernels run on XLA's
+own intra-op threads.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 from aotlm.kernels.build import (
     MAX_ROWS,
     KernelWarning,
+    bf16_peak,
     build_hash,
     cache_tag,
     enabled,
@@ -63,6 +66,7 @@ from aotlm.kernels.ops import (
     q4_supported,
     supported,
     unpack_q4,
+    w8a8_fused,
 )
 
 __all__ = [
@@ -84,10 +88,12 @@ __all__ = [
     "gemm_fuses",
     "gemm_supported",
     "int8_peak",
+    "bf16_peak",
     "isa_level",
     "matmul",
     "matmul_q4",
     "mesh_context",
+    "w8a8_fused",
     "q4_fuses",
     "q4_group",
     "q4_supported",

@@ -57,8 +57,9 @@ class KernelWarning(UserWarning):
 
 @functools.cache
 def isa_level() -> str:
-    """The instruction-set level the kernels of this process are built for (``avx2``, ``avx512`` or
-    ``avx512vnni``: ``aotlm.kernels.isa``), chosen once: ``AOTLM_KERNEL_ISA`` or the CPU's best.
+    """The instruction-set level the kernels of this process are built for (``avx2``, ``avx512``,
+    ``avx512vnni`` or ``avx512bf16``: ``aotlm.kernels.isa``), chosen once: ``AOTLM_KERNEL_ISA`` or
+    the CPU's best.
     Raises ``isa.KernelIsaError`` (one line) for an unknown level or one this CPU lacks."""
     return isa.level()
 
@@ -185,3 +186,14 @@ def int8_peak(runs: int = 5) -> float | None:
         return None
     lib.aotlm_int8_peak.restype = ctypes.c_double
     return float(lib.aotlm_int8_peak(ctypes.c_int(runs)))
+
+
+def bf16_peak(runs: int = 5) -> float | None:
+    """bf16 multiply-add peak (GFLOP/s, 2 per multiply-add, best of runs) of the kernels' threads with
+    ``vdpbf16ps`` on 512 bits (``avx512bf16``, ``quant="bf16a"``'s GEMM); 0 at a level without it, None
+    without the kernels."""
+    lib = _load()
+    if lib is None:
+        return None
+    lib.aotlm_bf16_peak.restype = ctypes.c_double
+    return float(lib.aotlm_bf16_peak(ctypes.c_int(runs)))

@@ -252,6 +252,41 @@ inline void i8_micro(const int16_t* a, const int8_t* panel, int64_t Kh, float* o
     for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + m * ld + 8 * v, _mm256_cvtepi32_ps(acc[m][v]));
 }
 
+// x f32 [M, K] -> q int8 [M, K] and s [M] as the graph's quantization (models/lowp.quantize_rows):
+// s = max|x| / 127 (1 for an all-zero row), q = clip(round half to even(x / s), -127, 127), in the f32
+// operations XLA:CPU compiles that to (its simplifier: s = max|x| * f32(1/127), x / s = x * (1 / s)), so
+// W8A8 on f32 x (quant_x) equals the graph's int8 x bit for bit (finite x; XLA's max keeps a NaN where
+// this one drops it; tests/test_gemm.py holds it equal). Rows in parallel; 8 lanes at a time.
+inline void quantize_rows_s8(const float* x, int64_t M, int64_t K, int8_t* q, float* s) {
+  aotlm::parallel_for(int(std::min<int64_t>(M, 64)), [&](int part) {
+    const int64_t parts = std::min<int64_t>(M, 64);
+    for (int64_t m = M * part / parts; m < M * (part + 1) / parts; ++m) {
+      const float* r = x + m * K;
+      const __m256 sign = _mm256_set1_ps(-0.f);
+      __m256 mv = _mm256_setzero_ps();
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8) mv = _mm256_max_ps(mv, _mm256_andnot_ps(sign, _mm256_loadu_ps(r + k)));
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, mv);
+      float amax = 0.f;
+      for (float v : lanes) amax = std::max(amax, v);
+      for (; k < K; ++k) amax = std::max(amax, std::fabs(r[k]));
+      const float sc = amax > 0.f ? amax * (1.f / 127.f) : 1.f, inv = 1.f / sc;
+      s[m] = sc;
+      const __m256 d = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+      int8_t* o = q + m * K;
+      for (k = 0; k + 8 <= K; k += 8) {
+        const __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(r + k), d), _MM_FROUND_TO_NEAREST_INT |
+                                                                                   _MM_FROUND_NO_EXC);
+        const __m256i i = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+        const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(o + k), _mm_packs_epi16(w, w));
+      }
+      for (; k < K; ++k) o[k] = int8_t(std::min(std::max(std::nearbyint(r[k] * inv), -127.f), 127.f));
+    }
+  });
+}
+
 // y [M, N] = xq @ W * sx[m] * scale[n]; xq [M, Kp] int16 holding int8 values, W packed [N/16][K/2][16][2].
 // Threads take panel ranges; per range, MC rows at a time (their packed x ~192 KB, in L2), each
 // panel (K/2 x 32 bytes, in L1/L2) passes under every group of the block.

@@ -12,6 +12,9 @@
 //                 panel is regrouped, x stays signed (broadcast), and 128 * sum_k x[m, k] is taken off
 //                 each row's sums: sum (w + 128) x - 128 sum x = sum w x, exact in int32 (|sum| <=
 //                 255 * 127 * K), so the result equals gemm.h's i8_gemm and the graph's int8 dot bit for bit.
+//   bf16_gemm_dp: bf16 x times bf16 W panels on vdpbf16ps (AVX512-BF16): a 32-bit lane holds one column's
+//                 (k, k + 1) pair, the panel layout as stored, so 32 multiply-adds per instruction against
+//                 16 for an f32 FMA. Only for activations rounded to bf16 (quant="bf16a"); f32 x never is.
 #pragma once
 #if defined(__AVX512F__)
 
@@ -162,4 +165,82 @@ inline void i8_gemm_vnni(const int8_t* x, const float* sx, const int8_t* w, cons
   });
 }
 #endif  // __AVX512VNNI__
+
+#if defined(__AVX512BF16__)
+// bf16 x [M, K] (K even) -> xp [groups of MRV rows][Kh][MRV] 32-bit words, each a row's (k, k + 1) pair of
+// bf16 values as vdpbf16ps broadcasts it (rows past M: 0).
+inline void bf16_pack_x(const uint16_t* x, int64_t M, int64_t K, uint32_t* xp) {
+  const int64_t G = (M + MRV - 1) / MRV, Kh = K / 2;
+  aotlm::parallel_for(int(G), [&](int g) {
+    uint32_t* dst = xp + g * Kh * MRV;
+    for (int64_t r = 0; r < MRV; ++r) {
+      const int64_t m = g * MRV + r;
+      if (m >= M) {
+        for (int64_t q = 0; q < Kh; ++q) dst[q * MRV + r] = 0;
+        continue;
+      }
+      const uint16_t* src = x + m * K;
+      for (int64_t q = 0; q < Kh; ++q) std::memcpy(dst + q * MRV + r, src + 2 * q, 4);
+    }
+  });
+}
+
+// MRV packed rows (a: [Kh][MRV] pairs) x one bf16 panel ([Kh][16][2], as stored) -> out[m * ld + 0..15]
+// (f32 sums), mr rows: per pair of K rows one 64-byte load of W and MRV vdpbf16ps, each adding a lane's
+// two bf16 products (exact in f32) to its f32 sum.
+inline void bf16_micro(const uint32_t* a, const uint16_t* panel, int64_t Kh, float* out, int64_t ld, int64_t mr) {
+  __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0,
+         c9 = c0, c10 = c0, c11 = c0;
+  for (int64_t q = 0; q < Kh; ++q) {
+    const __m512bh w = (__m512bh)_mm512_loadu_si512(panel + q * 2 * NR);
+    const uint32_t* aq = a + q * MRV;
+#define AOTLM_BF(m, c) c = _mm512_dpbf16_ps(c, w, (__m512bh)_mm512_set1_epi32(int(aq[m])));
+    AOTLM_BF(0, c0)
+    AOTLM_BF(1, c1)
+    AOTLM_BF(2, c2)
+    AOTLM_BF(3, c3)
+    AOTLM_BF(4, c4)
+    AOTLM_BF(5, c5)
+    AOTLM_BF(6, c6)
+    AOTLM_BF(7, c7)
+    AOTLM_BF(8, c8)
+    AOTLM_BF(9, c9)
+    AOTLM_BF(10, c10)
+    AOTLM_BF(11, c11)
+#undef AOTLM_BF
+  }
+  const __m512 acc[MRV] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
+  for (int64_t m = 0; m < mr; ++m) _mm512_storeu_ps(out + m * ld, acc[m]);
+}
+
+// y [M, N] = act(x @ W * scale[n] + bias[n]) for bf16 x and bf16 W panels (scale / bias may be null), on
+// vdpbf16ps: the blocking of i8_gemm_vnni (threads take panel ranges, MC groups of packed x per pass).
+inline void bf16_gemm_dp(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, int32_t act,
+                         int64_t M, int64_t K, int64_t N, const Out& out) {
+  const int64_t G = (M + MRV - 1) / MRV, Kh = K / 2, Np = N / NR;
+  uint32_t* xp = scratch<uint32_t>(size_t(G * Kh * MRV));
+  bf16_pack_x(x, M, K, xp);
+  const int64_t MCG = std::max<int64_t>(1, (192 << 10) / (Kh * MRV * 4));
+  aotlm_pk::panel_ranges(Np, 4, [&](int64_t p0, int64_t p1) {
+    const int64_t ld = (p1 - p0) * NR, n0 = p0 * NR;
+    thread_local std::vector<float> buf;
+    buf.resize(size_t(MRV * MCG * ld));
+    for (int64_t g0 = 0; g0 < G; g0 += MCG) {
+      const int64_t g1 = std::min(G, g0 + MCG), m0 = g0 * MRV, rows = std::min(M, g1 * MRV) - m0;
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t g = g0; g < g1; ++g)
+          bf16_micro(xp + g * Kh * MRV, w + p * Kh * 2 * NR, Kh, buf.data() + (g - g0) * MRV * ld + (p - p0) * NR,
+                     ld, std::min(MRV, M - g * MRV));
+      for (int64_t m = 0; m < rows; ++m) {
+        float* r = buf.data() + m * ld;
+        for (int64_t j = 0; j < ld; j += 8) {
+          const __m256 sv = scale ? _mm256_loadu_ps(scale + n0 + j) : _mm256_set1_ps(1.f);
+          _mm256_storeu_ps(r + j, finish(_mm256_loadu_ps(r + j), sv, bias ? bias + n0 + j : nullptr, act));
+        }
+        out.put((m0 + m) * N + n0, r, int(ld));
+      }
+    }
+  });
+}
+#endif  // __AVX512BF16__
 #endif  // __AVX512F__

@@ -6,6 +6,8 @@ Levels, lowest first (each needs every feature of the ones before it):
 * ``avx512``: AVX-512 F/BW/VL/DQ, the GEMMs' and the prompt attention's micro-kernel 16-wide.
 * ``avx512vnni``: AVX512-VNNI too, W8A8's GEMM on ``vpdpbusd`` (64 int8 multiply-adds per instruction)
   and the int8 row kernels on ``vpdpwssd`` (``vpmaddwd`` and its add in one).
+* ``avx512bf16``: AVX512-BF16 too, ``quant="bf16a"``'s prefill GEMM on ``vdpbf16ps`` (bf16 activations
+  times bf16 weights, 32 multiply-adds per instruction). Ice Lake has VNNI without it (``avx512vnni``).
 
 The level is the highest the CPU has, or ``AOTLM_KERNEL_ISA`` (a lower one, e.g. to compare or to
 build a cache for older CPUs); an unknown name or a level this CPU lacks is a ``KernelIsaError``.
@@ -26,6 +28,7 @@ LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"),
     ),
     "avx512vnni": (("avx512_vnni",), ("-mavx512vnni",)),
+    "avx512bf16": (("avx512_bf16",), ("-mavx512bf16",)),
 }
 ENV = "AOTLM_KERNEL_ISA"
 

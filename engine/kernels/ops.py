@@ -79,15 +79,25 @@ def _logical_ndim(packed_k: int | None, w) -> int:
 def gemm_supported(x, w, axes: int = 1, name: str | None = None, packed_k: int | None = None) -> bool:
     """Static check: can ``matmul`` take this product of more rows than ``row_limit(w)`` (prefill;
     int8 x of W8A8: more than ``MAX_ROWS``) with a GEMM kernel (``gemm.h``)? f32 x with an f32
-    row-major ``w`` or a packed int8 / bf16 / f16 one; int8 x with a packed int8 one."""
+    row-major ``w`` or a packed int8 / bf16 / f16 one; int8 x with a packed int8 one; bf16 x
+    (``quant="bf16a"``) with a packed bf16 one."""
     rows = math.prod(x.shape[: x.ndim - axes])
     xd, wd = jnp.dtype(x.dtype), jnp.dtype(w.dtype)
     least = kernels.MAX_ROWS if xd == jnp.int8 else row_limit(w)  # W8A8 from 17 rows
     if rows <= least or not kernels.enabled() or not (_one_device() or name is not None):
         return False
     if packed_k:
-        return xd == jnp.float32 or wd == xd == jnp.int8
+        return xd == jnp.float32 or wd == xd == jnp.int8 or wd == xd == jnp.bfloat16
     return wd == xd == jnp.float32
+
+
+def w8a8_fused(x, w, axes: int, name: str | None, packed_k: int | None) -> bool:
+    """Static: can the W8A8 GEMM round this f32 ``x`` to int8 itself (``matmul(quant_x=True)``)? One
+    device only: a row's scale is its max over all of K, which a shard of a row-parallel weight lacks."""
+    xd = jnp.dtype(x.dtype)
+    rows = math.prod(x.shape[: x.ndim - axes])
+    ok = bool(packed_k) and xd == jnp.float32 and jnp.dtype(w.dtype) == jnp.int8 and rows > kernels.MAX_ROWS
+    return ok and kernels.enabled() and _one_device()
 
 
 # Activations the packed GEMM applies to its output (gemm.h: finish), by ``models.layers`` name.
@@ -96,18 +106,27 @@ GEMM_ACTS = {"gelu_tanh": 1, "relu": 2}
 
 def gemm_fuses(x, w, axes: int, name: str | None, packed_k: int | None, act: str | None) -> bool:
     """Static: does ``matmul(..., b=, act=)`` of this product apply the bias and ``act`` (one of
-    ``GEMM_ACTS`` or None) in the kernel's output pass (one device): a GEMM (prefill rows, f32 x)
+    ``GEMM_ACTS`` or None) in the kernel's output pass (one device): a GEMM (prefill rows, f32 or bf16 x)
     or a packed weight's row kernel (decode rows)? Saves XLA's separate pass over the
     output (GPT-2-small's gelu: 1.5 ms per layer of a batch-8 prefill, 77 us of a batch-8 decode step)."""
     if (act is not None and act not in GEMM_ACTS) or not _one_device():
         return False
     if packed_k and supported(x, w, axes, name):
         return True
-    return gemm_supported(x, w, axes, name, packed_k) and jnp.dtype(x.dtype) == jnp.float32
+    return gemm_supported(x, w, axes, name, packed_k) and jnp.dtype(x.dtype) in (jnp.float32, jnp.bfloat16)
 
 
 def _call(
-    x, w, scale, axes: int, nt: bool, packed_k: int | None = None, sx=None, b=None, act: str | None = None
+    x,
+    w,
+    scale,
+    axes: int,
+    nt: bool,
+    packed_k: int | None = None,
+    sx=None,
+    b=None,
+    act: str | None = None,
+    quant_x: bool = False,
 ):
     """The kernel on local arrays: ``x [..., *K] @ w [*K, *N]`` (or ``w [N, K]`` when ``nt``, or
     ``w`` in the panel layout with ``packed_k`` contracted dims, ``layout``). More rows than
@@ -121,12 +140,13 @@ def _call(
     s = scale.reshape(-1) if scale is not None else jnp.zeros((0,), jnp.float32)
     bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
     act_id = np.int32(GEMM_ACTS[act] if act else 0)
-    if (x2.shape[0] > row_limit(w) or sx is not None) and not nt:
+    if (x2.shape[0] > row_limit(w) or sx is not None or quant_x) and not nt:
         if packed_k:
             tail = layout.logical_dims(w.shape, packed_k)[1]
             out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), jnp.float32)
             r = sx.reshape(-1) if sx is not None else jnp.zeros((0,), jnp.float32)
-            y = jax.ffi.ffi_call("aotlm_gemm_pk", out)(x2, w, s.astype(jnp.float32), r, bias, act=act_id)
+            qx = {"act": act_id, "quant_x": np.int32(quant_x)}
+            y = jax.ffi.ffi_call("aotlm_gemm_pk", out)(x2, w, s.astype(jnp.float32), r, bias, **qx)
         else:
             tail = w.shape[axes:]
             out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), jnp.float32)
@@ -158,6 +178,7 @@ def matmul(
     sx=None,
     b=None,
     act: str | None = None,
+    quant_x: bool = False,
 ):
     """``x @ w`` (times ``scale`` per output channel) in ``x``'s dtype, f32 accumulation.
 
@@ -165,10 +186,14 @@ def matmul(
     weight's leaf name, which gives its sharding under tensor parallelism. ``packed_k``: ``w``
     is in the panel layout with that many contracted dims. ``sx`` (W8A8 prefill): ``x`` is int8
     and ``sx [...]`` its per-row scales; the result is then f32. ``b`` / ``act``: only where
-    ``gemm_fuses`` says so, the bias and activation applied in the GEMM.
+    ``gemm_fuses`` says so, the bias and activation applied in the GEMM. ``quant_x`` (W8A8 prefill
+    where ``w8a8_fused`` says so): f32 ``x`` rounded to int8 per row by the GEMM itself, the graph's
+    ``quantize_rows`` math bit for bit, without its separate pass over x.
     """
+    if quant_x and not w8a8_fused(x, w, axes, name, packed_k):
+        raise ValueError("quant_x: only a one-device W8A8 GEMM (f32 x, packed int8 w) quantizes x itself")
     if _one_device():
-        return _call(x, w, scale, axes, nt, packed_k, sx, b, act)
+        return _call(x, w, scale, axes, nt, packed_k, sx, b, act, quant_x)
     mesh, spec_of = _ctx.value
     pspec = _weight_spec(name, w.ndim, spec_of)  # the stored leaf's (packed or not)
     wspec = _weight_spec(name, _logical_ndim(packed_k, w), spec_of)

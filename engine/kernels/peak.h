@@ -79,4 +79,23 @@ inline double int8_peak(int runs) {
 #endif
 }
 
+// bf16 multiply-add peak (GFLOP/s, 2 per multiply-add) with quant="bf16a"'s instruction: vdpbf16ps on 512
+// bits (32 per instruction) in the avx512bf16 build; 0 where the level has no bf16 dot product.
+inline double bf16_peak(int runs) {
+#if defined(__AVX512BF16__)
+  return best_rate(runs, 2.0 * 32, [](int c) {
+    __m512 a[CHAINS];
+    for (int i = 0; i < CHAINS; ++i) a[i] = _mm512_set1_ps(1e-3f * float(i + c));
+    const __m512bh b = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), x = (__m512bh)_mm512_set1_epi32(0x38d138d1);
+    for (int64_t i = 0; i < IT; ++i)
+      for (int j = 0; j < CHAINS; ++j) a[j] = _mm512_dpbf16_ps(a[j], b, x);
+    for (int j = 1; j < CHAINS; ++j) a[0] = _mm512_add_ps(a[0], a[j]);
+    return int64_t(_mm512_cvtss_f32(a[0]));
+  });
+#else
+  (void)runs;
+  return 0.0;
+#endif
+}
+
 }  // namespace aotlm_peak

@@ -362,7 +362,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmGemmPk, gemm_pk,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("act"));
+                                  .Attr<int32_t>("act")
+                                  .Attr<int32_t>("quant_x"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmAttn, attn,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
@@ -392,11 +393,16 @@ extern "C" int aotlm_kernels_cpu_ok() {
 #if defined(__AVX512VNNI__)
   ok = ok && __builtin_cpu_supports("avx512vnni");
 #endif
+#if defined(__AVX512BF16__)
+  ok = ok && __builtin_cpu_supports("avx512bf16");
+#endif
   return ok;
 }
 // The ISA level this binary was built for (its -m flags), checked against the one asked for at load.
 extern "C" const char* aotlm_kernels_isa() {
-#if defined(__AVX512VNNI__)
+#if defined(__AVX512BF16__)
+  return "avx512bf16";
+#elif defined(__AVX512VNNI__)
   return "avx512vnni";
 #elif defined(__AVX512F__)
   return "avx512";
@@ -405,9 +411,10 @@ extern "C" const char* aotlm_kernels_isa() {
 #endif
 }
 extern "C" int aotlm_kernels_threads() { return aotlm::pool_size(); }
-// f32 FMA and int8 multiply-add peaks (G(FL)OP/s) of the pool's threads, best of ``runs`` (peak.h).
+// f32 FMA, int8 and bf16 multiply-add peaks (G(FL)OP/s) of the pool's threads, best of ``runs`` (peak.h).
 extern "C" double aotlm_fma_peak(int runs) { return aotlm_peak::fma_peak(runs); }
 extern "C" double aotlm_int8_peak(int runs) { return aotlm_peak::int8_peak(runs); }
+extern "C" double aotlm_bf16_peak(int runs) { return aotlm_peak::bf16_peak(runs); }
 
 // Streaming read bandwidth in GB/s (median of ``runs``) over ``mib`` MiB, read by the kernels'
 // own threads the way the one-row kernels read weights: the roofline of scripts/bench.py.

@@ -1,0 +1,88 @@
+"""Prefill products with low-precision activations: a static option of the whole graph.
+
+* ``"s8"`` (``quant="w8a8"``): int8 weights times activations rounded to int8 per row (dynamic scale
+  ``max|x| / 127``, computed in the graph), summed in int32 (exact), then ``* s_x[row] * scale[col]``.
+* ``"bf16"`` (``quant="bf16a"``): bf16 weights times activations rounded to bf16 (round to nearest
+  even), each product exact in f32, summed in f32 -- what a bf16 model's matmul inputs are, with the
+  rest of the layer (norms, attention, residuals) kept in f32. On CPUs with AVX512-BF16 the GEMM
+  kernel runs it on ``vdpbf16ps`` (twice the f32 FMA rate); elsewhere the same products go through
+  the f32 path.
+
+Only prefill products (more than ``kernels.MAX_ROWS`` rows) change; decode reads the weights with f32
+activations, where reading the weights, not the arithmetic, is the cost. The model sets the option
+around lowering like the kernels' mesh (``layers.dense`` has no config to read it from).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import jax.numpy as jnp
+
+from aotlm import kernels
+from aotlm.models import packing
+
+KINDS = (None, "s8", "bf16")
+_opts = threading.local()
+
+
+@contextlib.contextmanager
+def activations(kind: str | None):
+    """Graphs traced inside take prefill activations of ``kind`` (one of ``KINDS``)."""
+    if kind not in KINDS:
+        raise ValueError(f"prefill activations {kind!r} are not one of {KINDS}")
+    old = getattr(_opts, "kind", None)
+    _opts.kind = kind
+    try:
+        yield
+    finally:
+        _opts.kind = old
+
+
+def kind() -> str | None:
+    """The prefill activations of the graph being traced (``activations``), None: the compute dtype."""
+    return getattr(_opts, "kind", None)
+
+
+def quantize_rows(x, axes: int = 1):
+    """Per-row symmetric int8 of ``x [..., *K]`` over its last ``axes`` dims: ``(q int8, s f32 [...])``
+    with ``s = max|x| / 127`` (1 for an all-zero row), ``q * s ~ x``. Dynamic (computed in the graph
+    from each prompt's activations), so no calibration data is needed."""
+    xf = x.astype(jnp.float32)
+    red = tuple(range(x.ndim - axes, x.ndim))
+    amax = jnp.max(jnp.abs(xf), axis=red)
+    s = jnp.where(amax > 0, amax / 127.0, 1.0)
+    q = jnp.clip(jnp.round(xf / s.reshape(*s.shape, *(1,) * axes)), -127, 127).astype(jnp.int8)
+    return q, s
+
+
+def w8a8(x, w, scale, axes: int, name: str | None, pk: int | None):
+    """``x @ (w * scale)`` as W8A8: int8 rows of x times int8 w summed in int32 (exact), then
+    ``* s_x[row] * scale[col]`` -- in the GEMM kernel (``aotlm_gemm_pk``) or XLA's integer dot,
+    the same numbers either way."""
+    if kernels.w8a8_fused(x, w, axes, name, pk):  # the GEMM rounds x itself: no separate pass over x
+        return kernels.matmul(x, w, scale, axes, name, packed_k=pk, quant_x=True)
+    xq, sx = quantize_rows(x, axes)
+    if kernels.gemm_supported(xq, w, axes, name, pk):
+        return kernels.matmul(xq, w, scale, axes, name, packed_k=pk, sx=sx)
+    wl = packing.unpack(w, name) if pk else w
+    acc = jnp.tensordot(xq, wl, axes=axes, preferred_element_type=jnp.int32).astype(jnp.float32)
+    return acc * sx.reshape(*sx.shape, *(1,) * (acc.ndim - sx.ndim)) * scale.astype(jnp.float32)
+
+
+def bf16a(x, w, axes: int, name: str | None, pk: int | None, b=None, act: str | None = None):
+    """``x @ w`` for bf16 ``w`` with ``x`` rounded to bf16, f32 result: ``(y, fused)``, ``fused`` when
+    the bias ``b`` and ``act`` (a ``kernels.GEMM_ACTS`` name) were applied by the kernel. The GEMM
+    kernel (``vdpbf16ps`` or x widened), the row kernels (x rounded, passed as f32) or XLA's dot of
+    the bf16 operands with f32 products and sums: the same products on every path."""
+    xb = x.astype(jnp.bfloat16)
+    if kernels.gemm_supported(xb, w, axes, name, pk):
+        fuse = kernels.gemm_fuses(xb, w, axes, name, pk, act)
+        fused = {"b": b, "act": act} if fuse else {}
+        return kernels.matmul(xb, w, None, axes, name, packed_k=pk, **fused), fuse
+    xr = xb.astype(jnp.float32)
+    if kernels.supported(xr, w, axes, name):
+        return kernels.matmul(xr, w, None, axes, name, packed_k=pk).astype(jnp.float32), False
+    wl = packing.unpack(w, name) if pk else w
+    return jnp.tensordot(xb, wl.astype(jnp.bfloat16), axes=axes, preferred_element_type=jnp.float32), False
