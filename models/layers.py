@@ -286,20 +286,17 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     rows = math.prod(x.shape[: x.ndim - axes])
     kact = "gelu_tanh" if act in GELU_TANH else act
     low = lowp.kind() if rows > kernels.MAX_ROWS else None  # prefill with low-precision activations
-    w8a8 = scale is not None and low == "s8"
-    if scale is None and low == "bf16" and jnp.dtype(w.dtype) == jnp.bfloat16:
-        y, fused = lowp.bf16a(x, w, axes, name, pk, b, kact)
+    if (scale is not None and low == "s8") or (scale is None and low == "bf16" and w.dtype == jnp.bfloat16):
+        y, fused = lowp.dense(low, x, w, scale, axes, name, pk, b, kact)
         if not fused:
             y = y if b is None else y + b
             y = y if act is None else activation(act, y)
         return y.astype(x.dtype)
     fusable = pk and kernels.supported(x, w, axes, name) or _prefill_gemm(x, w, axes, name, pk)
-    if not w8a8 and fusable and kernels.gemm_fuses(x, w, axes, name, pk, kact):
+    if fusable and kernels.gemm_fuses(x, w, axes, name, pk, kact):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, b=b, act=kact)
         return y.astype(x.dtype)
-    if w8a8:
-        y = lowp.w8a8(x, w, scale, axes, name, pk)
-    elif kernels.supported(x, w, axes, name):
+    if kernels.supported(x, w, axes, name):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk)
     elif _prefill_gemm(x, w, axes, name, pk):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk)

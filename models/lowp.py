@@ -57,6 +57,20 @@ def quantize_rows(x, axes: int = 1):
     return q, s
 
 
+def dense(
+    kind: str, x, w, scale, axes: int, name: str | None, pk: int | None, b=None, act: str | None = None
+):
+    """``layers.dense``'s product under ``activations(kind)``: ``(y, fused)``, ``fused`` when the GEMM
+    applied the bias ``b`` and ``act`` (a ``kernels.GEMM_ACTS`` name) in its output pass (else the
+    caller does). W8A8 fuses them where the GEMM rounds x itself (one device): ``(sum * s_x) * scale``
+    stays the graph's, then ``+ b`` and ``act`` as ``gemm.h``'s other GEMMs apply them."""
+    if kind == "bf16":
+        return bf16a(x, w, axes, name, pk, b, act)
+    if kernels.w8a8_fused(x, w, axes, name, pk) and kernels.gemm_fuses(x, w, axes, name, pk, act):
+        return kernels.matmul(x, w, scale, axes, name, packed_k=pk, b=b, act=act, quant_x=True), True
+    return w8a8(x, w, scale, axes, name, pk), False
+
+
 def w8a8(x, w, scale, axes: int, name: str | None, pk: int | None):
     """``x @ (w * scale)`` as W8A8: int8 rows of x times int8 w summed in int32 (exact), then
     ``* s_x[row] * scale[col]`` -- in the GEMM kernel (``aotlm_gemm_pk``) or XLA's integer dot,

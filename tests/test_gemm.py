@@ -47,11 +47,13 @@ def test_packed_gemm_matches_numpy_and_w8a8_is_exact():
     """Packed int8 / bf16 / f16 / f32 W with f32 x past the row kernels (widened to f32 in the GEMM) within
     1e-5 of the float64 product of the stored values; int8 x with its row scales (W8A8) equal to the int64
     product scaled in f32, bit for bit, and to ``lowp.w8a8``'s XLA path; so is f32 x that the GEMM
-    rounds to int8 itself (``quant_x``)."""
+    rounds to int8 itself (``quant_x``); with the bias and gelu in its output pass, within 1e-6."""
     rng = np.random.default_rng(1)
     f = jax.jit(lambda x, w, s: kernels.matmul(x, w, s, packed_k=1))
     g = jax.jit(lambda x, w, s, sx: kernels.matmul(x, w, s, packed_k=1, sx=sx))
     fused = jax.jit(lambda x, w, s: lowp.w8a8(x, w, s, 1, None, 1))
+    biased = lambda x, w, s, b, act: lowp.dense("s8", x, w, s, 1, None, 1, b, act)
+    with_bias = jax.jit(biased, static_argnums=4)
     for m in ROWS:
         for k, n in ((38, 16), (1030, 48)):  # K/2 odd; K past several 256-row blocks
             x = rng.standard_normal((m, k)).astype(np.float32)
@@ -78,6 +80,14 @@ def test_packed_gemm_matches_numpy_and_w8a8_is_exact():
             tq, ts = (np.asarray(a) for a in jax.jit(lowp.quantize_rows)(xt))  # as a graph computes it
             want = (tq.astype(np.int64) @ wq).astype(np.float32) * ts[:, None] * s
             np.testing.assert_array_equal(np.asarray(fused(xt, wp, s)), want, err_msg=str((m, k, n)))
+            # bias and gelu in the GEMM's output pass (the bias add may be fused with the scale: 1 ulp)
+            b = rng.standard_normal(n).astype(np.float32)
+            y, was = with_bias(xt, wp, s, b, None)
+            assert was and rel_error(y, want.astype(np.float64) + b) <= 1e-6, (m, k, n)
+            y, was = with_bias(xt, wp, s, b, "gelu_tanh")
+            u = (want + b).astype(np.float64)
+            gelu = 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
+            assert was and rel_error(y, gelu) <= 1e-6, (m, k, n)
             if m in (17, 65):
                 xla = jax.jit(lambda x, w, s: lowp.w8a8(x, w, s, 1, None, None))
                 os.environ["AOTLM_KERNELS"] = "0"  # lowp.w8a8 on XLA's integer dot

@@ -52,6 +52,19 @@ using aotlm_ep::ACT_RELU;
 using aotlm_ep::exp256;
 using aotlm_ep::finish;
 
+// The W8A8 GEMMs' output pass over one row r [ld] of sums (columns n0..): (sum * sx) * scale[n] -- the
+// graph's order of the W8A8 math, so without bias and act equal bit for bit to XLA's -- then + bias[n]
+// and the activation (finish), written to out at off.
+inline void i8_finish(float* r, float sx, const float* scale, const float* bias, int32_t act, int64_t n0, int64_t ld,
+                      const Out& out, int64_t off) {
+  const __m256 sv = _mm256_set1_ps(sx);
+  for (int64_t j = 0; j < ld; j += 8) {
+    const __m256 sc = scale ? _mm256_loadu_ps(scale + n0 + j) : _mm256_set1_ps(1.f);
+    _mm256_storeu_ps(r + j, finish(_mm256_mul_ps(_mm256_loadu_ps(r + j), sv), sc, bias ? bias + n0 + j : nullptr, act));
+  }
+  out.put(off, r, int(ld));
+}
+
 // ----------------------------------------------------------------- f32
 // The micro-kernel's x operand: 6 rows read in place (rows of x, or of the attention's q and p).
 struct Rows {
@@ -287,11 +300,12 @@ inline void quantize_rows_s8(const float* x, int64_t M, int64_t K, int8_t* q, fl
   });
 }
 
-// y [M, N] = xq @ W * sx[m] * scale[n]; xq [M, Kp] int16 holding int8 values, W packed [N/16][K/2][16][2].
+// y [M, N] = act(xq @ W * sx[m] * scale[n] + bias[n]); xq [M, Kp] int16 holding int8 values, W packed
+// [N/16][K/2][16][2].
 // Threads take panel ranges; per range, MC rows at a time (their packed x ~192 KB, in L2), each
 // panel (K/2 x 32 bytes, in L1/L2) passes under every group of the block.
-inline void i8_gemm(const int16_t* xq, int64_t Kp, const float* sx, const int8_t* w, const float* scale, int64_t M,
-                    int64_t K, int64_t N, const Out& out) {
+inline void i8_gemm(const int16_t* xq, int64_t Kp, const float* sx, const int8_t* w, const float* scale,
+                    const float* bias, int32_t act, int64_t M, int64_t K, int64_t N, const Out& out) {
   const int64_t G = (M + MR - 1) / MR, Kh = K / 2, Np = N / NR;
   int16_t* xp = scratch<int16_t>(size_t(G * Kh * MR * 2));
   i8_pack_x(xq, M, Kp, Kh, xp);
@@ -306,11 +320,8 @@ inline void i8_gemm(const int16_t* xq, int64_t Kp, const float* sx, const int8_t
         for (int64_t g = g0; g < g1; ++g)
           i8_micro(xp + g * Kh * MR * 2, w + p * Kh * 2 * NR, Kh,
                    buf.data() + (g - g0) * MR * ld + (p - p0) * NR, ld, std::min(MR, M - g * MR));
-      for (int64_t m = 0; m < rows; ++m) {  // (sum * sx[m]) * scale[n]: the graph's order of the W8A8 math
-        float* r = buf.data() + m * ld;
-        for (int64_t j = 0; j < ld; ++j) r[j] = r[j] * sx[m0 + m] * (scale ? scale[n0 + j] : 1.f);
-        out.put((m0 + m) * N + n0, r, int(ld));
-      }
+      for (int64_t m = 0; m < rows; ++m) i8_finish(buf.data() + m * ld, sx[m0 + m], scale, bias, act, n0, ld, out,
+                                                  (m0 + m) * N + n0);
     }
   });
 }

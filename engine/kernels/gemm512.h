@@ -133,10 +133,10 @@ inline void vnni_micro(const int8_t* a, const uint8_t* wb, int64_t K4, const int
     _mm512_storeu_ps(out + m * ld, _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m], _mm512_set1_epi32(corr[m]))));
 }
 
-// y [M, N] = (x [M, K] @ W) * sx[m] * scale[n] for int8 x and int8 W panels, as gemm.h's i8_gemm (the
-// same blocking: threads take panel ranges, MC groups of packed x per pass, ~192 KB in L2).
-inline void i8_gemm_vnni(const int8_t* x, const float* sx, const int8_t* w, const float* scale, int64_t M, int64_t K,
-                         int64_t N, const Out& out) {
+// y [M, N] = act((x [M, K] @ W) * sx[m] * scale[n] + bias[n]) for int8 x and int8 W panels, as gemm.h's
+// i8_gemm (the same blocking: threads take panel ranges, MC groups of packed x per pass, ~192 KB in L2).
+inline void i8_gemm_vnni(const int8_t* x, const float* sx, const int8_t* w, const float* scale, const float* bias,
+                         int32_t act, int64_t M, int64_t K, int64_t N, const Out& out) {
   const int64_t G = (M + MRV - 1) / MRV, Kh = K / 2, K4 = (Kh + 1) / 2, Np = N / NR;
   int8_t* xp = scratch<int8_t>(size_t(G * K4 * MRV * 4));
   int32_t* corr = scratch<int32_t>(size_t(G * MRV));
@@ -156,11 +156,8 @@ inline void i8_gemm_vnni(const int8_t* x, const float* sx, const int8_t* w, cons
           vnni_micro(xp + g * K4 * MRV * 4, wb.data(), K4, corr + g * MRV,
                      buf.data() + (g - g0) * MRV * ld + (p - p0) * NR, ld, std::min(MRV, M - g * MRV));
       }
-      for (int64_t m = 0; m < rows; ++m) {  // (sum * sx[m]) * scale[n]: the graph's order of the W8A8 math
-        float* r = buf.data() + m * ld;
-        for (int64_t j = 0; j < ld; ++j) r[j] = r[j] * sx[m0 + m] * (scale ? scale[n0 + j] : 1.f);
-        out.put((m0 + m) * N + n0, r, int(ld));
-      }
+      for (int64_t m = 0; m < rows; ++m) i8_finish(buf.data() + m * ld, sx[m0 + m], scale, bias, act, n0, ld, out,
+                                                  (m0 + m) * N + n0);
     }
   });
 }

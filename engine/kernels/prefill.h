@@ -56,25 +56,26 @@ ffi::Error gemm_f32(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi:
   return ffi::Error::Success();
 }
 
-// W8A8: int8 x [M, K] with row scales sx, int8 W panels -> out = (x @ W) * sx[m] * scale[n].
-ffi::Error w8a8(const int8_t* xi, const float* sx, const int8_t* w, const float* s, int64_t M, int64_t K, int64_t N,
-                const Out& out) {
+// W8A8: int8 x [M, K] with row scales sx, int8 W panels -> out = act((x @ W) * sx[m] * scale[n] + b[n]).
+ffi::Error w8a8(const int8_t* xi, const float* sx, const int8_t* w, const float* s, const float* b, int32_t act,
+                int64_t M, int64_t K, int64_t N, const Out& out) {
 #if defined(__AVX512VNNI__)  // vpdpbusd on the int8 bytes as they are (gemm512.h)
-  aotlm_gm::i8_gemm_vnni(xi, sx, w, s, M, K, N, out);
+  aotlm_gm::i8_gemm_vnni(xi, sx, w, s, b, act, M, K, N, out);
   return ffi::Error::Success();
 #endif
   const int64_t Kp = (K + 16) / 16 * 16;
   std::vector<int16_t> xq(M * Kp, 0);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) xq[m * Kp + k] = xi[m * K + k];
-  aotlm_gm::i8_gemm(xq.data(), Kp, sx, w, s, M, K, N, out);
+  aotlm_gm::i8_gemm(xq.data(), Kp, sx, w, s, b, act, M, K, N, out);
   return ffi::Error::Success();
 }
 
 // Prefill GEMM, packed W: x f32 [M, K] with int8 / bf16 / f16 / f32 W (widened to f32 in L1, sx empty); bf16 x
 // with bf16 W (quant="bf16a": vdpbf16ps where the level has AVX512-BF16, else x widened to f32); or int8 x
-// with its per-row scale sx f32 [M] and int8 W (W8A8) -> y [M, N] f32 = (x @ W) (* sx) * scale. quant_x = 1:
-// W8A8 on f32 x, rounded to int8 per row by the kernel (the graph's math, bit for bit; one device only).
+// with its per-row scale sx f32 [M] and int8 W (W8A8) -> y [M, N] f32 = act((x @ W) (* sx) * scale + bias).
+// quant_x = 1: W8A8 on f32 x, rounded to int8 per row by the kernel (the graph's math, bit for bit; one
+// device only).
 ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::AnyBuffer sx,
                    ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int32_t act, int32_t quant_x) {
   int64_t M, K, N;
@@ -83,25 +84,24 @@ ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::
   if (y->element_type() != DataType::F32) return ffi::Error::InvalidArgument("aotlm_gemm_pk: y must be f32");
   const float* s = nullptr;
   if (!scale_of(scale, N, &s)) return ffi::Error::InvalidArgument("aotlm_gemm_pk: scale must be f32 [N]");
+  const float* b = nullptr;
+  if (!scale_of(bias, N, &b)) return ffi::Error::InvalidArgument("aotlm_gemm_pk: bias must be f32 [N] or empty");
+  if (act < aotlm_gm::ACT_NONE || act > aotlm_gm::ACT_RELU)
+    return ffi::Error::InvalidArgument("aotlm_gemm_pk: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
   const Out out{y->untyped_data(), DataType::F32};
   const aotlm::Executor ex = XlaThreads{&tp};
   const aotlm::ScopedExecutor on(&ex);
   if (quant_x) {  // W8A8 on f32 x: rounded to int8 per row here, as the graph would (quantize_rows_s8)
-    if (x.element_type() != DataType::F32 || w.element_type() != DataType::S8 || sx.element_count() ||
-        bias.element_count() || act)
-      return ffi::Error::InvalidArgument("aotlm_gemm_pk: quant_x takes f32 x, int8 w, no sx, bias or act");
+    if (x.element_type() != DataType::F32 || w.element_type() != DataType::S8 || sx.element_count())
+      return ffi::Error::InvalidArgument("aotlm_gemm_pk: quant_x takes f32 x, int8 w and no sx");
     thread_local std::vector<int8_t> xq;  // kept between calls (not gemm.h's scratch: the GEMM packs into that)
     thread_local std::vector<float> rs;
     if (xq.size() < size_t(M * K)) xq.resize(size_t(M * K));
     if (rs.size() < size_t(M)) rs.resize(size_t(M));
     aotlm_gm::quantize_rows_s8(static_cast<const float*>(x.untyped_data()), M, K, xq.data(), rs.data());
-    return w8a8(xq.data(), rs.data(), static_cast<const int8_t*>(w.untyped_data()), s, M, K, N, out);
+    return w8a8(xq.data(), rs.data(), static_cast<const int8_t*>(w.untyped_data()), s, b, act, M, K, N, out);
   }
   if (x.element_type() == DataType::F32 || x.element_type() == DataType::BF16) {
-    const float* b = nullptr;
-    if (!scale_of(bias, N, &b)) return ffi::Error::InvalidArgument("aotlm_gemm_pk: bias must be f32 [N] or empty");
-    if (act < aotlm_gm::ACT_NONE || act > aotlm_gm::ACT_RELU)
-      return ffi::Error::InvalidArgument("aotlm_gemm_pk: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
     const float* xf = static_cast<const float*>(x.untyped_data());
     std::vector<float> wide;
     if (x.element_type() == DataType::BF16) {  // activations rounded to bf16 (quant="bf16a"): bf16 panels only
@@ -119,13 +119,12 @@ ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::
     aotlm_gm::gemm(aotlm_gm::PanelW{w.element_type(), w.untyped_data(), K / 2}, xf, s, b, act, M, K, N, out);
     return ffi::Error::Success();
   }
-  if (bias.element_count() || act) return ffi::Error::InvalidArgument("aotlm_gemm_pk: W8A8 takes no bias or act");
   if (x.element_type() != DataType::S8 || w.element_type() != DataType::S8)
     return ffi::Error::InvalidArgument("aotlm_gemm_pk: x must be f32, bf16 (with bf16 w) or int8 (with int8 w and sx)");
   if (sx.element_type() != DataType::F32 || int64_t(sx.element_count()) != M)
     return ffi::Error::InvalidArgument("aotlm_gemm_pk: int8 x needs sx f32 [M]");
   return w8a8(static_cast<const int8_t*>(x.untyped_data()), static_cast<const float*>(sx.untyped_data()),
-              static_cast<const int8_t*>(w.untyped_data()), s, M, K, N, out);
+              static_cast<const int8_t*>(w.untyped_data()), s, b, act, M, K, N, out);
 }
 
 
