@@ -42,8 +42,9 @@ def embed(cfg: ArchConfig, params, tokens, positions):
     return x
 
 
-def qkv_heads(cfg: ArchConfig, p, x, positions, index: int):
-    """q ``[B,T,H,Dh]``, k, v ``[B,T,K,Dh]`` of layer ``index``: projected, clipped, normed, rotated."""
+def qkv_heads(cfg: ArchConfig, p, x, rotary, index: int):
+    """q ``[B,T,H,Dh]``, k, v ``[B,T,K,Dh]`` of layer ``index``: projected, clipped, normed, rotated
+    (``rotary``: ``forward``'s tables by inverse frequencies)."""
     q, k, v = L.project_qkv(x, p)
     if cfg.clip_qkv is not None:  # MPT / DBRX attn_config.clip_qkv (elementwise, so per q/k/v)
         q, k, v = (jnp.clip(y, -cfg.clip_qkv, cfg.clip_qkv) for y in (q, k, v))
@@ -51,24 +52,24 @@ def qkv_heads(cfg: ArchConfig, p, x, positions, index: int):
         q = L.rms_norm(q, p["q_norm_scale"], cfg.norm_eps, cfg.norm_offset)
         k = L.rms_norm(k, p["k_norm_scale"], cfg.norm_eps, cfg.norm_offset)
     if cfg.position == "rope":
-        inv_freq = cfg.rope(index)  # Gemma3: the windowed layers' own base
-        q = L.apply_rotary(q, positions, inv_freq, cfg.rope_interleaved)
-        k = L.apply_rotary(k, positions, inv_freq, cfg.rope_interleaved)
+        tables = rotary[cfg.rope(index)]  # Gemma3: the windowed layers' own base
+        q = L.apply_rotary(q, tables, cfg.rope_interleaved)
+        k = L.apply_rotary(k, tables, cfg.rope_interleaved)
     return q, k, v
 
 
-def attention_block(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi_bias, index: int):
+def attention_block(cfg: ArchConfig, p, x, rotary, kv, write_idx, mask, alibi_bias, index: int):
     """Self-attention of layer ``index``; returns the output and the updated (k, v) cache."""
     ck, cv = kv
     if own_tokens_kernel(cfg, x, mask, alibi_bias):  # a prompt from slot 0: no cache read
         plain = cfg.clip_qkv is None and not cfg.qk_norm and cfg.position != "rope"
         qkv = L.fused_qkv(x, p) if plain else None  # read in place by the kernel: no slicing copies
-        q, k, v = (qkv, None, None) if qkv is not None else qkv_heads(cfg, p, x, positions, index)
+        q, k, v = (qkv, None, None) if qkv is not None else qkv_heads(cfg, p, x, rotary, index)
         o, kt, vt = kernels.causal_attention(q, k, v, mask[1], cfg.scale)
         return L.dense_in(o, p["wo"], p.get("bo"), p.get("wo_scale"), name="wo"), L.write_cache(
             ck, cv, kt, vt, write_idx
         )
-    q, k, v = qkv_heads(cfg, p, x, positions, index)
+    q, k, v = qkv_heads(cfg, p, x, rotary, index)
     if isinstance(mask, flash.Keys):  # a long call: key blocks with an online softmax
         slopes = cfg.alibi if cfg.position == "alibi" else None
         o = flash.attend(q, k, v, kv, mask, cfg.scale, cfg.attn_softcap, slopes)
@@ -112,15 +113,15 @@ def feed_forward(cfg: ArchConfig, p, x):
     return L.mlp(x, p, cfg.act, cfg.gated_mlp)
 
 
-def layer(cfg: ArchConfig, p, x, positions, kv, write_idx, mask, alibi_bias, index: int):
-    """Decoder layer ``index`` (of the whole model: it picks the layer's static window / rope)."""
+def layer(cfg: ArchConfig, p, x, rotary, kv, write_idx, mask, alibi_bias, index: int):
+    """Decoder layer ``index`` (of the whole model: it picks the layer's static window / rope tables)."""
     n = lambda y, name: L.norm(cfg.norm, y, p, name, cfg.norm_eps, cfg.norm_offset)
     if cfg.post_norm:
-        a, kv = attention_block(cfg, p, x, positions, kv, write_idx, mask, alibi_bias, index)
+        a, kv = attention_block(cfg, p, x, rotary, kv, write_idx, mask, alibi_bias, index)
         x = n(x + a, "ln1")
         return n(x + feed_forward(cfg, p, x), "ln2"), kv
     h = n(x, "ln1")
-    a, kv = attention_block(cfg, p, h, positions, kv, write_idx, mask, alibi_bias, index)
+    a, kv = attention_block(cfg, p, h, rotary, kv, write_idx, mask, alibi_bias, index)
     if "ln1_post_scale" in p:  # Gemma2: norm on the attention output before the residual add
         a = n(a, "ln1_post")
     if cfg.parallel_residual:
@@ -174,11 +175,14 @@ def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width:
     pos = jnp.maximum(positions, 0)
     masks, bias = visibility(cfg, cache["pos"], positions, write_idx, width)
     x = embed(cfg, params, tokens, pos) if tokens.ndim == 2 else tokens
+    n_layers = len(params["layers"])
+    freqs = {cfg.rope(first_layer + i) for i in range(n_layers)} if cfg.position == "rope" else ()
+    rotary = {f: L.rotary_tables(pos, f) for f in freqs}  # once per call, shared by the layers
     new_k, new_v = [], []
     for i, p in enumerate(params["layers"]):
         kv = (cache["k"][i], cache["v"][i])
         li = first_layer + i
-        x, (ck, cv) = layer(cfg, p, x, pos, kv, write_idx, masks[cfg.window(li)], bias, li)
+        x, (ck, cv) = layer(cfg, p, x, rotary, kv, write_idx, masks[cfg.window(li)], bias, li)
         new_k.append(ck)
         new_v.append(cv)
     if "final_norm_scale" in params:
