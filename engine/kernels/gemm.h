@@ -65,6 +65,30 @@ inline void i8_finish(float* r, float sx, const float* scale, const float* bias,
   out.put(off, r, int(ld));
 }
 
+// The blocking of the GEMMs on packed x (W8A8, bf16 x): threads take panel ranges; per range, MCG groups of
+// `rows` packed rows at a time (their packed x ~192 KB, in L2; `group_bytes` each), and every panel passes
+// under each group of the block: prep(p) readies panel p, tile(g, p, c, ld, mr) writes group g's sums for
+// panel p at c (row stride ld, mr rows), then done(m, r, n0, ld) takes each finished row m's sums r.
+template <class Prep, class Tile, class Done>
+inline void blocked(int64_t M, int64_t Np, int64_t rows, int64_t group_bytes, const Prep& prep, const Tile& tile,
+                    const Done& done) {
+  const int64_t G = (M + rows - 1) / rows, MCG = std::max<int64_t>(1, (192 << 10) / group_bytes);
+  aotlm_pk::panel_ranges(Np, 4, [&](int64_t p0, int64_t p1) {
+    const int64_t ld = (p1 - p0) * NR, n0 = p0 * NR;
+    thread_local std::vector<float> buf;
+    buf.resize(size_t(rows * MCG * ld));
+    for (int64_t g0 = 0; g0 < G; g0 += MCG) {
+      const int64_t g1 = std::min(G, g0 + MCG), m0 = g0 * rows, last = std::min(M, g1 * rows);
+      for (int64_t p = p0; p < p1; ++p) {
+        prep(p);
+        for (int64_t g = g0; g < g1; ++g)
+          tile(g, p, buf.data() + (g - g0) * rows * ld + (p - p0) * NR, ld, std::min(rows, M - g * rows));
+      }
+      for (int64_t m = m0; m < last; ++m) done(m, buf.data() + (m - m0) * ld, n0, ld);
+    }
+  });
+}
+
 // ----------------------------------------------------------------- f32
 // The micro-kernel's x operand: 6 rows read in place (rows of x, or of the attention's q and p).
 struct Rows {
@@ -306,24 +330,15 @@ inline void quantize_rows_s8(const float* x, int64_t M, int64_t K, int8_t* q, fl
 // panel (K/2 x 32 bytes, in L1/L2) passes under every group of the block.
 inline void i8_gemm(const int16_t* xq, int64_t Kp, const float* sx, const int8_t* w, const float* scale,
                     const float* bias, int32_t act, int64_t M, int64_t K, int64_t N, const Out& out) {
-  const int64_t G = (M + MR - 1) / MR, Kh = K / 2, Np = N / NR;
+  const int64_t G = (M + MR - 1) / MR, Kh = K / 2;
   int16_t* xp = scratch<int16_t>(size_t(G * Kh * MR * 2));
   i8_pack_x(xq, M, Kp, Kh, xp);
-  const int64_t MCG = std::max<int64_t>(1, (192 << 10) / (Kh * MR * 2 * 2));
-  aotlm_pk::panel_ranges(Np, 4, [&](int64_t p0, int64_t p1) {
-    const int64_t ld = (p1 - p0) * NR, n0 = p0 * NR;
-    thread_local std::vector<float> buf;
-    buf.resize(size_t(MR * MCG * ld));
-    for (int64_t g0 = 0; g0 < G; g0 += MCG) {
-      const int64_t g1 = std::min(G, g0 + MCG), m0 = g0 * MR, rows = std::min(M, g1 * MR) - m0;
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t g = g0; g < g1; ++g)
-          i8_micro(xp + g * Kh * MR * 2, w + p * Kh * 2 * NR, Kh,
-                   buf.data() + (g - g0) * MR * ld + (p - p0) * NR, ld, std::min(MR, M - g * MR));
-      for (int64_t m = 0; m < rows; ++m) i8_finish(buf.data() + m * ld, sx[m0 + m], scale, bias, act, n0, ld, out,
-                                                  (m0 + m) * N + n0);
-    }
-  });
+  blocked(
+      M, N / NR, MR, Kh * MR * 2 * 2, [](int64_t) {},
+      [&](int64_t g, int64_t p, float* c, int64_t ld, int64_t mr) {
+        i8_micro(xp + g * Kh * MR * 2, w + p * Kh * 2 * NR, Kh, c, ld, mr);
+      },
+      [&](int64_t m, float* r, int64_t n0, int64_t ld) { i8_finish(r, sx[m], scale, bias, act, n0, ld, out, m * N + n0); });
 }
 
 }  // namespace aotlm_gm

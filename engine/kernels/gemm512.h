@@ -137,29 +137,21 @@ inline void vnni_micro(const int8_t* a, const uint8_t* wb, int64_t K4, const int
 // i8_gemm (the same blocking: threads take panel ranges, MC groups of packed x per pass, ~192 KB in L2).
 inline void i8_gemm_vnni(const int8_t* x, const float* sx, const int8_t* w, const float* scale, const float* bias,
                          int32_t act, int64_t M, int64_t K, int64_t N, const Out& out) {
-  const int64_t G = (M + MRV - 1) / MRV, Kh = K / 2, K4 = (Kh + 1) / 2, Np = N / NR;
+  const int64_t G = (M + MRV - 1) / MRV, Kh = K / 2, K4 = (Kh + 1) / 2;
   int8_t* xp = scratch<int8_t>(size_t(G * K4 * MRV * 4));
   int32_t* corr = scratch<int32_t>(size_t(G * MRV));
   vnni_pack_x(x, M, K, K4, xp, corr);
-  const int64_t MCG = std::max<int64_t>(1, (192 << 10) / (K4 * MRV * 4));
-  aotlm_pk::panel_ranges(Np, 4, [&](int64_t p0, int64_t p1) {
-    const int64_t ld = (p1 - p0) * NR, n0 = p0 * NR;
-    thread_local std::vector<float> buf;
-    thread_local std::vector<uint8_t> wb;
-    buf.resize(size_t(MRV * MCG * ld));
-    wb.resize(size_t(K4 * 64));
-    for (int64_t g0 = 0; g0 < G; g0 += MCG) {
-      const int64_t g1 = std::min(G, g0 + MCG), m0 = g0 * MRV, rows = std::min(M, g1 * MRV) - m0;
-      for (int64_t p = p0; p < p1; ++p) {
-        vnni_regroup(w + p * Kh * 2 * NR, Kh, wb.data());
-        for (int64_t g = g0; g < g1; ++g)
-          vnni_micro(xp + g * K4 * MRV * 4, wb.data(), K4, corr + g * MRV,
-                     buf.data() + (g - g0) * MRV * ld + (p - p0) * NR, ld, std::min(MRV, M - g * MRV));
-      }
-      for (int64_t m = 0; m < rows; ++m) i8_finish(buf.data() + m * ld, sx[m0 + m], scale, bias, act, n0, ld, out,
-                                                  (m0 + m) * N + n0);
-    }
-  });
+  const auto wb = [K4]() -> uint8_t* {  // the calling thread's regrouped panel
+    thread_local std::vector<uint8_t> b;
+    b.resize(size_t(K4 * 64));
+    return b.data();
+  };
+  blocked(
+      M, N / NR, MRV, K4 * MRV * 4, [&](int64_t p) { vnni_regroup(w + p * Kh * 2 * NR, Kh, wb()); },
+      [&](int64_t g, int64_t, float* c, int64_t ld, int64_t mr) {
+        vnni_micro(xp + g * K4 * MRV * 4, wb(), K4, corr + g * MRV, c, ld, mr);
+      },
+      [&](int64_t m, float* r, int64_t n0, int64_t ld) { i8_finish(r, sx[m], scale, bias, act, n0, ld, out, m * N + n0); });
 }
 #endif  // __AVX512VNNI__
 
@@ -214,30 +206,21 @@ inline void bf16_micro(const uint32_t* a, const uint16_t* panel, int64_t Kh, flo
 // vdpbf16ps: the blocking of i8_gemm_vnni (threads take panel ranges, MC groups of packed x per pass).
 inline void bf16_gemm_dp(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, int32_t act,
                          int64_t M, int64_t K, int64_t N, const Out& out) {
-  const int64_t G = (M + MRV - 1) / MRV, Kh = K / 2, Np = N / NR;
+  const int64_t G = (M + MRV - 1) / MRV, Kh = K / 2;
   uint32_t* xp = scratch<uint32_t>(size_t(G * Kh * MRV));
   bf16_pack_x(x, M, K, xp);
-  const int64_t MCG = std::max<int64_t>(1, (192 << 10) / (Kh * MRV * 4));
-  aotlm_pk::panel_ranges(Np, 4, [&](int64_t p0, int64_t p1) {
-    const int64_t ld = (p1 - p0) * NR, n0 = p0 * NR;
-    thread_local std::vector<float> buf;
-    buf.resize(size_t(MRV * MCG * ld));
-    for (int64_t g0 = 0; g0 < G; g0 += MCG) {
-      const int64_t g1 = std::min(G, g0 + MCG), m0 = g0 * MRV, rows = std::min(M, g1 * MRV) - m0;
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t g = g0; g < g1; ++g)
-          bf16_micro(xp + g * Kh * MRV, w + p * Kh * 2 * NR, Kh, buf.data() + (g - g0) * MRV * ld + (p - p0) * NR,
-                     ld, std::min(MRV, M - g * MRV));
-      for (int64_t m = 0; m < rows; ++m) {
-        float* r = buf.data() + m * ld;
+  blocked(
+      M, N / NR, MRV, Kh * MRV * 4, [](int64_t) {},
+      [&](int64_t g, int64_t p, float* c, int64_t ld, int64_t mr) {
+        bf16_micro(xp + g * Kh * MRV, w + p * Kh * 2 * NR, Kh, c, ld, mr);
+      },
+      [&](int64_t m, float* r, int64_t n0, int64_t ld) {
         for (int64_t j = 0; j < ld; j += 8) {
           const __m256 sv = scale ? _mm256_loadu_ps(scale + n0 + j) : _mm256_set1_ps(1.f);
           _mm256_storeu_ps(r + j, finish(_mm256_loadu_ps(r + j), sv, bias ? bias + n0 + j : nullptr, act));
         }
-        out.put((m0 + m) * N + n0, r, int(ld));
-      }
-    }
-  });
+        out.put(m * N + n0, r, int(ld));
+      });
 }
 #endif  // __AVX512BF16__
 #endif  // __AVX512F__
