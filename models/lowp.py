@@ -97,6 +97,6 @@ def bf16a(x, w, axes: int, name: str | None, pk: int | None, b=None, act: str | 
         return kernels.matmul(xb, w, None, axes, name, packed_k=pk, **fused), fuse
     xr = xb.astype(jnp.float32)
     if kernels.supported(xr, w, axes, name):
-        return kernels.matmul(xr, w, None, axes, name, packed_k=pk).astype(jnp.float32), False
+        return kernels.matmul(xr, w, None, axes, name, packed_k=pk), False  # f32 x: f32 out
     wl = packing.unpack(w, name) if pk else w
     return jnp.tensordot(xb, wl.astype(jnp.bfloat16), axes=axes, preferred_element_type=jnp.float32), False
