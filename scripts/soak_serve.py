@@ -124,7 +124,10 @@ def completion(client: httpx.Client, url: str, body: dict, timeout: float) -> tu
             return r.status_code, r.read().decode()
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                text += [c["text"] for c in json.loads(line[6:])["choices"]]
+                event = json.loads(line[6:])
+                if "error" in event:  # the server failed after the 200 went out
+                    return 500, json.dumps(event)
+                text += [c["text"] for c in event["choices"]]
     return 200, "".join(text)
 
 
@@ -206,7 +209,9 @@ def main() -> int:
     try:
         failed = soak(args, proc, url, vocab, time.monotonic() - t0)
         if failed:
-            print(f"server log ({log}), last lines:\n" + "\n".join(log.read_text().splitlines()[-30:]))
+            lines = log.read_text().splitlines()
+            first = next((i for i, x in enumerate(lines) if x.startswith("Traceback")), len(lines))
+            print(f"server log ({log}), its first traceback:\n" + "\n".join(lines[max(0, first - 2) :][:40]))
         return failed
     finally:
         proc.kill()
@@ -244,7 +249,13 @@ def soak(args, proc: subprocess.Popen, url: str, vocab: int, start_s: float) -> 
     checks[what] = rss1 <= rss0 * (1 + args.rss_slack)
     sample = random.Random(args.seed).sample(load.done, min(args.replay, len(load.done)))
     with httpx.Client() as client:
-        same = sum(completion(client, url, body, args.timeout) == (200, text) for body, text in sample)
+        again = [completion(client, url, body, args.timeout) for body, _ in sample]
+    differ = [
+        (body, text, got) for (body, text), got in zip(sample, again, strict=True) if got != (200, text)
+    ]
+    same = len(sample) - len(differ)
+    for body, text, got in differ[:3]:
+        load.failures.append(f"replay of {body} gave {got!r}, under load {text!r}")
     checks[f"replayed alone: {same}/{len(sample)} identical"] = same == len(sample) and len(sample) > 0
     hits = metric(url, "aotlm_prefix_cache_hit_rate")
     print(f"server start {start_s:.0f} s; requests: {dict(load.counts)}; prefix hit rate {hits:.2f}")

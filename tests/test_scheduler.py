@@ -401,3 +401,27 @@ def test_a_prefix_overwritten_in_its_row_comes_back_from_the_store():
             assert eng.stats()["prefix_store_entries"] == (2 if reused else 0)
         finally:
             eng.shutdown(timeout=1)
+
+
+def test_a_request_ending_at_prefill_moves_the_next_prompt_down_before_its_prefill():
+    """Two prompts admitted in one round: the first ends at its first token (``max_tokens=1``), so
+    the row above moves down into its row; the second prompt is then prefilled in its new row,
+    not the one it was admitted to (the soak once caught the scheduler using the stale row)."""
+    fake = FakeSlots(slots=3)
+    fake.hold()
+    eng = Engine(fake, prefill_budget=8).start()  # both prompts in one round
+    try:
+        busy = eng.submit([1], SamplingParams(max_tokens=30))
+        fake.wait_decodes(1)
+        short = eng.submit([5, 6], SamplingParams(max_tokens=1))
+        other = eng.submit([9, 10, 11], SamplingParams(max_tokens=3))
+        fake.let_go()
+        assert collect(short)[0] == expected([5, 6], 1)
+        assert collect(other)[0] == expected([9, 10, 11], 3)
+        assert collect(busy)[0] == expected([1], 30)
+        prefills = [c[1:] for c in fake.calls if c[0] == "prefill"]
+        assert prefills == [(0, 0, 1), (1, 0, 5), (1, 0, 9)]
+        assert eng.error is None and eng.stats()["active_slots"] == 0
+    finally:
+        fake.let_go()
+        eng.shutdown(timeout=1)

@@ -317,8 +317,7 @@ class Engine:
         """Prefill chunks, oldest request first, up to the round's token budget; whole short
         prompts of the oldest one's bucket go together (``prefill_rows``)."""
         budget = self.prefill_budget
-        pending = [(i, a) for i, a in enumerate(self._slots) if a is not None and a.plan]
-        pending.sort(key=lambda ia: ia[1].req.submitted)
+        pending = self._pending()
         while pending and budget > 0:
             group = self._whole_prompts(pending, budget)
             if len(group) > 1:
@@ -342,7 +341,12 @@ class Engine:
                 self.batch.insert(i, a.prompt, a.req.params, a.logits, allow)
                 a.logits, a.live, a.idx = None, True, len(a.prompt) - 1
             self._stream(group)
-            pending = [x for x in pending if x not in group]
+            pending = self._pending()  # a request that ended moved the top row down: fresh rows
+
+    def _pending(self) -> list[tuple[int, _Active]]:
+        """The rows still to prefill with their requests, oldest request first."""
+        pending = [(i, a) for i, a in enumerate(self._slots) if a is not None and a.plan]
+        return sorted(pending, key=lambda ia: ia[1].req.submitted)
 
     def _whole_prompts(self, pending: list[tuple[int, _Active]], budget: int) -> list[tuple[int, _Active]]:
         """The oldest pending request, with (when its prompt is one whole chunk from slot 0) the
