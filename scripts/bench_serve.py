@@ -24,7 +24,7 @@ re-tokenized by the checkpoint's tokenizer, as a chat client does. Per engine an
 tokens/s, TTFT p50/p99 of first turns and of later turns (which can reuse the history's K/V), the
 prompt tokens sent and the cached ones the server reports (``usage.prompt_tokens_details``).
 
-Engines: ``aotlm-MODE`` (``aotlm serve --batch-size 8``, MODE f32, int8, w8a8 or int4, ``+kvbf16``:
+Engines: ``aotlm-MODE`` (``aotlm serve --batch-size 8``, MODE f32, int8, w8a8, int4 or int4-g64, ``+kvbf16``:
 a bf16 KV cache; prefix reuse on; ``aotlm-MODE-noprefix``: with ``--no-prefix-cache``),
 ``aotlm1-MODE`` (``--batch-size 1``: one request at a time), ``llama-f32|f16|q8_0|q4_0``
 (llama-server, continuous batching, ``--parallel`` = the level's clients, ``-t`` = cores;
@@ -71,11 +71,13 @@ AOTLM_MODES = {  # serve flags; a GGUF model would default to int8: f32 says non
     "int8": ["--quant", "int8", "--fuse-qkv"],
     "w8a8": ["--quant", "w8a8", "--fuse-qkv"],
     "int4": ["--quant", "int4", "--fuse-qkv"],
+    "int4-g64": ["--quant", "int4-g64", "--fuse-qkv"],
 }
 AOTLM_MODES |= {f"{m}+kvbf16": [*f, "--kv-cache-dtype", "bf16"] for m, f in AOTLM_MODES.items() if m != "f32"}
 OFFLINE_KW: dict[str, dict] = {"f32": {"quant": "none"}}  # the same weights as the servers
-OFFLINE_KW |= {m: {"quant": m, "fuse_qkv": True} for m in ("int8", "w8a8", "int4")}
-OFFLINE_KW |= {f"{m}+kvbf16": {**OFFLINE_KW[m], "kv_cache_dtype": "bf16"} for m in ("int8", "w8a8", "int4")}
+QUANT_MODES = ("int8", "w8a8", "int4", "int4-g64")
+OFFLINE_KW |= {m: {"quant": m, "fuse_qkv": True} for m in QUANT_MODES}
+OFFLINE_KW |= {f"{m}+kvbf16": {**OFFLINE_KW[m], "kv_cache_dtype": "bf16"} for m in QUANT_MODES}
 RANDOM_MODES = ["f32", "int8"]  # the default engines' modes (a real model: int8, w8a8)
 ENGINES = [f"aotlm-{m}" for m in AOTLM_MODES] + [f"aotlm-{m}-noprefix" for m in AOTLM_MODES]
 LLAMA = ["llama-f32", "llama-f16", "llama-q8_0", "llama-q4_0"]  # a checkpoint converted by bench_peers

@@ -210,8 +210,10 @@ def main() -> int:
         failed = soak(args, proc, url, vocab, time.monotonic() - t0)
         if failed:
             lines = log.read_text().splitlines()
-            first = next((i for i, x in enumerate(lines) if x.startswith("Traceback")), len(lines))
-            print(f"server log ({log}), its first traceback:\n" + "\n".join(lines[max(0, first - 2) :][:40]))
+            first = next((i for i, x in enumerate(lines) if x.startswith("Traceback")), None)
+            part = lines[-30:] if first is None else lines[max(0, first - 2) :][:40]
+            what = "last lines" if first is None else "its first traceback"
+            print(f"server log ({log}), {what}:\n" + "\n".join(part))
         return failed
     finally:
         proc.kill()
