@@ -30,7 +30,7 @@ from aotlm.serve.app import create_app
 from aotlm.serve.detok import ChoiceText
 from aotlm.serve.engine import Engine
 from aotlm.serve.protocol import APIError, choice_params, parse_chat, parse_completion
-from aotlm.serve.types import EngineStopped, QueueFull, Token
+from aotlm.serve.types import EngineStopped, Finish, QueueFull, Token
 from aotlm.text.tokens import cut_at_eos, eos_ids, tokenizer_for
 
 KEY = "sk-test-key"
@@ -113,8 +113,17 @@ def slow_engine(srv, monkeypatch):
     submit, decode = srv.engine.submit, srv.engine.batch.decode
 
     def recording_submit(*a, **kw):
-        submitted.append(submit(*a, **kw))
-        return submitted[-1]
+        req = submit(*a, **kw)
+        push = req.push
+
+        def recording_push(item):  # the Finish as the engine sent it, whoever reads the stream
+            if isinstance(item, Finish):
+                FINISHES[req.id] = item
+            push(item)
+
+        req.push = recording_push
+        submitted.append(req)
+        return req
 
     def slow_decode(*a, **kw):
         time.sleep(0.005)
@@ -126,15 +135,16 @@ def slow_engine(srv, monkeypatch):
     wait_idle(srv)
 
 
-def engine_finishes(reqs) -> list:
-    """The ``Finish`` each request ended with (read after the client stopped reading)."""
-    out = []
-    for req in reqs:
-        items = []
-        while not req._items.empty():
-            items.append(req._items.get_nowait())
-        out.append(items[-1] if items else None)
-    return out
+FINISHES: dict = {}  # request id -> the Finish the engine pushed (slow_engine's requests)
+
+
+def engine_finishes(reqs, timeout: float = 10) -> list:
+    """The ``Finish`` each request ended with, waiting for the last ones: a cancelled request's
+    ``Finish`` is pushed just after it leaves the queue or its slot, which ``wait_idle`` sees."""
+    deadline = time.monotonic() + timeout
+    while any(r.id not in FINISHES for r in reqs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [FINISHES.get(r.id) for r in reqs]
 
 
 def reference(srv: Srv, ids: list[int], max_tokens: int) -> tuple[str, int, str]:
