@@ -105,7 +105,8 @@ def rotary_tables(positions, inv_freq: tuple[float, ...]):
 
 
 def apply_rotary(x, tables, interleaved: bool = False):
-    """Rotate the first ``2*len(inv_freq)`` dims of ``x [B,T,H,Dh]`` by ``tables`` (``rotary_tables``).
+    """Rotate the first ``2 * F`` dims of ``x [B,T,H,Dh]`` by ``tables`` (``rotary_tables``' cos and sin,
+    ``F`` frequencies wide).
 
     ``interleaved`` pairs dims (0,1),(2,3)... (GPT-J); otherwise halves (GPT-NeoX/Llama).
     """
