@@ -120,6 +120,19 @@ def test_kernel_matches_numpy_on_odd_shapes():
 
 
 @needs_kernels
+def test_kernel_rows_with_inf_or_nan_give_nan_only_in_their_own_outputs():
+    """x's int8 rounding per group (8 lanes and a scalar tail): a row holding inf / NaN (in either part)
+    comes out all NaN, the other rows as without it."""
+    rng = np.random.default_rng(4)
+    w, sm, _ = quantized(rng, 100, 37, 32, False)
+    x = rng.standard_normal((4, 100)).astype(np.float32)
+    clean = np.asarray(kernel(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sm), 37, 32))
+    x[1, 99], x[2, 5] = np.inf, np.nan
+    got = np.asarray(kernel(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sm), 37, 32))
+    assert np.isnan(got[1:3]).all() and np.array_equal(got[[0, 3]], clean[[0, 3]])
+
+
+@needs_kernels
 def test_unpack_kernel_gives_the_dequantized_matrix():
     w, sm, deq = quantized(np.random.default_rng(3), 96, 40, 32, True)
     y = kernels.unpack_q4(jnp.asarray(w.reshape(3, 12, 16, 4)), jnp.asarray(sm), jnp.float32, 1)

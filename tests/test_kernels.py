@@ -160,6 +160,31 @@ def test_packed_kernel_matches_numpy(wdt):
         np.testing.assert_array_equal(unpacked.astype(np.float32), logical.astype(np.float32))
 
 
+def test_packed_int8_rows_equal_the_exact_product_of_int16_rounded_x():
+    """The int8 row kernel's x rounding (8 lanes with a scalar tail: K = 38, 200, 250 off the 16-wide loop)
+    bit for bit: y = f32(sum_k q[k] w[k]) * (scale * sx) with q = rint(x / sx), sx = max|x| / 32767 in
+    f32 (one int32 block of K, so the sum is exact). A row holding inf or NaN gives NaN in its own
+    outputs only; an all-zero row gives 0."""
+    rng = np.random.default_rng(11)
+    f = jax.jit(lambda a, b, s: kernels.matmul(a, b, s, packed_k=1))
+    for k, m in ((38, 3), (200, 16), (250, 9)):
+        w = rng.integers(-127, 128, (k, 32)).astype(np.int8)
+        s = (rng.random(32) / 100).astype(np.float32)
+        x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+        x[1] = 0.0
+        sx = np.where(np.abs(x).max(1) > 0, np.abs(x).max(1) / np.float32(32767), 1).astype(np.float32)
+        inv = (np.float32(1) / sx).astype(np.float32)
+        q = np.rint((x * inv[:, None]).astype(np.float32)).astype(np.int64)
+        ref = (q @ w.astype(np.int64)).astype(np.float32) * (s[None, :] * sx[:, None]).astype(np.float32)
+        wp = jnp.asarray(packing.pack_if("w_up", w, (False, False), 1))
+        got = np.asarray(f(jnp.asarray(x), wp, s))
+        np.testing.assert_array_equal(got, ref)
+        bad = x.copy()
+        bad[0, k - 1], bad[2, 3] = np.inf, np.nan  # one in the scalar tail, one in the vector part
+        got = np.asarray(f(jnp.asarray(bad), wp, s))
+        assert np.isnan(got[[0, 2]]).all() and np.array_equal(got[3:], ref[3:]) and (got[1] == 0).all()
+
+
 def test_pack_if_keeps_row_major_what_it_cannot_pack():
     rng = np.random.default_rng(6)
     w = rng.integers(-127, 128, (40, 64)).astype(np.int8)
@@ -286,12 +311,13 @@ def test_attention_bdot_matches_numpy_and_reads_only_the_leading_block(bdt):
     """``bdot``: a [I, M, L] . b[:, :n, :L]^T with b a bigger (cache-like) array, odd sizes."""
     rng = np.random.default_rng(3)
     f = jax.jit(kernels.bdot, static_argnames=("n",))
-    shapes = [  # (I, M, L, NB, LB, n): rows of >= 32 elements take the one-row-at-a-time path
+    shapes = [  # (I, M, L, NB, LB, n): rows of 32..128 elements take the one-row-at-a-time path
         (1, 1, 64, 256, 64, 130),
         (3, 5, 9, 11, 13, 7),
         (24, 2, 37, 40, 37, 40),
         (2, 1, 1, 3, 1, 1),
         (2, 3, 117, 6, 120, 5),  # 96 in blocks of 32, 16 by 8, 5 single; l_limit 39: 32 + 7 single
+        (3, 3, 197, 70, 256, 67),  # rows of > 128 (values): 8 blocks of 8 rows + 3 single; n_limit 33
     ]
     for i, m, ll, nb, lb, n in shapes:
         for adt in (jnp.float32, jnp.bfloat16):

@@ -93,6 +93,34 @@ inline void rows8(const float* a, int64_t M, int64_t L, int64_t l_lim, const typ
   }
 }
 
+// Eight long rows n..n+7 of b (values: eight head dims over the slots) for every row of a: the eight
+// sums are independent chains (l outer, rows inner), reduced at once (hsum8), and the next eight rows'
+// first le slots are prefetched. long_row (one row at a time; rows LB apart, each a short stream)
+// read a 16-row SmolLM2-135M step's values at ~6 GB/s, 0.40 ms of 1.2 per layer.
+template <class W>
+inline void long_rows8(const float* a, int64_t M, int64_t L, int64_t l_lim, const typename W::T* b, int64_t LB,
+                       int64_t n, int64_t n_end, float* c, int64_t N) {
+  const int64_t le = std::max<int64_t>(0, std::min(L, l_lim)), lv = le / 8 * 8;
+  const typename W::T* bn = b + n * LB;
+  const int64_t bytes = le * int64_t(sizeof(typename W::T));
+  for (int64_t r = 8; r < 16 && n + r < n_end; ++r)
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(bn + r * LB) + o, _MM_HINT_T0);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* am = a + m * L;
+    __m256 acc[8];
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t l = 0; l < lv; l += 8) {
+      const __m256 av = _mm256_loadu_ps(am + l);
+      for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(av, W::load8(bn + r * LB + l), acc[r]);
+    }
+    alignas(32) float t[8];
+    _mm256_store_ps(t, hsum8(acc));
+    for (int r = 0; r < 8; ++r)
+      for (int64_t l = lv; l < le; ++l) t[r] += am[l] * W::one(bn + r * LB + l);
+    std::memcpy(c + m * N + n, t, sizeof t);
+  }
+}
+
 template <class W>
 void run(const float* a, const void* braw, float* c, int64_t I, int64_t M, int64_t L, int64_t NB, int64_t LB,
          int64_t N, int64_t n_lim, int64_t l_lim) {
@@ -109,7 +137,9 @@ void run(const float* a, const void* braw, float* c, int64_t I, int64_t M, int64
     const int64_t le = std::min(L, l_lim);
     if (le <= 128)  // short rows (keys): eight at a time
       for (; n + 8 <= ne; n += 8) rows8<W>(ai, M, L, l_lim, bi, LB, n, ci, N);
-    if (le >= 32)  // rows of >= 32 elements (values: one head dim over the slots): one at a time, in order
+    if (le > 128)  // long rows (values: one head dim over the slots): eight at a time
+      for (; n + 8 <= ne; n += 8) long_rows8<W>(ai, M, L, l_lim, bi, LB, n, ne, ci, N);
+    if (le >= 32)  // rows of >= 32 elements: one at a time, in order
       for (; n < ne; ++n) long_row<W>(ai, M, L, l_lim, bi, LB, n, ci, N);
     for (; n + 4 <= ne; n += 4) rows<W, 4>(ai, M, L, l_lim, bi, LB, n, ci, N);
     for (; n < ne; ++n) rows<W, 1>(ai, M, L, l_lim, bi, LB, n, ci, N);

@@ -39,16 +39,15 @@ inline void quantize_x(const float* x, int64_t M, int64_t K, const W4& w, int8_t
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
       const int64_t k0 = g * w.group, k1 = std::min(K, k0 + w.group);
-      float amax = 0.f;
       bool finite = true;
-      for (int64_t k = k0; k < k1; ++k) {
-        amax = std::max(amax, std::fabs(x[m * K + k]));
-        finite &= std::isfinite(x[m * K + k]);
-      }
+      const float amax = aotlm_i8::abs_max(x + m * K + k0, k1 - k0, finite);
       const float s = amax / 127.f, inv = amax > 0.f && finite ? 1.f / s : 0.f;
-      int32_t sum = 0;
       int8_t* q = xq + m * w.Kp;
-      for (int64_t k = k0; k < k1; ++k) sum += q[k] = int8_t(std::lrintf(x[m * K + k] * inv));
+      int32_t sum = 0;  // a row with inf / NaN: its q are 0 (its sums come out NaN through sx)
+      if (finite)
+        sum = aotlm_i8::round_i8(x + m * K + k0, k1 - k0, inv, q + k0);
+      else
+        std::fill(q + k0, q + k1, int8_t(0));
       for (int64_t k = std::max(k0, K); k < k0 + w.group; ++k) q[k] = 0;
       sx[m * G + g] = finite ? s : std::numeric_limits<float>::quiet_NaN();  // inf/NaN in: NaN out
       xs[m * G + g] = sx[m * G + g] * float(sum);

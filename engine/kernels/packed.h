@@ -68,11 +68,18 @@ inline void panel_rows(const int16_t* xq, int64_t Kp, const int8_t* panel, int64
   }
 }
 
+#include "packed512.h"  // rows_z: the avx512 builds' panel_rows on 512-bit registers
+
 // All M rows x panels [p0, p1): buf[m * ld + (p - p0) * 16 + c] (unscaled). Row groups of <= 6
 // (12 accumulators + 2 weight vectors + 1 broadcast <= 16 registers); a panel is at most
-// KB_PAIRS * 32 = 4 KB per block, so the groups after the first read it from L1/L2.
+// KB_PAIRS * 32 = 4 KB per block, so the groups after the first read it from L1/L2. The avx512
+// builds take rows_z instead.
 inline void rows(const int16_t* xq, int64_t Kp, int64_t M, const int8_t* wp, int64_t Kh, int64_t p0, int64_t p1,
                  float* buf, int64_t ld) {
+#if defined(__AVX512BW__)
+  rows_z(xq, Kp, M, wp, Kh, p0, p1, buf, ld);
+  return;
+#endif
   for (int64_t p = p0; p < p1; ++p) {
     const int8_t* panel = wp + p * Kh * 2 * P;
     for (int64_t m0 = 0; m0 < M;) {
