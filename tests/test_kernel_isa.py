@@ -122,13 +122,16 @@ def test_w8a8_gemm_is_exact_for_every_k_mod_4():
         )
 
 
-# Tests of the kernels each level changes: GEMMs (f32 micro-kernel, W8A8, bf16 x), prompt attention (the
-# same micro-kernel), the int8 and packed row kernels (vpdpwssd under avx512vnni).
+# Tests of the kernels each level changes: GEMMs (f32 micro-kernel, W8A8, bf16 x), the packed int8 row
+# kernel (512 bits in the avx512 levels, vpdpwssd from avx512vnni), prompt attention (the GEMM's
+# micro-kernel), the row-major int8 row kernels.
 VARIANT_TESTS = [
     "tests/test_kernel_isa.py::test_w8a8_gemm_is_exact_for_every_k_mod_4",
     "tests/test_gemm.py::test_f32_gemm_matches_numpy_on_odd_shapes",
     "tests/test_gemm.py::test_packed_gemm_matches_numpy_and_w8a8_is_exact",
     "tests/test_bf16a.py::test_bf16a_products_match_numpy_on_every_path",
+    "tests/test_kernels.py::test_packed_kernel_matches_numpy",
+    "tests/test_kernels.py::test_packed_int8_rows_equal_the_exact_product_of_int16_rounded_x",
     "tests/test_prefill_kernels.py::test_causal_attention_matches_numpy",
     "tests/test_prefill_kernels.py::test_row_kernels_apply_bias_and_activation",
     "tests/test_kernels.py::test_kernel_matches_numpy_on_odd_shapes",
@@ -147,7 +150,7 @@ def test_each_level_matches_numpy(level):
         pytest.skip(f"this CPU lacks {' '.join(isa.lacking(level))} (the {level} kernels)")
     if level == kernels.isa_level():
         pytest.skip(f"{level} is this process's level: the kernel tests run it in process")
-    sel = VARIANT_TESTS if level == "avx2" else VARIANT_TESTS[:4]  # the avx512 levels differ in GEMMs only
+    sel = VARIANT_TESTS if level == "avx2" else VARIANT_TESTS[:6]  # the avx512 levels: GEMMs, packed rows
     cmd = [
         sys.executable,
         "-m",
