@@ -299,20 +299,14 @@ inline void quantize_rows_s8(const float* x, int64_t M, int64_t K, int8_t* q, fl
     const int64_t parts = std::min<int64_t>(M, 64);
     for (int64_t m = M * part / parts; m < M * (part + 1) / parts; ++m) {
       const float* r = x + m * K;
-      const __m256 sign = _mm256_set1_ps(-0.f);
-      __m256 mv = _mm256_setzero_ps();
-      int64_t k = 0;
-      for (; k + 8 <= K; k += 8) mv = _mm256_max_ps(mv, _mm256_andnot_ps(sign, _mm256_loadu_ps(r + k)));
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, mv);
-      float amax = 0.f;
-      for (float v : lanes) amax = std::max(amax, v);
-      for (; k < K; ++k) amax = std::max(amax, std::fabs(r[k]));
+      bool finite = true;  // not needed here: a non-finite row's q and s follow from amax as in the graph
+      const float amax = aotlm_i8::abs_max(r, K, finite);
       const float sc = amax > 0.f ? amax * (1.f / 127.f) : 1.f, inv = 1.f / sc;
       s[m] = sc;
       const __m256 d = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
       int8_t* o = q + m * K;
-      for (k = 0; k + 8 <= K; k += 8) {
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8) {
         const __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(r + k), d), _MM_FROUND_TO_NEAREST_INT |
                                                                                    _MM_FROUND_NO_EXC);
         const __m256i i = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
