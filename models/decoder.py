@@ -92,9 +92,17 @@ def whole_attention(cfg: ArchConfig, q, k, v, kv, write_idx, mask, alibi_bias) -
     (m_old, m_new), (b_old, b_new) = mask, alibi_bias or (None, None)
     segments = [(jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1)), m_new, b_new, None)]
     if m_old is not None:  # the whole cache: attend reads its first m_old.shape[-1] slots
-        limit = jnp.max(write_idx)  # no row sees a slot at or past its write slot
-        segments.insert(0, (*kv, m_old, b_old, limit))
+        segments.insert(0, (*kv, m_old, b_old, old_limit(write_idx, m_new)))
     return L.attend(q, segments, cfg.scale, cfg.attn_softcap)
+
+
+def old_limit(write_idx, m_new):
+    """The cache slots each row's queries may see: none at or past its write slot (``write_idx``,
+    a scalar or ``[B]``). Per row, a row whose new tokens are all padding (a finished serving row)
+    sees none, so the kernels read nothing of it."""
+    if jnp.ndim(write_idx) == 0:
+        return write_idx
+    return jnp.where(jnp.any(m_new, axis=(1, 2)), write_idx, 0)
 
 
 def own_tokens_kernel(cfg: ArchConfig, x, mask, alibi_bias) -> bool:

@@ -222,8 +222,8 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     Each segment is ``(keys [R,K,S,Dh], values [R,K,Dh,S], mask [B,T,W], bias | None, limit)``
     with ``bias`` (ALiBi) ``[B,H,1|T,W]``; only the first ``W <= S`` slots of the first ``B <= R``
     rows are attended (the cache is passed whole: a serving call may run its first rows only),
-    and ``limit`` (traced slot count or None) says that no slot at or past it is visible to any
-    row, so the kernel path skips them. Attending to the old cache
+    and ``limit`` (traced slot count, one per row ``[B]``, or None) says that no slot at or past
+    it is visible to any row (to that row), so the kernel path skips them. Attending to the old cache
     and to the call's own new keys as two segments means the cache is only written, never read
     back, in the same step, so XLA updates it in place (reading the updated cache made it copy
     the cache every step). Scores
@@ -244,6 +244,7 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     for keys, _, mask, bias, limit in segments:
         w = mask.shape[-1]
         if fast:  # the cache may hold more rows than the call: the kernel reads the first b
+            limit = limit if limit is None or jnp.ndim(limit) == 0 else jnp.repeat(limit, k_heads)
             s = kernels.bdot(qk, keys.reshape(-1, keys.shape[2], dh), w, n_limit=limit)
             s = s.reshape(b, k_heads, g, t, w) * scale
         else:
@@ -260,6 +261,7 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     for (_, values, _, _, limit), s in zip(segments, scores, strict=True):
         w = s.shape[-1]
         if fast:
+            limit = limit if limit is None or jnp.ndim(limit) == 0 else jnp.repeat(limit, k_heads)
             pw = p[..., start : start + w].reshape(b * k_heads, g * t, w)
             ov = kernels.bdot(pw, values.reshape(-1, dh, values.shape[-1]), dh, l_limit=limit)
             o = o + jnp.transpose(ov.reshape(b, k_heads, g, t, dh), (0, 3, 1, 2, 4))

@@ -3,9 +3,10 @@
 //   aotlm_bdot:  c[i, m, n] = sum_{l < L'} a[i, m, l] * b[i, n, l]   for n < N', else 0 (f32 out)
 //   a [I, M, L]  (queries, or softmax weights), b [IB >= I, NB, LB] with NB >= N, LB >= L (only
 //   the first I blocks are read: a decode call over a serving batch's first rows),
-//   lim int32 [2]: N' = min(N, lim[0]), L' = min(L, lim[1]) -- the cache slots written so far
-//   (traced), so a decode step reads the slots it can see, not the whole bucket: the scores of
-//   later slots are masked and their softmax weights are exactly 0.
+//   lim int32 [2] or [I, 2]: N' = min(N, lim[0]), L' = min(L, lim[1]) -- the cache slots written so
+//   far (traced; one pair for every i, or one per i: each serving row its own), so a decode step
+//   reads the slots its row can see, not the whole bucket nor the longest row's slots: the scores
+//   of later slots are masked and their softmax weights are exactly 0.
 //
 // Why: XLA:CPU ran decode attention's two einsums (one [G*T, Dh] x [Dh, W] product per batch
 // row and kv head) at ~2 GFLOP/s -- 0.8 ms per dot at batch 8, 40% of a decode step -- and
@@ -123,12 +124,13 @@ inline void long_rows8(const float* a, int64_t M, int64_t L, int64_t l_lim, cons
 
 template <class W>
 void run(const float* a, const void* braw, float* c, int64_t I, int64_t M, int64_t L, int64_t NB, int64_t LB,
-         int64_t N, int64_t n_lim, int64_t l_lim) {
+         int64_t N, const int32_t* lim, int64_t lim_stride) {
   const typename W::T* b = static_cast<const typename W::T*>(braw);
   constexpr int64_t CH = 256;  // rows of b per job
   const int64_t per = (N + CH - 1) / CH;
   aotlm::parallel_for(int(I * per), [&](int job) {
     const int64_t i = job / per, n0 = job % per * CH, n1 = std::min(N, n0 + CH);
+    const int64_t n_lim = lim[i * lim_stride], l_lim = lim[i * lim_stride + 1];
     const float* ai = a + i * M * L;
     const typename W::T* bi = b + i * NB * LB;
     float* ci = c + i * M * N;

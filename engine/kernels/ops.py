@@ -301,12 +301,16 @@ def bdot(a, b, n: int, n_limit=None, l_limit=None):
     (a decode call over the first rows of a serving batch passes the whole cache). ``b`` is
     f32, bf16, f16, or uint16 holding bf16 bits (how CPU models store a bf16 cache); converted in
     registers, accumulated in f32.
-    ``n_limit`` / ``l_limit`` (traced ints): only ``j < n_limit`` (other outputs are 0) and
-    ``l < l_limit`` are computed -- the cache slots written so far.
+    ``n_limit`` / ``l_limit`` (traced ints, scalars or one per row ``i`` ``[I]``): only
+    ``j < n_limit`` (other outputs are 0) and ``l < l_limit`` are computed -- the cache slots
+    written so far (per row: each serving row reads its own slots, not the longest row's).
     """
     kernels.ensure_registered()
     big = jnp.iinfo(jnp.int32).max
-    lim = jnp.stack([jnp.asarray(big if v is None else v, jnp.int32) for v in (n_limit, l_limit)])
+    lims = [jnp.asarray(big if v is None else v, jnp.int32) for v in (n_limit, l_limit)]
+    if any(v.ndim for v in lims):  # one (n, l) pair per row
+        lims = [jnp.broadcast_to(v, (a.shape[0],)) for v in lims]
+    lim = jnp.stack(lims, axis=-1)
     out = jax.ShapeDtypeStruct((a.shape[0], a.shape[1], n), jnp.float32)
     return jax.ffi.ffi_call("aotlm_bdot", out)(a, b, lim)
 

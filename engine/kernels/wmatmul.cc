@@ -270,10 +270,10 @@ ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer lim, ffi::Res
   if (bd[0] < I || cd[0] != I || cd[1] != M || N > NB || L > LB)
     return ffi::Error::InvalidArgument("aotlm_bdot: shapes do not match");
   if (c->element_type() != DataType::F32) return ffi::Error::InvalidArgument("aotlm_bdot: c must be f32");
-  if (lim.element_type() != DataType::S32 || lim.element_count() != 2)
-    return ffi::Error::InvalidArgument("aotlm_bdot: lim must be int32 [2]");
+  if (lim.element_type() != DataType::S32 || (lim.element_count() != 2 && lim.element_count() != 2 * I))
+    return ffi::Error::InvalidArgument("aotlm_bdot: lim must be int32 [2] or [I, 2]");
   const int32_t* lp = static_cast<const int32_t*>(lim.untyped_data());
-  const int64_t n_lim = lp[0], l_lim = lp[1];
+  const int64_t ls = lim.element_count() == 2 ? 0 : 2;  // one pair for all rows, or one per row
   const DataType at = a.element_type();
   if (at != DataType::F32 && at != DataType::BF16 && at != DataType::F16)
     return ffi::Error::InvalidArgument("aotlm_bdot: a must be f32, bf16 or f16");
@@ -281,12 +281,12 @@ ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer lim, ffi::Res
   const float* af = x_f32(a, I * M * L, tmp);
   float* cf = static_cast<float*>(c->untyped_data());
   switch (b.element_type()) {
-    case DataType::F32: aotlm_bd::run<F32>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, n_lim, l_lim); break;
+    case DataType::F32: aotlm_bd::run<F32>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, lp, ls); break;
     case DataType::BF16:
     case DataType::U16:  // a bf16 KV cache stored as its bits (XLA:CPU upcasts bf16 cache writes, layers.py)
-      aotlm_bd::run<BF16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, n_lim, l_lim);
+      aotlm_bd::run<BF16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, lp, ls);
       break;
-    case DataType::F16: aotlm_bd::run<F16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, n_lim, l_lim); break;
+    case DataType::F16: aotlm_bd::run<F16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, lp, ls); break;
     default: return ffi::Error::InvalidArgument("aotlm_bdot: b must be f32, bf16 (or its bits as u16) or f16");
   }
   return ffi::Error::Success();
