@@ -141,12 +141,17 @@ def write_at(buf, x, write_idx, axis: int):
     """Write ``x [B,...]`` into ``buf`` at index ``write_idx`` of ``axis``.
 
     ``write_idx`` is a scalar (every row at the same slot: batched prompts) or ``[B]`` (each
-    row at its own slot: the serving slots of ``aotlm.generate.slots``). Per-row writes are one
-    small ``dynamic_update_slice`` per row (the batch is static and small), which XLA does in
-    place; a scatter or a one-hot select would rewrite the whole cache.
+    row at its own slot: the serving slots of ``aotlm.generate.slots``). Per-row writes of one
+    token are one scatter per buffer, which XLA does in place (a 16-row SmolLM2-135M step: 60
+    scatters, ~0.6 ms, where one ``dynamic_update_slice`` per row took 960 ops, ~2.2 ms); longer
+    per-row writes one ``dynamic_update_slice`` per row. A one-hot select would rewrite the cache.
     """
     if jnp.ndim(write_idx) == 0:
         return lax.dynamic_update_slice_in_dim(buf, x, write_idx, axis)
+    if x.shape[0] > 1 and x.shape[axis] == 1:  # one token per row: one scatter, in place
+        idx = [jnp.arange(x.shape[0])] + [slice(None)] * (buf.ndim - 1)
+        idx[axis] = write_idx
+        return buf.at[tuple(idx)].set(jnp.squeeze(x, axis), mode="promise_in_bounds")
     for b in range(x.shape[0]):
         start = [jnp.int32(b)] + [jnp.int32(0)] * (buf.ndim - 1)
         start[axis] = write_idx[b]

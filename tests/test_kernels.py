@@ -352,9 +352,10 @@ def test_attention_bdot_matches_numpy_and_reads_only_the_leading_block(bdt):
             b4 = b.copy()
             for r in range(i):
                 b4[r, nr[r] :], b4[r, :, lr[r] :] = np.nan, np.nan
-            c4 = f(a, jnp.asarray(b4), n=n, n_limit=jnp.asarray(nr, jnp.int32), l_limit=jnp.asarray(lr, jnp.int32))
+            c4 = f(a, jnp.asarray(b4), n=n, n_limit=jnp.int32(nr), l_limit=jnp.int32(lr))
             for r in range(i):
-                a64, b64 = np.asarray(a, np.float64)[r, :, : lr[r]], np.asarray(b[r, : nr[r], : lr[r]], np.float64)
+                a64 = np.asarray(a, np.float64)[r, :, : lr[r]]
+                b64 = np.asarray(b[r, : nr[r], : lr[r]], np.float64)
                 want = np.zeros((m, n))
                 want[:, : nr[r]] = a64 @ b64.T
                 np.testing.assert_allclose(np.asarray(c4[r], np.float64), want, rtol=1e-5, atol=1e-4)
