@@ -90,6 +90,9 @@ def attention_block(cfg: ArchConfig, p, x, rotary, kv, write_idx, mask, alibi_bi
 def whole_attention(cfg: ArchConfig, q, k, v, kv, write_idx, mask, alibi_bias) -> jax.Array:
     """``layers.attend`` over the old cache and the call's new keys, with whole masks ``[B,T,W]``."""
     (m_old, m_new), (b_old, b_new) = mask, alibi_bias or (None, None)
+    fused = m_old is not None and alibi_bias is None and cfg.attn_softcap is None
+    if fused and kernels.decode_attention_ok(q):  # one query token per row: one kernel call
+        return L.attend_decode(q, k, v, kv, m_old, m_new, old_limit(write_idx, m_new), cfg.scale)
     segments = [(jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1)), m_new, b_new, None)]
     if m_old is not None:  # the whole cache: attend reads its first m_old.shape[-1] slots
         segments.insert(0, (*kv, m_old, b_old, old_limit(write_idx, m_new)))

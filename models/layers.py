@@ -279,6 +279,24 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     return o.reshape(b, t, h, dh).astype(q.dtype)
 
 
+def attend_decode(q, k, v, kv, m_old, m_new, limit, scale: float):
+    """``attend`` for one query token per row over the cache ``kv`` (``[R,K,S,Dh]`` keys,
+    ``[R,K,Dh,S]`` values) and the row's own ``k, v [B,1,K,Dh]``, in one kernel call
+    (``kernels.decode_attention``): the scores never leave the kernel. ``m_old [B,1,W]``,
+    ``m_new [B,1,1]`` as ``attend``'s masks, ``limit`` a scalar or ``[B]`` (``attend``'s)."""
+    b, _, h, dh = q.shape
+    kh = k.shape[2]
+    mask = jnp.concatenate([m_old[:, 0], m_new[:, 0]], axis=-1)  # [B, W + 1]: once per forward
+    lim = jnp.repeat(jnp.broadcast_to(limit, (b,)), kh)
+    flat = lambda x: x.reshape(b * kh, -1)
+    keys, values = kv
+    o = kernels.decode_attention(
+        q.reshape(b * kh, h // kh, dh), keys.reshape(-1, keys.shape[2], dh),
+        values.reshape(-1, dh, values.shape[3]), flat(k), flat(v), mask, lim, scale,
+    )  # fmt: skip
+    return o.reshape(b, 1, h, dh).astype(q.dtype)
+
+
 # --------------------------------------------------------------------------- dense helpers
 def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act: str | None = None):
     """``x [..., D] @ w [D, ...]`` (+ bias), accumulating in float32.

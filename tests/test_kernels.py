@@ -362,13 +362,13 @@ def test_attention_bdot_matches_numpy_and_reads_only_the_leading_block(bdt):
 
 
 def test_decode_graphs_attend_with_the_kernel(llama_path, monkeypatch):
-    """Decode graphs call ``aotlm_bdot`` (prefill keeps XLA's einsum) and the sampler's ``aotlm_argmax``;
-    tokens equal the fallback's."""
+    """Decode graphs attend in one ``aotlm_dattn`` call per layer (prefill keeps XLA's einsum or
+    ``aotlm_attn``) and call the sampler's ``aotlm_argmax``; tokens equal the fallback's."""
     _, tok_on, _, m = run_with_kernels(llama_path, monkeypatch, True)
     texts = {k: exe.as_text() for k, exe in m._executables.items()}
-    assert any("aotlm_bdot" in t for t in texts.values())
-    assert any("aotlm_argmax" in t for k, t in texts.items() if "decode" in str(k))
-    assert all("aotlm_bdot" not in t for k, t in texts.items() if "prefill" in str(k) and "32" in str(k))
+    decode = [t for k, t in texts.items() if k[0] == "decode"]
+    assert decode and all("aotlm_dattn" in t and "aotlm_argmax" in t for t in decode)
+    assert all("aotlm_dattn" not in t for k, t in texts.items() if "prefill" in str(k) and "32" in str(k))
     _, tok_off, _, _ = run_with_kernels(llama_path, monkeypatch, False)
     np.testing.assert_array_equal(tok_on, tok_off)
 

@@ -160,7 +160,7 @@ def test_gpt2_greedy_agreement_and_cache_dtype(gpt2_path):
         np.testing.assert_array_equal(got[1], ref[1])
         np.testing.assert_array_equal(got[2], ref[2])
         decode = [e.as_text() for k, e in m._executables.items() if k[0] == "decode"]
-        assert decode and all("aotlm_bdot" in t for t in decode)
+        assert decode and all("aotlm_dattn" in t for t in decode)
         b, kh, s, dh = m.cache["k"][0].shape  # no whole-cache f32 copy around the writes (cache_view)
         assert not any(f"f32[{b},{kh},{x}]" in t for t in decode for x in (f"{s},{dh}", f"{dh},{s}"))
 

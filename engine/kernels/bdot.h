@@ -122,6 +122,23 @@ inline void long_rows8(const float* a, int64_t M, int64_t L, int64_t l_lim, cons
   }
 }
 
+// c[m, n] (row stride N) for rows n in [n0, ne) of b (one batch item), each taken by the loop its
+// row length suits.
+template <class W>
+inline void dots(const float* ai, int64_t M, int64_t L, int64_t l_lim, const typename W::T* bi, int64_t LB,
+                 int64_t n0, int64_t ne, float* ci, int64_t N) {
+  int64_t n = n0;
+  const int64_t le = std::min(L, l_lim);
+  if (le <= 128)  // short rows (keys): eight at a time
+    for (; n + 8 <= ne; n += 8) rows8<W>(ai, M, L, l_lim, bi, LB, n, ci, N);
+  if (le > 128)  // long rows (values: one head dim over the slots): eight at a time
+    for (; n + 8 <= ne; n += 8) long_rows8<W>(ai, M, L, l_lim, bi, LB, n, ne, ci, N);
+  if (le >= 32)  // rows of >= 32 elements: one at a time, in order
+    for (; n < ne; ++n) long_row<W>(ai, M, L, l_lim, bi, LB, n, ci, N);
+  for (; n + 4 <= ne; n += 4) rows<W, 4>(ai, M, L, l_lim, bi, LB, n, ci, N);
+  for (; n < ne; ++n) rows<W, 1>(ai, M, L, l_lim, bi, LB, n, ci, N);
+}
+
 template <class W>
 void run(const float* a, const void* braw, float* c, int64_t I, int64_t M, int64_t L, int64_t NB, int64_t LB,
          int64_t N, const int32_t* lim, int64_t lim_stride) {
@@ -131,20 +148,9 @@ void run(const float* a, const void* braw, float* c, int64_t I, int64_t M, int64
   aotlm::parallel_for(int(I * per), [&](int job) {
     const int64_t i = job / per, n0 = job % per * CH, n1 = std::min(N, n0 + CH);
     const int64_t n_lim = lim[i * lim_stride], l_lim = lim[i * lim_stride + 1];
-    const float* ai = a + i * M * L;
-    const typename W::T* bi = b + i * NB * LB;
     float* ci = c + i * M * N;
     const int64_t ne = std::max(n0, std::min(n1, n_lim));
-    int64_t n = n0;
-    const int64_t le = std::min(L, l_lim);
-    if (le <= 128)  // short rows (keys): eight at a time
-      for (; n + 8 <= ne; n += 8) rows8<W>(ai, M, L, l_lim, bi, LB, n, ci, N);
-    if (le > 128)  // long rows (values: one head dim over the slots): eight at a time
-      for (; n + 8 <= ne; n += 8) long_rows8<W>(ai, M, L, l_lim, bi, LB, n, ne, ci, N);
-    if (le >= 32)  // rows of >= 32 elements: one at a time, in order
-      for (; n < ne; ++n) long_row<W>(ai, M, L, l_lim, bi, LB, n, ci, N);
-    for (; n + 4 <= ne; n += 4) rows<W, 4>(ai, M, L, l_lim, bi, LB, n, ci, N);
-    for (; n < ne; ++n) rows<W, 1>(ai, M, L, l_lim, bi, LB, n, ci, N);
+    dots<W>(a + i * M * L, M, L, l_lim, b + i * NB * LB, LB, n0, ne, ci, N);
     for (int64_t m = 0; m < M; ++m) std::fill(ci + m * N + ne, ci + m * N + n1, 0.f);
   });
 }

@@ -31,6 +31,7 @@ TARGETS = {
     "aotlm_wmm_nn": "AotlmWmmNN",
     "aotlm_wmm_nt": "AotlmWmmNT",
     "aotlm_bdot": "AotlmBdot",
+    "aotlm_dattn": "AotlmDattn",
     "aotlm_convert": "AotlmConvert",
     "aotlm_wmm_pk": "AotlmWmmPK",
     "aotlm_unpack": "AotlmUnpack",

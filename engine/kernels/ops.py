@@ -263,6 +263,12 @@ def attention_ok(t: int) -> bool:
     return 1 <= t <= kernels.MAX_ROWS and kernels.enabled() and _one_device()
 
 
+def decode_attention_ok(q) -> bool:
+    """Static check: can ``q [B,1,H,Dh]`` (one query token per row) attend with ``decode_attention``
+    (kernels on, one device)?"""
+    return q.ndim == 4 and q.shape[1] == 1 and kernels.enabled() and _one_device()
+
+
 def causal_attention_ok(x) -> bool:
     """Static check: can a prefill call whose activations are ``x [B,T,...]`` attend over its own
     tokens with ``causal_attention``? More than ``MAX_ROWS`` query tokens (decode keeps ``bdot``),
@@ -313,6 +319,22 @@ def bdot(a, b, n: int, n_limit=None, l_limit=None):
     lim = jnp.stack(lims, axis=-1)
     out = jax.ShapeDtypeStruct((a.shape[0], a.shape[1], n), jnp.float32)
     return jax.ffi.ffi_call("aotlm_bdot", out)(a, b, lim)
+
+
+def decode_attention(q, keys, values, k_new, v_new, mask, limit, scale: float):
+    """One decode step's attention in one call (``dattn.h``): ``q [I, G, Dh]`` (``I = B * Kh``: row
+    ``i // Kh``, kv head ``i % Kh``) over cache slots ``j < limit[i]`` of ``keys [IB >= I, S, Dh]`` /
+    ``values [IB, Dh, S]`` that ``mask [B, W + 1]`` shows (its last column: the row's own token,
+    ``k_new`` / ``v_new [I, Dh]``), softmax of ``scale * q . k`` over them. Returns ``[I, G, Dh]``
+    f32; a row that sees nothing gets zeros. The cache is read in place (f32, bf16, its bits as
+    uint16, f16)."""
+    kernels.ensure_registered()
+    f32 = lambda x: x.astype(jnp.float32)
+    lim = jnp.broadcast_to(jnp.asarray(limit, jnp.int32), (q.shape[0],))
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    return jax.ffi.ffi_call("aotlm_dattn", out)(
+        f32(q), keys, values, f32(k_new), f32(v_new), mask.astype(jnp.bool_), lim, scale=np.float32(scale)
+    )
 
 
 def argmax_ok(x) -> bool:

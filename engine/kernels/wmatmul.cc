@@ -262,35 +262,6 @@ ffi::Error unpack(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyBu
   return ffi::Error::Success();
 }
 
-ffi::Error bdot(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer lim, ffi::Result<ffi::AnyBuffer> c) {
-  auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
-  if (ad.size() != 3 || bd.size() != 3 || cd.size() != 3)
-    return ffi::Error::InvalidArgument("aotlm_bdot: a, b and c must be 3-D");
-  const int64_t I = ad[0], M = ad[1], L = ad[2], NB = bd[1], LB = bd[2], N = cd[2];
-  if (bd[0] < I || cd[0] != I || cd[1] != M || N > NB || L > LB)
-    return ffi::Error::InvalidArgument("aotlm_bdot: shapes do not match");
-  if (c->element_type() != DataType::F32) return ffi::Error::InvalidArgument("aotlm_bdot: c must be f32");
-  if (lim.element_type() != DataType::S32 || (lim.element_count() != 2 && lim.element_count() != 2 * I))
-    return ffi::Error::InvalidArgument("aotlm_bdot: lim must be int32 [2] or [I, 2]");
-  const int32_t* lp = static_cast<const int32_t*>(lim.untyped_data());
-  const int64_t ls = lim.element_count() == 2 ? 0 : 2;  // one pair for all rows, or one per row
-  const DataType at = a.element_type();
-  if (at != DataType::F32 && at != DataType::BF16 && at != DataType::F16)
-    return ffi::Error::InvalidArgument("aotlm_bdot: a must be f32, bf16 or f16");
-  std::vector<float> tmp;
-  const float* af = x_f32(a, I * M * L, tmp);
-  float* cf = static_cast<float*>(c->untyped_data());
-  switch (b.element_type()) {
-    case DataType::F32: aotlm_bd::run<F32>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, lp, ls); break;
-    case DataType::BF16:
-    case DataType::U16:  // a bf16 KV cache stored as its bits (XLA:CPU upcasts bf16 cache writes, layers.py)
-      aotlm_bd::run<BF16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, lp, ls);
-      break;
-    case DataType::F16: aotlm_bd::run<F16>(af, b.untyped_data(), cf, I, M, L, NB, LB, N, lp, ls); break;
-    default: return ffi::Error::InvalidArgument("aotlm_bdot: b must be f32, bf16 (or its bits as u16) or f16");
-  }
-  return ffi::Error::Success();
-}
 ffi::Error convert(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyBuffer> y) {  // after: unused (ordering)
   const DataType yt = y->element_type();
   if (yt != DataType::F32 && yt != DataType::BF16 && yt != DataType::F16)
@@ -302,6 +273,7 @@ ffi::Error convert(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyB
 }
 #include "prefill.h"  // prefill handlers: the GEMMs and attention on XLA's threads
 #include "int4.h"     // 4-bit group-quantized weights (decode and prefill rows)
+#include "dattn.h"    // decode attention handlers: the dots (bdot.h) and the fused step (q.k, softmax, p.v)
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmConvert, convert,
@@ -382,6 +354,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmBdot, bdot,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmDattn, dattn,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("scale"));
 
 // Whether this CPU runs every instruction this build may use (its ISA level, aotlm.kernels.isa).
 extern "C" int aotlm_kernels_cpu_ok() {
