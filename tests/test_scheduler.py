@@ -165,10 +165,10 @@ def test_more_requests_than_slots_all_get_their_tokens(fake):
     """Admission: two slots, five requests; each waits for a free slot and gets exactly its tokens,
     and a second request joins the first one's decode calls (continuous batching)."""
     fake.hold()
-    eng = Engine(fake, max_queue=8).start()
+    eng = Engine(fake, max_queue=8, decode_chunk=4).start()
     try:
         prompts = [[3, 4, 5], [10], [7, 8, 9, 10, 11, 12], [40, 41], [49]]
-        budgets = [9, 4, 5, 6, 7]  # the first outlasts its first decode call (4 steps, alone)
+        budgets = [9, 4, 5, 6, 7]  # the first outlasts its first decode call (4 steps, alone: decode_chunk=4)
         reqs = [eng.submit(prompts[0], SamplingParams(max_tokens=budgets[0]))]
         fake.wait_decodes(1)  # the first request is live; the others arrive now
         reqs += [eng.submit(p, SamplingParams(max_tokens=budgets[i])) for i, p in enumerate(prompts) if i]
@@ -187,11 +187,11 @@ def test_more_requests_than_slots_all_get_their_tokens(fake):
 
 
 def test_decode_steps_per_call_follow_the_rows_and_the_queue():
-    """A lone request decodes ``DECODE_CHUNK`` (4) steps a call; busier batches one step a call (and
-    while a prompt waits: it would wait for the whole call); tokens are the same either way."""
+    """A lone request decodes ``decode_chunk`` (4 here) steps a call, ``n`` busy rows ``4 // n``, and
+    one while a prompt waits (it would wait for the whole call); tokens are the same either way."""
     fake = FakeSlots(slots=2)
     fake.hold()
-    eng = Engine(fake).start()
+    eng = Engine(fake, decode_chunk=4).start()
     try:
         prompts, budgets = [[1], [2], [3]], [20, 20, 4]
         reqs = [eng.submit(prompts[0], SamplingParams(max_tokens=20))]
@@ -203,7 +203,8 @@ def test_decode_steps_per_call_follow_the_rows_and_the_queue():
         for p, req, n in zip(prompts, reqs, budgets, strict=True):
             assert collect(req)[0] == expected(p, n)
         assert fake.steps[:2] == [4, 1], fake.steps  # then two rows busy and a third prompt waiting
-        assert set(fake.steps) == {1, 4} and fake.steps[-1] == 4, fake.steps  # the last one alone
+        # then two rows busy with nothing waiting: 2 steps a call (the last two end in the same call)
+        assert set(fake.steps) == {1, 2, 4} and fake.steps[-1] == 2, fake.steps
     finally:
         fake.let_go()
         eng.shutdown(timeout=1)
@@ -271,7 +272,7 @@ def test_cancel_a_running_and_a_waiting_request():
     waiting one never reaches prefill."""
     fake = FakeSlots(slots=2)
     fake.hold()
-    eng = Engine(fake, max_queue=4).start()
+    eng = Engine(fake, max_queue=4, decode_chunk=4).start()
     try:
         doomed = eng.submit([5], SamplingParams(max_tokens=40))
         fake.wait_decodes(1)

@@ -12,8 +12,8 @@ rounds; each round it
    prompt), and for each finished prompt inserts the request and streams its first token,
 4. runs one decode call over the busy rows (the token bucket is the smallest covering the longest
    live slot, the row count the smallest ladder value covering the busy rows) and streams each
-   slot's new tokens: ``decode_chunk`` steps for a lone unconstrained request while nothing waits
-   to be prefilled, else one,
+   slot's new tokens: ``decode_chunk // n`` steps with ``n`` unconstrained rows busy and nothing
+   waiting to be prefilled, else one,
 5. retires finished requests, or sleeps when there is nothing to do.
 
 Rows stay compact: requests hold rows ``0 .. n-1``. When a request ends below the highest busy
@@ -52,9 +52,9 @@ from aotlm.serve.types import (
 )
 
 log = logging.getLogger("aotlm.serve")
-# decode steps per call for a lone request (``_steps``): the call's fixed ~1 ms is a sixth of a
-# GPT-2-small step; busier batches run one step a call (README, Serving)
-DECODE_CHUNK = 4
+# decode steps per call for a lone request (``_steps``; n busy rows: DECODE_CHUNK // n): a call's
+# fixed ~1.8 ms is ~40% of a GPT-2-small int4 one-row step (README, Serving)
+DECODE_CHUNK = 8
 PREFIX_STORE_BYTES = 512 << 20  # K/V copied out of overwritten rows, kept for reuse (LRU)
 
 
@@ -242,16 +242,18 @@ class Engine:
             self._stream(live)
 
     def _steps(self) -> int:
-        """Decode steps for this round's call: ``decode_chunk`` for a lone request (the call's fixed
-        cost shared by several tokens), one while a prompt waits or is being prefilled (it would
-        wait for the whole call) or when rows share the call: a row that ends inside a call would
-        go on through its remaining steps, and a finished row's passes can move a sampled row's
-        log-probs by an ulp, where batch invariance promises bitwise equality."""
+        """Decode steps for this round's call: ``decode_chunk // n`` with ``n`` busy rows (the
+        call's fixed cost shared by several tokens, and a call about as long whatever the rows:
+        a row that ends inside it waits for the call's end to be freed), one while a prompt
+        waits or is being prefilled (it would wait for the whole call). A finished row stays
+        in the call without touching the others' numbers (it reads no cache slot: per-row
+        attention limits), so batch invariance holds at any steps per call."""
         with self._cv:
             waiting = bool(self._waiting)
-        if waiting or self._busy_rows() != 1 or self._slots[0] is None or not self._slots[0].live:
+        busy = [a for a in self._slots if a is not None]
+        if waiting or not busy or not all(a.live for a in busy):
             return 1
-        return self.decode_chunk
+        return max(1, self.decode_chunk // len(busy))
 
     def _busy_rows(self) -> int:
         """Rows ``0 .. n-1`` hold every request (compact)."""
