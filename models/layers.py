@@ -249,8 +249,7 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     for keys, _, mask, bias, limit in segments:
         w = mask.shape[-1]
         if fast:  # the cache may hold more rows than the call: the kernel reads the first b
-            limit = limit if limit is None or jnp.ndim(limit) == 0 else jnp.repeat(limit, k_heads)
-            s = kernels.bdot(qk, keys.reshape(-1, keys.shape[2], dh), w, n_limit=limit)
+            s = kernels.bdot(qk, keys.reshape(-1, keys.shape[2], dh), w, n_limit=kernel_rows(limit, k_heads))
             s = s.reshape(b, k_heads, g, t, w) * scale
         else:
             kw = cache_view(keys[:b, :, :w])
@@ -266,9 +265,9 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     for (_, values, _, _, limit), s in zip(segments, scores, strict=True):
         w = s.shape[-1]
         if fast:
-            limit = limit if limit is None or jnp.ndim(limit) == 0 else jnp.repeat(limit, k_heads)
             pw = p[..., start : start + w].reshape(b * k_heads, g * t, w)
-            ov = kernels.bdot(pw, values.reshape(-1, dh, values.shape[-1]), dh, l_limit=limit)
+            vals = values.reshape(-1, dh, values.shape[-1])
+            ov = kernels.bdot(pw, vals, dh, l_limit=kernel_rows(limit, k_heads))
             o = o + jnp.transpose(ov.reshape(b, k_heads, g, t, dh), (0, 3, 1, 2, 4))
         else:
             vw = cache_view(values[:b, ..., :w])
@@ -279,6 +278,12 @@ def attend(q, segments, scale: float, softcap: float | None = None):
     return o.reshape(b, t, h, dh).astype(q.dtype)
 
 
+def kernel_rows(limit, k_heads: int):
+    """A slot limit for the kernels' rows (one per batch row and kv head): None or a scalar as it
+    is, one per batch row ``[B]`` repeated over the kv heads."""
+    return limit if limit is None or jnp.ndim(limit) == 0 else jnp.repeat(limit, k_heads)
+
+
 def attend_decode(q, k, v, kv, m_old, m_new, limit, scale: float):
     """``attend`` for one query token per row over the cache ``kv`` (``[R,K,S,Dh]`` keys,
     ``[R,K,Dh,S]`` values) and the row's own ``k, v [B,1,K,Dh]``, in one kernel call
@@ -287,12 +292,11 @@ def attend_decode(q, k, v, kv, m_old, m_new, limit, scale: float):
     b, _, h, dh = q.shape
     kh = k.shape[2]
     mask = jnp.concatenate([m_old[:, 0], m_new[:, 0]], axis=-1)  # [B, W + 1]: once per forward
-    lim = jnp.repeat(jnp.broadcast_to(limit, (b,)), kh)
     flat = lambda x: x.reshape(b * kh, -1)
     keys, values = kv
     o = kernels.decode_attention(
         q.reshape(b * kh, h // kh, dh), keys.reshape(-1, keys.shape[2], dh),
-        values.reshape(-1, dh, values.shape[3]), flat(k), flat(v), mask, lim, scale,
+        values.reshape(-1, dh, values.shape[3]), flat(k), flat(v), mask, kernel_rows(limit, kh), scale,
     )  # fmt: skip
     return o.reshape(b, 1, h, dh).astype(q.dtype)
 
