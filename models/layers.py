@@ -313,7 +313,8 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     them its sharding under tensor parallelism. More rows (prefill): on CPU packed weights (int8 /
     bf16 / f16 / f32 in the panel layout) take the GEMM kernel (``gemm.h``), which beat XLA's dot.
     Under ``lowp.activations`` prefill rounds x first, on any backend: to int8 per row with int8
-    weights (W8A8, ``lowp.w8a8``), to bf16 with bf16 weights (``lowp.bf16a``).
+    weights (W8A8, ``lowp.w8a8``), to bf16 with bf16 weights (``lowp.bf16a``); W8A8 decode rows too
+    (the row kernel rounds them itself, ``kernels.w8a8_rows``; under tensor parallelism they stay f32).
     ``act`` (an ``activation`` name) is applied to the result: by the kernel itself, with the bias,
     where ``kernels.gemm_fuses`` says it can (one pass over the output instead of XLA's two).
     """
@@ -328,6 +329,13 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     rows = math.prod(x.shape[: x.ndim - axes])
     kact = "gelu_tanh" if act in GELU_TANH else act
     low = lowp.kind() if rows > kernels.MAX_ROWS else None  # prefill with low-precision activations
+    if scale is not None and lowp.kind() == "s8" and rows <= kernels.MAX_ROWS:  # W8A8 decode rows
+        if kernels.w8a8_rows(x, w, axes, name, pk):  # the row kernel rounds x itself
+            fuse = {"b": b, "act": kact} if kernels.gemm_fuses(x, w, axes, name, pk, kact) else {}
+            y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, a8=True, **fuse)
+            y = y if fuse or b is None else y + b
+            return (y if fuse or act is None else activation(act, y)).astype(x.dtype)
+        low = None if kernels.supported(x, w, axes, name) else "s8"  # tp: f32 x; no kernels: the graph's
     if (scale is not None and low == "s8") or (scale is None and low == "bf16" and w.dtype == jnp.bfloat16):
         y, fused = lowp.dense(low, x, w, scale, axes, name, pk, b, kact)
         if not fused:

@@ -24,7 +24,7 @@ from builders import peaked_checkpoint, rel_error, run_with_kernels
 from aotlm import kernels
 from aotlm.core import precision
 from aotlm.kernels import build
-from aotlm.models import lowp, packing
+from aotlm.models import layers, lowp, packing
 from aotlm.models.quant import QuantizationConfig, quant_config
 
 pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="aotlm kernels unavailable on this machine")
@@ -95,6 +95,38 @@ def test_packed_gemm_matches_numpy_and_w8a8_is_exact():
                     np.testing.assert_array_equal(np.asarray(xla(x, wq, s)), exact)
                 finally:
                     os.environ.pop("AOTLM_KERNELS")
+
+
+def test_w8a8_decode_rows_round_x_to_int8_whatever_the_batch():
+    """W8A8 decode rows (<= MAX_ROWS): the row kernel rounds f32 x to int8 as the graph does and its
+    result equals the int64 product scaled in f32, bit for bit (``vpdpbusd`` on avx512vnni, int16 lanes
+    elsewhere), each row the same alone as among 16; ``layers.dense`` under W8A8 calls it (``a8``) and,
+    with the kernels off, forms the same sums on XLA's integer dot."""
+    rng = np.random.default_rng(5)
+    f = jax.jit(lambda x, w, s: kernels.matmul(x, w, s, packed_k=1, a8=True))
+    for k, n in ((38, 16), (1030, 48)):  # K/2 odd: the last 4-row group half padded
+        x = rng.standard_normal((16, k)).astype(np.float32)
+        x[2], x[3, 0] = 0.0, 50.0  # a zero row; a row whose scale one element sets
+        wq = rng.integers(-127, 128, (k, n)).astype(np.int8)
+        wq[:, 0] = -127
+        s = (rng.random(n) / 50).astype(np.float32)
+        wp = packing.pack(wq, (0,))
+        tq, ts = (np.asarray(a) for a in jax.jit(lowp.quantize_rows)(x))
+        want = (tq.astype(np.int64) @ wq).astype(np.float32) * (s[None, :] * ts[:, None])
+        alone = np.concatenate([np.asarray(f(x[i : i + 1], wp, s)) for i in range(16)])
+        np.testing.assert_array_equal(alone, want, err_msg=str((k, n)))
+        for m in (2, 5, 9, 16):
+            np.testing.assert_array_equal(np.asarray(f(x[:m], wp, s)), want[:m], err_msg=str((m, k, n)))
+    dense = jax.jit(lambda x, w, s: layers.dense(x, w, scale=s, name="w_up"))
+    with lowp.activations("s8"):
+        assert "a8 = 1" in dense.lower(x[:4], wp, s).as_text()
+        os.environ["AOTLM_KERNELS"] = "0"
+        try:
+            off = dense.lower(x[:4], wq, s).compile()
+            assert "aotlm_" not in off.as_text()
+            assert rel_error(off(x[:4], wq, s), want[:4].astype(np.float64)) <= 1e-6
+        finally:
+            os.environ.pop("AOTLM_KERNELS")
 
 
 def test_quant_option_and_config():

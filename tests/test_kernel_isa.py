@@ -123,13 +123,14 @@ def test_w8a8_gemm_is_exact_for_every_k_mod_4():
 
 
 # Tests of the kernels each level changes: GEMMs (f32 micro-kernel, W8A8, bf16 x), the packed int8 row
-# kernel (512 bits in the avx512 levels, vpdpwssd from avx512vnni), the 4-bit kernel (vpmaddubsw on 8
+# kernel (512 bits in the avx512 levels, vpdpwssd from avx512vnni; W8A8 rows on vpdpbusd there), the 4-bit kernel (vpmaddubsw on 8
 # columns, 16 on avx512, vpdpbusd on avx512vnni), prompt attention (the GEMM's micro-kernel), the
 # row-major int8 row kernels.
 VARIANT_TESTS = [
     "tests/test_kernel_isa.py::test_w8a8_gemm_is_exact_for_every_k_mod_4",
     "tests/test_gemm.py::test_f32_gemm_matches_numpy_on_odd_shapes",
     "tests/test_gemm.py::test_packed_gemm_matches_numpy_and_w8a8_is_exact",
+    "tests/test_gemm.py::test_w8a8_decode_rows_round_x_to_int8_whatever_the_batch",
     "tests/test_bf16a.py::test_bf16a_products_match_numpy_on_every_path",
     "tests/test_kernels.py::test_packed_kernel_matches_numpy",
     "tests/test_kernels.py::test_packed_int8_rows_equal_the_exact_product_of_int16_rounded_x",
@@ -152,7 +153,7 @@ def test_each_level_matches_numpy(level):
         pytest.skip(f"this CPU lacks {' '.join(isa.lacking(level))} (the {level} kernels)")
     if level == kernels.isa_level():
         pytest.skip(f"{level} is this process's level: the kernel tests run it in process")
-    sel = VARIANT_TESTS if level == "avx2" else VARIANT_TESTS[:7]  # avx512: GEMMs, packed rows, 4-bit
+    sel = VARIANT_TESTS if level == "avx2" else VARIANT_TESTS[:8]  # avx512: GEMMs, packed rows, 4-bit
     cmd = [
         sys.executable,
         "-m",

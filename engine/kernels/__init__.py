@@ -69,6 +69,7 @@ from aotlm.kernels.ops import (
     supported,
     unpack_q4,
     w8a8_fused,
+    w8a8_rows,
 )
 
 __all__ = [
@@ -98,6 +99,7 @@ __all__ = [
     "matmul_q4",
     "mesh_context",
     "w8a8_fused",
+    "w8a8_rows",
     "q4_fuses",
     "q4_group",
     "q4_supported",

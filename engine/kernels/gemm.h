@@ -289,32 +289,12 @@ inline void i8_micro(const int16_t* a, const int8_t* panel, int64_t Kh, float* o
     for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + m * ld + 8 * v, _mm256_cvtepi32_ps(acc[m][v]));
 }
 
-// x f32 [M, K] -> q int8 [M, K] and s [M] as the graph's quantization (models/lowp.quantize_rows):
-// s = max|x| / 127 (1 for an all-zero row), q = clip(round half to even(x / s), -127, 127), in the f32
-// operations XLA:CPU compiles that to (its simplifier: s = max|x| * f32(1/127), x / s = x * (1 / s)), so
-// W8A8 on f32 x (quant_x) equals the graph's int8 x bit for bit (finite x; XLA's max keeps a NaN where
-// this one drops it; tests/test_gemm.py holds it equal). Rows in parallel; 8 lanes at a time.
+// x f32 [M, K] -> q int8 [M, K] and s [M]: aotlm_i8::round_row_s8 per row, rows in parallel.
 inline void quantize_rows_s8(const float* x, int64_t M, int64_t K, int8_t* q, float* s) {
   aotlm::parallel_for(int(std::min<int64_t>(M, 64)), [&](int part) {
     const int64_t parts = std::min<int64_t>(M, 64);
-    for (int64_t m = M * part / parts; m < M * (part + 1) / parts; ++m) {
-      const float* r = x + m * K;
-      bool finite = true;  // not needed here: a non-finite row's q and s follow from amax as in the graph
-      const float amax = aotlm_i8::abs_max(r, K, finite);
-      const float sc = amax > 0.f ? amax * (1.f / 127.f) : 1.f, inv = 1.f / sc;
-      s[m] = sc;
-      const __m256 d = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
-      int8_t* o = q + m * K;
-      int64_t k = 0;
-      for (; k + 8 <= K; k += 8) {
-        const __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(r + k), d), _MM_FROUND_TO_NEAREST_INT |
-                                                                                   _MM_FROUND_NO_EXC);
-        const __m256i i = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
-        const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(o + k), _mm_packs_epi16(w, w));
-      }
-      for (; k < K; ++k) o[k] = int8_t(std::min(std::max(std::nearbyint(r[k] * inv), -127.f), 127.f));
-    }
+    for (int64_t m = M * part / parts; m < M * (part + 1) / parts; ++m)
+      s[m] = aotlm_i8::round_row_s8(x + m * K, K, q + m * K);
   });
 }
 

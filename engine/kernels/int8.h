@@ -86,6 +86,28 @@ inline int32_t round_i8(const float* r, int64_t n, float inv, int8_t* q) {
   return sum;
 }
 
+// One row r f32 [K] -> o int8 [K], returning s, as the graph's quantization (models/lowp.quantize_rows):
+// s = max|r| / 127 (1 for an all-zero row), o = clip(round half to even(r / s), -127, 127), in the f32
+// operations XLA:CPU compiles that to (its simplifier: s = max|r| * f32(1/127), r / s = r * (1 / s)), so
+// W8A8 on f32 x (the GEMM's quant_x, the decode rows' a8) equals the graph's int8 x bit for bit (finite
+// x; XLA's max keeps a NaN where this one drops it; tests/test_gemm.py holds it equal). 8 lanes at a time.
+inline float round_row_s8(const float* r, int64_t K, int8_t* o) {
+  bool finite = true;  // not needed here: a non-finite row's q and s follow from amax as in the graph
+  const float amax = abs_max(r, K, finite);
+  const float sc = amax > 0.f ? amax * (1.f / 127.f) : 1.f, inv = 1.f / sc;
+  const __m256 d = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(r + k), d), _MM_FROUND_TO_NEAREST_INT |
+                                                                               _MM_FROUND_NO_EXC);
+    const __m256i i = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(o + k), _mm_packs_epi16(w, w));
+  }
+  for (; k < K; ++k) o[k] = int8_t(std::min(std::max(std::nearbyint(r[k] * inv), -127.f), 127.f));
+  return sc;
+}
+
 // x [M, K] f32 -> xq [M, Kp] int16 (zero padded), sx [M] (q * sx ~ x). Vectorized (abs_max, round_i16):
 // a 16-row call with K = 1536 and 16 columns took 103 us on the scalar loops, 20 us on these.
 inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq, float* sx) {

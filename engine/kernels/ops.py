@@ -100,6 +100,13 @@ def w8a8_fused(x, w, axes: int, name: str | None, packed_k: int | None) -> bool:
     return ok and kernels.enabled() and _one_device()
 
 
+def w8a8_rows(x, w, axes: int, name: str | None, packed_k: int | None) -> bool:
+    """Static: can the row kernel round this f32 ``x`` (decode rows) to int8 itself (``matmul(a8=True)``),
+    as ``w8a8_fused`` does for prefill? One device only (a sharded row lacks its max over all of K)."""
+    ok = bool(packed_k) and jnp.dtype(x.dtype) == jnp.float32 and jnp.dtype(w.dtype) == jnp.int8
+    return ok and supported(x, w, axes, name) and _one_device()
+
+
 # Activations the packed GEMM applies to its output (gemm.h: finish), by ``models.layers`` name.
 GEMM_ACTS = {"gelu_tanh": 1, "relu": 2}
 
@@ -127,12 +134,14 @@ def _call(
     b=None,
     act: str | None = None,
     quant_x: bool = False,
+    a8: bool = False,
 ):
     """The kernel on local arrays: ``x [..., *K] @ w [*K, *N]`` (or ``w [N, K]`` when ``nt``, or
     ``w`` in the panel layout with ``packed_k`` contracted dims, ``layout``). More rows than
     ``row_limit(w)``, or int8 ``x`` with per-row scales ``sx`` (W8A8), take the GEMMs (``gemm.h``):
     ``aotlm_gemm_pk`` for packed ``w``, ``aotlm_gemm`` for f32. Packed ``w`` (GEMM or row kernel)
-    applies the bias ``b`` and activation ``act`` of ``gemm_fuses`` to its output."""
+    applies the bias ``b`` and activation ``act`` of ``gemm_fuses`` to its output; ``a8``: the row
+    kernel rounds ``x`` to int8 per row first (W8A8 decode rows, packed int8 ``w``)."""
     kernels.ensure_registered()
     lead = x.shape[: x.ndim - axes]
     k = math.prod(x.shape[x.ndim - axes :])
@@ -156,7 +165,7 @@ def _call(
     if packed_k:
         tail = layout.logical_dims(w.shape, packed_k)[1]
         out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), x.dtype)
-        y = jax.ffi.ffi_call("aotlm_wmm_pk", out)(x2, w, s.astype(jnp.float32), bias, act=act_id)
+        y = jax.ffi.ffi_call("aotlm_wmm_pk", out)(x2, w, s.astype(jnp.float32), bias, act=act_id, a8=np.int32(a8))
         return y.reshape(*lead, *tail)
     if nt:
         target, w2, tail = "aotlm_wmm_nt", w, (w.shape[0],)
@@ -179,6 +188,7 @@ def matmul(
     b=None,
     act: str | None = None,
     quant_x: bool = False,
+    a8: bool = False,
 ):
     """``x @ w`` (times ``scale`` per output channel) in ``x``'s dtype, f32 accumulation.
 
@@ -188,12 +198,15 @@ def matmul(
     and ``sx [...]`` its per-row scales; the result is then f32. ``b`` / ``act``: only where
     ``gemm_fuses`` says so, the bias and activation applied in the GEMM. ``quant_x`` (W8A8 prefill
     where ``w8a8_fused`` says so): f32 ``x`` rounded to int8 per row by the GEMM itself, the graph's
-    ``quantize_rows`` math bit for bit, without its separate pass over x.
+    ``quantize_rows`` math bit for bit, without its separate pass over x. ``a8`` (W8A8 decode rows where
+    ``w8a8_rows`` says so): the same rounding of f32 ``x`` by the row kernel.
     """
     if quant_x and not w8a8_fused(x, w, axes, name, packed_k):
         raise ValueError("quant_x: only a one-device W8A8 GEMM (f32 x, packed int8 w) quantizes x itself")
+    if a8 and not w8a8_rows(x, w, axes, name, packed_k):
+        raise ValueError("a8: only one-device row kernels (f32 x, packed int8 w) round x to int8 themselves")
     if _one_device():
-        return _call(x, w, scale, axes, nt, packed_k, sx, b, act, quant_x)
+        return _call(x, w, scale, axes, nt, packed_k, sx, b, act, quant_x, a8)
     mesh, spec_of = _ctx.value
     pspec = _weight_spec(name, w.ndim, spec_of)  # the stored leaf's (packed or not)
     wspec = _weight_spec(name, _logical_ndim(packed_k, w), spec_of)

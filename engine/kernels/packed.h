@@ -322,9 +322,45 @@ inline void drive(int64_t M, int64_t N, const float* rs, const float* scale, con
   });
 }
 
-// y [M, N] = x [M, K] @ W (* scale) for packed W (wt: S8, BF16, F16 or F32; K even, N a multiple of 16).
+// W8A8 decode rows (a8): x rounded to int8 per row as prefill's GEMM rounds it (round_row_s8), then
+// vpdpbusd (rows_s8) where the build has AVX512-VNNI and K < 66,000, else the same int8 values as
+// int16 on the int16 route (the same exact products, sums flushed per KB_PAIRS). Either way a row's
+// result does not depend on how many rows share the call.
+inline void run_s8(const float* x, const int8_t* w, const float* scale, const float* bias, int32_t act, int64_t M,
+                   int64_t K, int64_t N, const Out& out) {
+  std::vector<float> sx(M);
+#if defined(__AVX512VNNI__)
+  if (K < 66000) {
+    const int64_t Kq = (K + 3) / 4 * 4;
+    std::vector<int8_t> xq(M * Kq, 0);
+    std::vector<int32_t> corr(M);
+    for (int64_t m = 0; m < M; ++m) {
+      sx[m] = aotlm_i8::round_row_s8(x + m * K, K, xq.data() + m * Kq);
+      int32_t sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += xq[m * Kq + k];
+      corr[m] = 128 * sum;
+    }
+    drive(M, N, sx.data(), scale, bias, act, out, [&](int64_t p0, int64_t p1, float* buf, int64_t ld) {
+      rows_s8(xq.data(), Kq, M, corr.data(), w, K / 2, p0, p1, buf, ld);
+    });
+    return;
+  }
+#endif
+  const int64_t Kp = (K + 16) / 16 * 16;
+  std::vector<int8_t> q8(K);
+  std::vector<int16_t> xq(M * Kp, 0);
+  for (int64_t m = 0; m < M; ++m) {
+    sx[m] = aotlm_i8::round_row_s8(x + m * K, K, q8.data());
+    std::copy(q8.begin(), q8.end(), xq.begin() + m * Kp);
+  }
+  drive(M, N, sx.data(), scale, bias, act, out,
+        [&](int64_t p0, int64_t p1, float* buf, int64_t ld) { rows(xq.data(), Kp, M, w, K / 2, p0, p1, buf, ld); });
+}
+
+// y [M, N] = x [M, K] @ W (* scale) for packed W (wt: S8, BF16, F16 or F32; K even, N a multiple of 16);
+// a8: int8 W times x rounded to int8 (run_s8), else int16 x.
 inline void run(DataType wt, const float* x, const void* wp, const float* scale, const float* bias, int32_t act,
-                int64_t M, int64_t K, int64_t N, const Out& out) {
+                int64_t M, int64_t K, int64_t N, const Out& out, bool a8 = false) {
   if (wt == DataType::F32) {
     const float* w = static_cast<const float*>(wp);
     drive(M, N, nullptr, scale, bias, act, out,
@@ -340,6 +376,10 @@ inline void run(DataType wt, const float* x, const void* wp, const float* scale,
       else
         pair_rows<F16>(x, M, K, w, p0, p1, buf, ld);
     });
+    return;
+  }
+  if (a8) {
+    run_s8(x, static_cast<const int8_t*>(wp), scale, bias, act, M, K, N, out);
     return;
   }
   const int64_t Kp = (K + 16) / 16 * 16;

@@ -227,12 +227,15 @@ std::string packed_shapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, cons
 }
 
 // Packed int8 / bf16 / f16 / f32 W (any shape, K * N elements): x [M, K] -> y [M, N] = act(x @ W (* scale)
-// (+ bias)); bias f32 [N] or empty, act as for aotlm_gemm_pk (epilogue.h).
+// (+ bias)); bias f32 [N] or empty, act as for aotlm_gemm_pk (epilogue.h); a8 != 0 (int8 W): x rounded to
+// int8 per row first (W8A8 decode rows, packed.h's run_s8).
 ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::AnyBuffer bias,
-                  ffi::Result<ffi::AnyBuffer> y, int32_t act) {
+                  ffi::Result<ffi::AnyBuffer> y, int32_t act, int32_t a8) {
   int64_t M, K, N;
   if (const std::string e = packed_shapes(x, w, *y, &M, &K, &N); !e.empty())
     return ffi::Error::InvalidArgument("aotlm_wmm_pk: " + e);
+  if (a8 && w.element_type() != DataType::S8)
+    return ffi::Error::InvalidArgument("aotlm_wmm_pk: a8 (x rounded to int8) needs int8 W");
   const DataType xt = x.element_type();
   if (y->element_type() != xt || (xt != DataType::F32 && xt != DataType::BF16 && xt != DataType::F16))
     return ffi::Error::InvalidArgument("aotlm_wmm_pk: x and y must both be f32, bf16 or f16");
@@ -244,7 +247,7 @@ ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi:
     return ffi::Error::InvalidArgument("aotlm_wmm_pk: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
   std::vector<float> tmp;
   aotlm_pk::run(w.element_type(), x_f32(x, M * K, tmp), w.untyped_data(), s, b, act, M, K, N,
-                Out{y->untyped_data(), xt});
+                Out{y->untyped_data(), xt}, a8 != 0);
   return ffi::Error::Success();
 }
 
@@ -287,7 +290,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmPK, wmm_pk,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("act"));
+                                  .Attr<int32_t>("act")
+                                  .Attr<int32_t>("a8"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmQ4, wmm_q4,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
