@@ -10,11 +10,12 @@
 
 Prefill products (more than ``kernels.MAX_ROWS`` rows) change; of decode's, W8A8's too: its row kernel
 rounds each row to int8 itself (``kernels.w8a8_rows``) and multiplies on ``vpdpbusd`` where the CPU has
-AVX512-VNNI -- a 16-row step's int16 products were compute-bound (SmolLM2-135M's matmuls 15.8 -> 10.1 ms
-per 16-row step in a profile) -- so decode rounds as prefill does, a row's numbers do not depend on the
-decode batch, and XLA's integer dot (kernels off) forms the same int32 sums; under tensor parallelism decode rows stay f32 (a shard of a row lacks
-its max over K). bf16 activations stay a prefill option: decode reads the weights, where reading, not
-the arithmetic, is the cost. The model sets the option around lowering like the kernels' mesh
+AVX512-VNNI -- a 16-row step's int16 products were compute-bound (SmolLM2-135M's matmuls 15.8 -> 10.1
+ms per 16-row step in a profile) -- so decode rounds as prefill does, a row's numbers do not depend on
+the decode batch, and XLA's integer dot (kernels off) forms the same int32 sums; under tensor
+parallelism decode rows stay f32 (a shard of a row lacks its max over K). bf16 activations stay a
+prefill option: decode reads the weights, where reading, not the arithmetic, is the cost. The model
+sets the option around lowering like the kernels' mesh
 (``layers.dense`` has no config to read it from).
 """
 

@@ -123,9 +123,9 @@ def test_w8a8_gemm_is_exact_for_every_k_mod_4():
 
 
 # Tests of the kernels each level changes: GEMMs (f32 micro-kernel, W8A8, bf16 x), the packed int8 row
-# kernel (512 bits in the avx512 levels, vpdpwssd from avx512vnni; W8A8 rows on vpdpbusd there), the 4-bit kernel (vpmaddubsw on 8
-# columns, 16 on avx512, vpdpbusd on avx512vnni), prompt attention (the GEMM's micro-kernel), the
-# row-major int8 row kernels.
+# kernel (512 bits in the avx512 levels, vpdpwssd from avx512vnni; W8A8 rows on vpdpbusd there), the
+# 4-bit kernel (vpmaddubsw on 8 columns, 16 on avx512, vpdpbusd on avx512vnni), prompt attention (the
+# GEMM's micro-kernel), the row-major int8 row kernels.
 VARIANT_TESTS = [
     "tests/test_kernel_isa.py::test_w8a8_gemm_is_exact_for_every_k_mod_4",
     "tests/test_gemm.py::test_f32_gemm_matches_numpy_on_odd_shapes",

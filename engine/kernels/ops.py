@@ -165,7 +165,8 @@ def _call(
     if packed_k:
         tail = layout.logical_dims(w.shape, packed_k)[1]
         out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), x.dtype)
-        y = jax.ffi.ffi_call("aotlm_wmm_pk", out)(x2, w, s.astype(jnp.float32), bias, act=act_id, a8=np.int32(a8))
+        attrs = {"act": act_id, "a8": np.int32(a8)}
+        y = jax.ffi.ffi_call("aotlm_wmm_pk", out)(x2, w, s.astype(jnp.float32), bias, **attrs)
         return y.reshape(*lead, *tail)
     if nt:
         target, w2, tail = "aotlm_wmm_nt", w, (w.shape[0],)
