@@ -3,8 +3,8 @@
 One query token per row, grouped-query heads, a cache bigger than the call (more rows, more slots),
 per-row slot limits, holes in the mask (padding slots, a sliding window), rows whose own token is
 hidden (finished serving rows) or that see nothing at all, and f32 / bf16 (as its bits) / f16
-caches. Slots past a row's limit and rows past the call hold NaN: reading one would show.
-"""
+caches; head shapes that take the avx512 builds' G-query loops (``dattn512.h``) and ones that do
+not. Slots past a row's limit and rows past the call hold NaN: reading one would show."""
 
 from __future__ import annotations
 
@@ -40,7 +40,15 @@ def _reference(q, keys, values, k_new, v_new, mask, lim, scale):
 @pytest.mark.parametrize("cdt", [jnp.float32, jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize(
     "b, kh, g, dh, s, w",
-    [(1, 3, 3, 64, 256, 256), (3, 2, 1, 40, 300, 271), (5, 1, 4, 17, 160, 144), (2, 4, 2, 8, 9, 9)],
+    [
+        (1, 3, 3, 64, 256, 256),
+        (3, 2, 1, 40, 300, 271),
+        (5, 1, 4, 17, 160, 144),
+        (2, 4, 2, 8, 9, 9),
+        (4, 2, 4, 128, 200, 197),  # avx512 builds: the G-query loops (G <= 4, Dh % 16 == 0) ...
+        (3, 2, 2, 16, 40, 37),
+        (3, 1, 5, 32, 70, 33),  # ... and G = 5, which they leave to bdot.h's dots
+    ],
 )
 def test_decode_attention_matches_numpy(cdt, b, kh, g, dh, s, w):
     rng = np.random.default_rng(b * 100 + dh)
