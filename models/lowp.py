@@ -1,4 +1,4 @@
-"""Prefill products with low-precision activations: a static option of the whole graph.
+"""Matmuls with low-precision activations (prefill; W8A8 decode rows too): a static option of the graph.
 
 * ``"s8"`` (``quant="w8a8"``): int8 weights times activations rounded to int8 per row (dynamic scale
   ``max|x| / 127``, computed in the graph), summed in int32 (exact), then ``* s_x[row] * scale[col]``.
@@ -35,7 +35,8 @@ _opts = threading.local()
 
 @contextlib.contextmanager
 def activations(kind: str | None):
-    """Graphs traced inside take prefill activations of ``kind`` (one of ``KINDS``)."""
+    """Graphs traced inside take matmul activations of ``kind`` (one of ``KINDS``): prefill's, and with
+    ``"s8"`` decode rows' too (``layers.dense``)."""
     if kind not in KINDS:
         raise ValueError(f"prefill activations {kind!r} are not one of {KINDS}")
     old = getattr(_opts, "kind", None)
@@ -47,7 +48,7 @@ def activations(kind: str | None):
 
 
 def kind() -> str | None:
-    """The prefill activations of the graph being traced (``activations``), None: the compute dtype."""
+    """The low-precision activations of the graph being traced (``activations``), None: the compute dtype."""
     return getattr(_opts, "kind", None)
 
 

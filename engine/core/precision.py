@@ -104,7 +104,7 @@ class Precision:
         weights = self.quant.label if self.quant is not None else self.amp
         name = lambda d: {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[jnp.dtype(d).name]
         low = self.quant.activations if self.quant is not None else None
-        acts = name(self.compute) + {"s8": ", int8 prefill", "bf16": ", bf16 prefill"}.get(low, "")
+        acts = name(self.compute) + {"s8": ", int8 matmul", "bf16": ", bf16 prefill"}.get(low, "")
         return f"amp={self.amp}: {weights} weights, {acts} activations, {name(self.kv)} KV"
 
 

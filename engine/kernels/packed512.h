@@ -14,72 +14,6 @@ inline __m512i madd_add512(__m512i acc, __m512i a, __m512i b) {
   return _mm512_dpwssd_epi32(acc, a, b);
 #else
   return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
-
-#if defined(__AVX512VNNI__)
-// W8A8 decode rows (a8, quant="w8a8"): x rounded to int8 per row (xq [M, Kq], zero padded) times the
-// panel's int8 W on vpdpbusd, 4 multiply-adds per int32 lane against vpdpwssd's 2 on int16 x: the
-// 16-row steps of SmolLM2-135M were compute-bound on the int16 products. Each 64-byte line (pairs
-// 2q, 2q + 1) is regrouped in registers as gemm512.h's vnni_regroup does (one vpermw: a column's 4
-// rows in one lane; xor 0x80: w + 128 unsigned), and corr[m] = 128 * sum_k xq[m, k] is taken off:
-// one exact int32 sum per row and column over all K (|sum| <= 255 * 127 * K < 2^31 for K < 66,000;
-// run() takes the int16 route above that), so a row's result does not depend on the other rows.
-template <int MR>
-inline void panel_rows_s8(const int8_t* xq, int64_t Kq, const int8_t* panel, int64_t Kh, const int32_t* corr,
-                          float* out, int64_t ld) {
-  constexpr int A = MR <= 2 ? 2 : 1;  // few rows: even and odd lines in separate sums (the latency)
-  alignas(64) static const int16_t idx[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                              8,  24, 9,  25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i perm = _mm512_load_si512(idx), flip = _mm512_set1_epi8(char(0x80));
-  __m512i acc[MR][A];
-  for (int m = 0; m < MR; ++m)
-    for (int a = 0; a < A; ++a) acc[m][a] = _mm512_setzero_si512();
-  const auto line = [&](int64_t j, __mmask64 in, int a) {  // pairs j, j + 1 = rows 2j..2j+3 = x's quad j / 2
-    const __m512i v = _mm512_maskz_loadu_epi8(in, panel + j * 2 * P);
-    const __m512i w = _mm512_xor_si512(_mm512_permutexvar_epi16(perm, v), flip);
-    for (int m = 0; m < MR; ++m) {
-      int32_t x4;
-      std::memcpy(&x4, xq + m * Kq + 2 * j, 4);
-      acc[m][a] = _mm512_dpbusd_epi32(acc[m][a], w, _mm512_set1_epi32(x4));
-    }
-  };
-  int64_t j = 0;
-  for (; j + 3 < Kh; j += 4) {  // two lines per iteration, one prefetch each
-    _mm_prefetch(reinterpret_cast<const char*>(panel + j * 2 * P + PFB), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(panel + j * 2 * P + PFB + 64), _MM_HINT_T0);
-    line(j, ~__mmask64(0), 0);
-    line(j + 2, ~__mmask64(0), A - 1);
-  }
-  for (; j < Kh; j += 2) line(j, j + 1 < Kh ? ~__mmask64(0) : __mmask64(0xffffffffu), 0);  // an odd Kh: 0s
-  for (int m = 0; m < MR; ++m) {
-    const __m512i s = A == 2 ? _mm512_add_epi32(acc[m][0], acc[m][A - 1]) : acc[m][0];
-    _mm512_storeu_ps(out + m * ld, _mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_set1_epi32(corr[m]))));
-  }
-}
-
-// rows_z for int8 x: groups of <= 8 rows per panel.
-inline void rows_s8(const int8_t* xq, int64_t Kq, int64_t M, const int32_t* corr, const int8_t* wp, int64_t Kh,
-                    int64_t p0, int64_t p1, float* buf, int64_t ld) {
-  for (int64_t p = p0; p < p1; ++p) {
-    const int8_t* panel = wp + p * Kh * 2 * P;
-    for (int64_t m0 = 0; m0 < M;) {
-      const int mr = M - m0 >= 8 ? 8 : int(M - m0);
-      const int8_t* x = xq + m0 * Kq;
-      float* o = buf + m0 * ld + (p - p0) * P;
-      switch (mr) {
-        case 1: panel_rows_s8<1>(x, Kq, panel, Kh, corr + m0, o, ld); break;
-        case 2: panel_rows_s8<2>(x, Kq, panel, Kh, corr + m0, o, ld); break;
-        case 3: panel_rows_s8<3>(x, Kq, panel, Kh, corr + m0, o, ld); break;
-        case 4: panel_rows_s8<4>(x, Kq, panel, Kh, corr + m0, o, ld); break;
-        case 5: panel_rows_s8<5>(x, Kq, panel, Kh, corr + m0, o, ld); break;
-        case 6: panel_rows_s8<6>(x, Kq, panel, Kh, corr + m0, o, ld); break;
-        case 7: panel_rows_s8<7>(x, Kq, panel, Kh, corr + m0, o, ld); break;
-        default: panel_rows_s8<8>(x, Kq, panel, Kh, corr + m0, o, ld); break;
-      }
-      m0 += mr;
-    }
-  }
-}
-#endif  // __AVX512VNNI__
 #endif
 }
 
@@ -148,7 +82,7 @@ inline void rows_z(const int16_t* xq, int64_t Kp, int64_t M, const int8_t* wp, i
 // 2q, 2q + 1) is regrouped in registers as gemm512.h's vnni_regroup does (one vpermw: a column's 4
 // rows in one lane; xor 0x80: w + 128 unsigned), and corr[m] = 128 * sum_k xq[m, k] is taken off:
 // one exact int32 sum per row and column over all K (|sum| <= 255 * 127 * K < 2^31 for K < 66,000;
-// run() takes the int16 route above that), so a row's result does not depend on the other rows.
+// run_s8 takes the int16 route above that), so a row's result does not depend on the other rows.
 template <int MR>
 inline void panel_rows_s8(const int8_t* xq, int64_t Kq, const int8_t* panel, int64_t Kh, const int32_t* corr,
                           float* out, int64_t ld) {
