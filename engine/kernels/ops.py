@@ -101,10 +101,9 @@ def w8a8_fused(x, w, axes: int, name: str | None, packed_k: int | None) -> bool:
 
 
 def w8a8_rows(x, w, axes: int, name: str | None, packed_k: int | None) -> bool:
-    """Static: can the row kernel round this f32 ``x`` (decode rows) to int8 itself (``matmul(a8=True)``),
-    as ``w8a8_fused`` does for prefill? One device only (a sharded row lacks its max over all of K)."""
+    """Static: can the row kernel round this f32 ``x`` (decode rows) to int8 itself (``matmul(a8=True)``)?"""
     ok = bool(packed_k) and jnp.dtype(x.dtype) == jnp.float32 and jnp.dtype(w.dtype) == jnp.int8
-    return ok and supported(x, w, axes, name) and _one_device()
+    return ok and supported(x, w, axes, name) and _one_device()  # one device, as w8a8_fused
 
 
 # Activations the packed GEMM applies to its output (gemm.h: finish), by ``models.layers`` name.
@@ -140,15 +139,14 @@ def _call(
     ``w`` in the panel layout with ``packed_k`` contracted dims, ``layout``). More rows than
     ``row_limit(w)``, or int8 ``x`` with per-row scales ``sx`` (W8A8), take the GEMMs (``gemm.h``):
     ``aotlm_gemm_pk`` for packed ``w``, ``aotlm_gemm`` for f32. Packed ``w`` (GEMM or row kernel)
-    applies the bias ``b`` and activation ``act`` of ``gemm_fuses`` to its output; ``a8``: the row
-    kernel rounds ``x`` to int8 per row first (W8A8 decode rows, packed int8 ``w``)."""
+    applies the bias ``b`` and activation ``act`` of ``gemm_fuses`` to its output (``a8``: matmul's)."""
     kernels.ensure_registered()
     lead = x.shape[: x.ndim - axes]
     k = math.prod(x.shape[x.ndim - axes :])
     x2 = x.reshape(-1, k)
     s = scale.reshape(-1) if scale is not None else jnp.zeros((0,), jnp.float32)
     bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
-    act_id = np.int32(GEMM_ACTS[act] if act else 0)
+    act_id, a8_id = np.int32(GEMM_ACTS[act] if act else 0), np.int32(a8)
     if (x2.shape[0] > row_limit(w) or sx is not None or quant_x) and not nt:
         if packed_k:
             tail = layout.logical_dims(w.shape, packed_k)[1]
@@ -165,8 +163,7 @@ def _call(
     if packed_k:
         tail = layout.logical_dims(w.shape, packed_k)[1]
         out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), x.dtype)
-        attrs = {"act": act_id, "a8": np.int32(a8)}
-        y = jax.ffi.ffi_call("aotlm_wmm_pk", out)(x2, w, s.astype(jnp.float32), bias, **attrs)
+        y = jax.ffi.ffi_call("aotlm_wmm_pk", out)(x2, w, s.astype(jnp.float32), bias, act=act_id, a8=a8_id)
         return y.reshape(*lead, *tail)
     if nt:
         target, w2, tail = "aotlm_wmm_nt", w, (w.shape[0],)
@@ -193,14 +190,13 @@ def matmul(
 ):
     """``x @ w`` (times ``scale`` per output channel) in ``x``'s dtype, f32 accumulation.
 
-    ``nt``: ``w`` is ``[N, K]`` (embedding rows) instead of ``[K, N]``. ``name`` is the
-    weight's leaf name, which gives its sharding under tensor parallelism. ``packed_k``: ``w``
-    is in the panel layout with that many contracted dims. ``sx`` (W8A8 prefill): ``x`` is int8
-    and ``sx [...]`` its per-row scales; the result is then f32. ``b`` / ``act``: only where
-    ``gemm_fuses`` says so, the bias and activation applied in the GEMM. ``quant_x`` (W8A8 prefill
-    where ``w8a8_fused`` says so): f32 ``x`` rounded to int8 per row by the GEMM itself, the graph's
-    ``quantize_rows`` math bit for bit, without its separate pass over x. ``a8`` (W8A8 decode rows where
-    ``w8a8_rows`` says so): the same rounding of f32 ``x`` by the row kernel.
+    ``nt``: ``w`` is ``[N, K]`` (embedding rows) instead of ``[K, N]``. ``name`` is the weight's leaf
+    name, which gives its sharding under tensor parallelism. ``packed_k``: ``w`` is in the panel layout
+    with that many contracted dims. ``sx`` (W8A8 prefill): ``x`` is int8 and ``sx [...]`` its per-row
+    scales; the result is then f32. ``b`` / ``act``: only where ``gemm_fuses`` says so, the bias and
+    activation applied in the GEMM. ``quant_x`` (W8A8 prefill where ``w8a8_fused`` says so): f32 ``x``
+    rounded to int8 per row by the GEMM itself, the graph's ``quantize_rows`` math bit for bit, without
+    its separate pass over x; ``a8`` (decode rows where ``w8a8_rows`` says so): the same, by the row kernel.
     """
     if quant_x and not w8a8_fused(x, w, axes, name, packed_k):
         raise ValueError("quant_x: only a one-device W8A8 GEMM (f32 x, packed int8 w) quantizes x itself")
