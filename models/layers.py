@@ -329,13 +329,10 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     rows = math.prod(x.shape[: x.ndim - axes])
     kact = "gelu_tanh" if act in GELU_TANH else act
     low = lowp.kind() if rows > kernels.MAX_ROWS else None  # prefill with low-precision activations
-    if scale is not None and lowp.kind() == "s8" and rows <= kernels.MAX_ROWS:  # W8A8 decode rows
-        if kernels.w8a8_rows(x, w, axes, name, pk):  # the row kernel rounds x itself
-            fuse = {"b": b, "act": kact} if kernels.gemm_fuses(x, w, axes, name, pk, kact) else {}
-            y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, a8=True, **fuse)
-            y = y if fuse or b is None else y + b
-            return (y if fuse or act is None else activation(act, y)).astype(x.dtype)
-        low = None if kernels.supported(x, w, axes, name) else "s8"  # tp: f32 x; no kernels: the graph's
+    a8 = scale is not None and lowp.kind() == "s8" and rows <= kernels.MAX_ROWS  # W8A8 decode rows:
+    if a8 and not kernels.supported(x, w, axes, name):  # no kernels: the graph rounds x (lowp.w8a8)
+        low = "s8"
+    a8 = a8 and kernels.w8a8_rows(x, w, axes, name, pk)  # else the row kernel does (tp: x stays f32)
     if (scale is not None and low == "s8") or (scale is None and low == "bf16" and w.dtype == jnp.bfloat16):
         y, fused = lowp.dense(low, x, w, scale, axes, name, pk, b, kact)
         if not fused:
@@ -344,10 +341,10 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
         return y.astype(x.dtype)
     fusable = pk and kernels.supported(x, w, axes, name) or _prefill_gemm(x, w, axes, name, pk)
     if fusable and kernels.gemm_fuses(x, w, axes, name, pk, kact):
-        y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, b=b, act=kact)
+        y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, b=b, act=kact, a8=a8)
         return y.astype(x.dtype)
     if kernels.supported(x, w, axes, name):
-        y = kernels.matmul(x, w, scale, axes, name, packed_k=pk)
+        y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, a8=a8)
     elif _prefill_gemm(x, w, axes, name, pk):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk)
     elif scale is not None:

@@ -64,28 +64,18 @@ void run(const float* q, const void* kraw, const void* vraw, const float* k_new,
     inv.resize(size_t(G));
     vis.resize(size_t(ld));
     const float* qi = q + i * G * Dh;
-#if defined(__AVX512BW__)
-    const bool g_loops = Dh % 16 == 0 && G <= G_MAX;  // dattn512.h's loops where they apply
-#else
-    constexpr bool g_loops = false;
-#endif
     const T* vi = vc + i * Dh * S;  // its slots into L2 now, read from there after the keys: a 16-row
     for (int64_t d = 0; d < Dh; ++d)  // SmolLM2 step's attention 263 -> 220 us per layer (harness)
       for (int64_t j = 0; j < n; j += 64 / int64_t(sizeof(T)))
         _mm_prefetch(reinterpret_cast<const char*>(vi + d * S + j), _MM_HINT_T1);
-#if defined(__AVX512BW__)
-    if (g_loops) qk_g<W>(qi, G, kc + i * S * Dh, Dh, n, s.data(), ld);  // cache slots
-#endif
-    if (!g_loops) aotlm_bd::dots<W>(qi, G, Dh, Dh, kc + i * S * Dh, Dh, 0, n, s.data(), ld);
+    if (!qk_g<W>(qi, G, kc + i * S * Dh, Dh, n, s.data(), ld))  // cache slots: dattn512.h's loops or the dots
+      aotlm_bd::dots<W>(qi, G, Dh, Dh, kc + i * S * Dh, Dh, 0, n, s.data(), ld);
     aotlm_bd::dots<F32>(qi, G, Dh, Dh, k_new + i * Dh, Dh, 0, 1, s.data() + n, ld);  // the own token
     std::memcpy(vis.data(), mask + b * (Wd + 1), size_t(n));
     vis[n] = mask[b * (Wd + 1) + Wd];
     for (int64_t g = 0; g < G; ++g) inv[g] = aotlm_at::softmax_row(s.data() + g * ld, vis.data(), ld, ld, scale);
     float* oi = o + i * G * Dh;
-#if defined(__AVX512BW__)
-    if (g_loops) pv_g<W>(s.data(), G, ld, vi, S, Dh, n, oi);
-#endif
-    if (!g_loops) aotlm_bd::dots<W>(s.data(), G, ld, n, vi, S, 0, Dh, oi, Dh);
+    if (!pv_g<W>(s.data(), G, ld, vi, S, Dh, n, oi)) aotlm_bd::dots<W>(s.data(), G, ld, n, vi, S, 0, Dh, oi, Dh);
     const float* vn = v_new + i * Dh;
     for (int64_t g = 0; g < G; ++g)
       for (int64_t d = 0; d < Dh; ++d) oi[g * Dh + d] = (oi[g * Dh + d] + s[g * ld + n] * vn[d]) * inv[g];

@@ -11,8 +11,6 @@
 #pragma once
 
 #if defined(__AVX512BW__)
-constexpr int G_MAX = 4;  // query heads per kv head the loops below take (more: bdot.h's dots)
-
 template <class W>
 inline __m512 load16(const typename W::T* p, __mmask16 k) {  // 16 cache elements (lanes past k: 0) as f32
   if constexpr (std::is_same_v<W, F32>) {
@@ -88,7 +86,7 @@ inline void pv(const float* p, int64_t ld, const typename W::T* v, int64_t S, in
   }
 }
 
-// The G-query loops where they apply (G <= G_MAX, Dh % 16 == 0): false leaves the job to bdot.h's dots.
+// The G-query loops where they apply (G <= 4, Dh % 16 == 0): false leaves the job to bdot.h's dots.
 template <class W>
 inline bool qk_g(const float* q, int64_t G, const typename W::T* k, int64_t Dh, int64_t n, float* s, int64_t ld) {
   if (Dh % 16) return false;
@@ -112,5 +110,14 @@ inline bool pv_g(const float* p, int64_t G, int64_t ld, const typename W::T* v, 
     case 4: pv<W, 4>(p, ld, v, S, Dh, n, o); return true;
     default: return false;
   }
+}
+#else  // the avx2 build: bdot.h's dots take every job
+template <class W>
+inline bool qk_g(const float*, int64_t, const typename W::T*, int64_t, int64_t, float*, int64_t) {
+  return false;
+}
+template <class W>
+inline bool pv_g(const float*, int64_t, int64_t, const typename W::T*, int64_t, int64_t, int64_t, float*) {
+  return false;
 }
 #endif
