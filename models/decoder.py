@@ -18,11 +18,13 @@ norms) are simply absent from the dict; the code checks presence, which is stati
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
 from aotlm import kernels
-from aotlm.models import flash, packing, quant4
+from aotlm.models import flash, lowp, packing, quant4
 from aotlm.models import layers as L
 from aotlm.models.arch import ArchConfig
 from aotlm.models.moe import moe_mlp
@@ -208,7 +210,9 @@ def logits(cfg: ArchConfig, params, h):
 
     With low-precision weights and few rows the CPU kernels (``aotlm.kernels``) take the
     matmul; ``h`` goes in as float32 so the logits come out float32. Under int8 weights a tied
-    lm_head reads ``embed_q`` (an int8 copy of the embedding rows, ``models/quant.py``).
+    lm_head reads ``embed_q`` (an int8 copy of the embedding rows, ``models/quant.py``). Under
+    W8A8 the row kernel rounds up to ``kernels.MAX_ROWS`` rows of ``h`` to int8 as every other
+    matmul's (``layers.dense``; more rows, e.g. scoring every position, stay f32).
     """
     hf = h.astype(jnp.float32)
     tied = "lm_head" not in params
@@ -219,10 +223,15 @@ def logits(cfg: ArchConfig, params, h):
         if "embed_q" in params
         else (params["embed"], None, "embed")
     )
+    pk = packing.packed_k(name, w.ndim)
+    s8 = scale is not None and lowp.kind() == "s8" and math.prod(hf.shape[:-1]) <= kernels.MAX_ROWS
     if quant4.is_int4(w, scale):  # 4-bit lm_head / embedding copy (aotlm.models.quant4)
         out = quant4.dense4(hf, w, scale, 1, name)
     elif kernels.supported(hf, w, 1, name):
-        out = kernels.matmul(hf, w, scale, name=name, nt=tied, packed_k=packing.packed_k(name, w.ndim))
+        a8 = s8 and kernels.w8a8_rows(hf, w, 1, name, pk)
+        out = kernels.matmul(hf, w, scale, name=name, nt=tied, packed_k=pk, a8=a8)
+    elif not tied and s8:  # W8A8 without the kernels: the graph rounds h (as layers.dense)
+        out = lowp.w8a8(hf, w, scale, 1, name, pk)
     elif not tied:  # int8 (with lm_head_scale, models/quant.py) or float lm_head
         out = jnp.dot(h, L.xla_weight(w, h, scale is not None, name), preferred_element_type=jnp.float32)
         if scale is not None:

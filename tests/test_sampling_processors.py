@@ -163,3 +163,43 @@ def test_draws_follow_the_processed_distribution(row):
     expected = n * probs[live]
     stat = float(((counts[live] - expected) ** 2 / expected).sum())
     assert stat < chi2_critical(int(live.sum()) - 1), (stat, counts, expected)
+
+
+def test_select_takes_the_plain_argmax_only_when_no_row_needs_more():
+    """``select``'s fast branch (argmax of the raw logits) runs only when every row is greedy with
+    nothing to apply; each processor alone sends the whole batch down the full path, whose tokens
+    then differ from the raw argmax where that processor changes the winner."""
+    rng = np.random.default_rng(0)
+    b = 3
+    logits = jnp.asarray(rng.normal(size=(b, V)).astype(np.float32))
+    raw = np.asarray(jnp.argmax(logits, -1))
+    hist = np.full((b, S), -1, np.int32)
+    hist[:, :4] = raw[:, None]  # each row's history holds its raw winner
+    seen = np.zeros((b, V), bool)
+    seen[np.arange(b), raw] = True
+    counts = jnp.asarray(seen.astype(np.int32))
+    zero = jnp.zeros(b, jnp.float32)
+    ones = jnp.full((b, sampling.mask_words(V)), 0xFFFFFFFF, jnp.uint32)
+    no_bias = (jnp.full((b, 2), -1, jnp.int32), jnp.zeros((b, 2), jnp.float32))
+    greedy = [{"do_sample": False}] * b
+
+    def run(rows=greedy, want=False, pres=zero, allow=ones, bias=no_bias):
+        p = params(rows)
+        args = (jnp.asarray(want), (counts, pres, zero), allow, bias)
+        fast = bool(sampling.plain(p, *args))
+        where = (jnp.asarray(seen), jnp.asarray(hist), jnp.int32(3), jnp.int32(4))
+        tok = sampling.select(logits, p, *where, *args)[0]
+        return fast, np.asarray(tok)
+
+    assert run() == (True, pytest.approx(raw))
+    # the raw winner penalized / masked / biased away in row 0 only
+    pres = zero.at[0].set(1e4)
+    allow = ones.at[0, raw[0] // 32].set(~np.uint32(1 << (raw[0] % 32)))
+    bias = (no_bias[0].at[0, 0].set(raw[0]), no_bias[1].at[0, 0].set(-100.0))
+    rep = [{"do_sample": False, "repetition_penalty": 1e4}] + greedy[1:]
+    for kw in ({"pres": pres}, {"allow": allow}, {"bias": bias}, {"rows": rep}):
+        fast, tok = run(**kw)
+        assert not fast and tok[0] != raw[0] and np.array_equal(tok[1:], raw[1:]), kw
+    assert not run(want=True)[0] and np.array_equal(run(want=True)[1], raw)
+    assert not run(rows=[{"do_sample": True}] + greedy[1:])[0]
+    assert not run(rows=[{"do_sample": False, "ngram": 2}] + greedy[1:])[0]

@@ -110,18 +110,6 @@ def state_spec(slots: int, n_slots: int, vocab: int, sharding) -> SlotState:
     )
 
 
-def _penalty_bias(st):
-    """OpenAI presence / frequency penalties over the tokens each row generated (as vLLM)."""
-    counts = st.counts
-    used = jnp.any((st.presence != 0) | (st.frequency != 0))
-
-    def bias():
-        c = counts.astype(jnp.float32)
-        return -(st.frequency[:, None] * c + st.presence[:, None] * (c > 0))
-
-    return lax.cond(used, bias, lambda: jnp.zeros(counts.shape, jnp.float32))
-
-
 def emit_rows(st: SlotState, logits, slot, live) -> SlotState:
     """Choose every live row's token at its own ``slot [B]``, record it, decide who finishes.
 
@@ -132,7 +120,8 @@ def emit_rows(st: SlotState, logits, slot, live) -> SlotState:
     rows = jnp.arange(b)
     tok, lp, top_ids, top_lp = sampling.select(
         logits, st.params, st.seen, st.out, (slot - 1)[:, None], slot,
-        jnp.any(st.want & live), _penalty_bias(st), st.allow, (st.bias_ids, st.bias_val),
+        jnp.any(st.want & live), (st.counts, st.presence, st.frequency), st.allow,
+        (st.bias_ids, st.bias_val),
     )  # fmt: skip
     tok = jnp.where(live, tok, st.pad)
     col = jnp.where(live, slot, n_slots)  # out of range: dropped
