@@ -187,7 +187,7 @@ def test_more_requests_than_slots_all_get_their_tokens(fake):
 
 
 def test_decode_steps_per_call_follow_the_rows_and_the_queue():
-    """A lone request decodes ``decode_chunk`` (4 here) steps a call, ``n`` busy rows ``4 // n``, and
+    """A lone request decodes ``decode_chunk`` (4 here) steps a call, two busy rows 3 (``_steps``), and
     one while a prompt waits (it would wait for the whole call); tokens are the same either way."""
     fake = FakeSlots(slots=2)
     fake.hold()
@@ -203,8 +203,8 @@ def test_decode_steps_per_call_follow_the_rows_and_the_queue():
         for p, req, n in zip(prompts, reqs, budgets, strict=True):
             assert collect(req)[0] == expected(p, n)
         assert fake.steps[:2] == [4, 1], fake.steps  # then two rows busy and a third prompt waiting
-        # then two rows busy with nothing waiting: 2 steps a call (the last two end in the same call)
-        assert set(fake.steps) == {1, 2, 4} and fake.steps[-1] == 2, fake.steps
+        # then two rows busy with nothing waiting: 3 steps a call (4 again once one is left)
+        assert set(fake.steps) == {1, 3, 4}, fake.steps
     finally:
         fake.let_go()
         eng.shutdown(timeout=1)
@@ -343,7 +343,7 @@ def test_logprobs_are_streamed_from_read(fake):
 
 def test_a_prompt_resumes_after_the_prefix_a_free_row_holds():
     """A finished request's row keeps its tokens; a later prompt starting with them is admitted into
-    that row (swapped down to the lowest free row) and prefilled from the first token not held,
+    that row (copied down to the lowest free row) and prefilled from the first token not held,
     reported as ``cached_tokens``; a prompt sharing nothing takes an empty row, keeping the other."""
     fake = FakeSlots(slots=2)
     eng = Engine(fake).start()
@@ -353,11 +353,15 @@ def test_a_prompt_resumes_after_the_prefix_a_free_row_holds():
         assert fin.cached_tokens == 0
         b = list(range(20, 28))
         assert collect(eng.submit(b, SamplingParams(max_tokens=2)))[1].cached_tokens == 0
-        assert ("swap", 0, 1) in fake.calls  # b took the empty row: a's tokens moved up, kept
+        # b took the empty row: a's tokens copied up into it, kept (free rows: no state swap)
+        assert ("save", 0, 10) in fake.calls and ("restore", 1, 10) in fake.calls
+        assert not any(c[0] == "swap" for c in fake.calls)
         follow = a + toks + [40, 41]  # a chat's next turn: 13 tokens, the first 10 held
         toks2, fin2 = collect(eng.submit(follow, SamplingParams(max_tokens=2)))
         assert toks2 == expected(follow, 2) and fin2.cached_tokens == 10  # a's prompt + 2 of its tokens
-        assert fake.calls[-4:-2] == [("swap", 0, 1), ("prefill", 0, 10, 1)]
+        # a's row and b's exchanged (K/V only), then the prompt resumes at its 11th token
+        assert fake.calls[-7:-2] == [("save", 0, 9), ("save", 1, 10), ("restore", 0, 10), ("restore", 1, 9),
+                                     ("prefill", 0, 10, 1)]  # fmt: skip
         stats = eng.stats()
         assert (stats["prefix_requests"], stats["prefix_hits"], stats["held_rows"]) == (3, 1, 2)
     finally:

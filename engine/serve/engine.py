@@ -12,8 +12,8 @@ rounds; each round it
    prompt), and for each finished prompt inserts the request and streams its first token,
 4. runs one decode call over the busy rows (the token bucket is the smallest covering the longest
    live slot, the row count the smallest ladder value covering the busy rows) and streams each
-   slot's new tokens: ``decode_chunk // n`` steps with ``n`` unconstrained rows busy and nothing
-   waiting to be prefilled, else one,
+   slot's new tokens: ``decode_chunk`` steps for a lone unconstrained request, fewer for more busy
+   rows (``_steps``), one while a prompt waits to be prefilled,
 5. retires finished requests, or sleeps when there is nothing to do.
 
 Rows stay compact: requests hold rows ``0 .. n-1``. When a request ends below the highest busy
@@ -52,9 +52,13 @@ from aotlm.serve.types import (
 )
 
 log = logging.getLogger("aotlm.serve")
-# decode steps per call for a lone request (``_steps``; n busy rows: DECODE_CHUNK // n): a call's
-# fixed ~1.8 ms is ~40% of a GPT-2-small int4 one-row step (README, Serving)
+# decode steps per call for a lone request (``_steps``): a call's fixed ~1.3-1.9 ms (argument
+# handling, the graph's state slices and copies) is ~40-60% of a GPT-2-small int4 one-row step
 DECODE_CHUNK = 8
+# A step of n rows costs about (1 + (n - 1) / STEP_ROWS) one-row steps on the CPU kernels (the weights
+# are read once per step whatever the rows; measured: GPT-2-small int4 4 rows 1.7x, 16 rows ~6x;
+# SmolLM2-135M w8a8 1.3x, 3.8x): ``_steps`` keeps every call about as long as a lone request's.
+STEP_ROWS = 4
 PREFIX_STORE_BYTES = 512 << 20  # K/V copied out of overwritten rows, kept for reuse (LRU)
 
 
@@ -242,18 +246,19 @@ class Engine:
             self._stream(live)
 
     def _steps(self) -> int:
-        """Decode steps for this round's call: ``decode_chunk // n`` with ``n`` busy rows (the
-        call's fixed cost shared by several tokens, and a call about as long whatever the rows:
-        a row that ends inside it waits for the call's end to be freed), one while a prompt
-        waits or is being prefilled (it would wait for the whole call). A finished row stays
-        in the call without touching the others' numbers (it reads no cache slot: per-row
-        attention limits), so batch invariance holds at any steps per call."""
+        """Decode steps for this round's call: ``decode_chunk * STEP_ROWS // (STEP_ROWS + n - 1)``
+        with ``n`` busy rows (8, 6, 5, 4 for 1-4 rows, 2 for 8, 1 for 16: the call's fixed cost
+        shared by several tokens, and a call about as long whatever the rows, since a row that
+        ends inside it waits for the call's end to be freed), one while a prompt waits or is
+        being prefilled (it would wait for the whole call). A finished row stays in the call
+        without touching the others' numbers (it reads no cache slot: per-row attention
+        limits), so batch invariance holds at any steps per call."""
         with self._cv:
             waiting = bool(self._waiting)
         busy = [a for a in self._slots if a is not None]
         if waiting or not busy or not all(a.live for a in busy):
             return 1
-        return max(1, self.decode_chunk // len(busy))
+        return max(1, self.decode_chunk * STEP_ROWS // (STEP_ROWS + len(busy) - 1))
 
     def _busy_rows(self) -> int:
         """Rows ``0 .. n-1`` hold every request (compact)."""
@@ -284,12 +289,8 @@ class Engine:
             kv = kv if stored > length else None  # a held row beats a copy of the same length
             if not self._saves(len(prompt), max(length, stored)):
                 row, kv, length = None, None, 0
-            row = self._held.victim(free_rows) if row is None or kv is not None else row
-            if row != n:  # bring the chosen row's K/V down to row n (n's moves up, kept)
-                self.batch.swap(n, row, max(self._held.filled(n), self._held.filled(row)))
-                self._held.swap(n, row)
-            if kv is not None or length == 0:  # row n's tokens are about to be overwritten
-                self._keep_copy(n)
+            reuse = row is not None and kv is None  # the row holds a prefix of the prompt
+            self._bring_down(n, row if reuse else self._held.victim(free_rows), reuse)
             self._held.forget(n)
             if kv is not None:
                 self.batch.restore(n, kv)
@@ -307,6 +308,28 @@ class Engine:
         """Does resuming after ``held`` tokens encode fewer (bucket) tokens than a fresh prefill?"""
         cost = lambda start: sum(s.bucket for s in self.batch.prefill_plan(prompt_len, start))
         return held > 0 and cost(held) < cost(0)
+
+    def _bring_down(self, n: int, row: int, reuse: bool) -> None:
+        """Make row ``n`` (the lowest free one) ready for a new request from free row ``row``: with
+        ``reuse`` ``row``'s K/V (a prefix of the prompt) is copied into ``n``, else ``row``'s tokens
+        are about to be overwritten and go to the prefix store; ``n``'s kept tokens move up into
+        ``row``. Both rows are free, so only K/V is copied (no states: ``insert`` writes ``n``'s),
+        and nothing of a row holding nothing (a lone client's next request: one copy, not a swap)."""
+        if row == n:
+            if not reuse:
+                self._keep_copy(n)
+            return
+        mine, theirs = self._held.tokens[n], self._held.tokens[row]
+        kv_n = None if mine is None else self.batch.save(n, len(mine))[0]
+        if theirs is not None and (reuse or (self.prefix_cache and self._store.wants(theirs))):
+            kv, nbytes = self.batch.save(row, len(theirs))
+            if reuse:
+                self.batch.restore(n, kv)
+            else:
+                self._store.put(theirs, kv, nbytes)
+        if kv_n is not None:
+            self.batch.restore(row, kv_n)
+        self._held.swap(n, row)
 
     def _keep_copy(self, row: int) -> None:
         """Copy the K/V of the tokens free row ``row`` holds into the prefix store, if worth it."""
