@@ -125,9 +125,9 @@ def slow_engine(srv, monkeypatch):
         submitted.append(req)
         return req
 
-    def slow_decode(*a, **kw):
-        time.sleep(0.005)
-        return decode(*a, **kw)
+    def slow_decode(steps, *a, **kw):
+        time.sleep(0.005 * steps)
+        return decode(steps, *a, **kw)
 
     monkeypatch.setattr(srv.engine, "submit", recording_submit)
     monkeypatch.setattr(srv.engine.batch, "decode", slow_decode)
