@@ -18,8 +18,6 @@ norms) are simply absent from the dict; the code checks presence, which is stati
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
@@ -224,13 +222,12 @@ def logits(cfg: ArchConfig, params, h):
         else (params["embed"], None, "embed")
     )
     pk = packing.packed_k(name, w.ndim)
-    s8 = scale is not None and lowp.kind() == "s8" and math.prod(hf.shape[:-1]) <= kernels.MAX_ROWS
+    a8, graph_a8 = lowp.w8a8_rows(hf, w, scale, 1, name, pk)  # W8A8: h rounded to int8 as in layers.dense
     if quant4.is_int4(w, scale):  # 4-bit lm_head / embedding copy (aotlm.models.quant4)
         out = quant4.dense4(hf, w, scale, 1, name)
     elif kernels.supported(hf, w, 1, name):
-        a8 = s8 and kernels.w8a8_rows(hf, w, 1, name, pk)
         out = kernels.matmul(hf, w, scale, name=name, nt=tied, packed_k=pk, a8=a8)
-    elif not tied and s8:  # W8A8 without the kernels: the graph rounds h (as layers.dense)
+    elif not tied and graph_a8:  # W8A8 without the kernels: the graph rounds h
         out = lowp.w8a8(hf, w, scale, 1, name, pk)
     elif not tied:  # int8 (with lm_head_scale, models/quant.py) or float lm_head
         out = jnp.dot(h, L.xla_weight(w, h, scale is not None, name), preferred_element_type=jnp.float32)

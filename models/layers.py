@@ -329,10 +329,8 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     rows = math.prod(x.shape[: x.ndim - axes])
     kact = "gelu_tanh" if act in GELU_TANH else act
     low = lowp.kind() if rows > kernels.MAX_ROWS else None  # prefill with low-precision activations
-    a8 = scale is not None and lowp.kind() == "s8" and rows <= kernels.MAX_ROWS  # W8A8 decode rows:
-    if a8 and not kernels.supported(x, w, axes, name):  # no kernels: the graph rounds x (lowp.w8a8)
-        low = "s8"
-    a8 = a8 and kernels.w8a8_rows(x, w, axes, name, pk)  # else the row kernel does (tp: x stays f32)
+    a8, graph_a8 = lowp.w8a8_rows(x, w, scale, axes, name, pk)
+    low = "s8" if graph_a8 else low
     if (scale is not None and low == "s8") or (scale is None and low == "bf16" and w.dtype == jnp.bfloat16):
         y, fused = lowp.dense(low, x, w, scale, axes, name, pk, b, kact)
         if not fused:

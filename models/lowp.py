@@ -22,6 +22,7 @@ sets the option around lowering like the kernels' mesh
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 
 import jax.numpy as jnp
@@ -90,6 +91,18 @@ def w8a8(x, w, scale, axes: int, name: str | None, pk: int | None):
     wl = packing.unpack(w, name) if pk else w
     acc = jnp.tensordot(xq, wl, axes=axes, preferred_element_type=jnp.int32).astype(jnp.float32)
     return acc * sx.reshape(*sx.shape, *(1,) * (acc.ndim - sx.ndim)) * scale.astype(jnp.float32)
+
+
+def w8a8_rows(x, w, scale, axes: int, name: str | None, pk: int | None) -> tuple[bool, bool]:
+    """Static, for W8A8 decode rows (``kind() == "s8"``, int8 ``w`` with ``scale``, at most
+    ``kernels.MAX_ROWS`` rows of ``x``): ``(kernel, graph)``, whether the row kernel rounds ``x`` to int8
+    itself (``kernels.matmul(a8=True)``) or, without the kernels, the graph does (``w8a8``). Neither
+    for other products, nor under tensor parallelism on the kernels (a shard of a row lacks its max)."""
+    if scale is None or kind() != "s8" or math.prod(x.shape[: x.ndim - axes]) > kernels.MAX_ROWS:
+        return False, False
+    if not kernels.supported(x, w, axes, name):
+        return False, True
+    return kernels.w8a8_rows(x, w, axes, name, pk), False
 
 
 def bf16a(x, w, axes: int, name: str | None, pk: int | None, b=None, act: str | None = None):

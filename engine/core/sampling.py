@@ -77,10 +77,19 @@ def ngram_bans(out, slot, n):
     return match & (banned >= 0), banned
 
 
+# Does some row use it? (traced; each processor is skipped in the graph when none does, and ``plain``
+# asks all of them)
+_repeats = lambda params: jnp.any(params["repetition_penalty"] != 1.0)
+_bans = lambda params: jnp.any(params["ngram"] > 0)
+_biased = lambda bias_ids: jnp.any(bias_ids >= 0)
+_masked = lambda allow: ~jnp.all(allow == jnp.uint32(0xFFFFFFFF))
+_penalized = lambda presence, frequency: jnp.any((presence != 0) | (frequency != 0))
+
+
 def penalize(scores, params, seen, out, slot):
     """Repetition penalty and n-gram bans; each only computed when some row uses it."""
     scores = lax.cond(
-        jnp.any(params["repetition_penalty"] != 1.0),
+        _repeats(params),
         lambda s: repetition_penalty(s, params["repetition_penalty"], seen),
         lambda s: s,
         scores,
@@ -92,7 +101,7 @@ def penalize(scores, params, seen, out, slot):
         tok = jnp.where(ok, tok, s.shape[1])  # out of range -> dropped
         return s.at[rows, tok].set(NEG, mode="drop")
 
-    return lax.cond(jnp.any(params["ngram"] > 0), ban, lambda s: s, scores)
+    return lax.cond(_bans(params), ban, lambda s: s, scores)
 
 
 # --------------------------------------------------------------------------- warpers
@@ -292,11 +301,10 @@ def constrain(scores, allow, bias_ids, bias_val):
             rows = jnp.broadcast_to(jnp.arange(b)[:, None], cols.shape)
             return s.at[rows, cols].add(bias_val, mode="drop")
 
-        scores = lax.cond(jnp.any(bias_ids >= 0), add, lambda s: s, scores)
+        scores = lax.cond(_biased(bias_ids), add, lambda s: s, scores)
     if allow is not None:
-        full = jnp.all(allow == jnp.uint32(0xFFFFFFFF))
         mask = lambda s: jnp.where(unpack_allowed(allow, v), s, NEG)
-        scores = lax.cond(full, lambda s: s, mask, scores)
+        scores = lax.cond(_masked(allow), mask, lambda s: s, scores)
     return scores
 
 
@@ -309,20 +317,20 @@ def openai_penalties(scores, counts, presence, frequency):
         c = counts.astype(jnp.float32)
         return s - (frequency[:, None] * c + presence[:, None] * (c > 0))
 
-    return lax.cond(jnp.any((presence != 0) | (frequency != 0)), sub, lambda s: s, scores)
+    return lax.cond(_penalized(presence, frequency), sub, lambda s: s, scores)
 
 
 def plain(params, want_logprobs, penalties=None, allow=None, sparse=None):
     """Traced scalar: does every row take the argmax of its raw logits (greedy, no penalty, bias,
     grammar or log-probs)? ``select``'s arguments of the same names."""
     busy = [jnp.any(sampled_rows(params)), jnp.asarray(want_logprobs, jnp.bool_)]
-    busy += [jnp.any(params["repetition_penalty"] != 1.0), jnp.any(params["ngram"] > 0)]
+    busy += [_repeats(params), _bans(params)]
     if penalties is not None:
-        busy.append(jnp.any((penalties[1] != 0) | (penalties[2] != 0)))
+        busy.append(_penalized(*penalties[1:]))
     if allow is not None:
-        busy.append(~jnp.all(allow == jnp.uint32(0xFFFFFFFF)))
+        busy.append(_masked(allow))
     if sparse is not None:
-        busy.append(jnp.any(sparse[0] >= 0))
+        busy.append(_biased(sparse[0]))
     return ~jnp.any(jnp.stack(busy))
 
 

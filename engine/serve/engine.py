@@ -315,18 +315,14 @@ class Engine:
         are about to be overwritten and go to the prefix store; ``n``'s kept tokens move up into
         ``row``. Both rows are free, so only K/V is copied (no states: ``insert`` writes ``n``'s),
         and nothing of a row holding nothing (a lone client's next request: one copy, not a swap)."""
+        if not reuse:
+            self._keep_copy(row)
         if row == n:
-            if not reuse:
-                self._keep_copy(n)
             return
-        mine, theirs = self._held.tokens[n], self._held.tokens[row]
-        kv_n = None if mine is None else self.batch.save(n, len(mine))[0]
-        if theirs is not None and (reuse or (self.prefix_cache and self._store.wants(theirs))):
-            kv, nbytes = self.batch.save(row, len(theirs))
-            if reuse:
-                self.batch.restore(n, kv)
-            else:
-                self._store.put(theirs, kv, nbytes)
+        mine = self._held.filled(n)
+        kv_n = self.batch.save(n, mine)[0] if mine else None
+        if reuse:
+            self.batch.restore(n, self.batch.save(row, self._held.filled(row))[0])
         if kv_n is not None:
             self.batch.restore(row, kv_n)
         self._held.swap(n, row)
