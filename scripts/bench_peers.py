@@ -171,10 +171,10 @@ def converted_gguf(ckpt: Path, work: Path, outtype: str) -> Path:
 def requantized_gguf(source: Path, work: Path, outtype: str) -> Path:
     """A real GGUF file re-quantized by llama.cpp's own quantizer (``llama_model_quantize``, as
     ``llama-quantize --allow-requantize`` does): a speed peer, its values re-rounded from the source's."""
-    llama_cpp = _llama_cpp()
     out = work / f"{source.stem}-{source.stat().st_size}-{outtype}.gguf"  # a same-named file: its own out
-    if out.is_file():
+    if out.is_file():  # made before (or by `llama-quantize --allow-requantize SRC OUT TYPE`)
         return out
+    llama_cpp = _llama_cpp()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{outtype.upper()}")
     params.allow_requantize = True
