@@ -119,6 +119,22 @@ def test_kernel_matches_numpy_on_odd_shapes():
 
 
 @needs_kernels
+def test_prefill_rows_get_the_bits_of_decode_rows():
+    """A call of more than 16 rows (prefill) gives every row exactly what calls of at most 16 rows
+    (decode) give it: exact int32 group sums and the same f32 flush per group, so how many rows share
+    a call never changes a token."""
+    rng = np.random.default_rng(5)
+    for k, n, group, asym in [(100, 37, 32, False), (200, 50, 64, True), (130, 129, 128, False)]:
+        w, sm, _ = quantized(rng, k, n, group, asym)
+        w, sm = jnp.asarray(w), jnp.asarray(sm)
+        for m in (17, 40, 100):
+            x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+            whole = np.asarray(kernel(x, w, sm, n, group))
+            parts = [kernel(x[i : i + 16], w, sm, n, group) for i in range(0, m, 16)]
+            np.testing.assert_array_equal(whole, np.concatenate(parts), err_msg=str((k, n, group, asym, m)))
+
+
+@needs_kernels
 def test_kernel_rows_with_inf_or_nan_give_nan_only_in_their_own_outputs():
     """x's int8 rounding per group (8 lanes and a scalar tail): a row holding inf / NaN (in either part)
     comes out all NaN, the other rows as without it."""

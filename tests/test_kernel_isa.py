@@ -32,6 +32,7 @@ ZEN2 = frozenset("sse4_2 avx avx2 fma f16c bmi2".split())
 SKX = ZEN2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
 ICL = SKX | {"avx512_vnni", "avx512ifma"}  # Ice Lake: VNNI without AVX512-BF16
 ZEN4 = ICL | {"avx512_bf16"}
+SPR = ZEN4 | {"amx_tile", "amx_int8", "amx_bf16"}  # Sapphire Rapids: AMX tiles
 
 
 def _env(**kw) -> dict:
@@ -43,10 +44,12 @@ def test_level_choice_from_cpu_flags():
     assert isa.supported_levels(SKX) == ["avx2", "avx512"]
     assert isa.supported_levels(ICL) == ["avx2", "avx512", "avx512vnni"]
     assert isa.supported_levels(ZEN4) == ["avx2", "avx512", "avx512vnni", "avx512bf16"]
+    assert isa.supported_levels(SPR)[-2:] == ["avx512bf16", "amx"]
+    assert isa.supported_levels(ICL | {"amx_tile", "amx_int8"}) == isa.supported_levels(ICL)
     assert isa.supported_levels(ZEN4 - {"avx512bw"}) == ["avx2"]  # a level needs all of its features
     assert isa.supported_levels(SKX | {"avx512_bf16"}) == ["avx2", "avx512"]  # and every lower level's
-    choices = [isa.choose(None, f) for f in (ZEN2, SKX, ICL, ZEN4)]
-    assert choices == ["avx2", "avx512", "avx512vnni", "avx512bf16"]
+    choices = [isa.choose(None, f) for f in (ZEN2, SKX, ICL, ZEN4, SPR)]
+    assert choices == ["avx2", "avx512", "avx512vnni", "avx512bf16", "amx"]
     assert isa.choose("avx2", ZEN4) == "avx2" and isa.choose("avx512", ZEN4) == "avx512"
     assert isa.flags_for("avx2") == ("-mavx2", "-mfma", "-mf16c")
     assert isa.flags_for("avx512vnni")[-1] == "-mavx512vnni" and "-mavx512bw" in isa.flags_for("avx512vnni")
@@ -135,6 +138,7 @@ VARIANT_TESTS = [
     "tests/test_kernels.py::test_packed_kernel_matches_numpy",
     "tests/test_kernels.py::test_packed_int8_rows_equal_the_exact_product_of_int16_rounded_x",
     "tests/test_int4.py::test_kernel_matches_numpy_on_odd_shapes",
+    "tests/test_int4.py::test_prefill_rows_get_the_bits_of_decode_rows",
     "tests/test_prefill_kernels.py::test_causal_attention_matches_numpy",
     "tests/test_prefill_kernels.py::test_row_kernels_apply_bias_and_activation",
     "tests/test_kernels.py::test_kernel_matches_numpy_on_odd_shapes",
@@ -143,7 +147,8 @@ VARIANT_TESTS = [
 
 
 # avx512vnni's kernels are avx512bf16's but bf16 x, which avx2 and avx512 widen the same way: on a CPU
-# whose level is avx512bf16 the subprocess adds no code the others miss (kept for `-m slow`)
+# whose level is avx512bf16 the subprocess adds no code the others miss (kept for `-m slow`). On an
+# amx CPU avx512bf16 runs too: its W8A8 prefill GEMM is vpdpbusd's, which amx gives to tiles.
 @pytest.mark.parametrize(
     "level", [pytest.param(lv, marks=pytest.mark.slow) if lv == "avx512vnni" else lv for lv in isa.LEVELS]
 )
@@ -154,7 +159,7 @@ def test_each_level_matches_numpy(level):
         pytest.skip(f"this CPU lacks {' '.join(isa.lacking(level))} (the {level} kernels)")
     if level == kernels.isa_level():
         pytest.skip(f"{level} is this process's level: the kernel tests run it in process")
-    sel = VARIANT_TESTS if level == "avx2" else VARIANT_TESTS[:8]  # avx512: GEMMs, packed rows, 4-bit
+    sel = VARIANT_TESTS if level == "avx2" else VARIANT_TESTS[:9]  # avx512: GEMMs, packed rows, 4-bit
     cmd = [
         sys.executable,
         "-m",

@@ -86,12 +86,13 @@ inline void vnni_pack_x(const int8_t* x, int64_t M, int64_t K, int64_t K4, int8_
 }
 
 // One int8 panel (Kh pairs of rows, [Kh][16][2]) -> wb [K4][16][4] unsigned bytes w + 128: each 64
-// bytes (pairs 2q and 2q + 1) regrouped by one vpermw so a column's 4 rows share an int32 lane. An
+// bytes (pairs 2q and 2q + 1) regrouped by one vpermw so a column's 4 rows share an int32 lane (``offset``
+// false: the signed bytes as they are, for AMX's tdpbssd). An
 // odd Kh's last group reads only its own 32 bytes (the rest: 0, which x's zero padding multiplies).
-inline void vnni_regroup(const int8_t* panel, int64_t Kh, uint8_t* wb) {
+inline void vnni_regroup(const int8_t* panel, int64_t Kh, uint8_t* wb, bool offset = true) {
   alignas(64) static const int16_t idx[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                               8,  24, 9,  25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i perm = _mm512_load_si512(idx), flip = _mm512_set1_epi8(char(0x80));
+  const __m512i perm = _mm512_load_si512(idx), flip = _mm512_set1_epi8(offset ? char(0x80) : char(0));
   for (int64_t j = 0; j < Kh; j += 2) {
     const __mmask64 in = j + 1 < Kh ? ~__mmask64(0) : __mmask64(0xffffffffu);
     const __m512i v = _mm512_maskz_loadu_epi8(in, panel + j * 2 * NR);
@@ -153,6 +154,9 @@ inline void i8_gemm_vnni(const int8_t* x, const float* sx, const int8_t* w, cons
       },
       [&](int64_t m, float* r, int64_t n0, int64_t ld) { i8_finish(r, sx[m], scale, bias, act, n0, ld, out, m * N + n0); });
 }
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#include "amx8.h"  // the same GEMM on AMX tiles (the amx level)
+#endif
 #endif  // __AVX512VNNI__
 
 #if defined(__AVX512BF16__)

@@ -29,6 +29,11 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/syscall.h>  // arch_prctl: the AMX tile state (amx4.h)
+#include <unistd.h>
+#endif
+
 #include "int8.h"
 #include "pool.h"
 #include "wfloat.h"
@@ -39,6 +44,7 @@ using ffi::DataType;
 
 namespace {
 
+#include "amx.h"      // AMX tiles: the per-process permission, the tile configuration
 #include "bdot.h"     // batched attention dots: uses the element types and hsum of wfloat.h
 #include "convert.h"  // whole-matrix conversion for prefill
 #include "epilogue.h"  // scale, bias and activation applied to the sums as they are written
@@ -384,11 +390,16 @@ extern "C" int aotlm_kernels_cpu_ok() {
 #if defined(__AVX512BF16__)
   ok = ok && __builtin_cpu_supports("avx512bf16");
 #endif
+#if defined(__AMX_INT8__)
+  ok = ok && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8");
+#endif
   return ok;
 }
 // The ISA level this binary was built for (its -m flags), checked against the one asked for at load.
 extern "C" const char* aotlm_kernels_isa() {
-#if defined(__AVX512BF16__)
+#if defined(__AMX_INT8__)
+  return "amx";
+#elif defined(__AVX512BF16__)
   return "avx512bf16";
 #elif defined(__AVX512VNNI__)
   return "avx512vnni";

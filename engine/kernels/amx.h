@@ -1,0 +1,29 @@
+// AMX tiles (Sapphire Rapids and later; the amx level of aotlm.kernels.isa: -mamx-tile -mamx-int8), included
+// by wmatmul.cc before the GEMMs. Linux grants the tile state per process (arch_prctl(ARCH_REQ_XCOMP_PERM)):
+// asked once, on first use; refused (an old kernel, a hypervisor that hides it), the vpdpbusd code runs.
+#pragma once
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+namespace aotlm_amx {
+constexpr int64_t MIN_ROWS = 16;  // decode rows (<= kernels.MAX_ROWS) stay on the row kernels
+
+inline bool ready() {
+  static const bool ok = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// Every tile 16 rows x 64 bytes (palette 1), loaded into the calling thread.
+inline void config_16x64() {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } c;
+  for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = 16;
+  _tile_loadconfig(&c);
+}
+}  // namespace aotlm_amx
+#endif
