@@ -45,9 +45,12 @@ inline void amx_block(const int8_t* a, int64_t Kp, const uint8_t* wb0, const uin
   }
 }
 
-// y [M, N] = act((x [M, K] @ W) * sx[m] * scale[n] + bias[n]): i8_gemm_vnni's contract on tiles.
+// y [M, N] = act((x [M, K] @ W) * sx[m] * scale[n] + bias[n]): i8_gemm_vnni's contract on tiles. Threads
+// take panel ranges; per range, MC rows of x at a time (<= 768 KB at GPT-2's widest K: in L2) pass under
+// every pair of panels, then those rows are scaled and written.
 inline void i8_gemm_amx(const int8_t* x, const float* sx, const int8_t* w, const float* scale, const float* bias,
                         int32_t act, int64_t M, int64_t K, int64_t N, const Out& out) {
+  constexpr int64_t MC = 256;
   const int64_t Kh = K / 2, Kp = (K + 63) / 64 * 64, Mp = (M + 31) / 32 * 32;
   int8_t* xp = scratch<int8_t>(size_t(Mp * Kp));
   amx_pack_x(x, M, K, Mp, Kp, xp);
@@ -56,22 +59,26 @@ inline void i8_gemm_amx(const int8_t* x, const float* sx, const int8_t* w, const
     thread_local std::vector<uint8_t> wb;
     thread_local std::vector<float> buf;
     wb.assign(size_t(2 * Kp * 16), 0);  // two regrouped panels, zero past K
-    buf.resize(size_t(Mp * ld));
+    buf.resize(size_t(std::min(Mp, MC) * ld));
     alignas(64) int32_t c[32 * 32];
     aotlm_amx::config_16x64();
-    for (int64_t p = p0; p < p1; p += 2) {
-      const bool two = p + 1 < p1;
-      vnni_regroup(w + p * Kh * 2 * NR, Kh, wb.data(), false);
-      if (two) vnni_regroup(w + (p + 1) * Kh * 2 * NR, Kh, wb.data() + Kp * 16, false);
-      for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
-        amx_block(xp + m0 * Kp, Kp, wb.data(), two ? wb.data() + Kp * 16 : nullptr, c);
-        for (int64_t r = 0; r < 32; ++r)
-          for (int64_t h = 0; h < (two ? 2 : 1); ++h)
-            _mm512_storeu_ps(buf.data() + (m0 + r) * ld + (p - p0 + h) * NR,
-                             _mm512_cvtepi32_ps(_mm512_load_si512(c + r * 32 + h * 16)));
+    for (int64_t mc = 0; mc < Mp; mc += MC) {
+      const int64_t me = std::min(Mp, mc + MC);
+      for (int64_t p = p0; p < p1; p += 2) {
+        const bool two = p + 1 < p1;
+        vnni_regroup(w + p * Kh * 2 * NR, Kh, wb.data(), false);
+        if (two) vnni_regroup(w + (p + 1) * Kh * 2 * NR, Kh, wb.data() + Kp * 16, false);
+        for (int64_t m0 = mc; m0 < me; m0 += 32) {
+          amx_block(xp + m0 * Kp, Kp, wb.data(), two ? wb.data() + Kp * 16 : nullptr, c);
+          for (int64_t r = 0; r < 32; ++r)
+            for (int64_t h = 0; h < (two ? 2 : 1); ++h)
+              _mm512_storeu_ps(buf.data() + (m0 - mc + r) * ld + (p - p0 + h) * NR,
+                               _mm512_cvtepi32_ps(_mm512_load_si512(c + r * 32 + h * 16)));
+        }
       }
+      for (int64_t m = mc; m < std::min(M, me); ++m)
+        i8_finish(buf.data() + (m - mc) * ld, sx[m], scale, bias, act, n0, ld, out, m * N + n0);
     }
     _tile_release();
-    for (int64_t m = 0; m < M; ++m) i8_finish(buf.data() + m * ld, sx[m], scale, bias, act, n0, ld, out, m * N + n0);
   });
 }
