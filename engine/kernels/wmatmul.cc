@@ -30,7 +30,7 @@
 #include <vector>
 
 #if defined(__linux__)
-#include <sys/syscall.h>  // arch_prctl: the AMX tile state (amx4.h)
+#include <sys/syscall.h>  // arch_prctl: the AMX tile state (amx.h)
 #include <unistd.h>
 #endif
 
