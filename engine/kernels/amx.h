@@ -4,6 +4,7 @@
 #pragma once
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define AOTLM_AMX 1  // the amx build: the code below and what tests this macro
 namespace aotlm_amx {
 constexpr int64_t MIN_ROWS = 16;  // decode rows (<= kernels.MAX_ROWS) stay on the row kernels
 

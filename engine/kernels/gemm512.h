@@ -154,7 +154,7 @@ inline void i8_gemm_vnni(const int8_t* x, const float* sx, const int8_t* w, cons
       },
       [&](int64_t m, float* r, int64_t n0, int64_t ld) { i8_finish(r, sx[m], scale, bias, act, n0, ld, out, m * N + n0); });
 }
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#if defined(AOTLM_AMX)
 #include "amx8.h"  // the same GEMM on AMX tiles (the amx level)
 #endif
 #endif  // __AVX512VNNI__

@@ -59,7 +59,7 @@ ffi::Error gemm_f32(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi:
 // W8A8: int8 x [M, K] with row scales sx, int8 W panels -> out = act((x @ W) * sx[m] * scale[n] + b[n]).
 ffi::Error w8a8(const int8_t* xi, const float* sx, const int8_t* w, const float* s, const float* b, int32_t act,
                 int64_t M, int64_t K, int64_t N, const Out& out) {
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)  // tdpbssd where the kernel may use tiles (amx8.h)
+#if defined(AOTLM_AMX)  // tdpbssd where the kernel may use tiles (amx8.h)
   if (M > aotlm_amx::MIN_ROWS && aotlm_amx::ready()) {
     aotlm_gm::i8_gemm_amx(xi, sx, w, s, b, act, M, K, N, out);
     return ffi::Error::Success();

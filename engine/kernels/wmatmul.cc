@@ -390,14 +390,14 @@ extern "C" int aotlm_kernels_cpu_ok() {
 #if defined(__AVX512BF16__)
   ok = ok && __builtin_cpu_supports("avx512bf16");
 #endif
-#if defined(__AMX_INT8__)
+#if defined(AOTLM_AMX)
   ok = ok && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8");
 #endif
   return ok;
 }
 // The ISA level this binary was built for (its -m flags), checked against the one asked for at load.
 extern "C" const char* aotlm_kernels_isa() {
-#if defined(__AMX_INT8__)
+#if defined(AOTLM_AMX)
   return "amx";
 #elif defined(__AVX512BF16__)
   return "avx512bf16";
