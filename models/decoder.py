@@ -190,12 +190,13 @@ def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width:
     freqs = {cfg.rope(first_layer + i) for i in range(n_layers)} if cfg.position == "rope" else ()
     rotary = {f: L.rotary_tables(pos, f) for f in freqs}  # once per call, shared by the layers
     new_k, new_v = [], []
-    for i, p in enumerate(params["layers"]):
-        kv = (cache["k"][i], cache["v"][i])
-        li = first_layer + i
-        x, (ck, cv) = layer(cfg, p, x, rotary, kv, write_idx, masks[cfg.window(li)], bias, li)
-        new_k.append(ck)
-        new_v.append(cv)
+    with kernels.padding_rows(positions < 0):  # a prefill's padding rows: the GEMMs skip them
+        for i, p in enumerate(params["layers"]):
+            kv = (cache["k"][i], cache["v"][i])
+            li = first_layer + i
+            x, (ck, cv) = layer(cfg, p, x, rotary, kv, write_idx, masks[cfg.window(li)], bias, li)
+            new_k.append(ck)
+            new_v.append(cv)
     if "final_norm_scale" in params:
         x = L.norm(cfg.norm, x, params, "final_norm", cfg.norm_eps, cfg.norm_offset)
     if "proj_out" in params:

@@ -52,8 +52,10 @@ def kernel(x, w, sm, n: int, group: int):
     kernels.ensure_registered()
     out = jax.ShapeDtypeStruct((x.shape[0], n), x.dtype)
     call = jax.ffi.ffi_call("aotlm_wmm_q4", out)
-    none = jnp.zeros((0,), jnp.float32)
-    return jax.jit(lambda a, b, c: call(a, b, c, none, group=np.int32(group), act=np.int32(0)))(x, w, sm)
+    none, every = jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.int8)  # no bias; every row live
+    return jax.jit(lambda a, b, c: call(a, b, c, none, every, group=np.int32(group), act=np.int32(0)))(
+        x, w, sm
+    )
 
 
 def check_odd_shapes(seed: int = 0) -> float:

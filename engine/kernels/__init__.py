@@ -72,6 +72,7 @@ from aotlm.kernels.ops import (
     w8a8_fused,
     w8a8_rows,
 )
+from aotlm.kernels.padding import padding_rows
 
 __all__ = [
     "MAX_ROWS",
@@ -99,6 +100,7 @@ __all__ = [
     "matmul",
     "matmul_q4",
     "mesh_context",
+    "padding_rows",
     "w8a8_fused",
     "w8a8_rows",
     "q4_fuses",

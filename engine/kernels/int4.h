@@ -247,8 +247,9 @@ std::string q4_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64
   return "";
 }
 
-// x [M, K] (f32 / bf16 / f16) -> y [M, N] of x's dtype; bias f32 [N] or empty; act as aotlm_wmm_pk's.
-ffi::Error wmm_q4(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::AnyBuffer bias,
+// x [M, K] (f32 / bf16 / f16) -> y [M, N] of x's dtype; bias f32 [N] or empty; act as aotlm_wmm_pk's; live
+// int8 [M] (the rows to multiply, live.h) or empty.
+ffi::Error wmm_q4(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::AnyBuffer bias, ffi::AnyBuffer live,
                   ffi::Result<ffi::AnyBuffer> y, int32_t group, int32_t act) {
   auto xd = x.dimensions(), yd = y->dimensions();
   if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
@@ -266,8 +267,13 @@ ffi::Error wmm_q4(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::An
     return ffi::Error::InvalidArgument("aotlm_wmm_q4: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
   std::vector<float> bp;  // bias zero padded to Np (the output pass reads whole panels)
   if (b) bp.assign(w4.Np, 0.f), std::memcpy(bp.data(), b, N * sizeof(float));
+  std::string err;
+  const int8_t* lv = aotlm_lr::flags(live, M, &err);
+  if (!err.empty()) return ffi::Error::InvalidArgument("aotlm_wmm_q4: " + err);
   std::vector<float> tmp;
-  aotlm_q4::run(x_f32(x, M * K, tmp), w4, b ? bp.data() : nullptr, act, M, K, N, Out{y->untyped_data(), xt});
+  const float* bb = b ? bp.data() : nullptr;
+  aotlm_lr::live_rows(x_f32(x, M * K, tmp), lv, M, K, N, bb, act, Out{y->untyped_data(), xt},
+                      [&](const float* xr, int64_t Mr, const Out& o) { aotlm_q4::run(xr, w4, bb, act, Mr, K, N, o); });
   return ffi::Error::Success();
 }
 

@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from aotlm.kernels import build as kernels  # the build and its switches (enabled, MAX_ROWS)
-from aotlm.kernels import layout
+from aotlm.kernels import layout, padding
 
 W_DTYPES = (jnp.int8, jnp.bfloat16, jnp.float16, jnp.float32)
 X_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -44,12 +44,9 @@ def mesh_context(mesh, spec_of: Callable[[str, int], Sequence]):
 
 def supported(x, w, axes: int = 1, name: str | None = None) -> bool:
     """Static check (shapes/dtypes only): can ``matmul`` take this product?"""
-    if jnp.dtype(w.dtype) not in W_DTYPES or jnp.dtype(x.dtype) not in X_DTYPES:
-        return False
     rows = math.prod(x.shape[: x.ndim - axes])
-    if not 1 <= rows <= row_limit(w) or not kernels.enabled():
-        return False
-    return _one_device() or name is not None
+    dtypes = jnp.dtype(w.dtype) in W_DTYPES and jnp.dtype(x.dtype) in X_DTYPES
+    return dtypes and 1 <= rows <= row_limit(w) and kernels.enabled() and (_one_device() or name is not None)
 
 
 def row_limit(w) -> int:
@@ -153,7 +150,8 @@ def _call(
             out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), jnp.float32)
             r = sx.reshape(-1) if sx is not None else jnp.zeros((0,), jnp.float32)
             qx = {"act": act_id, "quant_x": np.int32(quant_x)}
-            y = jax.ffi.ffi_call("aotlm_gemm_pk", out)(x2, w, s.astype(jnp.float32), r, bias, **qx)
+            live = padding.live_rows(lead if _one_device() else ())
+            y = jax.ffi.ffi_call("aotlm_gemm_pk", out)(x2, w, s.astype(jnp.float32), r, bias, live, **qx)
         else:
             tail = w.shape[axes:]
             out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), jnp.float32)
@@ -397,9 +395,9 @@ def _q4_call(x, w, sm, axes: int, packed_k: int, b=None, act: str | None = None)
     lead = x.shape[: x.ndim - axes]
     bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
     out = jax.ShapeDtypeStruct((math.prod(lead), n), x.dtype)
-    g = np.int32(q4_group(k, sm))
-    act_id = np.int32(GEMM_ACTS[act] if act else 0)
-    y = jax.ffi.ffi_call("aotlm_wmm_q4", out)(x.reshape(-1, k), w, sm, bias, group=g, act=act_id)
+    g, act_id = np.int32(q4_group(k, sm)), np.int32(GEMM_ACTS[act] if act else 0)
+    live = padding.live_rows(lead if _one_device() else ())
+    y = jax.ffi.ffi_call("aotlm_wmm_q4", out)(x.reshape(-1, k), w, sm, bias, live, group=g, act=act_id)
     return y.reshape(*lead, *nd)
 
 

@@ -81,9 +81,9 @@ ffi::Error w8a8(const int8_t* xi, const float* sx, const int8_t* w, const float*
 // with bf16 W (quant="bf16a": vdpbf16ps where the level has AVX512-BF16, else x widened to f32); or int8 x
 // with its per-row scale sx f32 [M] and int8 W (W8A8) -> y [M, N] f32 = act((x @ W) (* sx) * scale + bias).
 // quant_x = 1: W8A8 on f32 x, rounded to int8 per row by the kernel (the graph's math, bit for bit; one
-// device only).
+// device only). live: int8 [M], the rows to multiply (live.h; the others get act(bias)), or empty (all).
 ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::AnyBuffer sx,
-                   ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, int32_t act, int32_t quant_x) {
+                   ffi::AnyBuffer bias, ffi::AnyBuffer live, ffi::Result<ffi::AnyBuffer> y, int32_t act, int32_t quant_x) {
   int64_t M, K, N;
   if (const std::string e = packed_shapes(x, w, *y, &M, &K, &N); !e.empty())
     return ffi::Error::InvalidArgument("aotlm_gemm_pk: " + e);
@@ -94,18 +94,25 @@ ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::
   if (!scale_of(bias, N, &b)) return ffi::Error::InvalidArgument("aotlm_gemm_pk: bias must be f32 [N] or empty");
   if (act < aotlm_gm::ACT_NONE || act > aotlm_gm::ACT_RELU)
     return ffi::Error::InvalidArgument("aotlm_gemm_pk: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
+  std::string err;
+  const int8_t* lv = aotlm_lr::flags(live, M, &err);
+  if (!err.empty()) return ffi::Error::InvalidArgument("aotlm_gemm_pk: " + err);
   const Out out{y->untyped_data(), DataType::F32};
   const aotlm::Executor ex = XlaThreads{&tp};
   const aotlm::ScopedExecutor on(&ex);
   if (quant_x) {  // W8A8 on f32 x: rounded to int8 per row here, as the graph would (quantize_rows_s8)
     if (x.element_type() != DataType::F32 || w.element_type() != DataType::S8 || sx.element_count())
       return ffi::Error::InvalidArgument("aotlm_gemm_pk: quant_x takes f32 x, int8 w and no sx");
-    thread_local std::vector<int8_t> xq;  // kept between calls (not gemm.h's scratch: the GEMM packs into that)
-    thread_local std::vector<float> rs;
-    if (xq.size() < size_t(M * K)) xq.resize(size_t(M * K));
-    if (rs.size() < size_t(M)) rs.resize(size_t(M));
-    aotlm_gm::quantize_rows_s8(static_cast<const float*>(x.untyped_data()), M, K, xq.data(), rs.data());
-    return w8a8(xq.data(), rs.data(), static_cast<const int8_t*>(w.untyped_data()), s, b, act, M, K, N, out);
+    const auto run = [&](const float* xr, int64_t Mr, const Out& o) {
+      thread_local std::vector<int8_t> xq;  // kept between calls (not gemm.h's scratch: the GEMM packs into that)
+      thread_local std::vector<float> rs;
+      if (xq.size() < size_t(Mr * K)) xq.resize(size_t(Mr * K));
+      if (rs.size() < size_t(Mr)) rs.resize(size_t(Mr));
+      aotlm_gm::quantize_rows_s8(xr, Mr, K, xq.data(), rs.data());
+      w8a8(xq.data(), rs.data(), static_cast<const int8_t*>(w.untyped_data()), s, b, act, Mr, K, N, o);
+    };
+    aotlm_lr::live_rows(static_cast<const float*>(x.untyped_data()), lv, M, K, N, b, act, out, run);
+    return ffi::Error::Success();
   }
   if (x.element_type() == DataType::F32 || x.element_type() == DataType::BF16) {
     const float* xf = static_cast<const float*>(x.untyped_data());
@@ -115,14 +122,18 @@ ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::
         return ffi::Error::InvalidArgument("aotlm_gemm_pk: bf16 x needs bf16 w panels");
       const uint16_t* xb = static_cast<const uint16_t*>(x.untyped_data());
 #if defined(__AVX512BF16__)  // vdpbf16ps on the bf16 pairs as they are (gemm512.h)
-      aotlm_gm::bf16_gemm_dp(xb, static_cast<const uint16_t*>(w.untyped_data()), s, b, act, M, K, N, out);
+      aotlm_lr::live_rows(xb, lv, M, K, N, b, act, out, [&](const uint16_t* xr, int64_t Mr, const Out& o) {
+        aotlm_gm::bf16_gemm_dp(xr, static_cast<const uint16_t*>(w.untyped_data()), s, b, act, Mr, K, N, o);
+      });
       return ffi::Error::Success();
 #endif
       wide.resize(size_t(M * K));  // lower levels: x widened (exactly) to f32, the f32-x GEMM
       for (int64_t i = 0; i < M * K; ++i) wide[i] = bf16_to_f32(xb[i]);
       xf = wide.data();
     }
-    aotlm_gm::gemm(aotlm_gm::PanelW{w.element_type(), w.untyped_data(), K / 2}, xf, s, b, act, M, K, N, out);
+    aotlm_lr::live_rows(xf, lv, M, K, N, b, act, out, [&](const float* xr, int64_t Mr, const Out& o) {
+      aotlm_gm::gemm(aotlm_gm::PanelW{w.element_type(), w.untyped_data(), K / 2}, xr, s, b, act, Mr, K, N, o);
+    });
     return ffi::Error::Success();
   }
   if (x.element_type() != DataType::S8 || w.element_type() != DataType::S8)

@@ -50,11 +50,15 @@ struct F16 {
   static float one(const T* p) { return f16_to_f32(*p); }
 };
 
-// Output: f32 values -> y (dtype of x) at y[off .. off+n).
+// Output: f32 values -> y (dtype of x) at y[off .. off+n). With ``rows`` (live.h: a call on some rows of x),
+// row r of the call is row rows[r] of y, whose rows are ``ld`` long.
 struct Out {
   void* y;
   DataType dt;
+  const int64_t* rows = nullptr;
+  int64_t ld = 0;
   void put(int64_t off, const float* v, int n) const {
+    if (rows) off = rows[off / ld] * ld + off % ld;
     if (dt == DataType::F32) {
       std::memcpy(static_cast<float*>(y) + off, v, n * sizeof(float));
     } else {

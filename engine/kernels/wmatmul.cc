@@ -48,6 +48,7 @@ namespace {
 #include "bdot.h"     // batched attention dots: uses the element types and hsum of wfloat.h
 #include "convert.h"  // whole-matrix conversion for prefill
 #include "epilogue.h"  // scale, bias and activation applied to the sums as they are written
+#include "live.h"      // prefill rows of zeros (padding): written without their products
 #include "packed.h"   // int8 / bf16 / f16 / f32 weights in the panel layout (decode matmuls, prefill unpacking)
 #include "gemm.h"     // prefill GEMMs: f32 W, int8 panels (weight-only and W8A8)
 #include "peak.h"     // measured f32 FMA and int8 multiply-add peaks
@@ -305,6 +306,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmQ4, wmm_q4,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int32_t>("group")
                                   .Attr<int32_t>("act"));
@@ -339,6 +341,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmGemm, gemm_f32,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmGemmPk, gemm_pk,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
