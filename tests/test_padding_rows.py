@@ -47,8 +47,8 @@ def _within(fn, a, p):
 
 @needs_kernels
 def test_packed_gemms_skip_padding_rows():
-    """int8 panels with f32 x, W8A8 (x rounded by the GEMM) with bias and gelu in its output pass, and
-    bf16 / f32 panels: the same numbers as computing every row."""
+    """int8 panels with f32 x, W8A8 (x rounded by the GEMM) with bias and gelu in its output pass,
+    bf16 / f32 panels, and bf16 x on bf16 panels: the same numbers as computing every row."""
     rng = np.random.default_rng(0)
     b, t, k, n = 3, 24, 40, 48
     x = rng.standard_normal((b, t, k)).astype(np.float32)
@@ -63,6 +63,8 @@ def test_packed_gemms_skip_padding_rows():
     for dt in (jnp.bfloat16, np.float32):
         wf = packing.pack(rng.standard_normal((k, n)).astype(dt), (0,))
         check_skips(lambda a, wf=wf: kernels.matmul(a, wf, None, packed_k=1), x, pad)
+    wb = packing.pack(rng.standard_normal((k, n)).astype(jnp.bfloat16), (0,))  # bf16 x too (quant="bf16a")
+    check_skips(lambda a: lowp.dense("bf16", a, wb, None, 1, None, 1, bias, "gelu_tanh")[0], x, pad)
 
 
 @needs_kernels
