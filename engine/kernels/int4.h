@@ -267,9 +267,9 @@ ffi::Error wmm_q4(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::An
     return ffi::Error::InvalidArgument("aotlm_wmm_q4: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
   std::vector<float> bp;  // bias zero padded to Np (the output pass reads whole panels)
   if (b) bp.assign(w4.Np, 0.f), std::memcpy(bp.data(), b, N * sizeof(float));
-  std::string err;
-  const int8_t* lv = aotlm_lr::flags(live, M, &err);
-  if (!err.empty()) return ffi::Error::InvalidArgument("aotlm_wmm_q4: " + err);
+  const int8_t* lv = nullptr;
+  if (!aotlm_lr::live_of(live, M, &lv))
+    return ffi::Error::InvalidArgument("aotlm_wmm_q4: live rows must be int8 [M] or empty");
   std::vector<float> tmp;
   const float* bb = b ? bp.data() : nullptr;
   aotlm_lr::live_rows(x_f32(x, M * K, tmp), lv, M, K, N, bb, act, Out{y->untyped_data(), xt},

@@ -8,14 +8,12 @@
 
 namespace aotlm_lr {
 
-// live: the operand as given (empty: every row). Null when every row is live, else the live rows' flags.
-inline const int8_t* flags(const ffi::AnyBuffer& live, int64_t M, std::string* err) {
-  if (live.element_count() == 0) return nullptr;
-  if (live.element_type() != DataType::S8 || int64_t(live.element_count()) != M) {
-    *err = "live rows must be int8 [M] or empty";
-    return nullptr;
-  }
-  return static_cast<const int8_t*>(live.untyped_data());
+// The live-rows operand, as scale_of reads a scale: empty -> *flags stays null (every row); else int8 [M].
+inline bool live_of(const ffi::AnyBuffer& live, int64_t M, const int8_t** flags) {
+  if (live.element_count() == 0) return true;
+  if (live.element_type() != DataType::S8 || int64_t(live.element_count()) != M) return false;
+  *flags = static_cast<const int8_t*>(live.untyped_data());
+  return true;
 }
 
 // fn(x rows, their count, out) on the live rows of x [M, K] (all of them when ``live`` is null; out then

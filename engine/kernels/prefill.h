@@ -94,9 +94,9 @@ ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::
   if (!scale_of(bias, N, &b)) return ffi::Error::InvalidArgument("aotlm_gemm_pk: bias must be f32 [N] or empty");
   if (act < aotlm_gm::ACT_NONE || act > aotlm_gm::ACT_RELU)
     return ffi::Error::InvalidArgument("aotlm_gemm_pk: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
-  std::string err;
-  const int8_t* lv = aotlm_lr::flags(live, M, &err);
-  if (!err.empty()) return ffi::Error::InvalidArgument("aotlm_gemm_pk: " + err);
+  const int8_t* lv = nullptr;
+  if (!aotlm_lr::live_of(live, M, &lv))
+    return ffi::Error::InvalidArgument("aotlm_gemm_pk: live rows must be int8 [M] or empty");
   const Out out{y->untyped_data(), DataType::F32};
   const aotlm::Executor ex = XlaThreads{&tp};
   const aotlm::ScopedExecutor on(&ex);
