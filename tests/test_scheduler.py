@@ -15,6 +15,7 @@ import pytest
 from aotlm.core import buckets as bk
 from aotlm.core.graphs import FinishReason
 from aotlm.generate.slots import SlotRunner
+from aotlm.serve import engine as engine_module
 from aotlm.serve.engine import Engine
 from aotlm.serve.types import EngineStopped, Finish, InvalidRequest, QueueFull, SamplingParams, Token
 
@@ -165,7 +166,7 @@ def test_more_requests_than_slots_all_get_their_tokens(fake):
     """Admission: two slots, five requests; each waits for a free slot and gets exactly its tokens,
     and a second request joins the first one's decode calls (continuous batching)."""
     fake.hold()
-    eng = Engine(fake, max_queue=8, decode_chunk=4).start()
+    eng = Engine(fake, max_queue=8, decode_chunk=4, solo_chunk=None).start()
     try:
         prompts = [[3, 4, 5], [10], [7, 8, 9, 10, 11, 12], [40, 41], [49]]
         budgets = [9, 4, 5, 6, 7]  # the first outlasts its first decode call (4 steps, alone: decode_chunk=4)
@@ -191,7 +192,7 @@ def test_decode_steps_per_call_follow_the_rows_and_the_queue():
     one while a prompt waits (it would wait for the whole call); tokens are the same either way."""
     fake = FakeSlots(slots=2)
     fake.hold()
-    eng = Engine(fake, decode_chunk=4).start()
+    eng = Engine(fake, decode_chunk=4, solo_chunk=None).start()
     try:
         prompts, budgets = [[1], [2], [3]], [20, 20, 4]
         reqs = [eng.submit(prompts[0], SamplingParams(max_tokens=20))]
@@ -205,6 +206,28 @@ def test_decode_steps_per_call_follow_the_rows_and_the_queue():
         assert fake.steps[:2] == [4, 1], fake.steps  # then two rows busy and a third prompt waiting
         # then two rows busy with nothing waiting: 3 steps a call (4 again once one is left)
         assert set(fake.steps) == {1, 3, 4}, fake.steps
+    finally:
+        fake.let_go()
+        eng.shutdown(timeout=1)
+
+
+@pytest.mark.parametrize("solo_after", [0.0, 60.0])
+def test_a_request_alone_for_a_while_decodes_longer_calls(monkeypatch, solo_after):
+    """Alone since ``SOLO_AFTER`` s (a lone client), a request decodes ``solo_chunk`` steps a call; a
+    newcomer waits for that call, then calls follow the busy rows, and stay short for the one left
+    until ``SOLO_AFTER`` s pass without company. Tokens are the same either way."""
+    monkeypatch.setattr(engine_module, "SOLO_AFTER", solo_after)
+    fake = FakeSlots(slots=2)
+    fake.hold()
+    eng = Engine(fake, decode_chunk=4, solo_chunk=12).start()
+    try:
+        reqs = [eng.submit([1], SamplingParams(max_tokens=40))]
+        fake.wait_decodes(1)  # never crowded yet: a solo call
+        reqs.append(eng.submit([2], SamplingParams(max_tokens=12)))
+        fake.let_go()
+        assert [collect(r)[0] for r in reqs] == [expected([1], 40), expected([2], 12)]
+        assert fake.steps[:2] == [12, 3], fake.steps  # solo, then two rows busy (4 * 4 // 5)
+        assert fake.steps[-1] == (12 if solo_after == 0 else 4), fake.steps  # the first one alone again
     finally:
         fake.let_go()
         eng.shutdown(timeout=1)
@@ -227,7 +250,7 @@ def test_a_long_prompt_is_spread_over_rounds_by_the_prefill_budget():
     between its chunks instead of waiting for the whole prompt."""
     fake = FakeSlots(slots=2, chunk=4)
     fake.hold()
-    eng = Engine(fake, prefill_budget=4).start()
+    eng = Engine(fake, prefill_budget=4, solo_chunk=None).start()
     try:
         first = eng.submit([1], SamplingParams(max_tokens=30))
         fake.wait_decodes(1)
@@ -272,7 +295,7 @@ def test_cancel_a_running_and_a_waiting_request():
     waiting one never reaches prefill."""
     fake = FakeSlots(slots=2)
     fake.hold()
-    eng = Engine(fake, max_queue=4, decode_chunk=4).start()
+    eng = Engine(fake, max_queue=4, decode_chunk=4, solo_chunk=None).start()
     try:
         doomed = eng.submit([5], SamplingParams(max_tokens=40))
         fake.wait_decodes(1)
@@ -373,7 +396,7 @@ def test_short_prompts_arriving_together_are_prefilled_in_one_call():
     the round's prefill budget holds; the oldest first, each then streams its own tokens."""
     fake = FakeSlots(slots=4, prompts=4)
     fake.hold()
-    eng = Engine(fake, prefill_budget=8).start()
+    eng = Engine(fake, prefill_budget=8, solo_chunk=None).start()
     try:
         busy = eng.submit([7], SamplingParams(max_tokens=30))
         fake.wait_decodes(1)
@@ -415,7 +438,7 @@ def test_a_request_ending_at_prefill_moves_the_next_prompt_down_before_its_prefi
     not the one it was admitted to (the soak once caught the scheduler using the stale row)."""
     fake = FakeSlots(slots=3)
     fake.hold()
-    eng = Engine(fake, prefill_budget=8).start()  # both prompts in one round
+    eng = Engine(fake, prefill_budget=8, solo_chunk=None).start()  # both prompts in one round
     try:
         busy = eng.submit([1], SamplingParams(max_tokens=30))
         fake.wait_decodes(1)

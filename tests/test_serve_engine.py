@@ -11,6 +11,7 @@ from compile_counter import count_compiles
 
 from aotlm.cli.app import main
 from aotlm.cli.common import serve_kwargs
+from aotlm.generate import slot_graphs
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.generate.slots import SlotBatch
 from aotlm.serve.engine import Engine
@@ -32,7 +33,7 @@ def served(gpt2_path, tmp_path_factory):
 
 @pytest.fixture
 def engine(served):
-    eng = Engine(served[0], eos_token_id=[]).start()
+    eng = Engine(served[0], eos_token_id=[], warm_up=True).start()  # what ``aotlm serve`` does
     yield eng
     eng.shutdown(timeout=5)
 
@@ -73,6 +74,16 @@ def test_each_request_gets_what_sample_gives_it(served, engine):
         assert [t.id for t in toks] == want
         assert fin == Finish("length", len(p), sp.max_tokens, fin.time_to_first_token)
         assert fin.time_to_first_token is not None and fin.time_to_first_token > 0
+
+
+def test_warm_up_runs_every_serving_graph(served, monkeypatch):
+    """``aotlm serve`` runs each graph once before opening its port (the engine fixture's
+    requests then get ``sample()``'s tokens: warming leaves nothing a request reads)."""
+    model, seen = served[0], []
+    real = model.executable
+    monkeypatch.setattr(model, "executable", lambda key: seen.append(key) or real(key))
+    SlotBatch(model, []).warm_up()
+    assert set(seen) == set(slot_graphs.graph_keys(model.ctx_buckets, model.tg_buckets, model.batch_size))
 
 
 def test_short_request_finishes_while_a_long_one_runs(engine):

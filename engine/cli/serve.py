@@ -2,12 +2,14 @@
 
 aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-size 8]
             [--max-queue 64] [--api-key KEY] [--max-tokens-cap N] [--served-model-name NAME]
-            [--no-prefix-cache] [--prefix-cache-mb 512]
+            [--no-prefix-cache] [--prefix-cache-mb 512] [--no-warmup]
 
 The model is compiled for every bucket before the port opens, so the first request does not
-compile. Without ``--n-positions`` it serves the checkpoint's whole context window (capped at
-4096 by ``serve_kwargs``, as ``aotlm compile --serve`` does; token buckets are the powers of
-two up to it). SIGTERM / SIGINT:
+compile, and every serving graph runs once (``SlotBatch.warm_up``; ``--no-warmup`` skips it),
+so the first requests do not pay an executable's costlier first run either. Without
+``--n-positions`` it serves the checkpoint's whole context window (capped at 4096 by
+``serve_kwargs``, as ``aotlm compile --serve`` does; token buckets are the powers of two up
+to it). SIGTERM / SIGINT:
 ``/health`` turns 503 and new requests get 503 at once, uvicorn stops accepting connections
 and waits up to ``--shutdown-timeout`` s for the requests in flight, cancels what is left,
 then the engine stops; exit code 0.
@@ -66,6 +68,9 @@ def register(sub) -> None:
         default=PREFIX_STORE_BYTES / 2**20,
         help="MB of K/V kept for reuse after the slot holding it is reused (default 512; 0: none)",
     )
+    p.add_argument(
+        "--no-warmup", action="store_true", help="do not run every graph once before the port opens"
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
     p.add_argument("--quiet", action="store_true", help="no aotlm INFO lines")
     p.set_defaults(fn=cmd_serve)
@@ -113,6 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_tokens_cap=args.max_tokens_cap,
         prefix_cache=not args.no_prefix_cache,
         prefix_store_bytes=int(args.prefix_cache_mb * 2**20),
+        warm_up=not args.no_warmup,
     ).start()
     name = _model_name(args, args.checkpoint)
     try:

@@ -12,7 +12,7 @@ rounds; each round it
    prompt), and for each finished prompt inserts the request and streams its first token,
 4. runs one decode call over the busy rows (the token bucket is the smallest covering the longest
    live slot, the row count the smallest ladder value covering the busy rows) and streams each
-   slot's new tokens: ``decode_chunk`` steps for a lone unconstrained request, fewer for more busy
+   slot's new tokens: ``solo_chunk`` steps for a request alone for a while, fewer for more busy
    rows (``_steps``), one while a prompt waits to be prefilled,
 5. retires finished requests, or sleeps when there is nothing to do.
 
@@ -32,7 +32,6 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,7 +39,7 @@ from aotlm.core import buckets as bk
 from aotlm.core.graphs import FinishReason
 from aotlm.generate.constraints import Matcher
 from aotlm.generate.slots import SlotBatch, SlotModel, SlotRunner
-from aotlm.serve.rows import HeldRows, PrefixStore
+from aotlm.serve.rows import Active, HeldRows, PrefixStore
 from aotlm.serve.types import (
     EngineStopped,
     Finish,
@@ -59,28 +58,11 @@ DECODE_CHUNK = 8
 # are read once per step whatever the rows; measured: GPT-2-small int4 4 rows 1.7x, 16 rows ~6x;
 # SmolLM2-135M w8a8 1.3x, 3.8x): ``_steps`` keeps every call about as long as a lone request's.
 STEP_ROWS = 4
+# A request alone for SOLO_AFTER s (nobody else queued or running meanwhile: a lone client) decodes
+# SOLO_CHUNK steps a call (SmolLM2-135M int4-g64 on a Xeon: 3.60 vs ~4.2 ms a token at 8, 3.47 in
+# ``sample()``); a newcomer then waits for one such call (~0.1 s) once, and calls shrink again.
+SOLO_AFTER, SOLO_CHUNK = 1.0, 32
 PREFIX_STORE_BYTES = 512 << 20  # K/V copied out of overwritten rows, kept for reuse (LRU)
-
-
-@dataclass(eq=False)
-class _Active:
-    """A request holding a slot: prefilling (``plan`` left) or decoding (``live``)."""
-
-    req: Request
-    prompt: np.ndarray
-    plan: collections.deque
-    logits: object = None
-    live: bool = False
-    idx: int = 0  # the slot of the last token streamed
-    first_at: float | None = None
-    generated: list[int] = field(default_factory=list)
-    filled: int = 0  # cache slots whose K/V is written (prefill); live rows: idx
-    cached: int = 0  # prompt tokens whose K/V was reused
-
-    def written(self) -> np.ndarray:
-        """The tokens whose K/V the row holds (a live row's last token is not fed yet)."""
-        n = self.idx if self.live else self.filled
-        return np.concatenate([self.prompt, np.asarray(self.generated, np.int32)])[:n]
 
 
 class Engine:
@@ -97,28 +79,33 @@ class Engine:
         max_queue: int = 64,
         max_tokens_cap: int | None = None,
         decode_chunk: int = DECODE_CHUNK,
+        solo_chunk: int | None = SOLO_CHUNK,
         prefill_budget: int | None = None,
         prefix_cache: bool = True,
         prefix_store_bytes: int = PREFIX_STORE_BYTES,
+        warm_up: bool = False,
     ):
-        if max_queue < 1 or decode_chunk < 1:
-            raise ValueError("max_queue and decode_chunk must be >= 1")
+        if max_queue < 1 or decode_chunk < 1 or (solo_chunk or 1) < 1:
+            raise ValueError("max_queue, decode_chunk and solo_chunk must be >= 1")
         batch = model if isinstance(model, SlotRunner) else SlotBatch(model, eos_token_id, pad_token_id)
+        if warm_up and isinstance(batch, SlotBatch):
+            batch.warm_up()
         self.batch: SlotRunner = batch
         self.eos_token_id = tuple(int(t) for t in eos_token_id)  # what ends a constrained answer
         self.n_positions = batch.n_positions
         self.vocab_size = batch.vocab_size
         self.max_queue = max_queue
         self.max_tokens_cap = max_tokens_cap
-        self.decode_chunk = decode_chunk
+        self.decode_chunk, self.solo_chunk = decode_chunk, solo_chunk
         self.prefill_budget = prefill_budget or batch.max_chunk
         self._cv = threading.Condition()
         self._waiting: collections.deque[Request] = collections.deque()
-        self._slots: list[_Active | None] = [None] * batch.slots
+        self._slots: list[Active | None] = [None] * batch.slots
         self.prefix_cache = prefix_cache
         self._held = HeldRows(batch.slots)
         self._store = PrefixStore(prefix_store_bytes)
         self._reuse = {"requests": 0, "hits": 0, "prompt_tokens": 0, "cached_tokens": 0}
+        self._crowd_at = -float("inf")  # when two requests were last in the engine together
         self._accepting = False
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -246,18 +233,23 @@ class Engine:
             self._stream(live)
 
     def _steps(self) -> int:
-        """Decode steps for this round's call: ``decode_chunk * STEP_ROWS // (STEP_ROWS + n - 1)``
-        with ``n`` busy rows (8, 6, 5, 4 for 1-4 rows, 2 for 8, 1 for 16: the call's fixed cost
-        shared by several tokens, and a call about as long whatever the rows, since a row that
-        ends inside it waits for the call's end to be freed), one while a prompt waits or is
-        being prefilled (it would wait for the whole call). A finished row stays in the call
-        without touching the others' numbers (it reads no cache slot: per-row attention
-        limits), so batch invariance holds at any steps per call."""
+        """Decode steps for this round's call: ``solo_chunk`` (None: never) for a request alone
+        for ``SOLO_AFTER`` s, else ``decode_chunk * STEP_ROWS // (STEP_ROWS + n - 1)`` for ``n`` busy
+        rows (8, 6, 5, 4 for 1-4 rows, 2 for 8, 1 for 16: the call's fixed cost shared by several
+        tokens, and a call about as long whatever the rows, since a row ending inside it waits
+        for the call's end to be freed); one while a prompt waits or is being prefilled. A
+        finished row stays in the call without touching the others' numbers (it reads no cache
+        slot), so batch invariance holds at any steps per call."""
         with self._cv:
             waiting = bool(self._waiting)
         busy = [a for a in self._slots if a is not None]
+        now = time.monotonic()
+        if waiting or len(busy) > 1:
+            self._crowd_at = now
         if waiting or not busy or not all(a.live for a in busy):
             return 1
+        if self.solo_chunk and now - self._crowd_at > SOLO_AFTER:
+            return self.solo_chunk
         return max(1, self.decode_chunk * STEP_ROWS // (STEP_ROWS + len(busy) - 1))
 
     def _busy_rows(self) -> int:
@@ -302,7 +294,7 @@ class Engine:
             self._reuse["prompt_tokens"] += len(prompt)
             self._reuse["cached_tokens"] += cached
             with self._cv:
-                self._slots[n] = _Active(req, prompt, plan, filled=cached, cached=cached)
+                self._slots[n] = Active(req, prompt, plan, filled=cached, cached=cached)
 
     def _saves(self, prompt_len: int, held: int) -> bool:
         """Does resuming after ``held`` tokens encode fewer (bucket) tokens than a fresh prefill?"""
@@ -364,12 +356,12 @@ class Engine:
             self._stream(group)
             pending = self._pending()  # a request that ended moved the top row down: fresh rows
 
-    def _pending(self) -> list[tuple[int, _Active]]:
+    def _pending(self) -> list[tuple[int, Active]]:
         """The rows still to prefill with their requests, oldest request first."""
         pending = [(i, a) for i, a in enumerate(self._slots) if a is not None and a.plan]
         return sorted(pending, key=lambda ia: ia[1].req.submitted)
 
-    def _whole_prompts(self, pending: list[tuple[int, _Active]], budget: int) -> list[tuple[int, _Active]]:
+    def _whole_prompts(self, pending: list[tuple[int, Active]], budget: int) -> list[tuple[int, Active]]:
         """The oldest pending request, with (when its prompt is one whole chunk from slot 0) the
         next ones whose prompts are whole chunks of the same bucket, as many as one call and
         the budget take."""
@@ -384,7 +376,7 @@ class Engine:
         same = [(i, a) for i, a in pending if whole(a) and a.plan[0].bucket == first.bucket]
         return same[: max(1, min(self.batch.max_prompts, budget // first.bucket))]
 
-    def _stream(self, rows: list[tuple[int, _Active]]) -> None:
+    def _stream(self, rows: list[tuple[int, Active]]) -> None:
         """Push every row's new tokens (slots ``a.idx + 1 .. idx``) and finish the ended rows."""
         want = any(a.req.params.logprobs is not None for _, a in rows)
         host = self.batch.read(logprobs=want)

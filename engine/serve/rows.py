@@ -7,6 +7,7 @@ lowest rows; a row freed by a finished request keeps that request's prompt and g
 the free row holding the longest prefix of its prompt, else an empty free row, else the one
 used least recently (LRU). Before a free row's tokens are overwritten, their K/V is copied out
 into a ``PrefixStore`` (bounded in bytes, LRU), from which a later prompt can copy it back in.
+``Active`` is the scheduler's record of a request holding a row.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from aotlm.serve.types import Request
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -121,3 +125,24 @@ class PrefixStore:
             return None, 0
         self.entries.move_to_end(key)
         return self.entries[key][1], length
+
+
+@dataclass(eq=False)
+class Active:
+    """A request holding a row (the scheduler's record): prefilling (``plan`` left) or decoding (``live``)."""
+
+    req: Request
+    prompt: np.ndarray
+    plan: collections.deque
+    logits: object = None
+    live: bool = False
+    idx: int = 0  # the slot of the last token streamed
+    first_at: float | None = None
+    generated: list[int] = field(default_factory=list)
+    filled: int = 0  # cache slots whose K/V is written (prefill); live rows: idx
+    cached: int = 0  # prompt tokens whose K/V was reused
+
+    def written(self) -> np.ndarray:
+        """The tokens whose K/V the row holds (a live row's last token is not fed yet)."""
+        n = self.idx if self.live else self.filled
+        return np.concatenate([self.prompt, np.asarray(self.generated, np.int32)])[:n]
