@@ -129,6 +129,14 @@ class EngineSpec:
     ctx_per_slot: int = 0
 
 
+def aotlm_flags(name: str) -> list[str]:
+    """``aotlm serve`` flags of engine ``aotlm[1]-MODE[-noprefix]`` (MODE may hold dashes: int4-g64)."""
+    mode = name.split("-", 1)[1]
+    noprefix = mode.endswith("-noprefix")
+    mode = mode.removesuffix("-noprefix")
+    return AOTLM_MODES[mode] + (["--no-prefix-cache"] if noprefix else [])
+
+
 def engine_spec(name: str, args: argparse.Namespace, ckpt: Path) -> EngineSpec:
     """How to start engine ``name`` (``Skip`` if it cannot run here)."""
     n_pos = str(args.n_positions)
@@ -153,9 +161,7 @@ def engine_spec(name: str, args: argparse.Namespace, ckpt: Path) -> EngineSpec:
         cmd += ["--served-model-name", "bench"]
         if args.context_length_estimate:
             cmd += ["--context-length-estimate", args.context_length_estimate]
-        mode, *extra = name.split("-")[1:]
-        cmd += ["--no-prefix-cache"] if extra == ["noprefix"] else []
-        return EngineSpec(cmd + AOTLM_MODES[mode], starts=2)
+        return EngineSpec(cmd + aotlm_flags(name), starts=2)
     if name.startswith("llama"):
         exe = args.llama_server
         if not exe or not Path(exe).is_file():

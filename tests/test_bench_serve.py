@@ -1,0 +1,24 @@
+"""``scripts/bench_serve.py`` starts each engine with the weights its name says (a mode with a dash,
+``int4-g64``, once ran as ``int4`` with an f32 KV cache: its tables compared other weights)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import bench_serve  # noqa: E402
+
+
+def test_aotlm_engine_names_give_their_modes_flags():
+    names = [e for e in bench_serve.ENGINES if e.startswith("aotlm")]
+    assert "aotlm-int4-g64+kvbf16-noprefix" in names and "aotlm1-int4-g64" in names
+    for name in names:
+        mode = name.split("-", 1)[1].removesuffix("-noprefix")
+        flags = bench_serve.aotlm_flags(name)
+        quant = flags[flags.index("--quant") + 1]
+        assert quant == ("none" if mode == "f32" else mode.removesuffix("+kvbf16")), (name, flags)
+        assert ("--kv-cache-dtype" in flags) == mode.endswith("+kvbf16"), (name, flags)
+        assert ("--no-prefix-cache" in flags) == name.endswith("-noprefix"), (name, flags)
+        assert bench_serve.OFFLINE_KW[mode].get("quant", "none") == quant  # offline-MODE: the same weights
