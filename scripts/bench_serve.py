@@ -15,7 +15,9 @@ when its previous one ended) of streamed ``POST /v1/completions`` with token-id 
 ``aotlm tune`` does), prompt tokens uniform over the vocabulary, one fixed request set per client
 level (seeded) so every engine gets the same load. Per engine and level: output tokens/s and
 requests/s over the level's wall time, time to first token (TTFT) and inter-token latency (ITL,
-every gap between streamed tokens) p50/p99.
+every gap between streamed tokens) p50/p99, and TPOT p50 (each request's time per output token after
+its first, as vLLM's bench: a client's decode rate, whatever events the tokens came in; a 1-client
+level's ``1000 / TPOT`` is printed against ``offline1-MODE``'s batch-1 decode rate).
 
 ``--workload chat`` (``serve_load``): each client holds a conversation: one system prompt shared by
 every client (``--system-tokens``), then ``--turns`` turns, each sending the whole history so far
@@ -319,7 +321,7 @@ def bench_offline(name: str, args: argparse.Namespace, ckpt: Path, reqs: list) -
 
 # ------------------------------------------------------------------ report
 COLS = ["engine", "clients", "requests", "start s", "out tok/s", "req/s", "TTFT p50 ms", "TTFT p99 ms"]
-COLS += ["ITL p50 ms", "ITL p99 ms", "note"]
+COLS += ["ITL p50 ms", "ITL p99 ms", "TPOT p50 ms", "note"]
 CHAT_COLS = ["TTFT1 p50 ms", "TTFT1 p99 ms", "TTFT≥2 p50 ms", "TTFT≥2 p99 ms", "prompt tok", "cached tok"]
 
 
@@ -348,6 +350,12 @@ def ratios(rows: list[dict], at: int) -> list[str]:
             y = next((v for k, v in tps.items() if k.startswith(other)), None)
             if x and y:
                 out.append(f"aotlm-{m}@{at} / {what} ({m}): {x / y:.2f}x")
+    tpot = {r["engine"]: r["TPOT p50 ms"] for r in rows if r.get("clients") == 1 and r.get("TPOT p50 ms")}
+    for m in AOTLM_MODES:  # a lone client's decode rate (its prefill aside) against offline batch-1 decode
+        y = next((v for k, v in tps.items() if k.startswith(f"offline1-{m} decode@")), None)
+        if tpot.get(f"aotlm-{m}") and y:
+            out.append(f"aotlm-{m}@1 decode (1000 / TPOT p50) / offline batch-1 decode: "
+                       f"{1e3 / tpot[f'aotlm-{m}'] / y:.2f}x")  # fmt: skip
     key = "TTFT≥2 p50 ms"  # chat: what reusing the history's K/V saves, per level
     ttft = {(r["engine"], r["clients"]): r[key] for r in rows if r.get(key) is not None}
     for m in AOTLM_MODES:

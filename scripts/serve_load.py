@@ -96,6 +96,7 @@ class Server:
 class Result:
     ttft: float = NAN
     itl: list[float] = field(default_factory=list)
+    tpot: float = NAN  # time per output token after the first (vLLM's TPOT): the decode rate seen
     tokens: int = 0
     events: int = 0  # streamed events with text (a real tokenizer may hold a piece back)
     text: str = ""
@@ -145,6 +146,8 @@ def one_request(port: int, prompt: list[int], n_out: int, timeout: float) -> Res
         return r
     r.text = "".join(text)
     r.tokens = int(usage["completion_tokens"]) if usage else r.events
+    if r.tokens > 1 and r.events:
+        r.tpot = (last - t0 - r.ttft) / (r.tokens - 1)  # first text event to the last one
     if usage:
         r.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         details = usage.get("prompt_tokens_details") or {}
@@ -202,6 +205,7 @@ def level_stats(results: list[Result], wall: float, chat: bool) -> dict:
         ttft = [r.ttft for r in results]
         out |= {"TTFT p50 ms": pct(ttft, 50), "TTFT p99 ms": pct(ttft, 99)}
     out |= {"ITL p50 ms": pct(itl, 50), "ITL p99 ms": pct(itl, 99)}
+    out["TPOT p50 ms"] = pct([r.tpot for r in results if r.tpot == r.tpot], 50)
     if short := sum(r.events != r.tokens for r in results):
         out["note"] = f"{short} replies streamed not one event per token (ITL per event)"
     return out
