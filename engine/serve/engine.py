@@ -85,7 +85,7 @@ class Engine:
         prefix_store_bytes: int = PREFIX_STORE_BYTES,
         warm_up: bool = False,
     ):
-        if max_queue < 1 or decode_chunk < 1 or (solo_chunk or 1) < 1:
+        if max_queue < 1 or decode_chunk < 1 or (solo_chunk is not None and solo_chunk < 1):
             raise ValueError("max_queue, decode_chunk and solo_chunk must be >= 1")
         batch = model if isinstance(model, SlotRunner) else SlotBatch(model, eos_token_id, pad_token_id)
         if warm_up and isinstance(batch, SlotBatch):
@@ -223,6 +223,9 @@ class Engine:
         self._retire_cancelled()
         self._admit()
         self._prefill()
+        with self._cv:  # company, whether or not this round decodes (``_steps``' solo calls)
+            if self._waiting or sum(a is not None for a in self._slots) > 1:
+                self._crowd_at = time.monotonic()
         live = [(i, a) for i, a in enumerate(self._slots) if a is not None and a.live]
         if live:
             top = max(a.idx for _, a in live)
@@ -243,12 +246,9 @@ class Engine:
         with self._cv:
             waiting = bool(self._waiting)
         busy = [a for a in self._slots if a is not None]
-        now = time.monotonic()
-        if waiting or len(busy) > 1:
-            self._crowd_at = now
         if waiting or not busy or not all(a.live for a in busy):
             return 1
-        if self.solo_chunk and now - self._crowd_at > SOLO_AFTER:
+        if self.solo_chunk and len(busy) == 1 and time.monotonic() - self._crowd_at > SOLO_AFTER:
             return self.solo_chunk
         return max(1, self.decode_chunk * STEP_ROWS // (STEP_ROWS + len(busy) - 1))
 
