@@ -2,7 +2,7 @@
 
 aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-size 8]
             [--max-queue 64] [--api-key KEY] [--max-tokens-cap N] [--served-model-name NAME]
-            [--no-prefix-cache] [--prefix-cache-mb 512] [--no-warmup]
+            [--no-prefix-cache] [--prefix-cache-mb 512] [--no-warmup] [--lenient-schemas]
 
 The model is compiled for every bucket before the port opens, so the first request does not
 compile, and every serving graph runs once (``SlotBatch.warm_up``; ``--no-warmup`` skips it),
@@ -71,6 +71,12 @@ def register(sub) -> None:
     p.add_argument(
         "--no-warmup", action="store_true", help="do not run every graph once before the port opens"
     )
+    p.add_argument(
+        "--lenient-schemas",
+        action="store_true",
+        help="JSON schemas and tool parameters that do not say 'strict' keep JSON Schema's letter: an object "
+        "without additionalProperties accepts extra keys (default: closed, as OpenAI's strict mode and vLLM)",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
     p.add_argument("--quiet", action="store_true", help="no aotlm INFO lines")
     p.set_defaults(fn=cmd_serve)
@@ -122,7 +128,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ).start()
     name = _model_name(args, args.checkpoint)
     try:
-        app = create_app(engine, tokenizer, name, api_key=args.api_key or None)
+        app = create_app(
+            engine, tokenizer, name, api_key=args.api_key or None, lenient_schemas=args.lenient_schemas
+        )
         port = sock.getsockname()[1]  # --port 0: the one the system picked
         ready = f"aotlm serve: http://{args.host}:{port} (model {name}, {model.batch_size} slots)"
         _serve(app, sock, args, ready)

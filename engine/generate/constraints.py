@@ -43,7 +43,10 @@ class Constraint:
     source: str = ""
 
     @classmethod
-    def json_schema(cls, schema: dict | str) -> Constraint:
+    def json_schema(cls, schema: dict | str, closed: bool = True) -> Constraint:
+        """A JSON schema; ``closed`` (the default) treats objects that do not say
+        ``additionalProperties`` as closed (``close_objects``), ``closed=False`` keeps JSON
+        Schema's letter (extra keys allowed)."""
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -51,6 +54,8 @@ class Constraint:
                 raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, dict | bool):
             raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        if closed:
+            schema = close_objects(schema)
         return cls("json_schema", json.dumps(schema, separators=(",", ":")))  # property order kept
 
     @classmethod
@@ -67,10 +72,51 @@ class Constraint:
         return cls("grammar", text)
 
 
-def from_response_format(v) -> Constraint | None:
+# keys whose values are subschemas: a map of them, a list of them, or one
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "unevaluatedProperties", "additionalItems", "contains",
+               "propertyNames", "not", "if", "then", "else")  # fmt: skip
+
+
+def _is_object(schema: dict) -> bool:
+    t = schema.get("type")
+    return t == "object" or (isinstance(t, list) and "object" in t) or (t is None and "properties" in schema)
+
+
+def close_objects(schema, here: bool = True):
+    """``schema`` with every object that leaves extra keys unspecified closed
+    (``"additionalProperties": false``) and every ``prefixItems`` tuple without ``items`` closed
+    (``"items": false``), as OpenAI's strict structured outputs and xgrammar's strict mode read a
+    schema. What a schema states is kept (``additionalProperties`` / ``unevaluatedProperties`` /
+    ``patternProperties`` given, ``items`` given); the members of an ``allOf`` are not closed
+    themselves (closing each would forbid the keys the others add), their subschemas are."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: close_objects(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [close_objects(sub, here=key != "allOf") for sub in out[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = close_objects(out[key])
+    said = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+    if here and _is_object(out) and not any(k in out for k in said):
+        out["additionalProperties"] = False
+    if here and "prefixItems" in out and "items" not in out:
+        out["items"] = False
+    return out
+
+
+def from_response_format(v, closed: bool = True) -> Constraint | None:
     """OpenAI's ``response_format`` (``{"type": "text" | "json_object" | "json_schema",
     "json_schema": {"schema": ...}}``) plus ``{"type": "regex", "regex": ...}`` and
-    ``{"type": "grammar", "grammar": ...}``; None for text. ``ConstraintError`` names the problem."""
+    ``{"type": "grammar", "grammar": ...}``; None for text. ``ConstraintError`` names the problem.
+    A JSON schema's objects are closed (``close_objects``) unless its ``strict`` is false, or it
+    does not say and ``closed`` (the server's default) is False."""
     if v is None:
         return None
     if not isinstance(v, dict) or not isinstance(v.get("type"), str):
@@ -84,7 +130,10 @@ def from_response_format(v) -> Constraint | None:
         js = v.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
             raise ConstraintError("'response_format.json_schema' must be {'name', 'schema': {...}}")
-        return Constraint.json_schema(js.get("schema", {}))
+        strict = js.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise ConstraintError("'response_format.json_schema.strict' must be true or false")
+        return Constraint.json_schema(js.get("schema", {}), closed=closed if strict is None else strict)
     if kind in ("regex", "grammar"):
         text = v.get(kind)
         if not isinstance(text, str) or not text:

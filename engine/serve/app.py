@@ -72,11 +72,13 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_n: int = 16,
     max_tokens_cap: int | None = None,
+    lenient_schemas: bool = False,
 ) -> "FastAPI":
     """The app over a started ``engine``; ``app.state.served.stopping = True`` starts draining.
 
     ``max_n`` caps the choices of one HTTP request; ``max_tokens_cap`` (default: the
-    engine's ``max_tokens_cap``) caps default and explicit ``max_tokens``.
+    engine's ``max_tokens_cap``) caps default and explicit ``max_tokens``; ``lenient_schemas``:
+    schemas that do not say ``strict`` keep open objects (``aotlm.serve.structured``).
     """
     from fastapi import FastAPI  # local: optional [serve] extra, see the module docstring
 
@@ -84,6 +86,7 @@ def create_app(
         max_tokens_cap = getattr(engine, "max_tokens_cap", None)
     metrics = Metrics()
     served = Served(engine, tokenizer, model_name, metrics, TokenTexts(tokenizer), max_n, max_tokens_cap)
+    served.lenient_schemas = lenient_schemas
     app = FastAPI(title="aotlm", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.served = served
     app.add_middleware(StatusCounter, metrics=metrics, known=lambda p: p in PATHS)

@@ -40,6 +40,7 @@ class Served:
     max_n: int = 16  # choices per HTTP request (n times the prompts)
     max_tokens_cap: int | None = None
     stopping: bool = False  # set on SIGTERM: /health says 503 and new requests are refused
+    lenient_schemas: bool = False  # schemas that do not say `strict` keep JSON Schema's open objects
     grammars: Grammars | None = None  # structured outputs, built at the first constrained request
 
     def matchers(self, c: Constraint | None, n: int) -> list[Matcher | None]:
@@ -206,7 +207,7 @@ def _encode(served: Served, text: str, add_special_tokens: bool, param: str) -> 
 
 async def completions(served: Served, body: dict, disconnected: Callable[[], Awaitable[None]]):
     """``POST /v1/completions``: a response dict, or a ``Streamed``."""
-    parsed = protocol.parse_completion(body, served.max_n)
+    parsed = protocol.parse_completion(body, served.max_n, not served.lenient_schemas)
     common = parsed.common
     _check_model(served, common)
     vocab = served.engine.vocab_size
@@ -221,7 +222,7 @@ async def completions(served: Served, body: dict, disconnected: Callable[[], Awa
 
 async def chat_completions(served: Served, body: dict, disconnected: Callable[[], Awaitable[None]]):
     """``POST /v1/chat/completions``; ``max_tokens`` defaults to the rest of the context."""
-    parsed = protocol.parse_chat(body, served.max_n)
+    parsed = protocol.parse_chat(body, served.max_n, not served.lenient_schemas)
     _check_model(served, parsed.common)
     try:
         text, add_special = render(served.tokenizer, parsed.messages, parsed.common.form.tools)

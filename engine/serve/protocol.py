@@ -160,14 +160,16 @@ def _reject_unsupported(body: dict, n: int) -> None:
         raise bad(f"'best_of' is not supported (only best_of == n, got {best_of!r})", "best_of")
 
 
-def _common(body: dict, max_n: int, max_tokens: int | None, logprobs: int | None, chat: bool) -> Common:
+def _common(
+    body: dict, max_n: int, max_tokens: int | None, logprobs: int | None, chat: bool, closed: bool = True
+) -> Common:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad("'model' must be a string", "model")
     n = get_int(body, "n", 1, 1, max_n)
     _reject_unsupported(body, n)
     try:
-        form = structured.parse(body, chat)
+        form = structured.parse(body, chat, closed)
     except structured.FieldError as e:
         raise bad(str(e), e.param) from None
     stream = get_bool(body, "stream", False)
@@ -233,8 +235,9 @@ def _prompts(v) -> tuple[str | tuple[int, ...], ...]:
     return tuple(items)
 
 
-def parse_completion(body: dict, max_n: int) -> CompletionBody:
-    """``POST /v1/completions``; ``max_n`` caps the choices (``n`` times the prompts)."""
+def parse_completion(body: dict, max_n: int, closed: bool = True) -> CompletionBody:
+    """``POST /v1/completions``; ``max_n`` caps the choices (``n`` times the prompts); ``closed``:
+    the server's reading of schemas that do not say ``strict`` (``structured``)."""
     prompts = _prompts(body.get("prompt"))
     common = _common(
         body,
@@ -242,13 +245,14 @@ def parse_completion(body: dict, max_n: int) -> CompletionBody:
         get_int(body, "max_tokens", None, 1),
         _logprobs_count(body, "logprobs"),
         chat=False,
+        closed=closed,
     )
     if len(prompts) * common.n > max_n:
         raise bad(f"{len(prompts)} prompts x n={common.n} is over the limit of {max_n} choices", "n")
     return CompletionBody(common, prompts)
 
 
-def parse_chat(body: dict, max_n: int) -> ChatBody:
+def parse_chat(body: dict, max_n: int, closed: bool = True) -> ChatBody:
     """``POST /v1/chat/completions``: ``logprobs`` is a flag, ``top_logprobs`` the count."""
     try:
         messages = validate_messages(body.get("messages"))
@@ -261,7 +265,8 @@ def parse_chat(body: dict, max_n: int) -> ChatBody:
     max_tokens = get_int(body, "max_completion_tokens", None, 1)
     if max_tokens is None:
         max_tokens = get_int(body, "max_tokens", None, 1)
-    return ChatBody(_common(body, max_n, max_tokens, (top or 0) if want else None, chat=True), messages)
+    common = _common(body, max_n, max_tokens, (top or 0) if want else None, chat=True, closed=closed)
+    return ChatBody(common, messages)
 
 
 def choice_params(

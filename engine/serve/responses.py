@@ -93,7 +93,7 @@ class Shapes:
     def choice(self, index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
         if self.kind == CHAT:
             message: dict = {"role": "assistant", "content": text}
-            calls = read_calls(self.form, text) if self.form.reads_calls else []
+            calls = read_calls(self.form, text, finish_reason) if self.form.reads_calls else []
             if calls:  # OpenAI: content null, finish_reason "tool_calls"
                 message, finish_reason = (
                     {"role": "assistant", "content": None, "tool_calls": calls},

@@ -10,6 +10,14 @@ Tool calls: the tools go to the chat template (``tools=``, as HF templates take 
 ``"auto"`` the model writes what it likes and a call in its text (a JSON call object, bare or
 in ``<tool_call>`` tags as Hermes / Qwen templates write them) becomes ``message.tool_calls``;
 ``"none"`` renders no tools. One call per choice when constrained.
+
+Closed objects: a tool's ``parameters`` and a ``json_schema`` response format are read as OpenAI's
+strict mode and xgrammar's strict mode (vLLM's default) read them: an object that does not say
+``additionalProperties`` takes no keys besides its ``properties`` (``constraints.close_objects``),
+so a weak model cannot wander into invented keys until ``max_tokens`` runs out. A tool's
+``function.strict: false`` or a schema's ``strict: false`` keeps JSON Schema's letter; so does the
+server's ``--lenient-schemas`` for requests that do not say. An answer cut by ``max_tokens`` is
+never presented as a tool call: it comes back as ``content`` with ``finish_reason: "length"``.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from aotlm.core.sampling import MAX_LOGIT_BIAS
-from aotlm.generate.constraints import Constraint, ConstraintError, from_response_format
+from aotlm.generate.constraints import Constraint, ConstraintError, close_objects, from_response_format
 
 TOOL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
@@ -84,15 +92,22 @@ def _tools(v) -> tuple[dict, ...]:
             raise FieldError(f"tools[{i}].function.name must be a non-empty string", "tools")
         if not isinstance(fn.get("parameters", {}), dict):
             raise FieldError(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+            raise FieldError(f"tools[{i}].function.strict must be true or false", "tools")
     return tuple(v)
 
 
-def _params(tool: dict) -> dict:
-    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+def _params(tool: dict, closed: bool) -> dict:
+    """A tool's ``parameters`` schema, its objects closed unless its ``strict`` says false (or it does
+    not say and ``closed`` is False)."""
+    schema = tool["function"].get("parameters") or {"type": "object", "properties": {}}
+    strict = tool["function"].get("strict")
+    return close_objects(schema) if (closed if strict is None else strict) else schema
 
 
-def parse(body: dict, chat: bool) -> Structured:
-    """The structured-output fields of a request body (``chat``: tools are allowed)."""
+def parse(body: dict, chat: bool, closed: bool = True) -> Structured:
+    """The structured-output fields of a request body (``chat``: tools are allowed). ``closed``:
+    how schemas that do not say ``strict`` read objects without ``additionalProperties`` (see above)."""
     bias = logit_bias(body.get("logit_bias"))
     for name in ("functions", "function_call"):
         if body.get(name):
@@ -101,7 +116,7 @@ def parse(body: dict, chat: bool) -> Structured:
     if tools and not chat:
         raise FieldError("'tools' need /v1/chat/completions", "tools")
     try:
-        fmt = from_response_format(body.get("response_format"))
+        fmt = from_response_format(body.get("response_format"), closed)
     except ConstraintError as e:
         raise FieldError(str(e), "response_format") from None
     choice, named = _tool_choice(body.get("tool_choice"), tools)
@@ -110,17 +125,17 @@ def parse(body: dict, chat: bool) -> Structured:
         raise FieldError("'response_format' cannot be combined with a forced tool call", "response_format")
     if choice == "named":
         tool = next(t for t in tools if t["function"]["name"] == named)
-        fmt = Constraint.json_schema(_params(tool))
+        fmt = Constraint.json_schema(_params(tool, closed), closed=False)
     elif choice == "required":
-        fmt = Constraint.json_schema({"anyOf": [_call_schema(t) for t in tools]})
+        fmt = Constraint.json_schema({"anyOf": [_call_schema(t, closed) for t in tools]}, closed=False)
     return Structured(fmt, bias, tools if choice != "none" else (), choice, named, names)
 
 
-def _call_schema(tool: dict) -> dict:
+def _call_schema(tool: dict, closed: bool) -> dict:
     name = tool["function"]["name"]
     return {
         "type": "object",
-        "properties": {"name": {"const": name}, "arguments": _params(tool)},
+        "properties": {"name": {"const": name}, "arguments": _params(tool, closed)},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
@@ -153,8 +168,11 @@ def _call(name: str, arguments) -> dict:
     }
 
 
-def read_calls(s: Structured, text: str) -> list[dict]:
-    """The tool calls in an answer's ``text`` (empty: it is a plain answer)."""
+def read_calls(s: Structured, text: str, finish_reason: str | None = None) -> list[dict]:
+    """The tool calls in an answer's ``text`` (empty: it is a plain answer, or one cut short by its
+    token budget, ``finish_reason == "length"``, whose call would be partial)."""
+    if finish_reason == "length":
+        return []
     if s.tool_choice == "named":
         return [_call(s.named or "", text)]
     candidates = [m.group(1) for m in TOOL_TAG.finditer(text)] or [text.strip()]
