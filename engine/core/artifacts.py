@@ -16,7 +16,14 @@ import uuid
 from pathlib import Path
 
 from aotlm.core.compile_cache import MANIFEST as MANIFEST_ENTRY
-from aotlm.core.compile_cache import EntryError, entry_key, environment_fields, read_entry, write_entry
+from aotlm.core.compile_cache import (
+    EntryError,
+    compile_lowered,
+    entry_key,
+    environment_fields,
+    read_entry,
+    write_entry,
+)
 
 MANIFEST = "aotlm_model.json"
 FORMAT = 1
@@ -90,7 +97,7 @@ def _write_graph(model, key: tuple, tmp: Path, digest: str, fields: dict) -> Non
     if cached is not None and (cached / MANIFEST_ENTRY).is_file():
         shutil.copytree(cached, tmp / digest)
         return
-    write_entry(tmp, digest, fields, model.lower(key).compile(), 0.0)
+    write_entry(tmp, digest, fields, compile_lowered(model.lower(key), model.mesh), 0.0)
 
 
 def load(model, directory: str | os.PathLike) -> dict:

@@ -36,6 +36,7 @@ from jax.experimental import serialize_executable
 from jax.sharding import Mesh
 
 from aotlm import kernels
+from aotlm.core.backend import compiler_options
 
 ENGINE_VERSION = "0.1.0"
 DEFAULT_DIR = "compile_cache"
@@ -98,6 +99,7 @@ HOST_ONLY = (
     "inputs",
     "memory",
     "resolve",
+    "backend",
 )
 
 
@@ -138,8 +140,14 @@ def environment_fields(mesh) -> dict:
             "ids": [d.id for d in devs],
         },
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "compiler_options": compiler_options(devs[0].platform),
         "kernels": kernels.cache_tag(),  # graphs with / without the FFI kernels, and their build
     }
+
+
+def compile_lowered(lowered, mesh):
+    """``lowered.compile()`` with this backend's compile options (``aotlm.core.backend``)."""
+    return lowered.compile(compiler_options(next(iter(mesh.devices.flat)).platform) or None)
 
 
 def entry_key(fingerprint: dict, graph_key: tuple, mesh) -> tuple[str, dict]:
@@ -251,7 +259,7 @@ class CompileCache:
             return found
         digest, fields = entry_key(fingerprint, graph_key, mesh)
         t0 = time.perf_counter()
-        compiled = lower().compile()
+        compiled = compile_lowered(lower(), mesh)
         seconds = time.perf_counter() - t0
         size = self._store(digest, fields, compiled, seconds) if self.dir is not None else 0
         return compiled, {"hit": False, "entry": digest, "bytes": size}

@@ -100,7 +100,7 @@ def mask_eos(logits, eos, slot, min_end):
     return logits.at[:, cols].min(jnp.broadcast_to(fill[:, None], (b, eos.shape[0])), mode="drop")
 
 
-def emit(st: DecodeState, logits, slot) -> DecodeState:
+def emit(st: DecodeState, logits, slot, path: str | None = None) -> DecodeState:
     """Choose the token of ``slot`` for every live row, record it and decide who finishes.
 
     Eos ids are masked in rows shorter than their ``min_end`` (``mask_eos``). Finished rows
@@ -110,7 +110,7 @@ def emit(st: DecodeState, logits, slot) -> DecodeState:
     """
     logits = mask_eos(logits, st.eos, slot, st.min_end)
     tok, lp, top_ids, top_lp = sampling.select(
-        logits, st.params, st.seen, st.out, slot - 1, st.pos, st.want_logprobs, allow=st.allow
+        logits, st.params, st.seen, st.out, slot - 1, st.pos, st.want_logprobs, allow=st.allow, path=path
     )
     live = ~st.done
     tok = jnp.where(live, tok, st.pad)
@@ -158,7 +158,7 @@ def select_first(logits, state: DecodeState) -> DecodeState:
     return emit(state, logits, state.idx)
 
 
-def decode(cfg, width: int, params, cache, state, replicated=None):
+def decode(cfg, width: int, params, cache, state, replicated=None, group: int = 0):
     """Generate tokens on device until slot ``width``, ``state.limit`` or every row is done.
 
     ``state.tok`` is the token at slot ``idx`` (already emitted), ``pos`` its position.
@@ -166,6 +166,15 @@ def decode(cfg, width: int, params, cache, state, replicated=None):
     ``limit``), so the host only switches buckets or hands out chunks. ``replicated`` (a
     sharding) gathers the vocabulary-sharded logits once per step under tensor parallelism,
     so the sampler's vocabulary-wide ops need no other collectives.
+
+    ``group`` (static) shapes the loop for backends whose loops and branches cost a round trip to
+    the host (XLA:GPU copies a ``while_loop``'s condition and a ``cond``'s predicate to the host and
+    waits for the device each time): 0 checks every step and lets the sampler choose its path per
+    step (CPU); 1 chooses the sampler's path once per call (``sampling.plain`` does not change
+    within a call), so a greedy step holds no branch; ``group > 1`` also runs steps ``group`` at a
+    time in a loop of fixed trip count (no round trip inside), checking "all rows done" between
+    groups, then the last ``< group`` steps one at a time. Tokens are the same for every ``group``:
+    a finished row emits ``pad`` while others run, as in any batch.
     """
     limit = jnp.minimum(state.limit, width)
 
@@ -173,17 +182,33 @@ def decode(cfg, width: int, params, cache, state, replicated=None):
         _, st = carry
         return (st.idx < limit) & ~jnp.all(st.done)
 
-    def body(carry):
+    def step(carry, path=None):
         cache, st = carry
         idx = st.idx
         h, cache = decoder.forward(cfg, params, cache, st.tok[:, None], st.pos[:, None], idx, width)
         logits = decoder.logits(cfg, params, h[:, 0])
         if replicated is not None:
             logits = lax.with_sharding_constraint(logits, replicated)
-        st = emit(st.replace(pos=st.pos + 1, idx=idx + 1), logits, idx + 1)
+        st = emit(st.replace(pos=st.pos + 1, idx=idx + 1), logits, idx + 1, path)
         return cache, st
 
-    return lax.while_loop(cond, body, (cache, state))
+    if group == 0:
+        return lax.while_loop(cond, step, (cache, state))
+
+    def run(path):
+        carry = (cache, state)
+        if group > 1:
+            more = lambda c: (c[1].idx + group <= limit) & ~jnp.all(c[1].done)
+            steps = lambda c: lax.fori_loop(0, group, lambda _, x: step(x, path), c)
+            carry = lax.while_loop(more, steps, carry)
+            # a group may run past the step where the last row finished: end where a step-by-step loop does
+            c, st = carry
+            last = jnp.minimum(st.idx, jnp.max(st.end))
+            carry = c, st.replace(idx=jnp.where(jnp.all(st.done), last, st.idx))
+        return lax.while_loop(cond, lambda c: step(c, path), carry)
+
+    fast = sampling.plain(state.params, state.want_logprobs, allow=state.allow)
+    return lax.cond(fast, lambda: run("plain"), lambda: run("full"))
 
 
 def sampler_fields(batch: int, n_slots: int, vocab: int, spec) -> dict:

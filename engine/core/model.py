@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from aotlm import kernels
-from aotlm.core import artifacts, graphs, inputs, sampling, scoring, sharding
+from aotlm.core import artifacts, backend, graphs, inputs, sampling, scoring, sharding
 from aotlm.core import buckets as bk
 from aotlm.core.bucket_config import resolve as merge_bucket_config
 from aotlm.core.compile_cache import CompileCache
@@ -215,7 +215,8 @@ class CompiledModel(SpecAttributes):
         # kernel calls trace a shard_map over this mesh with the params' partition specs
         q = self.precision.quant
         low = q.activations if q is not None else None  # prefill activations rounded: int8 / bf16
-        with kernels.mesh_context(self.mesh, sharding.spec_of(self._rules)), lowp.activations(low):
+        mesh = kernels.mesh_context(self.mesh, sharding.spec_of(self._rules))
+        with mesh, lowp.activations(low), jax.default_matmul_precision(self.precision.matmul):
             if key[0] not in BASE_KINDS:  # beam search, speculative decoding, broadcasting
                 return self._lower_extra(key)
             return scoring.lower(self, key) if key[0] == "score" else self._lower_graph(key)
@@ -242,9 +243,14 @@ class CompiledModel(SpecAttributes):
             return fn.lower(logits, state)
         _, w = key
         out = (self.shardings(cache), self.shardings(state))
-        decode = functools.partial(graphs.decode, self.cfg, w, replicated=rep)
+        decode = functools.partial(graphs.decode, self.cfg, w, replicated=rep, group=self.decode_group)
         fn = jax.jit(decode, donate_argnums=(1, 2), out_shardings=out)
         return fn.lower(p, cache, state)
+
+    @property
+    def decode_group(self) -> int:
+        """``graphs.decode``'s ``group`` on this model's backend (``aotlm.core.backend``)."""
+        return backend.decode_group(next(iter(self.mesh.devices.flat)).platform)
 
     @staticmethod
     def shardings(specs):
@@ -271,6 +277,7 @@ class CompiledModel(SpecAttributes):
                 sampling.TOP_LOGPROBS_MAX,
                 sampling.TOPK_WIDTH,
             ),
+            "decode_group": self.decode_group,  # the loop's shape on this backend (aotlm.core.backend)
             "state_layout": state_layout(),  # the graphs' state pytrees (their fields, in order)
             "param_tree": self.abstract(self.params),
             "cache_tree": self.cache_specs(),

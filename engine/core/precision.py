@@ -95,6 +95,14 @@ class Precision:
         return self.kv
 
     @property
+    def matmul(self) -> str | None:
+        """The precision every matmul / einsum of the graphs is lowered at (``jax.default_matmul_precision``):
+        ``"highest"`` under float32 compute, so that f32 means f32 on every backend (XLA:GPU otherwise runs
+        f32 products as TF32: logits ~1e-3 off transformers'); None (the backend's default) for bf16 /
+        f16 compute, whose products are as precise as their inputs. Baked into each executable."""
+        return "highest" if jnp.dtype(self.compute) == jnp.float32 else None
+
+    @property
     def weights_only(self) -> bool:
         """``amp`` became low-precision weight storage with f32 activations (the kernels' CPU path)."""
         return self.amp != "f32" and jnp.dtype(self.compute) == jnp.float32

@@ -334,7 +334,19 @@ def plain(params, want_logprobs, penalties=None, allow=None, sparse=None):
     return ~jnp.any(jnp.stack(busy))
 
 
-def select(logits, params, seen, out, slot, position, want_logprobs, penalties=None, allow=None, sparse=None):
+def select(
+    logits,
+    params,
+    seen,
+    out,
+    slot,
+    position,
+    want_logprobs,
+    penalties=None,
+    allow=None,
+    sparse=None,
+    path: str | None = None,
+):
     """Choose the token of slot ``slot + 1`` for every row.
 
     ``slot`` is a scalar or ``[B, 1]`` (one per row). ``penalties`` (None or ``(counts [B,V],
@@ -346,7 +358,8 @@ def select(logits, params, seen, out, slot, position, want_logprobs, penalties=N
     from) are only computed when ``want_logprobs`` (traced) is set. When no row needs more than
     an argmax (``plain``), the graph takes it of ``logits`` directly: the [B,V] passes of the
     processors (each a copy of the scores on XLA:CPU, ~2.7 ms of a 16-row GPT-2-small step)
-    are skipped, with the same tokens.
+    are skipped, with the same tokens. ``path`` (static): ``"plain"`` / ``"full"`` when the caller
+    has already decided which (``graphs.decode`` with ``group``), so the graph holds no branch on it.
     """
 
     def argmax(scores):
@@ -381,6 +394,10 @@ def select(logits, params, seen, out, slot, position, want_logprobs, penalties=N
 
         return lax.cond(want_logprobs, logprobs, lambda: none(tok))
 
+    if path == "plain":
+        return none(argmax(logits))
+    if path == "full":
+        return full()
     fast = plain(params, want_logprobs, penalties, allow, sparse)
     return lax.cond(fast, lambda: none(argmax(logits)), full)
 

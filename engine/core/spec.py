@@ -131,6 +131,7 @@ class ModelSpec:
             "n_positions": self.n_positions,
             "amp": self.amp,
             "precision": self.precision.describe(),  # what amp means here (aotlm.core.precision)
+            "matmul_precision": self.precision.matmul,
             "tp_degree": self.tp_degree,
             "gqa": self.gqa,
         }
