@@ -1,14 +1,18 @@
 """Reading Hugging Face checkpoints: ``config.json`` plus safetensors (single or sharded).
 
-Tensors are read memory-mapped, one at a time, so host memory holds at most one
-full-precision tensor beyond the converted parameters. ``pytorch_model.bin`` is read
-through torch when it is installed.
+Tensors are read memory-mapped, one at a time, and each tensor's pages are dropped from the process
+once it is read (``SafetensorsFile``: the bytes stay in the page cache, not in this process's
+resident memory), so host memory holds at most one full-precision tensor beyond the converted
+parameters: loading a checkpoint peaks near its stored weights, not the file's size on top.
+``pytorch_model.bin`` is read through torch when it is installed.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import struct
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -52,6 +56,73 @@ def load_hf_config(path: str | os.PathLike):
         ) from e
 
 
+# safetensors dtype -> numpy dtype of its bytes (BF16: its bits; widened to float32 by ``get``)
+SAFE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
+               "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}  # fmt: skip
+
+
+def drop_pages(m: mmap.mmap, start: int, n: int) -> None:
+    """Drop the whole pages of ``m``'s bytes ``[start, start + n)`` from this process's resident memory
+    (``madvise(DONTNEED)``; a read-only file map re-reads them from the page cache if touched again)."""
+    page = mmap.PAGESIZE
+    first, last = -(-start // page) * page, (start + n) // page * page
+    if last > first and hasattr(m, "madvise"):
+        m.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
+class SafetensorsFile:
+    """One safetensors file, memory-mapped: its header parsed once, each tensor read through the map
+    and its whole pages then dropped from the process (``madvise(DONTNEED)``)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            if not 2 <= n <= os.path.getsize(path) - 8:
+                raise ValueError(f"header length {n} does not fit the file")
+            header = json.loads(f.read(n))
+            self._file = open(path, "rb")  # noqa: SIM115 (closed by close())
+        self._start = 8 + n
+        self._tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        size = os.path.getsize(path)
+        for name, t in self._tensors.items():
+            if t.get("dtype") not in SAFE_DTYPES:
+                raise ValueError(f"tensor {name!r} has dtype {t.get('dtype')!r}, which aotlm does not read")
+            lo, hi = t["data_offsets"]
+            if not 0 <= lo <= hi or self._start + hi > size:
+                raise ValueError(f"tensor {name!r} lies past the end of the file (truncated?)")
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size > 0 else None
+
+    def keys(self) -> list[str]:
+        return list(self._tensors)
+
+    def get_tensor(self, name: str) -> np.ndarray:
+        """The tensor as a new array (nothing refers to the map afterwards)."""
+        t = self._tensors[name]
+        lo, hi = t["data_offsets"]
+        dt = np.dtype(SAFE_DTYPES[t["dtype"]])
+        shape = tuple(t["shape"])
+        start = self._start + lo
+        if hi - lo != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
+            raise ValueError(f"its byte range {hi - lo} does not match {t['dtype']} {list(shape)}")
+        if hi == lo:
+            return np.zeros(shape, dt)
+        view = np.frombuffer(self._map, dtype=dt, count=(hi - lo) // dt.itemsize, offset=start).reshape(shape)
+        if t["dtype"] == "BF16":
+            arr = (view.astype(np.uint32) << 16).view(np.float32)
+        elif dt.kind == "f":
+            arr = np.array(view, dtype=np.float32)
+        else:
+            arr = np.array(view)
+        drop_pages(self._map, start, hi - lo)
+        return arr
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+        self._file.close()
+
+
 class WeightReader:
     """Name -> numpy tensor access over the checkpoint's weight files."""
 
@@ -85,17 +156,15 @@ class WeightReader:
             self._open_safetensors(fname)
 
     def _open_safetensors(self, fname: str) -> None:
-        # local: kept out of `import aotlm` until weights are read or written
-        from safetensors import safe_open
-
         f = self.path / fname
         if not f.is_file():
             raise CheckpointError(
                 f"weight file {f} is missing (named in {SAFE_INDEX}); copy every shard of the checkpoint"
             )
         try:
-            handle = self._stack.enter_context(safe_open(str(f), framework="numpy"))
-            names = list(handle.keys())
+            handle = SafetensorsFile(f)
+            self._stack.callback(handle.close)
+            names = handle.keys()
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(
                 f"weight file {f} is corrupt or not safetensors ({e}); re-download or re-save the checkpoint"

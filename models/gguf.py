@@ -1,20 +1,20 @@
-"""GGUF files (llama.cpp, Ollama) as aotlm checkpoints: converted once, cached by content hash.
+"""GGUF files (llama.cpp, Ollama) as aotlm checkpoints: the file is the weights.
 
-:func:`convert` turns ``model.gguf`` into an HF-style checkpoint directory that every other part
-of aotlm already reads (``aotlm.core.resolve`` calls it for any ``*.gguf`` path):
+:func:`convert` gives a ``model.gguf`` file a small HF-style checkpoint directory that every other
+part of aotlm already reads (``aotlm.core.resolve`` calls it for any ``*.gguf`` path):
 
 * ``config.json``: the config transformers' GGUF loading builds for the file (``AutoConfig.
   from_pretrained(dir, gguf_file=name)``), rebuilt without torch from its tables
   (:mod:`aotlm.models.gguf_meta`: aotlm itself needs no torch);
-* ``model.safetensors``: every tensor under its HF name (``aotlm.models.gguf_names``: llama.cpp's
-  layout changes undone); F32 / F16 / BF16 kept as stored, block-quantized types (Q4_0 .. Q8_0,
-  K-quants) dequantized to float32 with gguf-py (numpy, memory-mapped, one tensor at a time);
 * the tokenizer files and chat template (transformers' GGUF tokenizer conversion, torch-free, saved);
 * ``generation_config.json`` (bos / eos / pad ids from the metadata);
-* ``aotlm_q4k.safetensors`` (Q4_K files only): each Q4_K matrix's float32 group scales and minimums
-  (:mod:`aotlm.models.gguf_q4k`), so that ``quant="int4"`` keeps the file's codes;
 * ``aotlm_gguf.json``: the source (path, sha256, size), its tensor type counts and the default
-  weight storage (:func:`default_quant`).
+  weight storage (:func:`default_quant`);
+* ``aotlm_gguf_source.json``: the file the weights are read from (``gguf_weights``), rewritten
+  whenever a path resolves to this directory.
+
+No weights are copied: the loader reads them from the file itself, memory-mapped, one tensor at a
+time, straight into their stored form (:func:`open_weights`, ``gguf_weights.GGUFWeights``).
 
 The directory is ``$AOTLM_GGUF_CACHE/<sha256[:16]>`` (default ``~/.cache/aotlm/gguf``), written
 to a temporary directory and renamed into place, so a failed or interrupted conversion leaves
@@ -34,17 +34,16 @@ import time
 from pathlib import Path
 
 from aotlm.models.checkpoint import CheckpointError
-from aotlm.models.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, tensor_array
+from aotlm.models.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf
 from aotlm.models.gguf_meta import build_config, build_tokenizer, read_metadata
-from aotlm.models.gguf_q4k import write_sidecar
-from aotlm.models.gguf_safetensors import write_safetensors
+from aotlm.models.gguf_weights import GGUFWeights, note_source, source_of
 
-__all__ = ["convert", "default_quant", "is_gguf", "cache_root", "SOURCE_FILE", "stats"]
+__all__ = ["convert", "default_quant", "is_gguf", "cache_root", "open_weights", "SOURCE_FILE", "stats"]
 
 logger = logging.getLogger("aotlm.models.gguf")
 SOURCE_FILE = "aotlm_gguf.json"
 _MEMO = "hashes.json"
-FORMAT = 2  # bump when the converted layout changes: old cache entries are then converted again
+FORMAT = 3  # bump when the converted layout changes: old cache entries are then converted again
 stats = {"conversions": 0, "cache_hits": 0}  # this process's counts (tests assert on them)
 
 
@@ -105,6 +104,7 @@ def convert(path: str | os.PathLike) -> Path:
     hit = cached(path)
     if hit is not None:
         stats["cache_hits"] += 1
+        note_source(hit, path)
         return hit
     plan, reader = inspect(path)  # every check before anything is written
     root = cache_root()
@@ -113,7 +113,14 @@ def convert(path: str | os.PathLike) -> Path:
     if not (final / SOURCE_FILE).is_file():  # same content under another path / mtime: reuse it
         _convert_into(plan, reader, root, final, sha)
     _write_memo(root, _stat_key(path), sha)
+    note_source(final, path)
     return final
+
+
+def open_weights(checkpoint: str | os.PathLike) -> GGUFWeights | None:
+    """The weights of a converted GGUF model, read from its file (None for any other checkpoint)."""
+    src = source_of(checkpoint)
+    return None if src is None else GGUFWeights(src, Path(checkpoint))
 
 
 def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None:
@@ -123,12 +130,7 @@ def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{sha[:16]}-"))
     try:
         metadata = read_metadata(reader)
-        config, meta = _write_config(plan, metadata, tmp)
-        tensors = (
-            (t.hf, t.dtype, t.shape, lambda t=t: tensor_array(reader, plan, t, meta)) for t in plan.tensors
-        )
-        write_safetensors(tmp / "model.safetensors", list(tensors))
-        write_sidecar(tmp, reader, plan, meta)  # Q4_K's exact group scales, for quant="int4"
+        config, _ = _write_config(plan, metadata, tmp)
         if plan.has_tokenizer:
             _write_tokenizer(plan, metadata, config, tmp)
         _write_generation_config(metadata, tmp)

@@ -26,8 +26,9 @@ from aotlm.models.gguf_names import (
     transform,
     transposed,
 )
-from aotlm.models.gguf_safetensors import NUMPY_DTYPES
 
+# stored float dtype -> numpy dtype of its bytes (BF16: its bits, as stored)
+NUMPY_DTYPES = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(np.uint16)}
 # kept as stored (bit-exact); every other supported type is dequantized to float32
 FLOAT_TYPES = ("F32", "F16", "BF16")
 # block-quantized types gguf-py dequantizes (numpy), llama.cpp's 4- to 8-bit ones
@@ -171,16 +172,18 @@ def inspect(path: str | os.PathLike) -> tuple[Plan, object]:
     return Plan(path, arch_name, arch, tensors, counts, has_tok), reader
 
 
-def tensor_array(reader, plan: Plan, t: Tensor, meta: dict) -> np.ndarray:
-    """Tensor ``t`` as the HF checkpoint stores it: dequantized (f32) or as stored (f32 / f16 / bf16 bits)."""
+def tensor_array(reader, plan: Plan, t: Tensor, meta: dict, data: np.ndarray | None = None) -> np.ndarray:
+    """Tensor ``t`` as the HF checkpoint stores it: dequantized (f32) or as stored (f32 / f16 / bf16 bits).
+    ``data``: its stored bytes as gguf-py shapes them (default: the reader's own view of the file)."""
     import gguf  # local: optional dependency (pip install aotlm[gguf]), needed for GGUF files only
 
     rt = reader.tensors[t.index]
+    data = rt.data if data is None else data
     if t.dtype == t.qtype:  # F32 / F16 / BF16 kept as stored
         logical = tuple(int(n) for n in reversed(rt.shape))
-        arr = np.asarray(rt.data).view(NUMPY_DTYPES[t.qtype]).reshape(logical)
+        arr = np.asarray(data).view(NUMPY_DTYPES[t.qtype]).reshape(logical)
     else:
-        arr = gguf.quants.dequantize(rt.data, rt.tensor_type)
+        arr = gguf.quants.dequantize(data, rt.tensor_type)
     fn = transform(plan.arch_name, t.gguf, meta)
     if fn is not None:
         arr = fn(arr)

@@ -1,48 +1,36 @@
-"""A GGUF file's Q4_K group scales and minimums, kept beside the dequantized checkpoint.
+"""A GGUF file's Q4_K group scales and minimums, for ``quant="int4"`` to keep the file's codes.
 
 Q4_K stores super-blocks of 256 weights along a row: 8 sub-blocks of 32, each with a 6-bit scale
 ``sc`` and 6-bit minimum ``m``, under the block's f16 ``d`` and ``dmin``; a weight is
 ``(d * sc) * q - (dmin * m)`` with a 4-bit code ``q`` (gguf-py computes it so, in float32). The
-converted ``model.safetensors`` holds those values; to keep the codes under ``quant="int4"``
-(``aotlm.models.quant4.from_blocks``) the loader also needs each 32-group's scale ``d * sc`` and
-minimum ``-(dmin * m)``, both exact in float32 but not in float16. :func:`write_sidecar` writes them
-at conversion time to ``aotlm_q4k.safetensors`` (float32, ``<hf name>.scale`` / ``<hf name>.min``,
-the HF tensor's shape with its input dim divided by 32; transformers reads only
-``model.safetensors``), and :class:`BlockScales` hands them to the loader, repeated back to the
-weight's shape so that a family's layout transform (reshape, transpose, split, fusion) moves them
-exactly as it moves the weights.
+loader reads those values (``gguf_weights.GGUFWeights``); to keep the codes under ``quant="int4"``
+(``aotlm.models.quant4.from_blocks``) it also needs each 32-group's scale ``d * sc`` and minimum
+``-(dmin * m)``, both exact in float32 but not in float16: :func:`group_scales` computes them from the
+tensor's bytes, and :class:`BlockScales` hands them to the loader, repeated back to the weight's
+shape so that a family's layout transform (reshape, transpose, split, fusion) moves them exactly as
+it moves the weights.
 """
 
 from __future__ import annotations
-
-import functools
-from pathlib import Path
 
 import numpy as np
 
 from aotlm.models.gguf_file import Plan, Tensor
 from aotlm.models.gguf_names import transform, transposed
-from aotlm.models.gguf_safetensors import write_safetensors
 
-SIDECAR = "aotlm_q4k.safetensors"
 GROUP = 32  # Q4_K's sub-block: 32 weights along the input dim
 
 
-def q4k_tensors(plan: Plan) -> list[Tensor]:
-    """The file's Q4_K matrices (2-D tensors dequantized to float32)."""
-    return [t for t in plan.tensors if t.qtype == "Q4_K" and len(t.shape) == 2 and t.dtype == "F32"]
-
-
-def group_scales(reader, plan: Plan, t: Tensor, meta: dict) -> tuple[np.ndarray, np.ndarray]:
-    """``(scale, minimum)`` float32 of Q4_K tensor ``t``'s 32-groups, in its HF layout (input dim / 32)."""
+def group_scales(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(scale, minimum)`` float32 of Q4_K tensor ``t``'s 32-groups (``raw``: its stored bytes), in its HF
+    layout (input dim / 32)."""
     from gguf.quants import Q4_K  # local: optional dependency, present whenever a GGUF file is read
 
-    rt = reader.tensors[t.index]
-    rows = np.asarray(rt.data).reshape(-1, 144)  # 144 bytes: d, dmin (f16), 12 scale bytes, 128 code bytes
+    rows = np.asarray(raw).reshape(-1, 144)  # 144 bytes: d, dmin (f16), 12 scale bytes, 128 code bytes
     d = rows[:, 0:2].copy().view(np.float16).astype(np.float32)
     dmin = rows[:, 2:4].copy().view(np.float16).astype(np.float32)
     sc, m = Q4_K.get_scale_min(rows[:, 4:16])
-    logical = tuple(int(n) for n in reversed(rt.shape))  # [rows, K] before the HF layout transform
+    logical = t.shape[::-1] if transposed(plan.arch_name, t.gguf) else t.shape  # [rows, K] as stored
     grouped = (*logical[:-1], logical[-1] // GROUP)
     scale = (d * sc.astype(np.float32)).reshape(grouped)
     minimum = -(dmin * m.astype(np.float32)).reshape(grouped)
@@ -52,48 +40,22 @@ def group_scales(reader, plan: Plan, t: Tensor, meta: dict) -> tuple[np.ndarray,
     return np.ascontiguousarray(scale, np.float32), np.ascontiguousarray(minimum, np.float32)
 
 
-def write_sidecar(out: Path, reader, plan: Plan, meta: dict) -> int:
-    """Write ``out / SIDECAR`` for the file's Q4_K matrices (none: nothing written); their count."""
-    found = q4k_tensors(plan)
-    if not found:
-        return 0
-    rows = []
-    for t in found:  # one read of a tensor's blocks gives both arrays (1/32 of its size each)
-        pair = functools.cache(lambda t=t: group_scales(reader, plan, t, meta))
-        shape = _grouped_shape(plan, t)
-        rows.append((f"{t.hf}.scale", "F32", shape, lambda pair=pair: pair()[0]))
-        rows.append((f"{t.hf}.min", "F32", shape, lambda pair=pair: pair()[1]))
-    write_safetensors(out / SIDECAR, rows)
-    return len(found)
-
-
-def _grouped_shape(plan: Plan, t: Tensor) -> tuple[int, ...]:
-    """The HF shape of ``t``'s group arrays: its input dim (last; first where transposed) / 32."""
-    if transposed(plan.arch_name, t.gguf):
-        return (t.shape[0] // GROUP, t.shape[1])
-    return (t.shape[0], t.shape[1] // GROUP)
-
-
 class BlockScales:
-    """A converted GGUF model's Q4_K group scales (``SIDECAR``), for the loader; empty without one."""
+    """The Q4_K group scales of a GGUF model's matrices, for the loader (``reader``: a
+    ``gguf_weights.GGUFWeights``; any other reader has none)."""
 
-    def __init__(self, checkpoint: str | Path):
-        self._handle = None
-        f = Path(checkpoint) / SIDECAR
-        if f.is_file():
-            from safetensors import safe_open  # local: kept out of `import aotlm` until weights are read
-
-            self._handle = safe_open(str(f), framework="numpy")
-            self._names = set(self._handle.keys())
+    def __init__(self, reader):
+        self._reader = reader if hasattr(reader, "blocks") else None
 
     def __bool__(self) -> bool:
-        return self._handle is not None
+        return self._reader is not None
 
     def full(self, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
         """Tensor ``name``'s group scale and minimum repeated over its groups (``shape``), or None."""
-        if self._handle is None or f"{name}.scale" not in self._names:
+        got = self._reader.blocks(name) if self._reader is not None else None
+        if got is None:
             return None
-        s, m = self._handle.get_tensor(f"{name}.scale"), self._handle.get_tensor(f"{name}.min")
+        s, m = got
         axes = [i for i, (a, b) in enumerate(zip(s.shape, shape, strict=True)) if a != b]
         if len(axes) != 1 or s.shape[axes[0]] * GROUP != shape[axes[0]]:
             return None

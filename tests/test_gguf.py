@@ -221,7 +221,7 @@ def test_failed_conversion_leaves_nothing(files, tmp_path, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(gguf, "write_safetensors", interrupted)
+    monkeypatch.setattr(gguf, "_write_generation_config", interrupted)
     with pytest.raises(KeyboardInterrupt):
         resolve(str(files("gpt2", "F16")))
     assert list((tmp_path / "cache").iterdir()) == []

@@ -122,9 +122,10 @@ def test_tiny_gguf_converts_without_torch(tiny, child, tmp_path, monkeypatch):
     for d in (got["config"], want):
         d.pop("_name_or_path", None)  # where each was loaded from
     assert got["config"] == want
-    for name in ("config.json", "tokenizer.json", "chat_template.jinja", "model.safetensors"):
+    for name in ("config.json", "tokenizer.json", "chat_template.jinja"):
         main = gguf.cached(tiny) / name
         assert (Path(got["dir"]) / name).read_bytes() == main.read_bytes(), name
+    assert not list(Path(got["dir"]).glob("*.safetensors"))  # no copy of the weights: the file is them
 
 
 def test_config_dict_matches_transformers(tiny, tmp_path, monkeypatch):

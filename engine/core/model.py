@@ -154,7 +154,7 @@ class CompiledModel(SpecAttributes):
         return jax.make_array_from_callback(arr.shape, shard, lambda idx: arr[idx])
 
     def _load_weights(self, family) -> dict:
-        reader = WeightReader(self.path)
+        reader = gguf.open_weights(self.path) or WeightReader(self.path)  # a GGUF model: its file
         try:
             rows = bar(self._weight_rows(family), "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
@@ -165,7 +165,7 @@ class CompiledModel(SpecAttributes):
             int4 = quant is not None and quant.int4
             self._pack = view or int4 or (kernels.enabled() and np_dtype == np.float32)
             blocks = bool(gguf.q4_types(self.path))  # a GGUF file's 4-bit blocks: kept as they are
-            q4k = gguf_q4k.BlockScales(self.path) if blocks else None  # Q4_K's exact group scales
+            q4k = gguf_q4k.BlockScales(reader) if blocks else None  # Q4_K's exact group scales
             rewriter = None
             if quant or self.fuse_qkv:
                 rewriter = ParamRewriter(quant, self.fuse_qkv, view, blocks, q4k)

@@ -26,6 +26,7 @@ from aotlm.core import named
 from aotlm.core.bundled import BUNDLED_MODELS, DEFAULT_MODEL, bundled_path
 from aotlm.models import gguf
 from aotlm.models.checkpoint import SAFE_INDEX, SAFE_SINGLE, TORCH_INDEX, TORCH_SINGLE, CheckpointError
+from aotlm.models.gguf_weights import source_of
 
 _CKPT_NAME = re.compile(r"^checkpoint-(\d+)$")
 _UNSET_VAR = re.compile(r"\$(\w+|\{\w+\})")
@@ -143,7 +144,11 @@ def find_tokenizer(checkpoint: Path, tokenizer: str | os.PathLike | None = None)
 
 
 def weight_files(checkpoint: Path) -> tuple[Path, ...]:
-    """Every weight file of a checkpoint; a missing one is an error naming it."""
+    """Every weight file of a checkpoint (a GGUF model's: its .gguf file); a missing one is an error
+    naming it."""
+    gguf_file = source_of(checkpoint)
+    if gguf_file is not None:
+        return (gguf_file,)
     for index in (SAFE_INDEX, TORCH_INDEX):
         f = checkpoint / index
         if f.is_file():

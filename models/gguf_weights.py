@@ -1,0 +1,137 @@
+"""A GGUF file read as a checkpoint's weights: no converted copy, one tensor at a time.
+
+:class:`GGUFWeights` has :class:`~aotlm.models.checkpoint.WeightReader`'s interface (``names``,
+``in``, ``get``, ``items``, ``close``), so the generic loader (``aotlm.models.weights.load_params``)
+reads a ``.gguf`` file as it reads safetensors: each tensor under its HF name, llama.cpp's layout
+changes undone (``gguf_names``), F32 / F16 / BF16 widened to float32, block types dequantized to
+float32 (gguf-py), and handed to the weight rewriter, which stores it in its final form.
+
+The file is memory-mapped once; a tensor's bytes are read through that map, converted into a new
+array, and the map's pages of that tensor are then dropped from the process (``madvise(DONTNEED)``:
+they stay in the page cache, not in this process's resident memory), so loading holds at most one
+tensor's bytes of the file and its float32 copy beyond the stored weights. :meth:`GGUFWeights.blocks`
+gives a Q4_K matrix's exact group scales and minimums from the same bytes (what ``quant="int4"``
+keeps, ``aotlm.models.gguf_q4k``).
+
+Which file backs a converted directory: ``SOURCE_POINTER`` there, rewritten by ``gguf.convert``
+whenever a ``.gguf`` path resolves to it, records the path with its size and modification time; a
+file that moved or changed since is refused with one line (load the ``.gguf`` path itself again).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from aotlm.models.checkpoint import CheckpointError, drop_pages
+from aotlm.models.gguf_file import Plan, Tensor, inspect, tensor_array
+
+SOURCE_POINTER = "aotlm_gguf_source.json"
+
+
+def note_source(checkpoint: Path, gguf_path: Path) -> None:
+    """Record ``gguf_path`` (with its size and mtime) as the file behind ``checkpoint`` (atomic; a
+    read-only cache keeps its earlier record)."""
+    st = gguf_path.stat()
+    rec = {"path": str(gguf_path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    target = checkpoint / SOURCE_POINTER
+    try:
+        if target.is_file() and json.loads(target.read_text()) == rec:
+            return
+        fd, tmp = tempfile.mkstemp(dir=checkpoint, prefix=".source-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(rec, f)
+        os.replace(tmp, target)
+    except (OSError, ValueError):
+        pass
+
+
+def source_of(checkpoint: str | os.PathLike) -> Path | None:
+    """The GGUF file behind a converted directory, checked unchanged; None for any other checkpoint."""
+    f = Path(checkpoint) / SOURCE_POINTER
+    if not f.is_file():
+        return None
+    try:
+        rec = json.loads(f.read_text())
+        path = Path(rec["path"])
+        st = path.stat()
+        same = (st.st_size, st.st_mtime_ns) == (rec["size"], rec["mtime_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        path, same = Path(str(f)), False
+    if not same:
+        raise CheckpointError(
+            f"{checkpoint} is a GGUF model whose weights are read from {path}, which moved or changed since; "
+            "load the .gguf file itself (aotlm finds this directory again by its content)"
+        )
+    return path
+
+
+class GGUFWeights:
+    """Name -> float32 tensor access over a GGUF file (see the module docstring)."""
+
+    def __init__(self, gguf_path: Path, checkpoint: Path):
+        self.path = Path(gguf_path)
+        self.plan, self._reader = inspect(self.path)
+        self._meta = json.loads((Path(checkpoint) / "config.json").read_text())
+        self._by_hf: dict[str, Tensor] = {t.hf: t for t in self.plan.tensors}
+        self._file = open(self.path, "rb")  # noqa: SIM115 (closed by close())
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+
+    @property
+    def source(self) -> Plan:
+        return self.plan
+
+    def names(self) -> list[str]:
+        return list(self._by_hf)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_hf
+
+    def _raw(self, t: Tensor) -> tuple[np.ndarray, int, int]:
+        """Tensor ``t``'s stored bytes as gguf-py shapes them, read through this reader's map."""
+        rt = self._reader.tensors[t.index]
+        start = int(rt.data_offset)
+        raw = np.frombuffer(self._map, dtype=rt.data.dtype, count=rt.data.size, offset=start)
+        return raw.reshape(rt.data.shape), start, int(rt.n_bytes)
+
+    def get(self, name: str) -> np.ndarray:
+        """One tensor in its HF layout; floats as float32 (a new array: nothing refers to the map)."""
+        t = self._by_hf.get(name)
+        if t is None:
+            raise CheckpointError(f"tensor {name!r} is missing from {self.path}; the file is incomplete")
+        raw, start, n = self._raw(t)
+        try:
+            arr = tensor_array(self._reader, self.plan, t, self._meta, data=raw)
+            if t.dtype == "BF16":  # bf16 bits as stored: float32 is the bits << 16
+                arr = (arr.astype(np.uint32) << 16).view(np.float32)
+            elif np.may_share_memory(arr, raw) or arr.dtype != np.float32 and arr.dtype.kind == "f":
+                arr = np.array(arr, dtype=np.float32 if arr.dtype.kind == "f" else arr.dtype)
+        finally:
+            drop_pages(self._map, start, n)
+        return arr
+
+    def blocks(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """A Q4_K matrix's group scales and minimums (float32, its HF layout with the input dim / 32)."""
+        from aotlm.models.gguf_q4k import group_scales  # local: gguf_q4k imports this module's callers
+
+        t = self._by_hf.get(name)
+        if t is None or t.qtype != "Q4_K" or len(t.shape) != 2:
+            return None
+        raw, start, n = self._raw(t)
+        try:
+            return group_scales(self.plan, t, self._meta, raw)
+        finally:
+            drop_pages(self._map, start, n)
+
+    def items(self):
+        for n in self._by_hf:
+            yield n, self.get(n)
+
+    def close(self) -> None:
+        self._map.close()
+        self._file.close()
