@@ -30,6 +30,7 @@ import numpy as np
 
 from aotlm.models.checkpoint import CheckpointError, drop_pages
 from aotlm.models.gguf_file import Plan, Tensor, inspect, tensor_array
+from aotlm.models.gguf_q4k import group_scales
 
 SOURCE_POINTER = "aotlm_gguf_source.json"
 
@@ -117,8 +118,6 @@ class GGUFWeights:
 
     def blocks(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         """A Q4_K matrix's group scales and minimums (float32, its HF layout with the input dim / 32)."""
-        from aotlm.models.gguf_q4k import group_scales  # local: gguf_q4k imports this module's callers
-
         t = self._by_hf.get(name)
         if t is None or t.qtype != "Q4_K" or len(t.shape) != 2:
             return None
