@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from aotlm.models.checkpoint import CheckpointError
-from aotlm.models.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf
+from aotlm.models.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, rope_factors
 from aotlm.models.gguf_meta import build_config, build_tokenizer, read_metadata
 from aotlm.models.gguf_weights import GGUFWeights, note_source, source_of
 
@@ -43,7 +43,7 @@ __all__ = ["convert", "default_quant", "is_gguf", "cache_root", "open_weights", 
 logger = logging.getLogger("aotlm.models.gguf")
 SOURCE_FILE = "aotlm_gguf.json"
 _MEMO = "hashes.json"
-FORMAT = 3  # bump when the converted layout changes: old cache entries are then converted again
+FORMAT = 4  # bump when the converted layout changes: old cache entries are then converted again
 stats = {"conversions": 0, "cache_hits": 0}  # this process's counts (tests assert on them)
 
 
@@ -130,7 +130,7 @@ def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{sha[:16]}-"))
     try:
         metadata = read_metadata(reader)
-        config, _ = _write_config(plan, metadata, tmp)
+        config, _ = _write_config(plan, reader, metadata, tmp)
         if plan.has_tokenizer:
             _write_tokenizer(plan, metadata, config, tmp)
         _write_generation_config(metadata, tmp)
@@ -157,7 +157,7 @@ def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None
     logger.info("converted %s in %.1f s", plan.path.name, time.perf_counter() - start)
 
 
-def _write_config(plan: Plan, metadata: dict, out: Path):
+def _write_config(plan: Plan, reader, metadata: dict, out: Path):
     """transformers' config of the file (built without torch), saved; returns it and its saved fields."""
     try:
         cfg = build_config(metadata, (t.gguf for t in plan.tensors))
@@ -168,7 +168,12 @@ def _write_config(plan: Plan, metadata: dict, out: Path):
             f"{plan.path}: transformers reads it as {cfg.model_type!r}, expected {plan.arch.model_type!r}"
         )
     cfg.save_pretrained(str(out))
-    return cfg, json.loads((out / "config.json").read_text())
+    saved = json.loads((out / "config.json").read_text())
+    factors = rope_factors(reader, plan)
+    if factors is not None:  # llama3 rope scaling as llama.cpp keeps it (transformers' GGUF loading drops it)
+        saved["rope_freq_factors"] = factors
+        (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    return cfg, saved
 
 
 def _write_tokenizer(plan: Plan, metadata: dict, config, out: Path) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 from aotlm.models.checkpoint import CheckpointError
 from aotlm.models.gguf_names import (
     ARCHS,
+    ROPE_FACTORS,
     UNSUPPORTED_TENSORS,
     Arch,
     hf_name,
@@ -58,6 +59,7 @@ class Plan:
     tensors: list[Tensor]
     type_counts: dict[str, int] = field(default_factory=dict)
     has_tokenizer: bool = False
+    rope_factors: int | None = None  # reader index of llama3's rope frequency divisors (a config tensor)
 
     def matrix_types(self) -> set[str]:
         """The types of the 2-D tensors (the weight matrices and the embedding)."""
@@ -162,14 +164,25 @@ def inspect(path: str | os.PathLike) -> tuple[Plan, object]:
     _check_size(path, reader)
     arch_name = _check_arch(path, reader)
     arch = ARCHS[arch_name]
-    tensors = [plan_tensor(path, arch_name, arch, t, i) for i, t in enumerate(reader.tensors)]
+    factors = next((i for i, t in enumerate(reader.tensors) if key_of(t.name) == ROPE_FACTORS), None)
+    if factors is not None and (arch_name != "llama" or reader.tensors[factors].tensor_type.name != "F32"):
+        raise CheckpointError(f"{path}: a {ROPE_FACTORS} tensor is only read in F32 llama files; this file "
+                              "has another form of rope scaling aotlm does not support yet")  # fmt: skip
+    tensors = [plan_tensor(path, arch_name, arch, t, i) for i, t in enumerate(reader.tensors) if i != factors]
     seen = Counter(t.hf for t in tensors)
     dup = [n for n, c in seen.items() if c > 1]
     if dup:
         raise CheckpointError(f"{path}: tensor {dup[0]!r} appears twice; the file is corrupt")
     counts = dict(sorted(Counter(t.qtype for t in tensors).items()))
     has_tok = field_value(reader, "tokenizer.ggml.model") is not None
-    return Plan(path, arch_name, arch, tensors, counts, has_tok), reader
+    return Plan(path, arch_name, arch, tensors, counts, has_tok, factors), reader
+
+
+def rope_factors(reader, plan: Plan) -> list[float] | None:
+    """The file's llama3 rope frequency divisors (``[head_dim / 2]``), or None without them."""
+    if plan.rope_factors is None:
+        return None
+    return [float(v) for v in np.asarray(reader.tensors[plan.rope_factors].data, np.float32).ravel()]
 
 
 def tensor_array(reader, plan: Plan, t: Tensor, meta: dict, data: np.ndarray | None = None) -> np.ndarray:

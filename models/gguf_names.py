@@ -105,8 +105,11 @@ ARCHS: dict[str, Arch] = {
     "bloom": Arch("bloom", _BLOOM_TOP, _BLOOM_LAYER, "transformer.h."),
 }
 # llama.cpp tensors no supported family reads; refused by name rather than dropped silently
+# tensors that configure the model rather than weigh it: read into config.json at conversion
+ROPE_FACTORS = (
+    "rope_freqs"  # Llama 3.x: llama.cpp's converter writes its llama3 rope scaling as these divisors
+)
 UNSUPPORTED_TENSORS = {
-    "rope_freqs": "Llama-3.1-style rope frequency factors (long-context rope scaling)",
     "rope_factors_long": "Phi-3 LongRoPE factors (128k-context models)",
     "rope_factors_short": "Phi-3 LongRoPE factors (128k-context models)",
 }

@@ -65,9 +65,17 @@ def activation(name: str, x):
 
 
 # --------------------------------------------------------------------------- rotary
-def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict | None) -> tuple[float, ...]:
-    """Inverse frequencies (host side, static) for the HF rope types aotlm supports."""
+def rope_inv_freq(
+    rotary_dim: int, theta: float, scaling: dict | None, factors: list[float] | None = None
+) -> tuple[float, ...]:
+    """Inverse frequencies (host side, static) for the HF rope types aotlm supports. ``factors``: a
+    divisor per frequency instead of a ``scaling`` rule (llama.cpp's ``rope_freqs`` of a Llama 3.x GGUF
+    file, which says its llama3 scaling so; ``config.json``'s ``rope_freq_factors``)."""
     inv = 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
+    if factors is not None:
+        if len(factors) != len(inv):
+            raise ValueError(f"rope_freq_factors has {len(factors)} values for {len(inv)} rotary frequencies")
+        return tuple(float(v) for v in (inv / np.asarray(factors, np.float64)).astype(np.float32))
     rtype = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if rtype == "default":
         pass

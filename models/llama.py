@@ -61,7 +61,7 @@ def arch_config(hf, **overrides) -> ArchConfig:
         act=getattr(hf, "hidden_act", None) or getattr(hf, "hidden_activation", None),  # Gemma2: the latter
         gated_mlp=True,
         position="rope",
-        inv_freq=rope_inv_freq(rot, theta, scaling),
+        inv_freq=rope_inv_freq(rot, theta, scaling, getattr(hf, "rope_freq_factors", None)),
         tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
         **sliding_windows(hf),
     )

@@ -159,6 +159,30 @@ def _tokenizer(w: gguf.GGUFWriter) -> None:
     w.add_chat_template(CHATML)
 
 
+def rope_factors(cfg: dict) -> np.ndarray | None:
+    """llama.cpp's ``rope_freqs`` for a llama3 ``rope_scaling`` (its converter's formula): the divisor of
+    each rotary frequency, float32 ``[head_dim / 2]``; None for other configs."""
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if rs.get("rope_type", rs.get("type")) != "llama3":
+        return None
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    base = rs.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
+
+
 def write_gguf(ckpt: Path, arch: str, qtype: T, out: Path, seed: int = 0) -> Path:
     """``ckpt`` (a tiny HF checkpoint of ``arch``) as a GGUF file ``out`` with 2-D tensors in ``qtype``."""
     from safetensors.numpy import load_file
@@ -185,6 +209,9 @@ def write_gguf(ckpt: Path, arch: str, qtype: T, out: Path, seed: int = 0) -> Pat
         assert name is not None, f"gguf-py has no name for {hf}"
         data, t = encode(llama_cpp_layout(arch, name, a.astype(np.float32), cfg), qtype, rng)
         w.add_tensor(name, data, raw_dtype=t)
+    factors = rope_factors(cfg)
+    if factors is not None:  # llama3 rope scaling: llama.cpp's converter writes the factors as a tensor
+        w.add_tensor("rope_freqs.weight", factors)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from conformance import make_checkpoint
 from gguf import GGMLQuantizationType as T
 from gguf_builders import CHATML, VOCAB, smollm2_file, tiny_config, write_gguf
 
@@ -112,6 +113,30 @@ def test_conformance(arch, qtype, files, compile_dir):
 def test_conformance_more_architectures(arch, files, compile_dir):
     """The other converted architectures, in one quantized type each (Q4_1)."""
     test_conformance(arch, "Q4_1", files, compile_dir)
+
+
+def test_llama3_rope_factors_are_read(tmp_path, compile_dir, monkeypatch):
+    """A Llama 3.x file carries its llama3 rope scaling as llama.cpp's ``rope_freqs`` divisors, which
+    transformers' GGUF loading drops: aotlm applies them, so its logits equal transformers' on the
+    same weights with the scaling the original checkpoint had (and differ from the unscaled rope)."""
+    monkeypatch.setenv("AOTLM_GGUF_CACHE", str(tmp_path / "cache"))
+    cfg = tiny_config("llama")
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16, "rope_theta": 10000.0}  # fmt: skip
+    cfg.rope_parameters = scaling
+    path = write_gguf(make_checkpoint(tmp_path / "hf", cfg), "llama", T.F16, tmp_path / "llama3.gguf")
+    ref = _hf(path)  # the file's weights, rope unscaled (transformers ignores rope_freqs)
+    ids = np.random.default_rng(5).integers(0, VOCAB, (1, 40))
+    plain = _hf_logits(ref, ids)
+    ref.config.rope_parameters = scaling
+    ref.model.rotary_emb = type(ref.model.rotary_emb)(config=ref.config)
+    want = _hf_logits(ref, ids)
+    shapes = dict(batch_size=1, n_positions=[64], context_length_estimate=[64])
+    model = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, quant="none", **shapes)
+    got = model.forward(ids)
+    assert np.abs(got - want).max() <= TOL, np.abs(got - want).max()
+    assert np.abs(plain - want).max() > 100 * TOL  # the scaling matters at these positions
+    np.testing.assert_array_equal(model.sample(ids, max_new_tokens=8), _hf_greedy(ref, ids, 8))
 
 
 def test_int8_default_for_quantized_files(files, compile_dir, caplog):
