@@ -87,6 +87,11 @@ class GGUFWeights:
     def source(self) -> Plan:
         return self.plan
 
+    def stored_type(self, name: str) -> str | None:
+        """The GGUF type tensor ``name`` is stored in (``Q4_K``, ``F16``, ...), None if absent."""
+        t = self._by_hf.get(name)
+        return None if t is None else t.qtype
+
     def names(self) -> list[str]:
         return list(self._by_hf)
 

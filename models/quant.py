@@ -215,6 +215,13 @@ def regroup_qkv(fused: np.ndarray, kv_axis: int, r: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([q, k, v], axis=kv_axis + 1))
 
 
+Q4_BLOCK_TYPES = (
+    "Q4_0",
+    "Q4_1",
+    "Q4_K",
+)  # GGUF 4-bit blocks of 32 input rows: int4 groups hold them as stored
+
+
 class ParamRewriter:
     """Host-side rewrite of loaded parameters: fusion (``fuse_qkv``) then int8 quantization.
 
@@ -241,14 +248,17 @@ class ParamRewriter:
         self.fuse_qkv = fuse_qkv
         self._held: dict[tuple, dict[str, np.ndarray]] = {}
 
-    def rewrite(self, path: Path, arr: np.ndarray, groups=None) -> list[tuple[Path, np.ndarray]]:
-        """``groups``: ``(scale, minimum)`` of arr's Q4_K sub-blocks, arr's shape (``self.blocks``)."""
+    def rewrite(
+        self, path: Path, arr: np.ndarray, groups=None, src: str | None = None
+    ) -> list[tuple[Path, np.ndarray]]:
+        """``groups``: ``(scale, minimum)`` of arr's Q4_K sub-blocks, arr's shape (``self.blocks``);
+        ``src``: the GGUF block type the tensor was stored in (a fused weight: 4-bit if every part is)."""
         fused = _PART_OF.get(path[-1]) if self.fuse_qkv else None
         if fused is None:
-            return self._quantize(path, arr, groups)
+            return self._quantize(path, arr, groups, src)
         parts, axis = FUSED[fused]
         held = self._held.setdefault((*path[:-1], fused), {})
-        held[path[-1]] = (arr, groups)
+        held[path[-1]] = (arr, groups, src)
         if len(held) < len(parts):
             return []
         del self._held[(*path[:-1], fused)]
@@ -256,10 +266,12 @@ class ParamRewriter:
             fuse_qkv_heads(*arrs, axis) if fused in ("wqkv", "bqkv") else np.stack(arrs, axis=axis)
         )
         out = fuse([held[p][0] for p in parts])
-        gs = [held[p][1] for p in parts]
+        gs, srcs = [held[p][1] for p in parts], {held[p][2] for p in parts}
+        src = srcs.pop() if len(srcs) == 1 else "mixed"
         if any(g is None for g in gs):
-            return self._quantize((*path[:-1], fused), out)
-        return self._quantize((*path[:-1], fused), out, (fuse([g[0] for g in gs]), fuse([g[1] for g in gs])))
+            return self._quantize((*path[:-1], fused), out, None, src)
+        fused_groups = (fuse([g[0] for g in gs]), fuse([g[1] for g in gs]))
+        return self._quantize((*path[:-1], fused), out, fused_groups, src)
 
     def float_dtype(self, name: str) -> np.dtype | None:
         """The bf16 / f16 dtype leaf ``name`` is stored in by this rewriter, else None."""
@@ -273,12 +285,12 @@ class ParamRewriter:
     def finish(self) -> list[tuple[Path, np.ndarray]]:
         out = []
         for key, held in self._held.items():
-            for name, (arr, groups) in held.items():
-                out += self._quantize((*key[:-1], name), arr, groups)
+            for name, (arr, groups, src) in held.items():
+                out += self._quantize((*key[:-1], name), arr, groups, src)
         self._held.clear()
         return out
 
-    def _quantize(self, path: Path, arr: np.ndarray, groups=None) -> list[tuple[Path, np.ndarray]]:
+    def _quantize(self, path: Path, arr: np.ndarray, groups=None, src=None) -> list[tuple[Path, np.ndarray]]:
         name = path[-1]
         floating = self.quant is not None and self.quant.quant_dtype in FLOAT_DTYPES  # bf16 / f16
         if name == "embed" and self.quant is not None and self.quant.lm_head and self.embed_view:
@@ -293,7 +305,10 @@ class ParamRewriter:
             return [(path, arr)]
         if floating:
             return [(path, to_float(arr, self.quant.quant_dtype))]
-        if self.quant.int4 and name in PACK_CONTRACT:
+        # from a GGUF file with 4-bit blocks, only its 4-bit matrices take 4-bit codes (kept as stored);
+        # the others (Q6_K, Q8_0, Q5_*, F16, ...) int8, not rounded down to 4 bits
+        as_stored = not self.gguf_blocks or src in Q4_BLOCK_TYPES
+        if self.quant.int4 and name in PACK_CONTRACT and as_stored:
             return self._int4(path, arr, PACK_CONTRACT[name], groups) or [(path, arr)]
         q, scale = quantize_int8(arr, CONTRACT_AXES[name])
         return [(path, q), ((*path[:-1], f"{name}_scale"), scale)]

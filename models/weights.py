@@ -139,6 +139,7 @@ def load_params(
     other floats become ``dtype``. ``cfg`` (the ``ArchConfig``): check each parameter's shape against it.
     """
     params: dict = {}
+    stored_type = getattr(reader, "stored_type", lambda name: None)
 
     def put(path: Path, arr: np.ndarray) -> None:
         # quantization scales keep their dtype (f32; int4's f16), the rewriter's f16 leaves stay f16
@@ -173,11 +174,12 @@ def load_params(
             raise ValueError(f"row for {r.hf} produced {len(outs)} arrays for {len(r.targets)} targets")
         blocks = rewriter.blocks if rewriter is not None else None  # Q4_K group scales, moved like weights
         groups = blocks.through(r.fn, [name, *extra], arrays, len(outs)) if blocks else None
+        src = stored_type(name) if not extra else None  # a GGUF tensor's block type (Q4_0, Q6_K, ...)
         for i, (path, arr) in enumerate(zip(r.targets, outs, strict=True)):
             arr = np.asarray(arr)
             check_shape(path, arr, cfg, name, reader.path)
             g = groups[i] if groups is not None and groups[i][0].shape == arr.shape else None
-            for p, a in rewriter.rewrite(path, arr, g) if rewriter is not None else [(path, arr)]:
+            for p, a in rewriter.rewrite(path, arr, g, src) if rewriter is not None else [(path, arr)]:
                 put(p, a)
     for p, a in rewriter.finish() if rewriter is not None else []:
         put(p, a)

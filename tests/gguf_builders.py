@@ -183,8 +183,10 @@ def rope_factors(cfg: dict) -> np.ndarray | None:
     return np.asarray(out, np.float32)
 
 
-def write_gguf(ckpt: Path, arch: str, qtype: T, out: Path, seed: int = 0) -> Path:
-    """``ckpt`` (a tiny HF checkpoint of ``arch``) as a GGUF file ``out`` with 2-D tensors in ``qtype``."""
+def write_gguf(ckpt: Path, arch: str, qtype: T, out: Path, seed: int = 0, mix: dict | None = None) -> Path:
+    """``ckpt`` (a tiny HF checkpoint of ``arch``) as a GGUF file ``out`` with 2-D tensors in ``qtype``;
+    ``mix``: another type for the tensors whose GGUF name holds a key (``{"ffn_down": T.Q6_K}``: the mix
+    of llama.cpp's Q4_K_M)."""
     from safetensors.numpy import load_file
 
     cfg = json.loads((ckpt / "config.json").read_text())
@@ -207,7 +209,8 @@ def write_gguf(ckpt: Path, arch: str, qtype: T, out: Path, seed: int = 0) -> Pat
             hf.removeprefix("transformer."), try_suffixes=(".weight", ".bias")
         )  # gguf-py knows Bloom's names from BloomModel
         assert name is not None, f"gguf-py has no name for {hf}"
-        data, t = encode(llama_cpp_layout(arch, name, a.astype(np.float32), cfg), qtype, rng)
+        kind = next((k for part, k in (mix or {}).items() if part in name), qtype)
+        data, t = encode(llama_cpp_layout(arch, name, a.astype(np.float32), cfg), kind, rng)
         w.add_tensor(name, data, raw_dtype=t)
     factors = rope_factors(cfg)
     if factors is not None:  # llama3 rope scaling: llama.cpp's converter writes the factors as a tensor

@@ -139,18 +139,20 @@ def test_llama3_rope_factors_are_read(tmp_path, compile_dir, monkeypatch):
     np.testing.assert_array_equal(model.sample(ids, max_new_tokens=8), _hf_greedy(ref, ids, 8))
 
 
-def test_int8_default_for_quantized_files(files, compile_dir, caplog):
-    """Quantized GGUF -> int8 storage by default (one log line); the error it adds, per type.
-
-    Measured over 8 prompts against transformers' float32 dequantization of the same file: the
-    largest logit difference (bound: 5% of the largest logit) and how often the top-1 token agrees
-    (bound: 6 of 8; a random tiny model has near-ties that a real one has far fewer of).
+def test_int8_default_and_int4_as_stored(files, compile_dir, caplog):
+    """Quantized GGUF -> int8 storage by default (one log line); ``quant="int4"`` keeps a file's 4-bit
+    blocks as int4 groups (``test_int4_keeps_a_mixed_files_other_types_as_int8``: a file's other types
+    stay int8 then; a file without 4-bit blocks is converted to int4, as asked). The
+    error each adds against transformers' float32 dequantization of the same file, over 8 prompts:
+    the largest logit difference (bound: 5% of the largest logit) and how often the top-1 token agrees
+    (bound: 6 of 8; a random tiny model has near-ties a real one has far fewer of).
     """
     prompts = np.random.default_rng(4).integers(0, VOCAB, (8, 1, 12))
     report = []
     for qtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"):
         path = files("llama", qtype)
         ref = _hf(path)
+        want = np.concatenate([_hf_logits(ref, ids) for ids in prompts])
         with caplog.at_level(logging.WARNING, logger="aotlm.models.gguf"):
             caplog.clear()
             model = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, **SHAPES)
@@ -158,14 +160,38 @@ def test_int8_default_for_quantized_files(files, compile_dir, caplog):
         lines = [r.getMessage() for r in caplog.records if r.name == "aotlm.models.gguf"]
         keep = "(quant='none' / --quant none keeps f32)"
         assert lines == [f"{path.name}: {qtype} weights dequantized; stored as int8 {keep}"]
-        got = np.concatenate([model.forward(ids) for ids in prompts])
-        want = np.concatenate([_hf_logits(ref, ids) for ids in prompts])
-        diff, agree = float(np.abs(got - want).max()), int((got.argmax(-1) == want.argmax(-1)).sum())
-        report.append(
-            f"{qtype}: max|logit diff| {diff:.3f} (max|logit| {np.abs(want).max():.2f}), top-1 {agree}/8"
+        as4 = AutoModelForSampling.from_pretrained(
+            str(path), compile_cache=compile_dir, quant="int4", **SHAPES
         )
-        assert diff <= 0.05 * np.abs(want).max() and agree >= 6, report[-1]
-    print("\nint8 re-quantization error vs transformers' f32 dequantization:", "; ".join(report))
+        assert as4.params["layers"][0]["wq"].dtype == np.uint8  # 4-bit codes (kept, or converted as asked)
+        kept = qtype in ("Q4_0", "Q4_1", "Q4_K")  # int4 of another type re-rounds: no bound on that
+        for name, m in (("int8", model), ("int4", as4))[: 2 if kept else 1]:
+            got = np.concatenate([m.forward(ids) for ids in prompts])
+            diff = float(np.abs(got - want).max())
+            agree = int((got.argmax(-1) == want.argmax(-1)).sum())
+            top = np.abs(want).max()
+            report.append(
+                f"{qtype} {name}: max|logit diff| {diff:.3f} (max|logit| {top:.2f}), top-1 {agree}/8"
+            )
+            assert diff <= 0.05 * np.abs(want).max() and agree >= 6, report[-1]
+    print("\nerror vs transformers' f32 dequantization:", "; ".join(report))
+
+
+def test_int4_keeps_a_mixed_files_other_types_as_int8(tmp_path, compile_dir, monkeypatch):
+    """A Q4_K_M-like file (Q4_K matrices, Q6_K ``ffn_down`` / ``attn_v``) under ``quant="int4"``: the Q4_K
+    matrices keep their codes, the Q6_K ones become int8 instead of being rounded down to 4 bits."""
+    monkeypatch.setenv("AOTLM_GGUF_CACHE", str(tmp_path / "cache"))
+    ckpt = make_checkpoint(tmp_path / "hf", tiny_config("llama"), scale=3.0)
+    mix = {"ffn_down": T.Q6_K, "attn_v": T.Q6_K}
+    path = write_gguf(ckpt, "llama", T.Q4_K, tmp_path / "q4_k_m.gguf", mix=mix)
+    m = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, quant="int4", **SHAPES)
+    layer = m.params["layers"][0]
+    assert {k: layer[k].dtype for k in ("wq", "w_gate", "wv", "w_down")} == {
+        "wq": np.uint8, "w_gate": np.uint8, "wv": np.int8, "w_down": np.int8,
+    }  # fmt: skip
+    ref, ids = _hf(path), np.random.default_rng(6).integers(0, VOCAB, (1, 12))
+    want = _hf_logits(ref, ids)
+    assert np.abs(m.forward(ids) - want).max() <= 0.05 * np.abs(want).max()
 
 
 def test_f16_file_defaults_to_f16_storage(files, compile_dir):
