@@ -1,6 +1,7 @@
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ if "jax" not in sys.modules:  # XLA reads its flags once, when jax starts its ba
     os.environ["XLA_FLAGS"] = " ".join(flags).strip()
 
 sys.path.insert(0, str(Path(__file__).parent))
+# converted weights of the suite's models go to a temporary directory, not the user's ~/.cache (weight_cache)
+os.environ.setdefault("AOTLM_WEIGHT_CACHE", tempfile.mkdtemp(prefix="aotlm-test-weights-"))
 
 from conformance import make_checkpoint  # noqa: E402
 

@@ -100,6 +100,7 @@ HOST_ONLY = (
     "memory",
     "resolve",
     "backend",
+    "weight_cache",
 )
 
 

@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from aotlm import kernels
-from aotlm.core import artifacts, backend, graphs, inputs, sampling, scoring, sharding
+from aotlm.core import artifacts, backend, graphs, inputs, sampling, scoring, sharding, weight_cache
 from aotlm.core import buckets as bk
 from aotlm.core.bucket_config import resolve as merge_bucket_config
-from aotlm.core.compile_cache import CompileCache
+from aotlm.core.compile_cache import CompileCache, source_hash
 from aotlm.core.resolve import resolve
 from aotlm.core.spec import ModelSpec, SpecAttributes
 from aotlm.core.state import layout as state_layout
@@ -67,6 +67,7 @@ class CompiledModel(SpecAttributes):
     ``CausalLMForSampling`` adds ``sample()``; use ``AutoModelForSampling.from_pretrained``."""
 
     model_types: tuple[str, ...] | None = None  # subclasses restrict the family
+    _weights_out: weight_cache.Writer | None = None  # the leaves of a converting load, for the next one
 
     def __init__(
         self,
@@ -150,20 +151,61 @@ class CompiledModel(SpecAttributes):
             arr = packing.prepare(
                 path[-1], arr, sharding.param_spec(path, arr.ndim, self._rules), self.tp_degree
             )
+        if self._weights_out is not None:  # kept in its final form for the next load (weight_cache)
+            self._weights_out.record(path, arr)
+        return self._place_final(path, arr)
+
+    def _place_final(self, path: tuple, arr: np.ndarray):
+        """A leaf already in its final host form on its devices (each device its own shard)."""
         shard = sharding.param_sharding(self.mesh, path, arr.ndim, self._rules)
         return jax.make_array_from_callback(arr.shape, shard, lambda idx: arr[idx])
 
+    def _weight_key(self, rows, converts: bool) -> tuple[str, dict] | None:
+        """The weight-cache entry of this load, or None when nothing is converted (a plain copy)."""
+        if not converts or weight_cache.root() is None:
+            return None
+        fields = {
+            "checkpoint": weight_cache.identity(self.path),
+            "rows": [(r.targets, r.hf, r.more) for r in rows],
+            "precision": self.precision.describe(),
+            "quant": repr(self.precision.quant),
+            "fuse_qkv": self.fuse_qkv, "tp": self.tp_degree, "gqa": self.gqa, "pack": self._pack,
+            "dtype": str(self.dtype), "code": source_hash(),
+        }  # fmt: skip
+        return weight_cache.key(fields), fields
+
     def _load_weights(self, family) -> dict:
+        rows = self._weight_rows(family)
+        quant = self.precision.quant  # the matrices' storage (amp's on CPU with the kernels)
+        view = quant is not None and kernels.enabled()  # int8 / bf16 embedding copy for a tied lm_head
+        # int8 / bf16 / f16 / f32 matrices in the kernels' panel layout (aotlm.models.packing); 4-bit
+        # codes are stored only in it (aotlm.models.quant4)
+        f32 = np.dtype(jnp.dtype(self.dtype)) == np.float32
+        self._pack = view or (quant is not None and quant.int4) or (kernels.enabled() and f32)
+        entry = self._weight_key(rows, quant is not None)  # quantized storage: converted, and compact
+        if entry is not None:
+            params = weight_cache.load(entry[0], self._place_final)
+            if params is not None:
+                return params
+        self._weights_out = weight_cache.Writer(*entry) if entry is not None else None
+        try:
+            params = self._convert_weights(family, rows)
+            if self._weights_out is not None:
+                self._weights_out.commit(params)
+            return params
+        finally:
+            if self._weights_out is not None:
+                self._weights_out.abandon()
+            self._weights_out = None
+
+    def _convert_weights(self, family, rows) -> dict:
+        """Read the checkpoint's tensors and convert them into this model's stored form."""
         reader = gguf.open_weights(self.path) or WeightReader(self.path)  # a GGUF model: its file
         try:
-            rows = bar(self._weight_rows(family), "loading weights", unit="tensor")
+            rows = bar(rows, "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
-            quant = self.precision.quant  # the matrices' storage (amp's on CPU with the kernels)
-            view = quant is not None and kernels.enabled()  # int8 / bf16 embedding copy for a tied lm_head
-            # int8 / bf16 / f16 / f32 matrices in the kernels' panel layout (aotlm.models.packing); 4-bit
-            # codes are stored only in it (aotlm.models.quant4)
-            int4 = quant is not None and quant.int4
-            self._pack = view or int4 or (kernels.enabled() and np_dtype == np.float32)
+            quant = self.precision.quant
+            view = quant is not None and kernels.enabled()
             blocks = bool(gguf.q4_types(self.path))  # a GGUF file's 4-bit blocks: kept as they are
             q4k = gguf_q4k.BlockScales(reader) if blocks else None  # Q4_K's exact group scales
             rewriter = None

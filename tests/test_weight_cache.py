@@ -1,0 +1,82 @@
+"""Converted weights cached on disk (``aotlm.core.weight_cache``): a warm load reads them back instead of
+converting the checkpoint again, bit for bit, without opening it; options that change a stored leaf
+get their own entry; a damaged entry is converted again; ``AOTLM_WEIGHT_CACHE=0`` turns it off."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf_builders import VOCAB, tiny_config, write_gguf
+
+from aotlm import AutoModelForSampling
+from aotlm.core import weight_cache
+from aotlm.models import gguf
+
+KW = dict(batch_size=1, n_positions=32, context_length_estimate=16, compile_cache=False)
+
+
+@pytest.fixture(scope="module")
+def q8_file(tmp_path_factory):
+    from conformance import make_checkpoint
+
+    root = tmp_path_factory.mktemp("weight_cache")
+    ckpt = make_checkpoint(root / "hf", tiny_config("llama"), scale=3.0)
+    return write_gguf(ckpt, "llama", T.Q8_0, root / "tiny-Q8_0.gguf")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AOTLM_WEIGHT_CACHE", str(tmp_path / "weights"))
+    monkeypatch.setenv("AOTLM_GGUF_CACHE", str(tmp_path / "gguf"))
+    return tmp_path / "weights"
+
+
+def leaves(m) -> list[np.ndarray]:
+    return [np.asarray(a) for a in jax.tree.leaves(m.params)]
+
+
+def test_a_warm_load_reads_the_stored_form_back(q8_file, cache, monkeypatch):
+    before = dict(weight_cache.stats)
+    cold = AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    assert weight_cache.stats["writes"] == before["writes"] + 1 and len(list(cache.iterdir())) == 1
+
+    def no_file(*a, **k):
+        raise AssertionError("the warm load opened the checkpoint")
+
+    monkeypatch.setattr(gguf, "open_weights", no_file)
+    warm = AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    assert weight_cache.stats["hits"] == before["hits"] + 1
+    assert jax.tree.structure(warm.params) == jax.tree.structure(cold.params)
+    for a, b in zip(leaves(warm), leaves(cold), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    ids = np.random.default_rng(0).integers(0, VOCAB, (1, 10))
+    np.testing.assert_array_equal(warm.sample(ids, max_new_tokens=6), cold.sample(ids, max_new_tokens=6))
+
+
+def test_other_options_get_their_own_entry_and_float_loads_none(q8_file, cache):
+    AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    AutoModelForSampling.from_pretrained(str(q8_file), quant="int4", **KW)
+    AutoModelForSampling.from_pretrained(str(q8_file), fuse_qkv=True, **KW)
+    assert len(list(cache.iterdir())) == 3
+    AutoModelForSampling.from_pretrained(str(q8_file), quant="none", **KW)  # float32: 4x the file, not kept
+    assert len(list(cache.iterdir())) == 3
+
+
+def test_a_damaged_entry_is_converted_again(q8_file, cache, caplog):
+    cold = AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    (entry,) = list(cache.iterdir())
+    next(entry.glob("*.npy")).write_bytes(b"not an array")
+    again = AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    assert any("weight cache entry" in r.getMessage() for r in caplog.records)
+    for a, b in zip(leaves(again), leaves(cold), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert (cache / entry.name / weight_cache.MANIFEST).is_file()  # rewritten whole
+
+
+def test_off_writes_nothing(q8_file, cache, monkeypatch):
+    monkeypatch.setenv("AOTLM_WEIGHT_CACHE", "0")
+    AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    assert not cache.exists()
