@@ -34,6 +34,15 @@ own intra-op threads.
 
 from __future__ import annotations
 
+from aotlm.kernels.argmax import argmax, argmax_ok
+from aotlm.kernels.attention import (
+    attention_ok,
+    bdot,
+    causal_attention,
+    causal_attention_ok,
+    decode_attention,
+    decode_attention_ok,
+)
 from aotlm.kernels.build import (
     MAX_ROWS,
     KernelWarning,
@@ -48,31 +57,19 @@ from aotlm.kernels.build import (
     read_gbps,
     threads,
 )
-from aotlm.kernels.isa import KernelIsaError
-from aotlm.kernels.ops import (
-    argmax,
-    argmax_ok,
-    attention_ok,
-    bdot,
-    causal_attention,
-    causal_attention_ok,
+from aotlm.kernels.context import mesh_context
+from aotlm.kernels.dense import (
     convert,
-    decode_attention,
-    decode_attention_ok,
     gemm_fuses,
     gemm_supported,
     matmul,
-    matmul_q4,
-    mesh_context,
-    q4_fuses,
-    q4_group,
-    q4_supported,
     supported,
-    unpack_q4,
     w8a8_fused,
     w8a8_rows,
 )
+from aotlm.kernels.isa import KernelIsaError
 from aotlm.kernels.padding import padding_rows
+from aotlm.kernels.q4 import matmul_q4, q4_fuses, q4_group, q4_supported, unpack_q4
 
 __all__ = [
     "MAX_ROWS",

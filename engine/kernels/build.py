@@ -47,7 +47,7 @@ TARGETS = {
 # reached 87% of the read bandwidth in GPT-2-small decode where the kernel's row stream reaches 96%.
 MAX_ROWS = 16
 # Batched decode with more rows (17..ROW_KERNEL_ROWS: batch 32, 64) still takes the row kernels for
-# int8 / bf16 / f16 weights (``ops.row_limit``); more rows (prompts) take the GEMMs of gemm.h or
+# int8 / bf16 / f16 weights (``dense.row_limit``); more rows (prompts) take the GEMMs of gemm.h or
 # XLA's dot. W8A8 and the bdot attention keep MAX_ROWS as the prefill / decode line.
 ROW_KERNEL_ROWS = 64
 

@@ -1,0 +1,104 @@
+"""4-bit group-wise weights on the kernels (``int4.h``): products and dequantized matrices of packed
+4-bit codes with their f16 scales / minimums (``aotlm.models.quant4``), per shard under tensor parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from aotlm.kernels import build as kernels
+from aotlm.kernels import layout, padding
+from aotlm.kernels.context import GEMM_ACTS, X_DTYPES, current, logical_ndim, one_device, weight_spec
+
+
+def q4_supported(x, name: str | None = None) -> bool:
+    """Static: can ``matmul_q4`` / ``unpack_q4`` take a 4-bit weight with activations ``x`` in this
+    trace (kernels on; one device, or a named leaf whose sharding the mesh context gives)?"""
+    if jnp.dtype(x.dtype) not in X_DTYPES or not kernels.enabled():
+        return False
+    return one_device() or name is not None
+
+
+def q4_fuses(x, name: str | None, act: str | None) -> bool:
+    """Static: does ``matmul_q4(..., b=, act=)`` apply the bias and ``act`` (None or one of ``GEMM_ACTS``)
+    in the kernel's output pass (one device)?"""
+    return (act is None or act in GEMM_ACTS) and one_device() and q4_supported(x, name)
+
+
+def q4_group(k: int, sm) -> int:
+    """The group size of a 4-bit weight with ``k`` contracted rows and scales ``sm [G, S, ...]``;
+    a clear error when the groups do not tile ``k`` (e.g. a tensor-parallel shard split inside a group)."""
+    groups = sm.shape[0]
+    if groups == 0 or k % groups or k // groups not in layout.Q4_GROUPS:
+        raise ValueError(
+            f"a 4-bit weight with {k} contracted rows has {groups} groups of scales: a shard or padding "
+            "split a group; use a group size that divides each shard's rows (or tp_degree=1)"
+        )
+    return k // groups
+
+
+def _q4_call(x, w, sm, axes: int, packed_k: int, b=None, act: str | None = None):
+    """The kernel on local arrays: ``x [..., *K] @ W`` for packed 4-bit ``w`` (``packed_k`` contracted
+    dims) and its scales ``sm [G, S, *N]``; ``b`` / ``act`` applied in the output pass."""
+    kernels.ensure_registered()
+    kd, nd = layout.q4_logical_dims(w.shape, packed_k)
+    k, n = math.prod(kd), math.prod(nd)
+    lead = x.shape[: x.ndim - axes]
+    bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
+    out = jax.ShapeDtypeStruct((math.prod(lead), n), x.dtype)
+    g, act_id = np.int32(q4_group(k, sm)), np.int32(GEMM_ACTS[act] if act else 0)
+    live = padding.live_rows(lead if one_device() else ())
+    y = jax.ffi.ffi_call("aotlm_wmm_q4", out)(x.reshape(-1, k), w, sm, bias, live, group=g, act=act_id)
+    return y.reshape(*lead, *nd)
+
+
+def matmul_q4(x, w, sm, axes: int = 1, name: str | None = None, packed_k: int = 1, nt: bool = False, b=None,
+              act: str | None = None):  # fmt: skip
+    """``x [..., *K] @ W`` in ``x``'s dtype for a packed 4-bit weight ``w`` with scales (and minimums)
+    ``sm`` (``aotlm.models.quant4``), f32 accumulation. ``nt``: the logical leaf is ``[N, K]``
+    (a tied lm_head's rows), which says how its partition spec splits. ``b`` / ``act``: one device only
+    (``GEMM_ACTS``). Under tensor parallelism: ``shard_map`` with the leaves' specs, ``psum`` over
+    the mesh axes of the contracted dims."""
+    if one_device():
+        return _q4_call(x, w, sm, axes, packed_k, b, act)
+    mesh, spec_of = current()
+    wspec = weight_spec(name, logical_ndim(packed_k, w), spec_of)
+    contract, outs = (wspec[1:], wspec[:1]) if nt else (wspec[:axes], wspec[axes:])
+    lead = (None,) * (x.ndim - axes)
+    summed = tuple(a for a in contract if a is not None)
+    sm_spec = P(summed[0] if summed else None, None, *outs)
+
+    def local(xl, wl, sl):
+        y = _q4_call(xl, wl, sl, axes, packed_k)
+        return jax.lax.psum(y, summed) if summed else y
+
+    specs = (P(*lead, *contract), P(*weight_spec(name, w.ndim, spec_of)), sm_spec)
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P(*lead, *outs))(x, w, sm)
+
+
+def unpack_q4(w, sm, dtype, packed_k: int, name: str | None = None, after=None, nt: bool = False):
+    """The dequantized logical matrix ``[*K, *N]`` of a packed 4-bit ``w`` in ``dtype`` (prefill's XLA
+    dot), computed by the kernel once ``after`` (an activation) is ready, as ``convert`` does."""
+    dep = jnp.zeros((1,), jnp.float32) if after is None else after.reshape(-1)[:1].astype(jnp.float32)
+
+    def local(wl, sl, d):
+        kernels.ensure_registered()
+        kd, nd = layout.q4_logical_dims(wl.shape, packed_k)
+        k, n = math.prod(kd), math.prod(nd)
+        out = jax.ShapeDtypeStruct((k, n), dtype)
+        y = jax.ffi.ffi_call("aotlm_unpack_q4", out)(wl, sl, d, group=np.int32(q4_group(k, sl)))
+        return y.reshape(*kd, *nd)
+
+    if one_device():
+        return local(w, sm, dep)
+    mesh, spec_of = current()
+    wspec = weight_spec(name, logical_ndim(packed_k, w), spec_of)
+    kspec, nspec = (wspec[1:], wspec[:1]) if nt else (wspec[:packed_k], wspec[packed_k:])
+    ksum = tuple(a for a in kspec if a is not None)
+    specs = (P(*weight_spec(name, w.ndim, spec_of)), P(ksum[0] if ksum else None, None, *nspec), P())
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P(*kspec, *nspec))(w, sm, dep)
