@@ -240,7 +240,7 @@ class ParamRewriter:
     ):
         self.quant = quant
         self.gguf_blocks = gguf_blocks  # int4 from a GGUF file's Q4 blocks: exact codes, int8 embedding copy
-        # Q4_K's group scales (aotlm.models.gguf_q4k.BlockScales), read by load_params for int4 only
+        # Q4_K's group scales (checkpoint.gguf_q4k.BlockScales), read by load_params for int4 only
         int4_g32 = quant is not None and quant.int4 and quant.group_size == 32
         self.blocks = blocks if blocks and int4_g32 else None
         # the int4 lm_head copy is made on every backend (the kernels' and XLA's logits then agree)

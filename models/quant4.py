@@ -14,7 +14,7 @@ GGUF's Q4_0 / Q4_1 blocks (f16 ``d`` / ``m``, 32 rows along the input) map onto 
 model's dequantized Q4 values round back to their own codes, checked group by group (``exact``; the
 loader's ``ParamRewriter(gguf_blocks=True)``). Q4_K's sub-blocks (32 rows, scale ``d * sc``, minimum
 ``-dmin * m``: f16 times 6 bits, exact in f32, not in f16) keep their codes too (``from_blocks``, with the
-exact scales the converter saved, ``aotlm.models.gguf_q4k``); their scale and minimum are stored
+exact scales the converter saved, ``aotlm.models.checkpoint.gguf_q4k``); their scale and minimum are stored
 rounded to f16, the one error left: relative <= 2^-11 each (f16's normal range), so a value moves by at
 most ``2^-11 (|d sc| q + |dmin m|)``.
 
@@ -113,7 +113,7 @@ def from_blocks(
     """Asymmetric groups of 32 for ``w`` with the file's own codes: ``(codes, scales, share kept)``.
 
     ``scale`` / ``minimum`` (``w``'s shape, float32, constant over each 32-group): a GGUF file's Q4_K
-    sub-block scales ``d * sc`` and minimums ``-dmin * m`` (``aotlm.models.gguf_q4k``), exact in f32,
+    sub-block scales ``d * sc`` and minimums ``-dmin * m`` (``checkpoint.gguf_q4k``), exact in f32,
     of which ``w = scale * q + minimum`` (f32) are the dequantized values. The codes are
     ``round((w - minimum) / scale)`` with those exact values, so a group whose values they give back
     bit for bit holds the file's codes (a zero scale: code 0, the value is the minimum); the scales

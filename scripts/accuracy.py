@@ -68,7 +68,7 @@ def smollm2() -> Path:
 
 def windows(gguf: Path, n: int) -> np.ndarray:
     """The first ``n`` non-overlapping 257-id windows of ``text()`` in the model's tokenizer."""
-    from aotlm.core.resolve import resolve
+    from aotlm.models.checkpoint.resolve import resolve
     from aotlm.text.tokens import load_tokenizer
 
     ckpt = resolve(str(gguf))  # the converted checkpoint dir (tokenizer files beside it)

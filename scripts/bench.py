@@ -221,8 +221,8 @@ def load_model(path, b: int, mode: str, args):
 
 def model_path(checkpoint: str | None, work: Path) -> tuple[Path, Path | None]:
     """(checkpoint dir aotlm loads, the GGUF file it came from or None); default: GPT-2-small."""
-    from aotlm.core import named
-    from aotlm.core.resolve import expand, resolve
+    from aotlm.models.checkpoint import named
+    from aotlm.models.checkpoint.resolve import expand, resolve
     from aotlm.tiny import make_gpt2_small
 
     if checkpoint is None:

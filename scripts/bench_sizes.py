@@ -141,7 +141,7 @@ def write_safetensors(path: Path, specs: list[tuple[str, tuple[int, ...]]], seed
 
 def checkpoint(shape: str, args) -> Path:
     """The random bf16 HF checkpoint of ``shape`` (made once: a directory renamed into place)."""
-    from aotlm.core.resolve import resolve
+    from aotlm.models.checkpoint.resolve import resolve
 
     out = Path(args.work) / f"hf-{shape}-{args.rope}"
     if (out / "config.json").is_file():

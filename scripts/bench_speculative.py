@@ -59,7 +59,7 @@ def bundled_pair(args, cache: str, median_time) -> list[tuple]:
     from transformers import PreTrainedTokenizerFast
 
     from aotlm import AutoModelForSampling, SpeculativeGenerator
-    from aotlm.core.bundled import DEFAULT_MODEL, DRAFT_MODEL
+    from aotlm.models.checkpoint.bundled import DEFAULT_MODEL, DRAFT_MODEL
 
     kw = dict(batch_size=1, n_positions=512, context_length_estimate=32, compile_cache=cache)
     target = AutoModelForSampling.from_pretrained(DEFAULT_MODEL, **kw).compile()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aotlm.core.bundled import DEFAULT_MODEL, bundled_path
+from aotlm.models.checkpoint.bundled import DEFAULT_MODEL, bundled_path
 
 SEQ = 256  # the training windows: 256 predictions from 257 tokens
 

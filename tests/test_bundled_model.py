@@ -16,7 +16,7 @@ import numpy as np
 from conformance import hf_generate, hf_model
 
 from aotlm import AutoModelForSampling
-from aotlm.core.bundled import BUNDLED_MODELS, DEFAULT_MODEL, bundled_path
+from aotlm.models.checkpoint.bundled import BUNDLED_MODELS, DEFAULT_MODEL, bundled_path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\n\nclass Config:\n"]

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from aotlm import AutoModelForSampling
-from aotlm.core.bundled import DEFAULT_MODEL, bundled_path
 from aotlm.generate.params import FIELDS
+from aotlm.models.checkpoint.bundled import DEFAULT_MODEL, bundled_path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -3,7 +3,7 @@
 Tiny GGUFs are written by the tests (``gguf_builders``: a random HF checkpoint, renamed with
 gguf-py's name map, stored as F16 / Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K). Both sides read the same
 file: transformers dequantizes it to float32 (``from_pretrained(dir, gguf_file=name)``), aotlm
-converts it once (``aotlm.models.gguf``). With ``quant="none"`` both run the same float32 weights,
+converts it once (``aotlm.models.checkpoint.gguf``). With ``quant="none"`` both run the same float32 weights,
 so every type gets the float32 conformance tolerance (1e-4 on logits of magnitude ~3) and equal
 greedy tokens; the default int8 storage of quantized files is measured separately.
 """
@@ -24,9 +24,8 @@ from gguf import GGMLQuantizationType as T
 from gguf_builders import CHATML, VOCAB, smollm2_file, tiny_config, write_gguf
 
 from aotlm import AutoModelForSampling
-from aotlm.core.resolve import resolve, validate_checkpoint
-from aotlm.models import gguf
-from aotlm.models.checkpoint import CheckpointError
+from aotlm.models.checkpoint import CheckpointError, gguf
+from aotlm.models.checkpoint.resolve import resolve, validate_checkpoint
 from aotlm.text.tokens import load_tokenizer
 
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
@@ -153,11 +152,11 @@ def test_int8_default_and_int4_as_stored(files, compile_dir, caplog):
         path = files("llama", qtype)
         ref = _hf(path)
         want = np.concatenate([_hf_logits(ref, ids) for ids in prompts])
-        with caplog.at_level(logging.WARNING, logger="aotlm.models.gguf"):
+        with caplog.at_level(logging.WARNING, logger="aotlm.models.checkpoint.gguf"):
             caplog.clear()
             model = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, **SHAPES)
         assert model.quant is not None and model.quant.quant_dtype == "int8"
-        lines = [r.getMessage() for r in caplog.records if r.name == "aotlm.models.gguf"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "aotlm.models.checkpoint.gguf"]
         keep = "(quant='none' / --quant none keeps f32)"
         assert lines == [f"{path.name}: {qtype} weights dequantized; stored as int8 {keep}"]
         as4 = AutoModelForSampling.from_pretrained(
@@ -282,7 +281,7 @@ def test_name_tables_match_gguf_py():
     """aotlm's GGUF -> HF names invert gguf-py's HF -> GGUF map (the one llama.cpp converts with)."""
     import gguf as gg
 
-    from aotlm.models.gguf_names import ARCHS
+    from aotlm.models.checkpoint.gguf_names import ARCHS
 
     checked = 0
     for arch_name, arch in ARCHS.items():
@@ -329,7 +328,7 @@ def test_smollm2_chat_matches_transformers(cache, compile_dir):
 @pytest.mark.slow  # ~80 s; the default run's real-model conformance is SmolLM2's (and tiny gemma3 GGUFs)
 def test_gemma3_270m_continuation_matches_transformers(cache, compile_dir):
     """The real Gemma-3-270M (Q4_K_M, ``gemma3-270m`` by name) where its package is installed."""
-    from aotlm.core import named
+    from aotlm.models.checkpoint import named
 
     m = named.NAMED_MODELS["gemma3-270m"]
     if m.package_version() is None:

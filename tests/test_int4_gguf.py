@@ -85,7 +85,7 @@ def file_q4k(path, name: str, heads: int | None):
     from gguf import GGUFReader
     from gguf.quants import Q4_K
 
-    from aotlm.models.gguf_names import unpermute_rope
+    from aotlm.models.checkpoint.gguf_names import unpermute_rope
 
     t = next(t for t in GGUFReader(str(path)).tensors if t.name == name)
     assert t.tensor_type.name == "Q4_K"

@@ -9,9 +9,8 @@ import sys
 
 import pytest
 
-from aotlm.core import named
-from aotlm.core.resolve import resolve
-from aotlm.models.checkpoint import CheckpointError
+from aotlm.models.checkpoint import CheckpointError, named
+from aotlm.models.checkpoint.resolve import resolve
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from textkit import shared_text_checkpoint
 
 from aotlm import AutoModelForSampling
 from aotlm.cli import main
-from aotlm.core.bundled import DEFAULT_MODEL, bundled_path
+from aotlm.models.checkpoint.bundled import DEFAULT_MODEL, bundled_path
 from aotlm.text import scoring
 from aotlm.text.tokens import load_tokenizer
 

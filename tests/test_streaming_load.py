@@ -25,8 +25,8 @@ import json, sys
 import jax, jax.numpy as jnp
 jnp.zeros(4).block_until_ready()
 from aotlm import AutoModelForSampling, kernels
-import aotlm.generate.causal_lm, aotlm.models.gguf_weights
-from aotlm.core.resolve import resolve
+import aotlm.generate.causal_lm, aotlm.models.checkpoint.gguf_weights
+from aotlm.models.checkpoint.resolve import resolve
 from aotlm.models.checkpoint import load_hf_config
 path, kw = sys.argv[1], json.loads(sys.argv[2])
 load_hf_config(resolve(path)), kernels.enabled()  # imports and the GGUF conversion before the baseline

@@ -89,7 +89,7 @@ def test_cli_generate_json_schema(pipe, tmp_path, tmp_path_factory, capsys):
 
 def test_smollm2_extracts_the_fields_of_a_sentence(tmp_path):
     """The real model, where installed: a schema-constrained extraction, greedy."""
-    from aotlm.core import named
+    from aotlm.models.checkpoint import named
     from aotlm.serve.chat import render
 
     if named.NAMED_MODELS["smollm2"].package_version() is None:

@@ -10,8 +10,8 @@ import pytest
 from textkit import PIPE_SHAPES, make_tokenizer, shared_text_checkpoint
 
 import aotlm
-from aotlm.core.resolve import resolve
 from aotlm.models.checkpoint import CheckpointError
+from aotlm.models.checkpoint.resolve import resolve
 from aotlm.text.tokens import IncrementalDecoder, TextStreamer, left_pad
 
 PROMPTS = [
@@ -173,7 +173,7 @@ def test_model_accepts_a_run_dir(tmp_path, shared):
 
 def test_bundled_name():
     try:
-        import aotlm.core.bundled  # noqa: F401
+        import aotlm.models.checkpoint.bundled  # noqa: F401
     except ImportError:
         with pytest.raises(CheckpointError, match="bundled model 'aotlm/tiny-py' not installed"):
             resolve("aotlm/tiny-py")

@@ -12,7 +12,7 @@ from gguf_builders import VOCAB, tiny_config, write_gguf
 
 from aotlm import AutoModelForSampling
 from aotlm.core import weight_cache
-from aotlm.models import gguf
+from aotlm.models.checkpoint import gguf
 
 KW = dict(batch_size=1, n_positions=32, context_length_estimate=16, compile_cache=False)
 

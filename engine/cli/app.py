@@ -29,12 +29,11 @@ from aotlm.cli.common import (
     serve_kwargs,
     table,
 )
-from aotlm.core import named
 from aotlm.core.compile_cache import CompileCache
 from aotlm.core.memory import check_fits, format_plan, plan_for_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.jobs.artifact_run import save_artifacts
-from aotlm.models.checkpoint import CheckpointError
+from aotlm.models.checkpoint import CheckpointError, named
 from aotlm.tiny import make_tiny_gpt2
 
 

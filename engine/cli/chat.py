@@ -31,8 +31,8 @@ from aotlm.cli.common import (
     setup_logging,
 )
 from aotlm.cli.text import needed_graphs
-from aotlm.core.resolve import default_model, validate_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling
+from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
 from aotlm.serve.chat import render
 from aotlm.text import tokens as text
 from aotlm.text.pipeline import TextGenerationPipeline

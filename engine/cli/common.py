@@ -10,9 +10,9 @@ import sys
 from collections.abc import Sequence
 
 from aotlm.core import distributed
-from aotlm.core.resolve import resolve
 from aotlm.core.spec import MODEL_KEYS
 from aotlm.generate.params import SAMPLING_FIELDS
+from aotlm.models.checkpoint.resolve import resolve
 from aotlm.models.quant import INT4_NAMES
 from aotlm.text import defaults
 

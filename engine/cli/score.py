@@ -12,13 +12,13 @@ import os
 import time
 
 from aotlm.cli.common import add_job_args, add_model_args, model_kwargs, setup_logging, table
-from aotlm.core.resolve import default_model
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.jobs import score as job
 from aotlm.jobs.batch import done_keys, is_done
 from aotlm.jobs.dryrun import model_graph_status
 from aotlm.jobs.model_refs import load_tokenizer, resolve
 from aotlm.models.checkpoint import load_hf_config
+from aotlm.models.checkpoint.resolve import default_model
 
 log = logging.getLogger("aotlm.jobs.score")
 DEFAULT_BATCH = 4

@@ -26,9 +26,9 @@ from aotlm.cli.common import (
     setup_logging,
 )
 from aotlm.core import buckets as bk
-from aotlm.core.resolve import default_model, expand, validate_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.generate.constraints import Constraint, ConstraintError, from_response_format
+from aotlm.models.checkpoint.resolve import default_model, expand, validate_checkpoint
 from aotlm.text import tokens as text
 from aotlm.text.pipeline import TextGenerationPipeline
 

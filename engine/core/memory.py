@@ -24,10 +24,10 @@ from aotlm import kernels
 from aotlm.core import buckets as bk
 from aotlm.core import pipeline, precision, sharding
 from aotlm.core.spec import DEFAULT_N_POSITIONS
-from aotlm.models import family_for, gguf, quant4
+from aotlm.models import family_for, quant4
 from aotlm.models.arch import ArchConfig
 from aotlm.models.axes import CONTRACT_AXES
-from aotlm.models.checkpoint import load_hf_config
+from aotlm.models.checkpoint import gguf, load_hf_config
 from aotlm.models.packing import PACK_CONTRACT, PANEL, VOCAB_LEAVES
 from aotlm.models.quant import FLOAT_DTYPES, QuantizationConfig
 
@@ -260,7 +260,7 @@ def plan_for_checkpoint(
     quant: str | QuantizationConfig | None = None,
 ) -> dict:
     """The memory plan plus the list of graphs for a checkpoint, from its config.json only (and, for a
-    converted GGUF model, its default storage: ``aotlm.models.gguf``)."""
+    converted GGUF model, its default storage: ``aotlm.models.checkpoint.gguf``)."""
     hf = load_hf_config(path)
     if quant is None:  # as the engine does (core/model.py)
         quant = gguf.default_quant(path)

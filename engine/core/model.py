@@ -28,12 +28,12 @@ from aotlm.core import artifacts, backend, graphs, inputs, sampling, scoring, sh
 from aotlm.core import buckets as bk
 from aotlm.core.bucket_config import resolve as merge_bucket_config
 from aotlm.core.compile_cache import CompileCache, source_hash
-from aotlm.core.resolve import resolve
 from aotlm.core.spec import ModelSpec, SpecAttributes
 from aotlm.core.state import layout as state_layout
-from aotlm.models import family_for, gguf, gguf_q4k, lowp, packing
+from aotlm.models import family_for, lowp, packing
 from aotlm.models.arch import ArchConfig
-from aotlm.models.checkpoint import CheckpointError, WeightReader, load_hf_config
+from aotlm.models.checkpoint import CheckpointError, WeightReader, gguf, gguf_q4k, load_hf_config
+from aotlm.models.checkpoint.resolve import resolve
 from aotlm.models.quant import ParamRewriter, QuantizationConfig
 from aotlm.models.weights import load_params
 from aotlm.progress import bar

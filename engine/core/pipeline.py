@@ -43,10 +43,10 @@ from jax.sharding import Mesh
 from aotlm.core import artifacts, graphs, sharding
 from aotlm.core import buckets as bk
 from aotlm.core.model import CompiledModel
-from aotlm.core.resolve import resolve
 from aotlm.durable import atomic_write_bytes
 from aotlm.models import decoder, family_for
 from aotlm.models.checkpoint import load_hf_config
+from aotlm.models.checkpoint.resolve import resolve
 
 FIRST_LEAVES = ("embed", "pos_embed", "proj_in", "embed_norm_scale", "embed_norm_bias")
 LAST_LEAVES = ("final_norm_scale", "final_norm_bias", "proj_out", "lm_head", "lm_head_bias")

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from aotlm.core.resolve import weight_files
-from aotlm.models.gguf import SOURCE_FILE
+from aotlm.models.checkpoint.gguf import SOURCE_FILE
+from aotlm.models.checkpoint.resolve import weight_files
 
 logger = logging.getLogger("aotlm.core.weight_cache")
 ENV, MAX_ENV = "AOTLM_WEIGHT_CACHE", "AOTLM_WEIGHT_CACHE_MAX_GB"

@@ -33,12 +33,12 @@ from lm_eval.models.utils import normalize_gen_kwargs
 from lm_eval.utils import simple_parse_args_string
 
 from aotlm import progress
-from aotlm.core.bundled import BUNDLED_MODELS
-from aotlm.core.resolve import validate_checkpoint
 from aotlm.generate import rows
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.generate.params import SAMPLING_FIELDS
 from aotlm.jobs.model_refs import AMP_NAMES
+from aotlm.models.checkpoint.bundled import BUNDLED_MODELS
+from aotlm.models.checkpoint.resolve import validate_checkpoint
 from aotlm.text import scoring
 from aotlm.text.defaults import merged, sampling_defaults
 from aotlm.text.tokens import eos_ids, load_tokenizer

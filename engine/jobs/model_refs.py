@@ -1,4 +1,4 @@
-"""Where batch jobs find checkpoints and tokenizers (the one switch point to ``aotlm.core.resolve``).
+"""Where batch jobs find checkpoints and tokenizers (one switch point: ``checkpoint.resolve``).
 
 Pre-flight needs the resolved checkpoint and tokenizer paths *without* reading weights,
 so a bad path fails on its JSONL line before any model is loaded.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from aotlm.core.resolve import validate_checkpoint
+from aotlm.models.checkpoint.resolve import validate_checkpoint
 from aotlm.text.tokens import load_tokenizer as text_load
 
 AMP_NAMES = {
@@ -39,7 +39,7 @@ def amp_for(dtype: str | None, default: str = "f32") -> str:
 def resolve(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None, need_tokenizer: bool = True):
     """(checkpoint dir, tokenizer dir or None), both absolute; reads no weights.
 
-    ``aotlm.core.resolve.validate_checkpoint``: a checkpoint directory, a training run directory
+    ``aotlm.models.checkpoint.resolve.validate_checkpoint``: a checkpoint directory, a training run directory
     (its latest ``checkpoints/checkpoint-N``) or a bundled name; the tokenizer is ``tokenizer``
     if given, else next to the checkpoint, else at the run root.
     """

@@ -20,12 +20,12 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from aotlm.core.resolve import default_model
 from aotlm.generate.constraints import Constraint, ConstraintError, from_response_format
 from aotlm.generate.params import GREEDY_DEFAULTS
 from aotlm.jobs.model_refs import amp_for, expand, load_tokenizer, resolve
 from aotlm.models import family_for
 from aotlm.models.checkpoint import load_hf_config
+from aotlm.models.checkpoint.resolve import default_model
 
 TOP_FIELDS = {"prompt", "id", "model", "generation", "metadata", "response_format"}
 MODEL_FIELDS = {"checkpoint", "output_dir", "dtype", "tokenizer"}

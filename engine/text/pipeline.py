@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aotlm import progress as progress_mod
-from aotlm.core.resolve import default_model, validate_checkpoint
 from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.generate.constraints import Constraint, Grammars
 from aotlm.generate.params import FIELDS
 from aotlm.generate.params import PER_ROW_FIELDS as PER_PROMPT
 from aotlm.generate.sampler import Sampler
+from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
 from aotlm.text import defaults
 from aotlm.text import tokens as text
 

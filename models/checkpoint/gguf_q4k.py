@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from aotlm.models.gguf_file import Plan, Tensor
-from aotlm.models.gguf_names import transform, transposed
+from aotlm.models.checkpoint.gguf_file import Plan, Tensor
+from aotlm.models.checkpoint.gguf_names import transform, transposed
 
 GROUP = 32  # Q4_K's sub-block: 32 weights along the input dim
 

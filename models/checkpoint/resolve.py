@@ -6,9 +6,9 @@ goes through :func:`resolve`, so they all accept the same things:
 * a checkpoint directory (``config.json`` + weights);
 * a training run directory: its latest ``checkpoints/checkpoint-N`` (or ``checkpoint-N``,
   the HF Trainer layout), by the numeric value of ``N``, not by name;
-* a bundled model name such as ``"aotlm/tiny-py"`` (package data, see ``aotlm.core.bundled``);
-* a real model's name such as ``"smollm2"`` (a package's GGUF file, see ``aotlm.core.named``);
-* a llama.cpp ``*.gguf`` file: converted once into a cached checkpoint directory (``aotlm.models.gguf``);
+* a bundled model name such as ``"aotlm/tiny-py"`` (package data, see ``aotlm.models.checkpoint.bundled``);
+* a real model's name such as ``"smollm2"`` (a package's GGUF file, see ``aotlm.models.checkpoint.named``);
+* a llama.cpp ``*.gguf`` file: converted once into a cached checkpoint directory (``gguf``);
 
 with ``~`` and ``$VARS`` expanded. :func:`validate_checkpoint` checks that every piece is
 there without reading any weight, so a typo fails in milliseconds, naming the missing file.
@@ -22,11 +22,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from aotlm.core import named
-from aotlm.core.bundled import BUNDLED_MODELS, DEFAULT_MODEL, bundled_path
-from aotlm.models import gguf
-from aotlm.models.checkpoint import SAFE_INDEX, SAFE_SINGLE, TORCH_INDEX, TORCH_SINGLE, CheckpointError
-from aotlm.models.gguf_weights import source_of
+from aotlm.models.checkpoint import gguf, named
+from aotlm.models.checkpoint.bundled import BUNDLED_MODELS, DEFAULT_MODEL, bundled_path
+from aotlm.models.checkpoint.formats import (
+    SAFE_INDEX,
+    SAFE_SINGLE,
+    TORCH_INDEX,
+    TORCH_SINGLE,
+    CheckpointError,
+)
+from aotlm.models.checkpoint.gguf_weights import source_of
 
 _CKPT_NAME = re.compile(r"^checkpoint-(\d+)$")
 _UNSET_VAR = re.compile(r"\$(\w+|\{\w+\})")
