@@ -16,7 +16,7 @@ if "jax" not in sys.modules:  # XLA reads its flags once, when jax starts its ba
     flags = (os.environ.get("XLA_FLAGS", ""), os.environ["AOTLM_TEST_XLA_FLAGS"])
     os.environ["XLA_FLAGS"] = " ".join(flags).strip()
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent / "support"), str(Path(__file__).parent)]  # builders, workers
 # converted weights of the suite's models go to a temporary directory, not the user's ~/.cache (weight_cache)
 os.environ.setdefault("AOTLM_WEIGHT_CACHE", tempfile.mkdtemp(prefix="aotlm-test-weights-"))
 

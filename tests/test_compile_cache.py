@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-CHILD = str(Path(__file__).parent / "cache_child.py")
+CHILD = str(Path(__file__).parent / "support" / "cache_child.py")
 
 
 def run_child(*args, check=True):

@@ -216,7 +216,8 @@ def test_tensor_parallel_shards_in_subprocess(ckpt_dir):
     tokens; an MLP of 96 units (3 groups of 32) cannot split over 2 devices: one clear line."""
     path = save_checkpoint(ckpt_dir / "q4_tp", llama_config(intermediate_size=128), seed=0, peaked=True)
     odd = peaked_checkpoint(ckpt_dir)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=str(HERE))
+    flags = "--xla_force_host_platform_device_count=2"
+    env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(HERE / "support"))
     cmd = [sys.executable, "-c", TP_CHILD, str(path), str(odd)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -233,7 +234,7 @@ def test_warm_start_compiles_nothing(llama_path, tmp_path):
     args = [str(llama_path), str(tmp_path / "cc"), "--quant", "int4", "--n-positions", "64"]
     args += ["--context", "48"]
     run = lambda: subprocess.run(
-        [sys.executable, str(HERE / "cache_child.py"), *args, "--targets"],
+        [sys.executable, str(HERE / "support" / "cache_child.py"), *args, "--targets"],
         capture_output=True,
         text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", AOTLM_KERNELS="1"),

@@ -190,7 +190,7 @@ def test_forced_avx2_gives_identical_tokens_and_its_own_cache_entries(ckpt_dir, 
 
     def run(**env):
         p = subprocess.run(
-            [sys.executable, str(HERE / "cache_child.py"), *opts, "--targets"],
+            [sys.executable, str(HERE / "support" / "cache_child.py"), *opts, "--targets"],
             capture_output=True,
             text=True,
             env=_env(**env),

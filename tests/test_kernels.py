@@ -205,7 +205,7 @@ def test_tensor_parallel_shards_in_subprocess(tmp_path):
     flags = "--xla_force_host_platform_device_count=2 " + os.environ.get("AOTLM_TEST_XLA_FLAGS", "")
     env = dict(os.environ, XLA_FLAGS=flags, TF_CPP_MIN_LOG_LEVEL="2")
     p = subprocess.run(
-        [sys.executable, str(HERE / "kernels_tp_child.py")],
+        [sys.executable, str(HERE / "support" / "kernels_tp_child.py")],
         capture_output=True,
         text=True,
         env=env,
@@ -430,7 +430,7 @@ def test_warm_start_with_kernels_compiles_nothing(llama_path, tmp_path, opts):
     process loads them from the cache."""
     args = [str(llama_path), str(tmp_path / "cc"), *opts, "--n-positions", "64"]
     run = lambda: subprocess.run(
-        [sys.executable, str(HERE / "cache_child.py"), *args],
+        [sys.executable, str(HERE / "support" / "cache_child.py"), *args],
         capture_output=True,
         text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", AOTLM_KERNELS="1"),

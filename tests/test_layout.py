@@ -257,13 +257,21 @@ def test_file_sizes_and_top_level():
 
 
 def test_no_test_module_imports_another_test_modules_private_names():
-    """Shared test builders live in ``tests/builders.py`` / ``conftest.py``, not in test modules."""
+    """Shared test builders live in ``tests/support/`` / ``conftest.py``, not in test modules."""
     bad = []
     for f in (REPO / "tests").glob("*.py"):
         for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
             if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("test_"):
                 bad += [f"{f.name}: {n.module}.{a.name}" for a in n.names if a.name.startswith("_")]
     assert bad == []
+
+
+def test_tests_folder_holds_tests_and_support_holds_the_rest():
+    """``tests/`` holds test modules (and ``conftest.py``); builders, fakes and subprocess workers live
+    in ``tests/support/``, which holds no test module."""
+    top = sorted(f.name for f in (REPO / "tests").glob("*.py") if f.name != "conftest.py")
+    assert [n for n in top if not n.startswith("test_")] == []
+    assert sorted(f.name for f in (REPO / "tests" / "support").glob("test_*.py")) == []
 
 
 def test_no_function_over_80_lines_in_engine_or_models():

@@ -1,7 +1,7 @@
 """Pipeline parallelism (``pp_degree``): stages on their own devices give the one-stage model's tokens.
 
 Multi-device runs need XLA_FLAGS before jax starts, so everything runs in one subprocess
-(``tests/pp_worker.py``, 8 forced CPU devices); the assertions are here.
+(``tests/support/pp_worker.py``, 8 forced CPU devices); the assertions are here.
 """
 
 import json
@@ -18,7 +18,7 @@ from conformance import make_checkpoint
 
 from aotlm.core import distributed
 
-WORKER = str(Path(__file__).parent / "pp_worker.py")
+WORKER = str(Path(__file__).parent / "support" / "pp_worker.py")
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,7 @@ def files(tmp_path_factory):
 
 def growth(path: Path, tmp: Path, **kw) -> dict:
     env = dict(os.environ, AOTLM_GGUF_CACHE=str(tmp / "gguf-cache"), TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE / "support"), env.get("PYTHONPATH", "")])
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(path), json.dumps(kw)],
         capture_output=True, text=True, env=env, timeout=600,

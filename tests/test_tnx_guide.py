@@ -23,7 +23,7 @@ def guide(tmp_path_factory):
     env = dict(os.environ, AOTLM_CACHE_DIR=str(work / "cache"))
     env.pop("XLA_FLAGS", None)  # the worker sets its own device count
     proc = subprocess.run(
-        [sys.executable, str(HERE / "tnx_guide.py"), str(work), str(out)],
+        [sys.executable, str(HERE / "support" / "tnx_guide.py"), str(work), str(out)],
         env=env,
         capture_output=True,
         text=True,

@@ -1,7 +1,7 @@
 """Tensor parallelism: tp / GQA strategies vs tp=1, shard sizes, HLO collectives, memory plan,
 compile-cache keys per mesh, and a 2-process x 2-device mesh.
 
-Multi-device runs happen in subprocesses (``tests/tp_worker.py``), because the forced CPU
+Multi-device runs happen in subprocesses (``tests/support/tp_worker.py``), because the forced CPU
 device count must be set before jax is imported; every tp case shares one subprocess so
 jax import and start-up are paid once.
 """
@@ -23,7 +23,7 @@ from conformance import make_checkpoint
 from aotlm import AutoModelForSampling
 from aotlm.core import distributed, memory, sharding
 
-WORKER = str(Path(__file__).parent / "tp_worker.py")
+WORKER = str(Path(__file__).parent / "support" / "tp_worker.py")
 BATCH = 8
 CASES = [  # (model, tp, gqa); tp=1 first per model (the reference)
     ("gpt2", 1, None),

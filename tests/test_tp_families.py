@@ -1,7 +1,7 @@
 """Every supported family under tensor parallelism: tp=2 on 2 forced CPU devices gives the same greedy
 tokens as tp=1 and last-position logits within 1e-4 (batch of 2 left-padded prompts, 12 new tokens).
 
-All families run in ONE subprocess (``tests/tpf_worker.py``): the forced device count must be set
+All families run in ONE subprocess (``tests/support/tpf_worker.py``): the forced device count must be set
 before jax is imported, and jax start-up is paid once. The worker records per-family results
 (or a traceback) as JSON; each family is its own test id here, so a failure names the family.
 Multi-query families (1 kv head) take ``gqa='replicated-heads'`` automatically; ALiBi families
@@ -23,7 +23,7 @@ from tpf_worker import CASES, TP
 from aotlm.core import sharding
 from aotlm.models import supported_model_types
 
-WORKER = str(Path(__file__).parent / "tpf_worker.py")
+WORKER = str(Path(__file__).parent / "support" / "tpf_worker.py")
 pytestmark = pytest.mark.slow  # ~2.5 min on 2 cores; tests/test_tp.py covers tp in the default run
 
 

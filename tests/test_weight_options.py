@@ -81,7 +81,7 @@ def tp_proc(ckpt_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wo_tp")
     (tmp / "job.json").write_text(json.dumps({"out": str(tmp / "out.json"), "cases": cases}))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    worker = str(Path(__file__).parent / "wo_worker.py")
+    worker = str(Path(__file__).parent / "support" / "wo_worker.py")
     proc = subprocess.Popen(
         [sys.executable, worker, str(tmp / "job.json")],
         stdout=subprocess.PIPE,

@@ -33,6 +33,7 @@ import numpy as np
 
 from aotlm.models.checkpoint.gguf import SOURCE_FILE
 from aotlm.models.checkpoint.resolve import weight_files
+from aotlm.progress import bar
 
 logger = logging.getLogger("aotlm.core.weight_cache")
 ENV, MAX_ENV = "AOTLM_WEIGHT_CACHE", "AOTLM_WEIGHT_CACHE_MAX_GB"
@@ -78,7 +79,7 @@ def load(name: str, place: Callable[[tuple, np.ndarray], object]) -> dict | None
     try:
         leaves = json.loads((d / MANIFEST).read_text())["leaves"]
         params: dict = {}
-        for entry in leaves:
+        for entry in bar(leaves, "loading cached weights", unit="tensor"):
             arr = np.load(d / entry["file"], allow_pickle=False)
             if list(arr.shape) != entry["shape"] or str(arr.dtype) != entry["dtype"]:
                 raise ValueError(

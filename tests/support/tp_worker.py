@@ -1,7 +1,7 @@
 """Subprocess worker for tests/test_tp.py (multi-device runs need XLA_FLAGS before jax import).
 
-    python tests/tp_worker.py single <job.json>   # every tp / GQA case on 8 forced CPU devices
-    python tests/tp_worker.py multi <job.json>    # one process of a multi-process tp mesh
+    python tests/support/tp_worker.py single <job.json>   # every tp / GQA case on 8 forced CPU devices
+    python tests/support/tp_worker.py multi <job.json>    # one process of a multi-process tp mesh
 
 Writes a JSON result (tokens, logits, shard sizes, HLO collective counts, memory checks) to
 ``job["out"]``; test_tp.py makes the assertions, so a failure shows the real numbers.

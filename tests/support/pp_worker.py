@@ -1,7 +1,7 @@
 """Subprocess worker for tests/test_pp.py: pipeline parallelism on 8 forced CPU devices.
 
-    python tests/pp_worker.py <job.json>          # every case on 8 forced CPU devices
-    python tests/pp_worker.py <job.json> multi    # one process of a 2-process pipeline ($AOTLM_*)
+    python tests/support/pp_worker.py <job.json>          # every case on 8 forced CPU devices
+    python tests/support/pp_worker.py <job.json> multi    # one process of a 2-process pipeline ($AOTLM_*)
 
 Runs every case against the one-stage model and writes the raw results (tokens, logits, bytes,
 compile counts, error messages) to ``job["out"]``; test_pp.py makes the assertions.

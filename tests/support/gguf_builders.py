@@ -25,7 +25,7 @@ import pytest
 import transformers
 from gguf import GGMLQuantizationType as T
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY_TOKENIZER = REPO / "engine" / "data" / "tiny-py" / "tokenizer.json"
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "

@@ -1,6 +1,6 @@
 """Subprocess worker for tests/test_tp_families.py: every family at tp=1 and tp=2 on 2 forced CPU devices.
 
-    python tests/tpf_worker.py <job.json>   # job: {"ckpt_dir", "out", "cases": [name, ...]}
+    python tests/support/tpf_worker.py <job.json>   # job: {"ckpt_dir", "out", "cases": [name, ...]}
 
 For each case it builds a tiny random-init transformers checkpoint (biases and norm weights
 random too, so their sharded layout is exercised), loads it at tp=1 and tp=2 (default GQA
@@ -31,7 +31,7 @@ if __name__ == "__main__":  # before anything imports jax (test_models_a imports
 
 import transformers as T  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]  # support/, tests/
 
 from conformance import gemma3_config  # noqa: E402
 from test_models_a import FULL, PREFILL  # noqa: E402

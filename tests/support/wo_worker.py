@@ -1,6 +1,8 @@
 """Subprocess worker for tests/test_weight_options.py: int8 / fuse_qkv under tensor parallelism.
 
-    python tests/wo_worker.py <job.json>   # job: {"out", "cases": [[name, path, tp, gqa, quant, fuse]]}
+    python tests/support/wo_worker.py <job.json>
+
+job: {"out", "cases": [[name, path, tp, gqa, quant, fuse]]}
 
 Runs on 2 forced CPU devices (the count is fixed at jax import, hence the subprocess). Records
 per case: last-position logits, greedy tokens, and per leaf the dtype, partition spec and
