@@ -178,12 +178,20 @@ def test_int8_default_and_int4_as_stored(files, compile_dir, caplog):
 
 def test_int4_keeps_a_mixed_files_other_types_as_int8(tmp_path, compile_dir, monkeypatch):
     """A Q4_K_M-like file (Q4_K matrices, Q6_K ``ffn_down`` / ``attn_v``) under ``quant="int4"``: the Q4_K
-    matrices keep their codes, the Q6_K ones become int8 instead of being rounded down to 4 bits."""
+    matrices keep their codes, the Q6_K ones become int8 instead of being rounded down to 4 bits. That is
+    also the default for a file of ``AS_STORED_PARAMS`` (1B) parameters or more with 4-bit blocks (the
+    tiny file is made to count as one); smaller ones, and files without 4-bit blocks, default to int8."""
+    big = gguf.AS_STORED_PARAMS
+    assert gguf.storage_for({"Q4_K", "Q6_K", "F32"}, big) == "int4"
+    assert gguf.storage_for({"Q4_0", "F32"}, big - 1) == gguf.storage_for({"Q8_0", "Q6_K"}, 8 * big) == "int8"
+    assert gguf.storage_for({"F16"}, big) == "f16" and gguf.storage_for({"BF16"}, big) == "bf16"
     monkeypatch.setenv("AOTLM_GGUF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf, "AS_STORED_PARAMS", 1)
     ckpt = make_checkpoint(tmp_path / "hf", tiny_config("llama"), scale=3.0)
     mix = {"ffn_down": T.Q6_K, "attn_v": T.Q6_K}
     path = write_gguf(ckpt, "llama", T.Q4_K, tmp_path / "q4_k_m.gguf", mix=mix)
-    m = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, quant="int4", **SHAPES)
+    m = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, **SHAPES)
+    assert m.quant.label == "int4-g32-asym"  # as quant="int4" gives for Q4_K blocks
     layer = m.params["layers"][0]
     assert {k: layer[k].dtype for k in ("wq", "w_gate", "wv", "w_down")} == {
         "wq": np.uint8, "w_gate": np.uint8, "wv": np.int8, "w_down": np.int8,

@@ -44,7 +44,7 @@ __all__ = ["convert", "default_quant", "is_gguf", "cache_root", "open_weights", 
 logger = logging.getLogger("aotlm.models.checkpoint.gguf")
 SOURCE_FILE = "aotlm_gguf.json"
 _MEMO = "hashes.json"
-FORMAT = 4  # bump when the converted layout changes: old cache entries are then converted again
+FORMAT = 5  # bump when the converted layout changes: old cache entries are then converted again
 stats = {"conversions": 0, "cache_hits": 0}  # this process's counts (tests assert on them)
 
 
@@ -143,7 +143,8 @@ def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None
             "architecture": plan.arch_name,
             "tensor_types": plan.type_counts,
             "matrix_types": sorted(plan.matrix_types()),
-            "default_quant": storage_for(plan.matrix_types()),
+            "parameters": plan.parameters(),
+            "default_quant": storage_for(plan.matrix_types(), plan.parameters()),
             "seconds": round(time.perf_counter() - start, 2),
         }
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
@@ -200,17 +201,25 @@ def _write_generation_config(metadata: dict, out: Path) -> None:
     (out / "generation_config.json").write_text(json.dumps(gen, indent=1) + "\n")
 
 
-def storage_for(matrix_types: set[str]) -> str | None:
+# From this size up, a file's 4-bit blocks are kept by default (quant="int4"); below it they are
+# stored as int8. The 4-bit kernels round activations to int8 per group of 32, as llama.cpp's q4 x q8_0
+# products do; on SmolLM2-135M's Q4_1 file that changed the quick start's answer ("Paris" became another
+# text; greedy tokens against transformers' float32 load for 32 steps: int8 5 of 6 prompts, int4 3),
+# while at 1B-8B int8 storage doubles the bytes a step reads and the memory (scripts/README.md,
+# bench_sizes.py: 8B Q4_K_M warm RSS 9.7 GB as int8, 7.5 as int4; prefill 10.4 vs 5.8 s).
+AS_STORED_PARAMS = 1_000_000_000
+
+
+def storage_for(matrix_types: set[str], parameters: int = 0) -> str | None:
     """The default weight storage for a file whose matrices have these GGUF types.
 
     Block-quantized (4- to 8-bit) -> ``"int8"`` (the dequantized weights re-rounded per output channel,
-    with float32 activations), all F16 -> ``"f16"``, all BF16 -> ``"bf16"`` (both exact), otherwise None
-    (float32). Not int4 for 4-bit blocks, although ``quant="int4"`` keeps their codes: its kernels round
-    the activations to int8 per group of 32 (llama.cpp's q8_0 side), and on SmolLM2-135M's Q4_1 file
-    that turned the quick start's answer to "What is the capital of France?" from "Paris" into
-    another text (greedy tokens against transformers' float32 load: int8 matched 5 of 6 prompts for
-    32 tokens, int4-asym 3); an as-stored default waits for 4-bit kernels with float32 activations.
+    with float32 activations), except a model of ``AS_STORED_PARAMS`` or more with 4-bit blocks (Q4_0,
+    Q4_1, Q4_K): ``"int4"``, which keeps those blocks and stores the file's other types as int8; all
+    F16 -> ``"f16"``, all BF16 -> ``"bf16"`` (both exact), otherwise None (float32).
     """
+    if matrix_types & set(Q4_BLOCK_TYPES) and parameters >= AS_STORED_PARAMS:
+        return "int4"
     if matrix_types & set(QUANT_TYPES):
         return "int8"
     if matrix_types in ({"F16"}, {"BF16"}):
@@ -233,7 +242,7 @@ def default_quant(checkpoint: str | os.PathLike) -> str | None:
     quant = source.get("default_quant")
     if quant is not None:
         types = "/".join(t for t in source.get("matrix_types", []) if t != "F32")
-        how = "dequantized" if quant == "int8" else "kept"
+        how = {"int8": "dequantized", "int4": "4-bit blocks kept, others int8"}.get(quant, "kept")
         logger.warning(
             "%s: %s weights %s; stored as %s (quant='none' / --quant none keeps f32)",
             Path(source.get("path", "")).name, types, how, quant,

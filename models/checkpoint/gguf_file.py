@@ -65,6 +65,10 @@ class Plan:
         """The types of the 2-D tensors (the weight matrices and the embedding)."""
         return {t.qtype for t in self.tensors if len(t.shape) == 2}
 
+    def parameters(self) -> int:
+        """Elements of the 2-D tensors: the model's size in parameters, less norms and biases."""
+        return sum(t.shape[0] * t.shape[1] for t in self.tensors if len(t.shape) == 2)
+
 
 def is_gguf(path: Path) -> bool:
     """A file named ``*.gguf`` (any case): handed to this module by ``aotlm.models.checkpoint.resolve``."""
