@@ -18,9 +18,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # public name -> module (inside aotlm) that defines it
 _EXPORTS = {
     "AutoModelForSampling": "generate.causal_lm",
-    "BUNDLED_MODELS": "core.bundled",
-    "DEFAULT_MODEL": "core.bundled",
-    "bundled_path": "core.bundled",
+    "BUNDLED_MODELS": "models.checkpoint.bundled",
+    "DEFAULT_MODEL": "models.checkpoint.bundled",
+    "bundled_path": "models.checkpoint.bundled",
     "CausalLMForSampling": "generate.causal_lm",
     "BloomForSampling": "generate.families",
     "FalconForSampling": "generate.families",
@@ -50,7 +50,7 @@ _EXPORTS = {
     "pipeline": "text.pipeline",
     "TextGenerationPipeline": "text.pipeline",
     "TextStreamer": "text.tokens",
-    "validate_checkpoint": "core.resolve",
+    "validate_checkpoint": "models.checkpoint.resolve",
     "load_bucket_config": "core.bucket_config",
     "GenerationConfig": "generate.params",
     "GenerateOutput": "generate.generation",
