@@ -4,6 +4,11 @@ get their own entry; a damaged entry is converted again; ``AOTLM_WEIGHT_CACHE=0`
 
 from __future__ import annotations
 
+import os
+import shutil
+import threading
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
@@ -80,3 +85,49 @@ def test_off_writes_nothing(q8_file, cache, monkeypatch):
     monkeypatch.setenv("AOTLM_WEIGHT_CACHE", "0")
     AutoModelForSampling.from_pretrained(str(q8_file), **KW)
     assert not cache.exists()
+
+
+def _entry(base: Path, name: str, size: int) -> Path:
+    d = base / name
+    d.mkdir()
+    (d / "00000.npy").write_bytes(b"\0" * size)
+    (d / weight_cache.MANIFEST).write_text("{}")
+    return d
+
+
+def test_eviction_is_lru_and_safe_beside_other_processes(tmp_path, monkeypatch):
+    """Over the cap the least recently used entries go; an entry being written (hidden) stays; entries
+    that other processes publish and remove while the scan runs never make it fail (a suite run hit
+    ``FileNotFoundError`` there: a manifest listed, then gone before its time was read)."""
+    base = tmp_path / "weights"
+    base.mkdir()
+    old, new = _entry(base, "old", 600), _entry(base, "new", 600)
+    os.utime(old / weight_cache.MANIFEST, (1, 1))
+    writing = _entry(base, ".new-abc", 600)
+    monkeypatch.setenv(weight_cache.MAX_ENV, str(1000 / 1e9))
+    weight_cache.evict(base)
+    assert not old.exists() and new.exists() and writing.exists()
+
+    monkeypatch.setenv(weight_cache.MAX_ENV, "40")
+    stop, errors = threading.Event(), []
+
+    def churn():  # publish and drop entries as other processes' loads and evictions do
+        i = 0
+        while not stop.is_set():
+            tmp = _entry(base, f".e{i}-tmp", 10)
+            os.replace(tmp, base / f"e{i}")
+            shutil.rmtree(base / f"e{i}")
+            i += 1
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        for _ in range(300):
+            try:
+                weight_cache.evict(base)
+            except OSError as e:  # the old scan's failure
+                errors.append(e)
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []

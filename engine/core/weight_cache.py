@@ -148,19 +148,30 @@ class Writer:
 
 
 def evict(base: Path | None = None) -> None:
-    """Remove least recently used entries until the cache fits ``AOTLM_WEIGHT_CACHE_MAX_GB``."""
+    """Remove least recently used entries until the cache fits ``AOTLM_WEIGHT_CACHE_MAX_GB``.
+
+    Best effort, and safe beside other processes: entries still being written (hidden temporary
+    directories) are left alone, and one that is renamed, evicted or rebuilt by another process while
+    this one scans is skipped, never an error."""
     base = base or root()
     if base is None or not base.is_dir():
         return
     cap = float(os.environ.get(MAX_ENV, DEFAULT_MAX_GB)) * 1e9
-    entries = [d for d in base.iterdir() if d.is_dir() and (d / MANIFEST).is_file()]
-    size = {d: sum(f.stat().st_size for f in d.iterdir()) for d in entries}
-    total = sum(size.values())
-    for d in sorted(entries, key=lambda d: (d / MANIFEST).stat().st_mtime):
+    entries = []  # (last use, dir, bytes)
+    for d in base.iterdir():
+        if d.name.startswith("."):
+            continue
+        try:
+            used = (d / MANIFEST).stat().st_mtime
+            entries.append((used, d, sum(f.stat().st_size for f in d.iterdir())))
+        except OSError:  # not an entry, or one another process changed while this one looked
+            continue
+    total = sum(size for _, _, size in entries)
+    for _, d, size in sorted(entries, key=lambda e: e[0]):
         if total <= cap:
             break
         shutil.rmtree(d, ignore_errors=True)
-        total -= size[d]
+        total -= size
 
 
 def _set(tree: dict, path: tuple, value) -> None:
