@@ -189,7 +189,7 @@ class CompiledModel(SpecAttributes):
                 return params
         self._weights_out = weight_cache.Writer(*entry) if entry is not None else None
         try:
-            params = self._convert_weights(family, rows)
+            params = self._convert_weights(family, rows, view)
             if self._weights_out is not None:
                 self._weights_out.commit(params)
             return params
@@ -198,14 +198,13 @@ class CompiledModel(SpecAttributes):
                 self._weights_out.abandon()
             self._weights_out = None
 
-    def _convert_weights(self, family, rows) -> dict:
+    def _convert_weights(self, family, rows, view: bool) -> dict:
         """Read the checkpoint's tensors and convert them into this model's stored form."""
         reader = gguf.open_weights(self.path) or WeightReader(self.path)  # a GGUF model: its file
         try:
             rows = bar(rows, "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
             quant = self.precision.quant
-            view = quant is not None and kernels.enabled()
             blocks = bool(gguf.q4_types(self.path))  # a GGUF file's 4-bit blocks: kept as they are
             q4k = gguf_q4k.BlockScales(reader) if blocks else None  # Q4_K's exact group scales
             rewriter = None

@@ -19,6 +19,7 @@ damaged entry is ignored (and removed) and the weights are converted again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -65,10 +66,6 @@ def key(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=repr).encode()).hexdigest()[:32]
 
 
-def _leaf_name(path: tuple) -> str:
-    return ".".join(str(p) for p in path)
-
-
 def load(name: str, place: Callable[[tuple, np.ndarray], object]) -> dict | None:
     """The params tree of entry ``name``, each leaf read and handed to ``place(path, array)``; None
     on a miss (or a damaged entry, which is removed)."""
@@ -78,20 +75,20 @@ def load(name: str, place: Callable[[tuple, np.ndarray], object]) -> dict | None
         return None
     try:
         leaves = json.loads((d / MANIFEST).read_text())["leaves"]
-        params: dict = {}
-        for entry in bar(leaves, "loading cached weights", unit="tensor"):
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return _unusable(d, e)
+    params: dict = {}
+    for entry in bar(leaves, "loading cached weights", unit="tensor"):  # one leaf in host memory at a time
+        try:
             arr = np.load(d / entry["file"], allow_pickle=False)
             if list(arr.shape) != entry["shape"] or str(arr.dtype) != entry["dtype"]:
-                raise ValueError(
-                    f"{entry['file']} holds {arr.dtype} {arr.shape}, the manifest says otherwise"
-                )
+                raise ValueError(f"{entry['file']} holds {arr.dtype} {arr.shape}, not the manifest's")
             path = tuple(int(p) if p.isdigit() else p for p in entry["path"])  # layer indices
-            _set(params, path, place(path, arr))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        logger.warning("weight cache entry %s is unusable (%s); converting the weights again", d, e)
-        shutil.rmtree(d, ignore_errors=True)
-        return None
-    os.utime(d / MANIFEST)  # least recently used
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return _unusable(d, e)
+        _set(params, path, place(path, arr))  # outside the try: a device error is not the entry's fault
+    with contextlib.suppress(OSError):  # evicted meanwhile by another process: the leaves are read
+        os.utime(d / MANIFEST)  # least recently used
     stats["hits"] += 1
     if "layers" in params:
         params["layers"] = [params["layers"][i] for i in sorted(params["layers"])]
@@ -172,6 +169,12 @@ def evict(base: Path | None = None) -> None:
             break
         shutil.rmtree(d, ignore_errors=True)
         total -= size
+
+
+def _unusable(d: Path, e: Exception) -> None:
+    """A damaged entry: removed, so the weights are converted (and stored) again."""
+    logger.warning("weight cache entry %s is unusable (%s); converting the weights again", d, e)
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def _set(tree: dict, path: tuple, value) -> None:
