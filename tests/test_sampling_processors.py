@@ -5,29 +5,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from sampling_reference import processed_logprobs
 from transformers.generation import logits_process as lp
 
-from aotlm.core import sampling
+from aotlm.core import sampler_params, sampling
 
 V = 101
 S = 24  # history slots
 
 
 def params(rows):
-    """Per-row parameter arrays from a list of dicts (HF names)."""
-    d = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, ngram=0)
-    cols = {k: [r.get(k, v) for r in rows] for k, v in d.items()}
-    out = {
-        "do_sample": np.array(cols["do_sample"], bool),
-        "temperature": np.array(cols["temperature"], np.float32),
-        "top_k": np.array(cols["top_k"], np.int32),
-        "top_p": np.array(cols["top_p"], np.float32),
-        "min_p": np.array(cols["min_p"], np.float32),
-        "repetition_penalty": np.array(cols["repetition_penalty"], np.float32),
-        "ngram": np.array(cols["ngram"], np.int32),
-        "seed": np.arange(len(rows), dtype=np.uint32),
-    }
-    return {k: jnp.asarray(v) for k, v in out.items()}
+    """Per-row ``RowParams`` from a list of dicts (the sampler table's names; sampled unless a row
+    says otherwise; seeds 0..n-1)."""
+    cols = {}
+    for q in sampler_params.ROW:
+        default = True if q.name == "do_sample" else q.fill
+        cols[q.name] = np.array([r.get(q.name, default) for r in rows], q.dtype)
+    cols["seed"] = np.arange(len(rows), dtype=np.uint32)
+    return jax.tree.map(jnp.asarray, sampler_params.row_params(cols))
 
 
 def hf_processed(row: dict, history: np.ndarray, scores: np.ndarray) -> np.ndarray:
@@ -65,7 +60,7 @@ def ours(rows, histories, logits, fast=False):
     @jax.jit
     def f(lg, seen, out):
         sc = sampling.penalize(lg, p, seen, out, n - 1)
-        return sampling.sort_free_logprobs(sc, p) if fast else sampling.processed_logprobs(sc, p)
+        return sampling.sort_free_logprobs(sc, p) if fast else processed_logprobs(sc, p)
 
     return np.asarray(f(jnp.asarray(logits), jnp.asarray(seen), jnp.asarray(out)))
 
@@ -150,13 +145,11 @@ def test_draws_follow_the_processed_distribution(row):
     n, v = 20000, 12
     logits = np.tile(np.linspace(2.0, -1.5, v, dtype=np.float32), (n, 1))
     p = params([row] * n)
-    p["seed"] = jnp.arange(n, dtype=jnp.uint32)
+    p = p.replace(seed=jnp.arange(n, dtype=jnp.uint32))
     pos = jnp.full((n,), 5, jnp.int32)
     draw = jax.jit(lambda lg, p, pos: sampling.sample_rows(*sampling.warp(lg, p), p, pos))
     toks = np.asarray(draw(jnp.asarray(logits), p, pos))
-    probs = np.exp(np.asarray(jax.jit(sampling.processed_logprobs)(jnp.asarray(logits[:1]), params([row]))))[
-        0
-    ]
+    probs = np.exp(np.asarray(jax.jit(processed_logprobs)(jnp.asarray(logits[:1]), params([row]))))[0]
     counts = np.bincount(toks, minlength=v)
     assert counts[probs == 0].sum() == 0, "a masked token was drawn"
     live = probs > 0

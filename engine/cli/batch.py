@@ -12,7 +12,7 @@ import json
 import logging
 import time
 
-from aotlm.cli.common import int_list, setup_logging
+from aotlm.cli.common import add_table_flags, int_list, setup_logging, table_values
 from aotlm.core.compile_cache import CompileCounter
 from aotlm.generate import rows
 from aotlm.jobs.artifact_run import load_from_artifacts
@@ -68,11 +68,7 @@ def cmd_run(args) -> int:
     eos = [args.eos_token_id] if args.eos_token_id is not None else []
     if not eos and tok is not None:  # text prompts stop where aotlm generate stops
         eos = eos_ids(ckpt, model.hf_config, tok)
-    sampling = {
-        k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "seed") if getattr(args, k) is not None
-    }
-    if args.do_sample:
-        sampling["do_sample"] = True
+    sampling = table_values(args)
     n = len(items)
     prompts = [ids for _, ids in items]
     results = rows.generate(model, prompts, [args.max_new_tokens] * n, [sampling] * n, eos_token_id=eos)
@@ -108,10 +104,6 @@ def register(sub) -> None:
     p.add_argument(
         "--eos-token-id", type=int, default=None, help="default: the checkpoint's for text prompts"
     )
-    p.add_argument("--do-sample", action="store_true", help="sample (default greedy); no extra graphs needed")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    add_table_flags(p)  # --do-sample, --temperature, ...: sampling needs no extra graphs
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_run)

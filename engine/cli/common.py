@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from aotlm.core import distributed
+from aotlm.core import distributed, sampler_params
 from aotlm.core.spec import MODEL_KEYS
 from aotlm.generate.params import SAMPLING_FIELDS
 from aotlm.models.checkpoint.resolve import resolve
@@ -138,21 +138,31 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
     p.add_argument("--process-id", type=int, default=None, help="multi-host: this process's rank")
 
 
+def add_table_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per transformers-named setting of ``aotlm.core.sampler_params.TABLE`` (``--top-p``,
+    ``--do-sample``, ...), each None when not given."""
+    for q in sampler_params.TABLE:
+        if q.hf is None:
+            continue
+        flag = "--" + q.hf.replace("_", "-")
+        if q.dtype == "bool":
+            p.add_argument(flag, action="store_true", default=None, help=q.help)
+        else:
+            p.add_argument(flag, type=int if q.integer else float, default=None, help=q.help)
+
+
+def table_values(args: argparse.Namespace) -> dict:
+    """The table's settings given on the command line (``add_table_flags``), by transformers' name."""
+    return {k: getattr(args, k) for k in sampler_params.HF_NAMES if getattr(args, k, None) is not None}
+
+
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     """The generation flags of the text front ends (``generate``, ``chat``); unset flags fall back to
     the checkpoint's ``generation_config.json`` (see :func:`generation_settings`)."""
-    p.add_argument("--min-new-tokens", type=int, default=None, help="no eos before this many new tokens")
-    p.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy")
+    add_table_flags(p)
     p.add_argument(
         "--greedy", action="store_true", help="argmax decoding, whatever generation_config.json says"
     )
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--min-p", type=float, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=None)
-    p.add_argument("--no-repeat-ngram-size", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop text (repeatable)")
 
 

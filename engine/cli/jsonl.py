@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from aotlm.cli.common import add_job_args, int_list, setup_logging, table
+from aotlm.cli.common import add_job_args, add_table_flags, int_list, setup_logging, table, table_values
 from aotlm.durable import atomic_write_jsonl, read_jsonl
 from aotlm.jobs import batch, ray_data, ray_jobs
 from aotlm.jobs import plan as batch_plan
@@ -17,13 +17,9 @@ log = logging.getLogger("aotlm.jobs.batch")
 
 
 def _cli_defaults(args) -> dict:
-    gen = {}
-    keys = ("max_new_tokens", "min_new_tokens", "temperature", "top_k", "top_p", "min_p")
-    for k in keys + ("repetition_penalty", "seed"):
-        if getattr(args, k) is not None:
-            gen[k] = getattr(args, k)
-    if args.do_sample:
-        gen["do_sample"] = True
+    gen = table_values(args)
+    if args.max_new_tokens is not None:
+        gen["max_new_tokens"] = args.max_new_tokens
     if args.return_full_text:
         gen["return_full_text"] = True
     if args.stop:
@@ -143,14 +139,7 @@ def register(sub) -> None:
     )
     p.add_argument("--dtype", default=None, help="default dtype: float32 | bfloat16 | float16")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 32")
-    p.add_argument("--min-new-tokens", type=int, default=None, help="no eos before this many tokens")
-    p.add_argument("--do-sample", action="store_true", help="sample (default greedy)")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--min-p", type=float, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    add_table_flags(p)
     p.add_argument("--return-full-text", action="store_true")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--batch-size", type=int, default=4, help="compiled batch size (default 4)")

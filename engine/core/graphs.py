@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from aotlm.core import sampling
+from aotlm.core import sampler_params, sampling
 from aotlm.core.state import DecodeState
 from aotlm.models import decoder
 
@@ -230,16 +230,7 @@ def sampler_fields(batch: int, n_slots: int, vocab: int, spec) -> dict:
         stop=spec((batch, MAX_STOPS, MAX_STOP_LEN), i32),
         eos=spec((MAX_EOS,), i32),
         pad=spec((), i32),
-        params={
-            "do_sample": row(jnp.bool_),
-            "temperature": row(f32),
-            "top_k": row(i32),
-            "top_p": row(f32),
-            "min_p": row(f32),
-            "repetition_penalty": row(f32),
-            "ngram": row(i32),
-            "seed": row(jnp.uint32),
-        },
+        params=sampler_params.row_spec(row),
     )
 
 

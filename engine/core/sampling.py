@@ -1,8 +1,8 @@
 """In-graph token selection with transformers' logits-processor semantics.
 
 Everything here runs inside the compiled graphs. The sampling parameters are **traced**
-per-row arrays (``params``: ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``,
-``repetition_penalty``, ``ngram``, ``seed``), so new values never recompile and one batch
+per-row arrays (``params``: a ``RowParams``, one array per "row" entry of
+``aotlm.core.sampler_params.TABLE``), so new values never recompile and one batch
 mixes greedy and sampled rows. The only static numbers are the array widths below.
 
 Order (as ``generate``): repetition penalty, no-repeat-ngram, then for sampled rows
@@ -32,9 +32,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from aotlm import kernels
+from aotlm.core.sampler_params import NGRAM_MAX
 
 TOPK_WIDTH = 64  # static width of the lax.top_k used for top_k <= 64 (larger k bisect)
-NGRAM_MAX = 8  # largest no_repeat_ngram_size (static: the window of the n-gram match)
 TOP_LOGPROBS_MAX = 5  # widest top_logprobs (static: the output buffer width)
 MAX_LOGIT_BIAS = 300  # logit_bias entries per row (static width; OpenAI's limit too)
 _BLOCK = 256  # vocabulary block of the inverse-CDF draw
@@ -79,8 +79,8 @@ def ngram_bans(out, slot, n):
 
 # Does some row use it? (traced; each processor is skipped in the graph when none does, and ``plain``
 # asks all of them)
-_repeats = lambda params: jnp.any(params["repetition_penalty"] != 1.0)
-_bans = lambda params: jnp.any(params["ngram"] > 0)
+_repeats = lambda params: jnp.any(params.repetition_penalty != 1.0)
+_bans = lambda params: jnp.any(params.ngram > 0)
 _biased = lambda bias_ids: jnp.any(bias_ids >= 0)
 _masked = lambda allow: ~jnp.all(allow == jnp.uint32(0xFFFFFFFF))
 _penalized = lambda presence, frequency: jnp.any((presence != 0) | (frequency != 0))
@@ -90,13 +90,13 @@ def penalize(scores, params, seen, out, slot):
     """Repetition penalty and n-gram bans; each only computed when some row uses it."""
     scores = lax.cond(
         _repeats(params),
-        lambda s: repetition_penalty(s, params["repetition_penalty"], seen),
+        lambda s: repetition_penalty(s, params.repetition_penalty, seen),
         lambda s: s,
         scores,
     )
 
     def ban(s):
-        ok, tok = ngram_bans(out, slot, params["ngram"])
+        ok, tok = ngram_bans(out, slot, params.ngram)
         rows = jnp.broadcast_to(jnp.arange(s.shape[0])[:, None], tok.shape)
         tok = jnp.where(ok, tok, s.shape[1])  # out of range -> dropped
         return s.at[rows, tok].set(NEG, mode="drop")
@@ -136,17 +136,17 @@ def kth_largest(t, k):
 
 def warp(scores, params):
     """Temperature-scaled scores ``t`` and the value masks of top-k and min-p."""
-    temp = jnp.where(params["temperature"] > 0, params["temperature"], 1.0)
+    temp = jnp.where(params.temperature > 0, params.temperature, 1.0)
     t = scores / temp[:, None]
     v = t.shape[-1]
-    k = params["top_k"]
+    k = params.top_k
     use_k = (k > 0) & (k < v)
     kth = lax.cond(jnp.any(use_k), lambda: kth_largest(t, jnp.maximum(k, 1)), lambda: jnp.full(k.shape, NEG))
     keep_k = t >= jnp.where(use_k, kth, NEG)[:, None]
     # min-p comes after top-k/top-p in HF, but the max token survives both, so its ratio test
     # p_i < min_p * p_max  <=>  t_i - t_max < log(min_p) is unchanged
     m = jnp.max(jnp.where(keep_k, t, NEG), -1, keepdims=True)
-    p_min = params["min_p"]
+    p_min = params.min_p
     log_min = jnp.log(jnp.where(p_min > 0, p_min, 1.0))[:, None]
     return t, keep_k, (p_min <= 0)[:, None] | (t - m >= log_min)
 
@@ -215,14 +215,14 @@ def sample_rows(t, keep_k, keep_m, params, position):
     """One token per row from the top-k / top-p / min-p distribution of ``t`` (no sort)."""
     m = jnp.max(jnp.where(keep_k, t, NEG), -1, keepdims=True)
     q = jnp.where(keep_k, jnp.exp(t - m), 0.0)  # unnormalized top-k distribution
-    top_p = params["top_p"]
+    top_p = params.top_p
     limit = top_p * jnp.sum(q, -1)
     idx = jnp.arange(t.shape[-1], dtype=jnp.int32)[None, :]
 
     def body(c):
         pv, pi, acc, tok, rnd = c
         allowed = keep_m & ((t > pv[:, None]) | ((t == pv[:, None]) & (idx < pi[:, None])))
-        c_new = draw(jnp.where(allowed, q, 0.0), uniform(params["seed"], position, rnd))
+        c_new = draw(jnp.where(allowed, q, 0.0), uniform(params.seed, position, rnd))
         ok = (top_p >= 1.0) | (mass_above(q, t, c_new) < limit)
         new = ~acc
         tok = jnp.where(new, c_new, tok)
@@ -238,39 +238,7 @@ def sample_rows(t, keep_k, keep_m, params, position):
 
 
 def sampled_rows(params):
-    return params["do_sample"] & (params["temperature"] > 0)
-
-
-# --------------------------------------------------------------------------- exact reference
-def processed_logprobs(scores, params):
-    """Log-probabilities of the distribution a row draws from, with HF's masks (-inf), exactly.
-
-    ``scores`` are penalized. Greedy rows get ``log_softmax(scores)``. Uses full sorts, so it
-    is for tests, log-probs of top-p rows and callers that need whole distributions.
-    """
-    v = scores.shape[-1]
-    temp = jnp.where(params["temperature"] > 0, params["temperature"], 1.0)
-    t = scores / temp[:, None]
-    k = params["top_k"]
-    desc = -jnp.sort(-t, axis=-1)
-    kth = jnp.take_along_axis(desc, jnp.clip(k - 1, 0, v - 1)[:, None], 1)
-    t = jnp.where(((k > 0) & (k < v))[:, None] & (t < kth), NEG, t)
-    # top-p: ascending sort, cumulative probability <= 1 - top_p removed, keep the last; among
-    # ties the higher index comes first (is dropped first), matching the sort-free sampler
-    order = v - 1 - jnp.argsort(t[:, ::-1], axis=-1, stable=True)
-    st = jnp.take_along_axis(t, order, 1)
-    cum = jnp.cumsum(jax.nn.softmax(st, -1), -1)
-    drop = cum <= (1.0 - params["top_p"])[:, None]
-    drop = drop.at[:, -1].set(False)
-    rows = jnp.arange(t.shape[0])[:, None]
-    drop = jnp.zeros_like(drop).at[rows, order].set(drop)
-    t = jnp.where((params["top_p"] < 1.0)[:, None] & drop, NEG, t)
-    # min-p
-    pr = jax.nn.softmax(t, -1)
-    top = jnp.max(pr, -1, keepdims=True)
-    gone = (pr < params["min_p"][:, None] * top) & (t < jnp.max(t, -1, keepdims=True))
-    t = jnp.where((params["min_p"] > 0)[:, None] & gone, NEG, t)
-    return jnp.where(sampled_rows(params)[:, None], jax.nn.log_softmax(t, -1), jax.nn.log_softmax(scores, -1))
+    return params.do_sample & (params.temperature > 0)
 
 
 # --------------------------------------------------------------------------- selection
@@ -403,14 +371,14 @@ def select(
 
 
 def final_logprobs(scores, t, keep_k, keep_m, params):
-    """Log-probs ``[B,V]`` each row draws from (sort-free ``processed_logprobs``), from ``warp``."""
+    """Log-probs ``[B,V]`` each row draws from (``sort_free_logprobs``), from ``warp``."""
     samp = sampled_rows(params)
-    use_p = samp & (params["top_p"] < 1.0)
+    use_p = samp & (params.top_p < 1.0)
 
     def with_top_p():
         m = jnp.max(jnp.where(keep_k, t, NEG), -1, keepdims=True)
         q = jnp.where(keep_k, jnp.exp(t - m), 0.0)
-        return keep_k & (~use_p[:, None] | top_p_mask(t, q, params["top_p"] * jnp.sum(q, -1)))
+        return keep_k & (~use_p[:, None] | top_p_mask(t, q, params.top_p * jnp.sum(q, -1)))
 
     keep = lax.cond(jnp.any(use_p), with_top_p, lambda: keep_k) & keep_m
     warped = jax.nn.log_softmax(jnp.where(keep, t, NEG), -1)
@@ -418,5 +386,6 @@ def final_logprobs(scores, t, keep_k, keep_m, params):
 
 
 def sort_free_logprobs(scores, params):
-    """``processed_logprobs`` as the graphs compute it: thresholds and bisection, no sort."""
+    """The log-probs ``[B,V]`` each row draws from, as the graphs compute them: thresholds and
+    bisection, no sort (the tests hold them against a sorting reference and transformers)."""
     return final_logprobs(scores, *warp(scores, params), params)

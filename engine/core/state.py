@@ -17,12 +17,17 @@ from typing import Any, ClassVar
 
 import jax
 
+from aotlm.core.sampler_params import ROW, RowParams, as_pytree
+
 Array = Any  # a jax.Array on the device, a numpy array on the host, a ShapeDtypeStruct to lower
 
 
 def _pytree(cls):
     """Register ``cls`` (a dataclass) with every field a traced leaf."""
     return jax.tree_util.register_dataclass(cls, [f.name for f in dataclasses.fields(cls)], [])
+
+
+as_pytree()  # the sampler settings inside both states
 
 
 @dataclass
@@ -37,8 +42,8 @@ class SamplerState:
     log-probabilities, ``top_ids`` / ``top_lp [B, S, K]`` the alternatives; ``seen [B, V]``
     the ids a row has seen (repetition penalty); ``stop [B, MAX_STOPS, MAX_STOP_LEN]`` its stop
     sequences, right-aligned, -2 padded; ``eos [MAX_EOS]`` (-1 padded) and ``pad []``;
-    ``params``: the per-row sampler settings ``{do_sample, temperature, top_k, top_p, min_p,
-    repetition_penalty, ngram, seed}``, each ``[B]`` (``aotlm.core.sampling``); ``idx`` / ``first``:
+    ``params``: the per-row sampler settings (``RowParams``: one ``[B]`` array per "row" entry of
+    ``aotlm.core.sampler_params.TABLE``, read by ``aotlm.core.sampling``); ``idx`` / ``first``:
     the slot of ``tok`` and of the first generated token (``[]`` in the decode state, where
     every row moves together; ``[B]`` in the slot state).
     """
@@ -56,7 +61,7 @@ class SamplerState:
     stop: Array
     eos: Array
     pad: Array
-    params: dict
+    params: RowParams
     idx: Array
     first: Array
 
@@ -110,6 +115,7 @@ class SlotState(SamplerState):
 
 
 def layout() -> tuple[tuple[str, ...], ...]:
-    """The field names of both states, in order: part of the compile-cache fingerprint, since a
-    graph's argument layout follows them."""
-    return tuple(tuple(f.name for f in dataclasses.fields(c)) for c in (DecodeState, SlotState))
+    """The field names of both states and of ``RowParams`` (with dtypes), in order: part of the
+    compile-cache fingerprint, since a graph's argument layout follows them."""
+    states = tuple(tuple(f.name for f in dataclasses.fields(c)) for c in (DecodeState, SlotState))
+    return (*states, tuple(f"{p.name}:{p.dtype}" for p in ROW))

@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 from aotlm.core import buckets as bk
-from aotlm.core import inputs, sharding
+from aotlm.core import inputs, sampler_params, sharding
 from aotlm.generate.strategies import StrategyHost
 from aotlm.models import decoder
 
@@ -287,7 +287,7 @@ def search(
 
 
 _KNOWN = {"input_ids", "attention_mask", "start_ids", "max_new_tokens", "sequence_length", "eos_token_id"}
-_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+_DEFAULTS = sampler_params.GREEDY  # sampling settings: accepted at their neutral values only
 
 
 def new_tokens(model: StrategyHost, p_len: int, max_new_tokens, sequence_length) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aotlm.core import buckets as bk
-from aotlm.core import graphs, inputs, sampling, sharding
+from aotlm.core import graphs, inputs, sampler_params, sampling, sharding
 from aotlm.core.contract import GraphHost
 from aotlm.core.state import DecodeState
 from aotlm.generate import constraints
@@ -66,65 +66,26 @@ def per_row(value, name: str, n: int, dtype) -> np.ndarray:
     return out
 
 
-def _or0(value):
-    return 0 if value is None else value
-
-
-# The sampling-parameter rules, one table for every entry point (``sample()`` here, serving's
-# ``slots.check``): name -> (holds for a value or an array of them, what a value must be).
-RULES = {
-    "temperature": (lambda x: x >= 0, "must be >= 0 (0 means greedy)"),
-    "top_k": (lambda x: x >= 0, "must be >= 0 (0 disables top-k)"),
-    "top_p": (lambda x: (x > 0) & (x <= 1), "must be in (0, 1]"),
-    "min_p": (lambda x: (x >= 0) & (x <= 1), "must be in [0, 1]"),
-    "repetition_penalty": (lambda x: x > 0, "must be > 0 (1 disables it)"),
-    "presence_penalty": (lambda x: (x >= -2) & (x <= 2), "must be in [-2, 2]"),
-    "frequency_penalty": (lambda x: (x >= -2) & (x <= 2), "must be in [-2, 2]"),
-    "no_repeat_ngram_size": (
-        lambda x: (x >= 0) & (x <= sampling.NGRAM_MAX),
-        f"must be in [0, {sampling.NGRAM_MAX}]",
-    ),
-    "min_new_tokens": (lambda x: x >= 0, "must be >= 0"),
-    "min_length": (lambda x: x >= 0, "must be >= 0"),
-    "seed": (lambda x: (x >= 0) & (x < 2**32), "must be in [0, 2**32)"),
-}
-
-
-def rule_violations(values: dict) -> list[tuple[str, str]]:
-    """``(name, message)`` for every value (one, or an array of per-row values) that breaks its
-    ``RULES`` entry, in the order given; a name without a rule is not checked."""
-    bad = []
-    for name, value in values.items():
-        if name in RULES:
-            arr = np.asarray(value)
-            ok = np.asarray(RULES[name][0](arr))
-            if not ok.all():
-                bad.append((name, f"{name}={arr[~ok][0] if arr.ndim else arr} is invalid: {RULES[name][1]}"))
-    return bad
-
-
-def sampling_params(cfg: GenerationConfig, n: int, rows: int) -> dict:
-    """Validated per-row arrays (``n`` real rows, padded to the compiled ``rows`` with row 0)."""
-    p = {
-        "do_sample": per_row(cfg.do_sample, "do_sample", n, bool),
-        "temperature": per_row(cfg.temperature, "temperature", n, np.float32),
-        "top_k": per_row(cfg.top_k, "top_k", n, np.int32),
-        "top_p": per_row(cfg.top_p, "top_p", n, np.float32),
-        "min_p": per_row(cfg.min_p, "min_p", n, np.float32),
-        "repetition_penalty": per_row(cfg.repetition_penalty, "repetition_penalty", n, np.float32),
-        "ngram": per_row(cfg.no_repeat_ngram_size, "no_repeat_ngram_size", n, np.int32),
-        "min_new": per_row(_or0(cfg.min_new_tokens), "min_new_tokens", n, np.int64),
-        "min_len": per_row(_or0(cfg.min_length), "min_length", n, np.int64),
-    }
-    given = dict(p, no_repeat_ngram_size=p["ngram"], min_new_tokens=p["min_new"], min_length=p["min_len"])
-    if cfg.seed is None:
-        seeds = np.array([secrets.randbits(32) for _ in range(n)], dtype=np.uint64)
-    else:
-        seeds = given["seed"] = per_row(cfg.seed, "seed", n, np.int64)
-    bad = rule_violations(given)
+def sampling_params(cfg: GenerationConfig, n: int, rows: int) -> dict[str, np.ndarray]:
+    """Validated per-row arrays of every ``sampler_params.TABLE`` setting ``cfg`` names (keyed by
+    ``name``; ``n`` real rows, padded to the compiled ``rows`` with row 0). A seed not given is
+    drawn per row."""
+    p = {}
+    for q in sampler_params.TABLE:
+        if q.hf is None:
+            continue
+        value = getattr(cfg, q.hf)
+        if value is None:
+            if q.name == "seed":
+                value = [secrets.randbits(32) for _ in range(n)]
+            else:
+                value = q.fill
+        dtype = bool if q.dtype == "bool" else np.int64 if q.integer else np.dtype(q.dtype)
+        p[q.name] = per_row(value, q.hf, n, dtype)
+    bad = sampler_params.violations({sampler_params.BY_NAME[k].hf: v for k, v in p.items()})
     if bad:
         raise ValueError(bad[0][1])
-    p["seed"] = seeds.astype(np.uint32)
+    p = {k: v.astype(sampler_params.BY_NAME[k].dtype) for k, v in p.items()}
     return {k: np.concatenate([v, np.repeat(v[:1], rows - n)]) for k, v in p.items()}
 
 
@@ -192,7 +153,7 @@ def initial_state(
     """
     b, p_len = ids.shape
     sp = sampling_params(cfg, n, b)
-    min_end = np.maximum(p_len + sp.pop("min_new"), sp.pop("min_len")).clip(0, 2**31 - 1)
+    min_end = np.maximum(p_len + sp["min_new"], sp["min_len"]).clip(0, 2**31 - 1)
     s, v, k = model.n_positions, model.cfg.vocab_size, sampling.TOP_LOGPROBS_MAX
 
     eos = inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS)
@@ -223,7 +184,7 @@ def initial_state(
         eos=eos,
         pad=np.int32(pad),
         want_logprobs=np.bool_(False),
-        params=sp,
+        params=sampler_params.row_params(sp),
     )
 
 

@@ -48,9 +48,10 @@ class Sampler(SpecAttributes):
         """Generate: ``[batch, prompt_len + new]`` (prompt as given, then new tokens), or a
         ``GenerateOutput`` with ``return_dict=True``.
 
-        Greedy by default. ``generation_kwargs`` are ``GenerationConfig`` fields with HF names
-        (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``,
-        ``no_repeat_ngram_size``, ``seed``, ``stop_sequences``, ``top_logprobs``); each sampling
+        Greedy by default. ``generation_kwargs`` are ``GenerationConfig`` fields with HF names (the
+        sampling settings of ``aotlm.core.sampler_params.TABLE``: ``do_sample``, ``temperature``,
+        ``top_k``, ``top_p``, ``repetition_penalty``, ``seed``, ...; ``stop_sequences``,
+        ``top_logprobs``); each sampling
         value and ``max_new_tokens`` may be one value or one per row. They override
         ``generation_config``, which defaults to the model's (``NeuronConfig(on_device_generation=
         ...)``, else greedy). ``sequence_length`` (total length, transformers-neuronx style),

@@ -19,11 +19,11 @@ import jax
 import numpy as np
 
 from aotlm.core import buckets as bk
-from aotlm.core import graphs, inputs, sampling, sharding
+from aotlm.core import graphs, inputs, sampler_params, sampling, sharding
 from aotlm.core.contract import GraphHost
 from aotlm.core.state import SlotState
 from aotlm.generate import constraints, slot_graphs
-from aotlm.generate.generation import rule_violations, stop_array
+from aotlm.generate.generation import stop_array
 from aotlm.generate.params import SamplingParams
 
 
@@ -40,9 +40,7 @@ def check(model: GraphHost, prompt_len: int, s: SamplingParams) -> list[tuple[st
                     f"prompt ({prompt_len} tokens) + max_tokens ({s.max_tokens}) = "
                     f"{prompt_len + s.max_tokens} exceeds the context of {n} tokens; shorten the prompt "
                     "or lower max_tokens"))  # fmt: skip
-    fields = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-              "frequency_penalty", "seed")  # fmt: skip
-    bad += rule_violations({f: getattr(s, f) for f in fields if getattr(s, f) is not None})
+    bad += sampler_params.violations({k: getattr(s, k) for k in sampler_params.BY_OPENAI})
     k = sampling.TOP_LOGPROBS_MAX
     if s.logprobs is not None and not 0 <= s.logprobs <= k:
         bad.append(("logprobs", f"logprobs must be in [0, {k}], got {s.logprobs}"))
@@ -75,9 +73,7 @@ def host_state(slots: int, n_slots: int, vocab: int) -> SlotState:
     st = jax.tree.map(zeros, slot_graphs.state_spec(slots, n_slots, vocab, None))
     st.out[:], st.stop[:], st.bias_ids[:] = -1, -2, -1  # unwritten slots; unused stop tokens, biases
     st.allow[:] = 0xFFFFFFFF  # unconstrained
-    for name in ("temperature", "top_p", "repetition_penalty"):
-        st.params[name][:] = 1
-    return st
+    return st.replace(params=sampler_params.neutral_rows(slots))
 
 
 class SlotModel(GraphHost, Protocol):
@@ -229,15 +225,10 @@ class SlotBatch:
         r.ignore_eos[0], r.want[0] = settings.ignore_eos, settings.logprobs is not None
         r.presence[0], r.frequency[0] = settings.presence_penalty, settings.frequency_penalty
         seed = secrets.randbits(32) if settings.seed is None else settings.seed
-        p = r.params
-        p["do_sample"][0] = settings.temperature > 0  # OpenAI: temperature 0 is greedy
-        p["temperature"][0], p["top_k"][0], p["top_p"][0] = (
-            settings.temperature,
-            settings.top_k,
-            settings.top_p,
-        )
-        p["min_p"][0], p["repetition_penalty"][0] = settings.min_p, settings.repetition_penalty
-        p["seed"][0] = seed
+        values = {q.name: getattr(settings, q.openai) for q in sampler_params.ROW if q.openai}
+        values.update(do_sample=settings.temperature > 0, seed=seed)  # OpenAI: temperature 0 is greedy
+        for name, value in values.items():
+            getattr(r.params, name)[0] = value
         if settings.logit_bias:
             ids, vals = zip(*settings.logit_bias, strict=True)
             r.bias_ids[0, : len(ids)], r.bias_val[0, : len(ids)] = ids, vals

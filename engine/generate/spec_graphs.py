@@ -40,12 +40,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from aotlm.core import sampling
+from aotlm.core import sampler_params, sampling
 from aotlm.core.contract import GraphHost
 from aotlm.models import decoder
 
 MAX_EOS = 8
-SP_KEYS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "seed")
+SP_KEYS = sampler_params.DRAW_NAMES  # the settings a row samples with (transformers' names)
 DRAFT, ACCEPT, RESIDUAL = 0, 1, 2  # random streams: uniform(seed, position, round * 4 + stream)
 
 
@@ -61,12 +61,12 @@ def _logprobs(logits, sp):
     """Processed log-probs ``[..., V]`` (HF warpers, per row) for logits ``[B, ..., V]``."""
     shape = logits.shape
     reps = 1 if len(shape) == 2 else shape[1]
-    flat = {k: jnp.repeat(sp[k], reps) for k in SP_KEYS}
+    flat = jax.tree.map(lambda a: jnp.repeat(a, reps), sp)
     return sampling.sort_free_logprobs(logits.reshape(-1, shape[-1]), flat).reshape(shape).astype(jnp.float32)
 
 
 def _u(sp, position, rnd, stream):
-    return sampling.uniform(sp["seed"], position, rnd * 4 + stream)
+    return sampling.uniform(sp.seed, position, rnd * 4 + stream)
 
 
 def _replicate(x, replicated):
@@ -203,14 +203,7 @@ def state_spec(batch: int, n_out: int, sharding) -> dict:
     """Abstract loop state (replicated): per-row tokens, positions, budgets, sampling values."""
     s = lambda shape, dt=jnp.int32: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
     row = lambda dt=jnp.int32: s((batch,), dt)
-    sp = {
-        "do_sample": row(jnp.bool_),
-        "temperature": row(jnp.float32),
-        "top_k": row(),
-        "top_p": row(jnp.float32),
-        "min_p": row(jnp.float32),
-        "seed": row(jnp.uint32),
-    }
+    sp = sampler_params.row_spec(row)  # the decode state's RowParams (penalties stay neutral)
     rows = {name: row() for name in ("last", "pos", "n_out", "budget")}
     scalars = {name: s(()) for name in ("idx", "rnd", "limit", "proposed", "accepted", "uneven")}
     return dict(rows, **scalars, done=row(jnp.bool_), out=s((batch, n_out)), eos=s((MAX_EOS,)), sp=sp)

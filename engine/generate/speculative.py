@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from aotlm.core import buckets as bk
-from aotlm.core import compile_cache, inputs, sharding
+from aotlm.core import compile_cache, inputs, sampler_params, sharding
 from aotlm.core.contract import GraphHost
 from aotlm.generate import generation, params
 from aotlm.generate import spec_graphs as sg
@@ -143,8 +143,9 @@ class SpeculativeGenerator:
         pad_token_id=None,
         **sampling_kwargs,
     ) -> np.ndarray:
-        """Greedy by default; ``do_sample=True`` with ``temperature``, ``top_k``, ``top_p``,
-        ``min_p``, ``seed`` (one value or one per row) samples from the target's distribution."""
+        """Greedy by default; ``do_sample=True`` with transformers' warpers (``temperature``,
+        ``top_k``, ``top_p``, ...: ``SP_KEYS``) and ``seed`` (one value or one per row) samples
+        from the target's distribution."""
         unknown = set(sampling_kwargs) - set(SP_KEYS)
         if unknown:
             raise ValueError(f"{sorted(unknown)} not supported with speculative decoding")
@@ -180,7 +181,7 @@ class SpeculativeGenerator:
         eos = inputs.eos_ids(eos_token_id, sg.MAX_EOS)
         pad = pad if pad is not None else (int(eos[0]) if eos[0] >= 0 else 0)
         cfg = params.GenerationConfig(**skw)
-        sp = {key: v for key, v in generation.sampling_params(cfg, n, b).items() if key in SP_KEYS}
+        sp = sampler_params.row_params(generation.sampling_params(cfg, n, b))
         logits, positions = t.encode(ids, mask)
         d.encode(ids, mask)
         # the first token: the target's own select graph (same token as target.sample, same seed)

@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from aotlm.core import sampler_params
 from aotlm.generate.constraints import Constraint, ConstraintError, from_response_format
 from aotlm.generate.params import GREEDY_DEFAULTS
 from aotlm.jobs.model_refs import amp_for, expand, load_tokenizer, resolve
@@ -53,18 +54,16 @@ def _num(v, name, lo=None, hi=None, lo_open=False, integer=False, none_ok=False)
     return None
 
 
+def _table_num(v, p: sampler_params.Param) -> str | None:
+    r = p.range
+    return _num(v, p.hf, r.lo, r.hi, r.lo_open, p.integer, none_ok=p.default is None)
+
+
 def check_generation(gen: dict) -> str | None:
     """The first problem in a (merged) generation block, or None."""
     checks = [
         _num(gen["max_new_tokens"], "max_new_tokens", lo=1, integer=True),
-        _num(gen["temperature"], "temperature", lo=0),
-        _num(gen["top_k"], "top_k", lo=0, integer=True),
-        _num(gen["top_p"], "top_p", lo=0, hi=1, lo_open=True),
-        _num(gen["min_p"], "min_p", lo=0, hi=1),
-        _num(gen["repetition_penalty"], "repetition_penalty", lo=0, lo_open=True),
-        _num(gen["no_repeat_ngram_size"], "no_repeat_ngram_size", lo=0, integer=True),
-        _num(gen["min_new_tokens"], "min_new_tokens", lo=0, integer=True),
-        _num(gen["seed"], "seed", lo=0, hi=2**32 - 1, integer=True, none_ok=True),
+        *(_table_num(gen[p.hf], p) for p in sampler_params.TABLE if p.hf in gen and p.range),
     ]
     if not isinstance(gen["do_sample"], bool):
         checks.append(f"do_sample must be true or false, got {gen['do_sample']!r}")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from aotlm.core import sampler_params
 from aotlm.core.compile_cache import DEFAULT_DIR, CompileCounter
 from aotlm.jobs import batch, plan
 from aotlm.jobs.model_refs import load_tokenizer, resolve
@@ -120,7 +121,7 @@ def _py(v):
     return v
 
 
-INT_FIELDS = {"max_new_tokens", "min_new_tokens", "top_k", "no_repeat_ngram_size", "seed"}
+INT_FIELDS = {"max_new_tokens"} | {p.hf for p in sampler_params.TABLE if p.hf and p.integer}
 
 
 def _missing(v) -> bool:

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from aotlm.core import sampler_params
 from aotlm.core.sampling import TOP_LOGPROBS_MAX as MAX_LOGPROBS  # per token (OpenAI's limit too)
 from aotlm.serve import structured
 from aotlm.serve.chat import ChatError, validate_messages
@@ -98,16 +99,35 @@ def get_int(body: dict, name: str, default: int | None, lo: int | None = None, h
     return v
 
 
-def get_float(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+def get_float(
+    body: dict, name: str, default: float, lo: float, hi: float | None, lo_open: bool = False
+) -> float:
     v = body.get(name)
     if v is None:
         return default
     if not (isinstance(v, int | float) and not isinstance(v, bool)) or math.isnan(v):
         raise bad(f"'{name}' must be a number, got {v!r}", name)
-    if v < lo or v > hi or (lo_open and v == lo):
-        rng = f"in ({lo:g}, {hi:g}]" if lo_open else f"between {lo:g} and {hi:g}"
+    if v < lo or (hi is not None and v > hi) or (lo_open and v == lo):
+        if hi is None:
+            rng = f"{'>' if lo_open else '>='} {lo:g}"
+        else:
+            rng = f"in ({lo:g}, {hi:g}]" if lo_open else f"between {lo:g} and {hi:g}"
         raise bad(f"'{name}' must be {rng}, got {v}", name)
     return float(v)
+
+
+def _sampling(body: dict) -> dict:
+    """The request's sampling settings (``sampler_params.TABLE``'s OpenAI names; absent: default)."""
+    out = {}
+    for name, p in sampler_params.BY_OPENAI.items():
+        r = p.http_range or p.range
+        if not p.integer:
+            out[name] = get_float(body, name, p.default, r.lo, r.hi, r.lo_open)
+        elif name == "top_k":  # vLLM's -1 is "off", like 0
+            out[name] = max(get_int(body, name, p.default, -1, r.hi), 0)
+        else:
+            out[name] = get_int(body, name, p.default, r.lo, r.hi)
+    return out
 
 
 def get_bool(body: dict, name: str, default: bool) -> bool:
@@ -180,16 +200,8 @@ def _common(
         if not stream:
             raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
     include_usage = get_bool(options or {}, "include_usage", False)
-    top_k = get_int(body, "top_k", 0, -1)
     params = SamplingParams(
-        temperature=get_float(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=get_float(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        top_k=max(top_k, 0),  # vLLM's -1 is "off", like 0
-        min_p=get_float(body, "min_p", 0.0, 0.0, 1.0),
-        repetition_penalty=get_float(body, "repetition_penalty", 1.0, 0.0, 10.0, lo_open=True),
-        presence_penalty=get_float(body, "presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=get_float(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        seed=get_int(body, "seed", None, -(2**63), 2**63 - 1),
+        **_sampling(body),
         stop_token_ids=_stop_token_ids(body),
         ignore_eos=get_bool(body, "ignore_eos", False),
         logprobs=logprobs,

@@ -13,23 +13,14 @@ from __future__ import annotations
 import logging
 import os
 
+from aotlm.core import sampler_params
 from aotlm.text.tokens import generation_defaults
 
 log = logging.getLogger("aotlm")
 
 # transformers' defaults for the fields aotlm's sampler implements (GenerationConfig())
-HF_DEFAULTS = {
-    "do_sample": False,
-    "temperature": 1.0,
-    "top_k": 50,
-    "top_p": 1.0,
-    "min_p": None,
-    "repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
-    "min_new_tokens": None,
-    "min_length": 0,
-}
-WARPERS = ("temperature", "top_k", "top_p", "min_p")
+HF_DEFAULTS = sampler_params.HF_DEFAULTS
+WARPERS = sampler_params.WARPERS
 LENGTH_KEYS = ("max_new_tokens", "max_length")
 # fields a generation_config.json may hold that do not change what aotlm generates
 _INERT = {

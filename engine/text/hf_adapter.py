@@ -23,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
-_ALLOWED_DEFAULTS = {  # generation arguments aotlm does not implement: only their no-op values pass
+from aotlm.core import sampler_params
+
+_NO_OPS = {  # transformers' generation arguments with their no-op values
     "num_beam_groups": (1, None),
     "penalty_alpha": (None,),
     "constraints": (None,),
@@ -45,7 +47,10 @@ _ALLOWED_DEFAULTS = {  # generation arguments aotlm does not implement: only the
     "prompt_lookup_num_tokens": (None,),
     "assistant_model": (None,),
 }
-_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "no_repeat_ngram_size")
+# the arguments aotlm does not implement (not in the sampler's table): only their no-op values pass
+_ALLOWED_DEFAULTS = {k: v for k, v in _NO_OPS.items() if k not in sampler_params.BY_HF}
+# the sampler's per-row settings the adapter passes on when sampling
+_SAMPLING = tuple(p.hf for p in sampler_params.ROW if p.hf and p.name not in ("do_sample", "seed"))
 # what the adapter applies (the rest of transformers' GenerationConfig must keep its default)
 SUPPORTED = (
     "max_length",
