@@ -1,4 +1,4 @@
-"""Render the README "Supported models" table with status columns taken from the test results.
+"""Render models/README.md's "Supported families" table with status columns taken from the test results.
 
     python scripts/models_table.py                        # run the conformance tests, then print the table
     python scripts/models_table.py --junit-out r.xml      # ... and keep their junit xml

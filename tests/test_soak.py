@@ -1,7 +1,7 @@
 """The short soak: ``scripts/soak_serve.py`` against a real ``aotlm serve`` subprocess (a tiny
 random GPT-2, 2 slots, 6 clients for 10 s of greedy, abandoned, timed-out and malformed requests).
 It fails unless no request got a 5xx, no slot leaked, nothing compiled after start, RSS stayed
-flat and the completed requests replayed alone give the same text (the full soak: README)."""
+flat and the completed requests replayed alone give the same text (the full soak: engine/serve/README.md)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Matchers belong to requests, never to batch rows (rows move). When the grammar i
 only the eos ids stay allowed, so a constrained row ends with eos (or at its length limit).
 
 llguidance rather than xgrammar: its wheel has no dependencies (xgrammar's declares torch and
-triton), it computes a mask in microseconds without a per-vocabulary precompile (README,
+triton), it computes a mask in microseconds without a per-vocabulary precompile (engine/serve/README.md,
 "Structured outputs", has the measurements) and it reads the HF fast tokenizers the project
 already builds.
 """

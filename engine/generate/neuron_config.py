@@ -91,7 +91,7 @@ class NeuronConfig:
             if gqa is GQA.ALL_GATHER_HEADS:
                 raise ValueError(
                     "GQA.ALL_GATHER_HEADS is not implemented in aotlm; use GQA.SHARD_OVER_HEADS, "
-                    "GQA.SHARD_OVER_BATCH or GQA.REPLICATED_HEADS (README: tensor parallelism)"
+                    "GQA.SHARD_OVER_BATCH or GQA.REPLICATED_HEADS (engine/core/README.md: tensor parallelism)"
                 )
         gen = fields.get("on_device_generation")
         if gen is not None and not isinstance(gen, GenerationConfig):
