@@ -84,7 +84,7 @@ def test_adapter_batch_rule(adapter):
         adapter.generate(ids, max_new_tokens=2, num_beams=2, num_return_sequences=2)
     with pytest.raises(ValueError, match="compiled batch"):
         adapter.generate(ids[:2], max_new_tokens=2, do_sample=True, num_return_sequences=3)
-    with pytest.raises(ValueError, match="typical_p=0.5 is not supported.*supported: max_length"):
-        adapter.generate(ids, max_new_tokens=2, typical_p=0.5)
+    with pytest.raises(ValueError, match="epsilon_cutoff=0.1 is not supported.*supported: max_length"):
+        adapter.generate(ids, max_new_tokens=2, epsilon_cutoff=0.1)
     with pytest.raises(TypeError, match="unsupported arguments \\['bogus'\\]; supported: "):
         adapter.generate(ids, max_new_tokens=2, bogus=1)

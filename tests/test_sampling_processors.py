@@ -40,6 +40,8 @@ def hf_processed(row: dict, history: np.ndarray, scores: np.ndarray) -> np.ndarr
             procs.append(lp.TopPLogitsWarper(row["top_p"]))
         if row.get("min_p", 0.0):
             procs.append(lp.MinPLogitsWarper(row["min_p"]))
+        if row.get("typical_p", 1.0) < 1.0:
+            procs.append(lp.TypicalLogitsWarper(row["typical_p"]))
     ids = torch.tensor(history[None], dtype=torch.long)
     s = torch.tensor(scores[None], dtype=torch.float32)
     for p in procs:
@@ -80,6 +82,10 @@ CASES = [
     {"ngram": 1},
     {"ngram": 3, "repetition_penalty": 1.3, "temperature": 0.8, "top_k": 10, "top_p": 0.9, "min_p": 0.05},
     {"do_sample": False, "repetition_penalty": 1.2, "ngram": 2},
+    {"typical_p": 0.5},
+    {"typical_p": 0.95, "temperature": 1.3},
+    {"typical_p": 0.2, "top_k": 30, "top_p": 0.9, "min_p": 0.02},
+    {"do_sample": False, "typical_p": 0.3},  # greedy: warpers off
 ]
 
 
@@ -138,6 +144,8 @@ def chi2_critical(df: int, z: float = 3.29) -> float:
         {"top_p": 0.7},
         {"min_p": 0.2},
         {"top_k": 6, "top_p": 0.8, "min_p": 0.1},
+        {"typical_p": 0.6},
+        {"typical_p": 0.8, "top_p": 0.9},
     ],
 )
 def test_draws_follow_the_processed_distribution(row):

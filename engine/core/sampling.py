@@ -6,12 +6,14 @@ per-row arrays (``params``: a ``RowParams``, one array per "row" entry of
 mixes greedy and sampled rows. The only static numbers are the array widths below.
 
 Order (as ``generate``): repetition penalty, no-repeat-ngram, then for sampled rows
-temperature, top-k, top-p, min-p. Greedy rows take the argmax of the penalized scores.
+temperature, top-k, top-p, min-p, typical. Greedy rows take the argmax of the penalized scores.
 
 Sampling never sorts the vocabulary (a 50k sort costs ~16 ms per row on XLA:CPU):
 
 * top-k and min-p are value thresholds (the k-th largest value comes from ``lax.top_k``
-  with a small static width; larger k bisect on counts);
+  with a small static width; larger k bisect on counts); typical-p too (a bisection on how
+  close each token's surprise is to the entropy, over what top-p leaves: only when some row
+  uses it);
 * top-p is exact **rejection sampling**: draw a token from the candidates with one uniform
   (inverse CDF over vocabulary blocks); accept it when the probability mass ranked above it
   is below ``top_p`` (ranked by value; among equal values the lower index ranks higher, as a
@@ -148,7 +150,28 @@ def warp(scores, params):
     m = jnp.max(jnp.where(keep_k, t, NEG), -1, keepdims=True)
     p_min = params.min_p
     log_min = jnp.log(jnp.where(p_min > 0, p_min, 1.0))[:, None]
-    return t, keep_k, (p_min <= 0)[:, None] | (t - m >= log_min)
+    keep_m = (p_min <= 0)[:, None] | (t - m >= log_min)
+    use_typ = sampled_rows(params) & (params.typical_p < 1.0)
+
+    def typical():  # after top-p: its entropy is that of what top-k, top-p and min-p leave
+        q = jnp.where(keep_k, jnp.exp(t - m), 0.0)
+        use_p = params.top_p < 1.0
+        keep_p = ~use_p[:, None] | top_p_mask(t, q, params.top_p * jnp.sum(q, -1))
+        return keep_m & (~use_typ[:, None] | typical_mask(t, keep_k & keep_p & keep_m, params.typical_p))
+
+    return t, keep_k, lax.cond(jnp.any(use_typ), typical, lambda: keep_m)
+
+
+def typical_mask(t, keep, mass):
+    """transformers' TypicalLogitsWarper without a sort: of the tokens ``keep [B,V]`` leaves, those
+    whose surprise ``-log p`` is closest to the entropy, fewest first, until they hold ``mass [B]``
+    of the probability (the boundary's ties all stay, as in transformers)."""
+    logq = jax.nn.log_softmax(jnp.where(keep, t, NEG), -1)
+    q = jnp.where(keep, jnp.exp(logq), 0.0)
+    ent = -jnp.sum(jnp.where(keep, q * logq, 0.0), -1, keepdims=True)
+    closeness = jnp.where(keep, -jnp.abs(-logq - ent), NEG)  # larger is more typical
+    x = bisect_largest(closeness, lambda m: jnp.sum(jnp.where(m, q, 0.0), -1), mass)
+    return keep & (closeness >= x[:, None])
 
 
 def mass_above(q, t, c):
