@@ -4,7 +4,7 @@
 ``aotlm.GenerationConfig``: ``on_device_generation=`` sets a model's ``sample()`` defaults).
 """
 
-from aotlm.generate.neuron_config import GQA, NeuronConfig
+from aotlm.api.neuron_config import GQA, NeuronConfig
 from aotlm.generate.params import GenerationConfig
 from aotlm.models.quant import QuantizationConfig
 

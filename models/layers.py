@@ -149,7 +149,7 @@ def write_at(buf, x, write_idx, axis: int):
     """Write ``x [B,...]`` into ``buf`` at index ``write_idx`` of ``axis``.
 
     ``write_idx`` is a scalar (every row at the same slot: batched prompts) or ``[B]`` (each
-    row at its own slot: the serving slots of ``aotlm.generate.slots``). Per-row writes of one
+    row at its own slot: the serving slots of ``aotlm.batching.slots``). Per-row writes of one
     token are one scatter per buffer, which XLA does in place (a 16-row SmolLM2-135M step: 60
     scatters, ~0.6 ms, where one ``dynamic_update_slice`` per row took 960 ops, ~1.6 ms); longer
     per-row writes one ``dynamic_update_slice`` per row. A one-hot select would rewrite the cache.

@@ -3,7 +3,7 @@ JSON-schema constraint on every request (``python scripts/bench_serve.py --struc
 
     python scripts/bench_structured.py [--checkpoint DIR] [--rounds 3] [--max-tokens 128]
 
-In-process (no HTTP, so the difference is the mask work): ``aotlm.serve.engine.Engine`` over a
+In-process (no HTTP, so the difference is the mask work): ``aotlm.batching.engine.Engine`` over a
 random-init GPT-2-small (50257 tokens; bench_serve's byte-level BPE, loaded as an HF fast
 tokenizer) with 8 slots, ``--rounds`` waves of 8 concurrent greedy requests (32-token prompts,
 ``--max-tokens`` each, ``ignore_eos``), free and constrained runs alternated ``--repeats`` times
@@ -64,7 +64,7 @@ def checkpoint(args) -> Path:
 
 def run_load(engine, prompts, args, make) -> tuple[float, int]:
     """Wall seconds and output tokens of ``--rounds`` waves of ``--slots`` concurrent requests."""
-    from aotlm.serve.types import SamplingParams, Token
+    from aotlm.batching.types import SamplingParams, Token
 
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     t0, n = time.perf_counter(), 0
@@ -76,9 +76,9 @@ def run_load(engine, prompts, args, make) -> tuple[float, int]:
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    from aotlm.generate.causal_lm import AutoModelForSampling
+    from aotlm.api.causal_lm import AutoModelForSampling
+    from aotlm.batching.engine import Engine
     from aotlm.generate.constraints import Constraint, Grammars
-    from aotlm.serve.engine import Engine
     from aotlm.text.tokens import load_tokenizer
     from aotlm.tiny import cpu_model
 

@@ -7,9 +7,10 @@
 Status columns come from pytest's junit xml: every test id is mapped to a ``model_type`` (the
 longest supported model_type that prefixes the test function's name after ``test_``, else its
 parameter id, else ``OVERRIDES``); tests that name no family (registry, errors...) are counted in
-a footnote only. "fp32 conformance" = tests/test_models_a.py, test_models_b.py, test_core.py
-(aotlm vs transformers PyTorch fp32: last-position logits <= 1e-4, identical greedy tokens);
-"tp=2" = tests/test_tp_families.py (tp=2 on 2 forced CPU devices vs tp=1). A column says
+a footnote only. "fp32 conformance" = tests/families/test_conformance_gpt_style.py,
+test_conformance_llama_style.py and tests/core/test_model.py (aotlm vs transformers PyTorch fp32:
+last-position logits <= 1e-4, identical greedy tokens);
+"tp=2" = tests/families/test_conformance_tp.py (tp=2 on 2 forced CPU devices vs tp=1). A column says
 ``pass (n)`` only when all n tests of that family passed. The other columns are static (``STATIC``).
 """
 
@@ -24,8 +25,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFORMANCE_FILES = ("tests/test_models_a.py", "tests/test_models_b.py", "tests/test_core.py")
-TP_FILES = ("tests/test_tp_families.py",)
+CONFORMANCE_FILES = (
+    "tests/families/test_conformance_gpt_style.py",
+    "tests/families/test_conformance_llama_style.py",
+    "tests/core/test_model.py",
+)
+TP_FILES = ("tests/families/test_conformance_tp.py",)
 COLUMNS = {"fp32 conformance": CONFORMANCE_FILES, "tp=2": TP_FILES}
 
 # model_type -> (example public checkpoints, attention, positions, MoE, notes); row order = table order

@@ -8,7 +8,7 @@ import pytest
 
 # The suite compiles hundreds of tiny graphs, where LLVM's optimizations cost more compile time
 # than they save at run time: -O0 in XLA's CPU backend (the HLO passes still run) made
-# test_compile_cache + test_core 21% faster (175 -> 138 s). Subprocess workers that set their own
+# test_compile_cache + test_model (core) 21% faster (175 -> 138 s). Subprocess workers that set their own
 # XLA_FLAGS append AOTLM_TEST_XLA_FLAGS.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 os.environ.setdefault("AOTLM_TEST_XLA_FLAGS", TEST_XLA_FLAGS)

@@ -1,10 +1,14 @@
 """The package's house rules, checked on the source (``ast``, nothing imported or executed).
 
 Layers, lowest first: the top-level utilities (``progress``, ``durable``, ``tiny``), ``kernels``,
-``models``, ``core``, ``generate``, ``text`` / ``tune``, ``jobs`` / ``serve`` / ``eval``, ``cli``, and
+``models``, ``core``, ``generate``, ``batching``, ``api``, ``text`` / ``tune``, ``jobs`` / ``serve``
+/ ``eval``, ``cli``, and
 the public ``aotlm`` namespace (``__init__``) above everything. A module may import its own layer or
 lower ones, never a higher one; the module graph has no circles; a function-local import says
 why on its line (an optional or slow dependency kept out of ``import aotlm``).
+
+Tests mirror the rooms: ``tests/<room>/test_<module>.py`` (or ``test_<module>_<topic>.py``) where a
+module has tests of its own, else an entry of ``COVERED`` naming the file that covers it and how.
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ LAYERS = {  # package (or top-level module) -> rank
     "aotlm.models": 2,
     "aotlm.core": 3,
     "aotlm.generate": 4,
-    "aotlm.text": 5,
-    "aotlm.tune": 5,
-    "aotlm.jobs": 6,
-    "aotlm.serve": 6,
-    "aotlm.eval": 6,
-    "aotlm.cli": 7,
-    "aotlm": 8,
+    "aotlm.batching": 5,
+    "aotlm.api": 6,
+    "aotlm.text": 7,
+    "aotlm.tune": 7,
+    "aotlm.jobs": 8,
+    "aotlm.serve": 8,
+    "aotlm.eval": 8,
+    "aotlm.cli": 9,
+    "aotlm": 10,
 }
 
 
@@ -259,7 +265,7 @@ def test_file_sizes_and_top_level():
 def test_no_test_module_imports_another_test_modules_private_names():
     """Shared test builders live in ``tests/support/`` / ``conftest.py``, not in test modules."""
     bad = []
-    for f in (REPO / "tests").glob("*.py"):
+    for f in (REPO / "tests").rglob("*.py"):
         for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
             if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("test_"):
                 bad += [f"{f.name}: {n.module}.{a.name}" for a in n.names if a.name.startswith("_")]
@@ -267,11 +273,19 @@ def test_no_test_module_imports_another_test_modules_private_names():
 
 
 def test_tests_folder_holds_tests_and_support_holds_the_rest():
-    """``tests/`` holds test modules (and ``conftest.py``); builders, fakes and subprocess workers live
-    in ``tests/support/``, which holds no test module."""
-    top = sorted(f.name for f in (REPO / "tests").glob("*.py") if f.name != "conftest.py")
-    assert [n for n in top if not n.startswith("test_")] == []
-    assert sorted(f.name for f in (REPO / "tests" / "support").glob("test_*.py")) == []
+    """``tests/`` holds ``conftest.py``, the tests of the top-level modules and of the repository
+    (docs, layout, quick start, scripts) and a folder per room (``tests/<room>/test_<module>.py``),
+    ``families/`` (every family's conformance, by topic) and ``support/`` (builders, fakes and
+    subprocess workers: no test module). No ``__init__.py``: pytest imports each test module by its
+    file name, so the names are unique across the tree."""
+    folders = sorted(p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    assert [f for f in folders if f not in TEST_FOLDERS] == []
+    tests = [f for f in TESTS.rglob("*.py") if f.relative_to(TESTS).parts[0] != "support"]
+    assert [str(f.relative_to(TESTS)) for f in tests if not f.name.startswith(("test_", "conftest"))] == []
+    assert [f.relative_to(TESTS).parts[0] for f in tests if f.name == "conftest.py"] == ["conftest.py"]
+    names = [f.name for f in tests]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    assert sorted(f.name for f in (TESTS / "support").glob("test_*.py")) == []
 
 
 def test_no_function_over_80_lines_in_engine_or_models():
@@ -283,3 +297,155 @@ def test_every_public_name_resolves():
     import aotlm  # local: the other checks here read the source without importing anything
 
     assert [n for n in aotlm.__all__ if getattr(aotlm, n, None) is None] == []
+
+
+# ---------------------------------------------------------------- tests mirror the rooms
+
+TESTS = REPO / "tests"
+# folders of tests/: a room each (aotlm's subpackages; ``models`` and its ``checkpoint``), the families'
+# conformance by topic, and the shared builders, fakes and subprocess workers
+TEST_FOLDERS = {p.parent.name for p in (REPO / "engine").glob("*/__init__.py")} | {
+    "models",
+    "checkpoint",
+    "families",
+    "support",
+}
+
+# Modules without a test file of their own: the file that covers each, and how (what it runs).
+COVERED = {
+    "aotlm.api.extensions": "tests/generate/test_beam.py: beam search, num_return_sequences via sample()",
+    "aotlm.api.families": "tests/api/test_neuron_config.py: test_family_class_checks_the_checkpoint",
+    "aotlm.batching.rows": "tests/batching/test_slots.py: test_prefix_reuse_gives_the_same_tokens",
+    "aotlm.batching.slot_graphs": "tests/batching/test_slots.py: warm-up runs every graph_keys() graph",
+    "aotlm.batching.types": "tests/batching/test_engine.py: requests, tokens, finishes, errors",
+    "aotlm.cli.batch": "tests/jobs/test_batch.py: aotlm run --artifacts after compile",
+    "aotlm.cli.common": "tests/cli/test_app_commands.py: the model flags every command shares",
+    "aotlm.cli.h5": "tests/jobs/test_batch.py: aotlm run-h5 in subprocesses (the test_h5_* tests)",
+    "aotlm.cli.jsonl": "tests/jobs/test_batch.py: aotlm batch-generate / batch-merge in subprocesses",
+    "aotlm.cli.score": "tests/text/test_scoring_requests.py: test_score_cli, test_score_cli_errors",
+    "aotlm.cli.serve": "tests/serve/test_app.py: test_cli_serve_starts_answers_and_exits_0_on_sigterm",
+    "aotlm.cli.tune": "tests/tune/test_optimise.py: aotlm tune's bad inputs, bucket config and plot",
+    "aotlm.config": "tests/api/test_neuron_config.py: transformers-neuronx's config names (GenerationConfig)",
+    "aotlm.core.artifacts": "tests/jobs/test_batch.py: compile --output-artifacts then run",
+    "aotlm.core.bucket_config": "tests/tune/test_optimise.py: test_bucket_config_round_trip",
+    "aotlm.core.contract": "tests/core/test_model.py: GraphHost, CompiledModel's side of every sample()",
+    "aotlm.core.distributed": "tests/core/test_sharding.py: test_two_processes_form_one_tp4_mesh",
+    "aotlm.core.graphs": "tests/core/test_model.py: prefill / select / decode graphs against transformers",
+    "aotlm.core.handoff": "tests/api/test_pipelined.py: stage outputs across devices and processes",
+    "aotlm.core.inputs": "tests/api/test_causal_lm_errors.py: test_bad_sample_inputs",
+    "aotlm.core.pipeline": "tests/api/test_pipelined.py: stages on their own devices give one stage's tokens",
+    "aotlm.core.spec": "tests/core/test_compile_cache.py: changed buckets / amp recompile only theirs",
+    "aotlm.core.state": "tests/core/test_model.py: the decode graphs' state, through every sample() there",
+    "aotlm.durable": "tests/jobs/test_batch.py: kill + --resume completes outputs with each record once",
+    "aotlm.generate.broadcast": "tests/generate/test_beam.py: num_return_sequences: one prefill a prompt",
+    "aotlm.generate.generation": "tests/generate/test_sampler.py: sample(): seeds, stops, streamers, scores",
+    "aotlm.generate.params": "tests/text/test_defaults.py: generation_config.json's FIELDS",
+    "aotlm.generate.pp_run": "tests/api/test_pipelined.py: sample() on a pipelined model (tokens, streaming)",
+    "aotlm.generate.rows": "tests/jobs/test_batch.py: prompts of any length in fixed batches, order kept",
+    "aotlm.generate.spec_graphs": "tests/generate/test_speculative.py: greedy equals the target's greedy",
+    "aotlm.generate.stopping": "tests/generate/test_sampler.py: test_streamers_and_stopping_criteria",
+    "aotlm.generate.strategies": "tests/generate/test_speculative.py: a draft attached via model.strategies",
+    "aotlm.jobs.artifact_run": "tests/jobs/test_batch.py: test_compile_artifacts_then_run_compiles_nothing",
+    "aotlm.jobs.dryrun": "tests/jobs/test_batch.py: test_dry_run_plan_sees_the_compile_cache",
+    "aotlm.jobs.h5": "tests/jobs/test_batch.py: the test_h5_* tests (predictions, stops, resume, shards)",
+    "aotlm.jobs.model_refs": "tests/jobs/test_batch.py: pre-flight finds checkpoints, loads nothing",
+    "aotlm.jobs.plan": "tests/jobs/test_batch.py: test_preflight_errors_name_the_line_and_load_nothing",
+    "aotlm.jobs.ray_jobs": "tests/jobs/test_ray_data.py: --ray for batch-generate and run-h5 on a local Ray",
+    "aotlm.jobs.score": "tests/text/test_scoring_requests.py: test_score_cli (aotlm score's JSONL records)",
+    "aotlm.kernels.argmax": "tests/kernels/test_kernels.py: test_argmax_kernel_matches_jnp_argmax",
+    "aotlm.kernels.build": "tests/kernels/test_kernels.py: test_build_hash_covers_every_included_source",
+    "aotlm.kernels.context": "tests/kernels/test_kernels.py: tp=2 shards in kernels_tp_child.py",
+    "aotlm.kernels.layout": "tests/kernels/test_kernels.py: test_packed_kernel_matches_numpy (panel layout)",
+    "aotlm.models.arch": "tests/families/test_conformance_llama_style.py: every ArchConfig vs transformers",
+    "aotlm.models.axes": "tests/models/test_quant.py: int8 scales along CONTRACT_AXES, per output channel",
+    "aotlm.models.bloom": "tests/families/test_conformance_gpt_style.py: BLOOM variants against transformers",
+    "aotlm.models.checkpoint.gguf_file": "tests/checkpoint/test_gguf_notorch.py: inspect() of tiny GGUFs",
+    "aotlm.models.checkpoint.gguf_meta": "tests/checkpoint/test_gguf_notorch.py: no torch, same config",
+    "aotlm.models.checkpoint.gguf_names": "tests/checkpoint/test_gguf.py: renamed tensors vs HF's",
+    "aotlm.models.checkpoint.gguf_weights": "tests/checkpoint/test_streaming_load.py: a GGUF read in place",
+    "aotlm.models.checkpoint.resolve": "tests/text/test_pipeline.py: resolution of run dirs and variables",
+    "aotlm.models.decoder": "tests/families/test_conformance_gpt_style.py: every family's decoder vs HF",
+    "aotlm.models.falcon": "tests/families/test_conformance_gpt_style.py: Falcon variants vs transformers",
+    "aotlm.models.gemma": "tests/families/test_conformance_llama_style.py: Gemma / Gemma2 vs transformers",
+    "aotlm.models.gpt2": "tests/core/test_model.py: test_gpt2_conformance",
+    "aotlm.models.gpt_bigcode": "tests/families/test_conformance_gpt_style.py: GPTBigCode vs transformers",
+    "aotlm.models.gpt_neox": "tests/families/test_conformance_gpt_style.py: GPT-NeoX against transformers",
+    "aotlm.models.gptj": "tests/families/test_conformance_gpt_style.py: GPT-J against transformers",
+    "aotlm.models.layers": "tests/models/test_flash_long_context.py: blocked attention equals layers.attend",
+    "aotlm.models.llama": "tests/core/test_model.py: test_llama_gqa_conformance, llama3 rope_scaling",
+    "aotlm.models.mixtral": "tests/families/test_conformance_llama_style.py: Mixtral against transformers",
+    "aotlm.models.moe": "tests/families/test_conformance_llama_style.py: Mixtral's top-2 experts vs HF",
+    "aotlm.models.mpt": "tests/families/test_conformance_gpt_style.py: MPT (ALiBi slopes, clip_qkv) vs HF",
+    "aotlm.models.opt": "tests/families/test_conformance_gpt_style.py: OPT (pre- and post-norm) vs HF",
+    "aotlm.models.packing": "tests/kernels/test_kernels.py: packed weights against NumPy products, pack_if",
+    "aotlm.models.phi3": "tests/families/test_conformance_llama_style.py: Phi-3 against transformers",
+    "aotlm.models.quant4": "tests/kernels/test_q4.py: quantize_int4, the packed layout, names",
+    "aotlm.models.qwen": "tests/families/test_conformance_llama_style.py: Qwen2 / Qwen3 against transformers",
+    "aotlm.models.weights": "tests/checkpoint/test_formats.py: safetensors shards and .bin load alike",
+    "aotlm.progress": "tests/cli/test_text.py: --quiet gives no bars and no logs",
+    "aotlm.serve.chat": "tests/serve/test_app.py: test_chat_fallback_template_and_no_model_field",
+    "aotlm.serve.detok": "tests/serve/test_app.py: test_stop_string_text_is_held_back_then_cut (ChoiceText)",
+    "aotlm.serve.engine": "tests/batching/test_engine.py: re-exports aotlm.batching.engine (its former path)",
+    "aotlm.serve.handlers": "tests/serve/test_app.py: completions and chat, streamed or not",
+    "aotlm.serve.metrics": "tests/serve/test_app.py: test_metrics_and_health",
+    "aotlm.serve.protocol": "tests/serve/test_app.py: test_bad_requests_get_the_openai_error_shape",
+    "aotlm.serve.responses": "tests/serve/test_app.py: response shapes, SSE framing, logprobs",
+    "aotlm.speculation": "tests/api/test_tnx_guide.py: test_12_speculative_equals_target_greedy",
+    "aotlm.stopping_criteria": "tests/api/test_tnx_guide.py: test_11_time_limit_stops_the_loop",
+    "aotlm.text.tokens": "tests/text/test_pipeline.py: test_incremental_decoder_never_splits_characters",
+    "aotlm.tiny": "tests/cli/test_app_commands.py: make_tiny_gpt2, the checkpoint the commands compile",
+    "aotlm.tune.lengths": "tests/tune/test_optimise.py: test_length_loaders",
+    "aotlm.tune.measure": "tests/tune/test_optimise.py: test_measure_fits_a_usable_cost_model",
+}
+
+
+def room_of(module: str) -> str:
+    """The ``tests/`` folder of a module's tests: its subpackage of ``aotlm`` (``aotlm.core.state`` ->
+    ``core``), ``models`` / ``checkpoint`` for ``aotlm.models`` (``.checkpoint``), ``""`` (``tests/``
+    itself) for a top-level module."""
+    parts = module.split(".")[1:-1]
+    return "checkpoint" if parts[:2] == ["models", "checkpoint"] else (parts[0] if parts else "")
+
+
+def own_test_files(module: str) -> list[Path]:
+    """``tests/<room>/test_<module>.py`` and ``tests/<room>/test_<module>_<topic>.py``."""
+    folder, name = TESTS / room_of(module), module.rpartition(".")[2]
+    return sorted({*folder.glob(f"test_{name}.py"), *folder.glob(f"test_{name}_*.py")})
+
+
+def leaf_modules() -> list[str]:
+    """Every module of ``aotlm`` / ``aotlm.models`` but the packages' ``__init__`` and ``__main__``."""
+    return sorted(m for m, p in modules().items() if p.stem not in ("__init__", "__main__"))
+
+
+def test_every_module_has_its_test_file_or_says_which_file_covers_it():
+    mods = leaf_modules()
+    assert len(mods) > 60 and room_of("aotlm.models.checkpoint.gguf") == "checkpoint"
+    assert [m for m in mods if not own_test_files(m) and m not in COVERED] == []
+    assert [m for m in COVERED if m not in mods] == []  # no entry for a module renamed or removed
+    assert [m for m in COVERED if own_test_files(m)] == []  # nor for one that has its own file now
+    bad = {m: why for m, why in COVERED.items() if not why.partition(": ")[2]}
+    bad |= {m: why for m, why in COVERED.items() if not (REPO / why.partition(":")[0]).is_file()}
+    assert bad == {}
+
+
+def test_room_of_and_own_test_files(tmp_path, monkeypatch):
+    assert [room_of(m) for m in ("aotlm.core.state", "aotlm.models.decoder", "aotlm.config")] == [
+        "core",
+        "models",
+        "",
+    ]
+    monkeypatch.setitem(globals(), "TESTS", tmp_path)
+    (tmp_path / "core").mkdir()
+    for f in (
+        "core/test_model.py",
+        "core/test_model_compile_count.py",
+        "core/test_models.py",
+        "test_model.py",
+    ):
+        (tmp_path / f).write_text("")
+    assert own_test_files("aotlm.core.model") == [
+        tmp_path / "core" / "test_model.py",
+        tmp_path / "core" / "test_model_compile_count.py",
+    ]
+    assert own_test_files("aotlm.core.state") == []

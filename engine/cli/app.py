@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.cli import batch, chat, h5, jsonl, score, serve, text, tune
 from aotlm.cli.common import (
     _days,
@@ -31,7 +32,6 @@ from aotlm.cli.common import (
 )
 from aotlm.core.compile_cache import CompileCache
 from aotlm.core.memory import check_fits, format_plan, plan_for_checkpoint
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.jobs.artifact_run import save_artifacts
 from aotlm.models.checkpoint import CheckpointError, named
 from aotlm.tiny import make_tiny_gpt2

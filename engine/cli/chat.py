@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 
 from aotlm import progress
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.cli.common import (
     add_model_args,
     add_sampling_args,
@@ -31,7 +32,6 @@ from aotlm.cli.common import (
     setup_logging,
 )
 from aotlm.cli.text import needed_graphs
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
 from aotlm.serve.chat import render
 from aotlm.text import tokens as text

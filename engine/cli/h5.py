@@ -7,10 +7,10 @@ import sys
 import time
 from pathlib import Path
 
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.cli.common import int_list, setup_logging, shard_arg
 from aotlm.cli.jsonl import add_ray_args, check_ray_args
 from aotlm.core.memory import check_fits, format_plan, plan_for_checkpoint
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.jobs import h5 as h5job
 from aotlm.jobs import ray_jobs
 from aotlm.jobs.model_refs import resolve

@@ -11,8 +11,8 @@ import math
 import os
 import time
 
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.cli.common import add_job_args, add_model_args, model_kwargs, setup_logging, table
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.jobs import score as job
 from aotlm.jobs.batch import done_keys, is_done
 from aotlm.jobs.dryrun import model_graph_status

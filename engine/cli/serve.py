@@ -29,10 +29,10 @@ import socket
 import sys
 from pathlib import Path
 
+from aotlm.api.causal_lm import AutoModelForSampling
+from aotlm.batching.engine import PREFIX_STORE_BYTES, Engine
 from aotlm.cli.common import add_model_args, model_kwargs, serve_kwargs, setup_logging
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.serve.app import create_app
-from aotlm.serve.engine import PREFIX_STORE_BYTES, Engine
 from aotlm.text.tokens import eos_ids, tokenizer_for
 
 SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")

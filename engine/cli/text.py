@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from aotlm import progress
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.cli.common import (
     add_model_args,
     add_sampling_args,
@@ -26,7 +27,6 @@ from aotlm.cli.common import (
     setup_logging,
 )
 from aotlm.core import buckets as bk
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.generate.constraints import Constraint, ConstraintError, from_response_format
 from aotlm.models.checkpoint.resolve import default_model, expand, validate_checkpoint
 from aotlm.text import tokens as text

@@ -3,7 +3,7 @@
 Every parameter declares its logical axes once (``aotlm.models.axes.LOGICAL_AXES``); this
 module only decides which logical axis goes on the ``"tp"`` mesh axis. XLA's SPMD
 partitioner then inserts the collectives implied by the shardings, so model code stays
-free of communication calls. Layout (checked in the compiled HLO by ``tests/test_tp.py``):
+free of communication calls. Layout (checked in the compiled HLO by ``tests/core/test_sharding.py``):
 
 * q/k/v and MLP up/gate column-parallel (``heads`` / ``kv_heads`` / ``mlp`` on ``tp``),
   attention output and MLP down row-parallel: one all-reduce after attention and one

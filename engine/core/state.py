@@ -1,5 +1,5 @@
 """Typed generation state: the pytrees the decode graphs (``graphs``) and the slot graphs
-(``aotlm.generate.slot_graphs``) carry from call to call.
+(``aotlm.batching.slot_graphs``) carry from call to call.
 
 Every field is traced: a device array donated to each graph call and replaced by its output,
 so no value ever compiles. What is static is each field's shape, fixed by the graph's

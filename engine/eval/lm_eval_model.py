@@ -33,8 +33,8 @@ from lm_eval.models.utils import normalize_gen_kwargs
 from lm_eval.utils import simple_parse_args_string
 
 from aotlm import progress
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.generate import rows
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.generate.params import SAMPLING_FIELDS
 from aotlm.jobs.model_refs import AMP_NAMES
 from aotlm.models.checkpoint.bundled import BUNDLED_MODELS

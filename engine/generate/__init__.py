@@ -1,9 +1,10 @@
-"""What happens per request on top of the compiled graphs.
+"""Offline decoding on top of the compiled graphs: what a ``sample()`` call does per request.
 
-``causal_lm.CausalLMForSampling`` (``sample()``; ``AutoModelForSampling`` and the family classes),
-generation parameters (``params``), the host side of the decode loop and its row state
-(``generation``, ``rows``), and the strategies that add graph kinds: beam search, speculative
-decoding (host and graph sides), context broadcasting (``extensions`` routes to them).
+Generation parameters (``params``), the host side of the decode loop and its row state
+(``generation``, ``sampler``, ``rows``, ``stopping``), grammar constraints (``constraints``), the
+pipeline-parallel loop (``pp_run``) and the strategies that add graph kinds: beam search,
+speculative decoding (host and graph sides), context broadcasting. The model classes users get
+from ``from_pretrained`` are ``aotlm.api``'s; continuous batching is ``aotlm.batching``'s.
 
 May import: ``aotlm.core`` and everything below it.
 """

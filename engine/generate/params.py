@@ -61,7 +61,7 @@ FIELDS = {f.name for f in dataclasses.fields(GenerationConfig)}
 
 SamplingParams = _derived(
     "SamplingParams",
-    """One serving request's settings, OpenAI-named (checked by ``aotlm.generate.slots.check``).
+    """One serving request's settings, OpenAI-named (checked by ``aotlm.batching.slots.check``).
 
     The sampling fields are ``sampler_params.TABLE``'s OpenAI names (``temperature``, ``top_p``,
     ``top_k``, ``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,

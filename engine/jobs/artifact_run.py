@@ -15,10 +15,10 @@ import json
 import os
 from pathlib import Path
 
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.core import artifacts
 from aotlm.core.spec import MODEL_KEYS
 from aotlm.durable import atomic_write_bytes
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.models import family_for
 from aotlm.models.checkpoint import load_hf_config
 

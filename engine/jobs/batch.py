@@ -16,9 +16,9 @@ import json
 import logging
 import os
 
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.durable import JsonlAppender, atomic_write_jsonl, read_jsonl, truncate_partial_line
 from aotlm.generate import rows
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.generate.constraints import Grammars
 from aotlm.jobs.model_refs import load_tokenizer
 from aotlm.jobs.plan import Group, Record

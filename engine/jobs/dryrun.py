@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.core.compile_cache import CompileCache, entry_key
 from aotlm.core.memory import GIB, plan_for_checkpoint
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.jobs.plan import Group
 
 IGNORED = ("param_tree",)

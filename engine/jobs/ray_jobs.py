@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.durable import JsonlAppender
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.jobs import batch, plan, ray_data
 from aotlm.jobs import h5 as h5job
 from aotlm.jobs.model_refs import load_tokenizer

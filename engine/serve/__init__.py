@@ -1,7 +1,8 @@
-"""Serving: a slot engine with continuous batching and an OpenAI-compatible HTTP front end.
+"""Serving over HTTP: an OpenAI-compatible front end to the continuous-batching engine
+(``aotlm.batching``).
 
-``engine`` (the scheduler thread over ``aotlm.generate.slots``), ``types`` (what a request
-sends and receives), and the HTTP layer (``app``, ``protocol``, ``chat``, ``detok``,
-``metrics``), which needs the ``[serve]`` extra. A front end: it may import ``generate``,
-``core``, ``text`` and lower layers; only ``cli`` imports it.
+The HTTP layer (``app``, ``handlers``, ``protocol``, ``chat``, ``responses``, ``detok``,
+``structured``, ``metrics``) needs the ``[serve]`` extra; ``engine`` only keeps the engine's old
+import path. A front end: it may import ``api``, ``batching``, ``generate``, ``core``, ``text`` and
+lower layers; only ``cli`` imports it.
 """

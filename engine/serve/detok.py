@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from aotlm.batching.types import Finish, Token
 from aotlm.core.graphs import FinishReason
-from aotlm.serve.types import Finish, Token
 from aotlm.text.tokens import IncrementalDecoder
 
 

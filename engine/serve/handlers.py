@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from aotlm.batching.types import EngineStopped, InvalidRequest, QueueFull, Request, SamplingParams, Token
 from aotlm.core.graphs import FinishReason
 from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Matcher
 from aotlm.serve import protocol
@@ -23,7 +24,6 @@ from aotlm.serve.detok import ChoiceText, Piece, TokenTexts, finish_reason
 from aotlm.serve.metrics import Metrics
 from aotlm.serve.protocol import APIError, Common
 from aotlm.serve.responses import CHAT, COMPLETION, Shapes, sse, usage
-from aotlm.serve.types import EngineStopped, InvalidRequest, QueueFull, Request, SamplingParams, Token
 
 log = logging.getLogger("aotlm.serve")
 

@@ -19,11 +19,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from aotlm.batching.types import SamplingParams
 from aotlm.core import sampler_params
 from aotlm.core.sampling import TOP_LOGPROBS_MAX as MAX_LOGPROBS  # per token (OpenAI's limit too)
 from aotlm.serve import structured
 from aotlm.serve.chat import ChatError, validate_messages
-from aotlm.serve.types import SamplingParams
 
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions

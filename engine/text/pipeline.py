@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aotlm import progress as progress_mod
-from aotlm.generate.causal_lm import AutoModelForSampling
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.generate.constraints import Constraint, Grammars
 from aotlm.generate.params import FIELDS
 from aotlm.generate.params import PER_ROW_FIELDS as PER_PROMPT

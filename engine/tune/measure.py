@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.core import sharding
 from aotlm.core.contract import GraphHost
 from aotlm.core.memory import GIB, plan_for_checkpoint
 from aotlm.generate import generation, params
-from aotlm.generate.causal_lm import AutoModelForSampling
 from aotlm.tune.lengths import LengthDist
 from aotlm.tune.optimise import CostModel
 

@@ -1,4 +1,4 @@
-"""Child of tests/test_kernels.py: kernel matmuls on 2 forced CPU devices, sharded like the params.
+"""Child of tests/kernels/test_kernels.py: kernel matmuls on 2 forced CPU devices, sharded like the params.
 
 Prints JSON ``{"devices": n, "cases": {name: [relative error, kernel call in compiled HLO]}}``.
 """

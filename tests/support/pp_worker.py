@@ -1,10 +1,10 @@
-"""Subprocess worker for tests/test_pp.py: pipeline parallelism on 8 forced CPU devices.
+"""Subprocess worker for tests/api/test_pipelined.py: pipeline parallelism on 8 forced CPU devices.
 
     python tests/support/pp_worker.py <job.json>          # every case on 8 forced CPU devices
     python tests/support/pp_worker.py <job.json> multi    # one process of a 2-process pipeline ($AOTLM_*)
 
 Runs every case against the one-stage model and writes the raw results (tokens, logits, bytes,
-compile counts, error messages) to ``job["out"]``; test_pp.py makes the assertions.
+compile counts, error messages) to ``job["out"]``; test_pipelined.py makes the assertions.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Subprocess worker for tests/test_tp.py (multi-device runs need XLA_FLAGS before jax import).
+"""Subprocess worker for tests/core/test_sharding.py (multi-device runs need XLA_FLAGS before jax import).
 
     python tests/support/tp_worker.py single <job.json>   # every tp / GQA case on 8 forced CPU devices
     python tests/support/tp_worker.py multi <job.json>    # one process of a multi-process tp mesh
 
 Writes a JSON result (tokens, logits, shard sizes, HLO collective counts, memory checks) to
-``job["out"]``; test_tp.py makes the assertions, so a failure shows the real numbers.
+``job["out"]``; test_sharding.py makes the assertions, so a failure shows the real numbers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Subprocess worker for tests/test_tp_families.py: every family at tp=1 and tp=2 on 2 forced CPU devices.
+"""Subprocess worker for tests/families/test_conformance_tp.py: every family at tp=1 and tp=2 on 2 forced
+CPU devices.
 
     python tests/support/tpf_worker.py <job.json>   # job: {"ckpt_dir", "out", "cases": [name, ...]}
 
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 TP = 2
-if __name__ == "__main__":  # before anything imports jax (test_models_a imports the engine)
+if __name__ == "__main__":  # before anything imports jax (test_conformance_gpt_style imports the engine)
     test_flags = os.environ.get("AOTLM_TEST_XLA_FLAGS", "")  # tests/conftest.py
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={TP} {test_flags}"
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -31,10 +32,10 @@ if __name__ == "__main__":  # before anything imports jax (test_models_a imports
 
 import transformers as T  # noqa: E402
 
-sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]  # support/, tests/
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "families")]
 
 from conformance import gemma3_config  # noqa: E402
-from test_models_a import FULL, PREFILL  # noqa: E402
+from test_conformance_gpt_style import FULL, PREFILL  # noqa: E402
 
 V = 101  # not a multiple of tp: exercises vocab padding
 SCALE = 2.0  # peaked logits: fewer near-ties, so a token flip means a real difference
@@ -42,8 +43,9 @@ N_POS, CTX, BATCH, NEW = 64, 16, 2, 12
 LENGTHS = (5, 11)  # left-padded prompt batch
 TINY = dict(vocab_size=V, num_hidden_layers=2, max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
 
-# case name -> (model_type, config builder). test_models_a's builders are reused; the llama-like
-# families' configs mirror tests/test_models_b.py (whose configs live inside the test functions).
+# case name -> (model_type, config builder). test_conformance_gpt_style's builders are reused; the
+# llama-like families' configs mirror tests/families/test_conformance_llama_style.py (whose configs live
+# inside the test functions).
 CASES: dict[str, tuple[str, Callable[[], T.PretrainedConfig]]] = {
     "gpt2": ("gpt2", lambda: T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=V, n_positions=128)),
     "llama": (
@@ -212,7 +214,7 @@ def run_tp(path: Path, tp: int) -> dict:
 
 def run_case(name: str, ckpt_dir: Path) -> dict:
     import numpy as np
-    from test_models_a import make_checkpoint  # random biases / norm weights, not HF's 0 / 1
+    from test_conformance_gpt_style import make_checkpoint  # random biases / norm weights, not HF's 0 / 1
 
     model_type, build = CASES[name]
     res: dict = {"name": name, "model_type": model_type}

@@ -1,4 +1,4 @@
-"""Subprocess worker for tests/test_weight_options.py: int8 / fuse_qkv under tensor parallelism.
+"""Subprocess worker for tests/models/test_quant.py: int8 / fuse_qkv under tensor parallelism.
 
     python tests/support/wo_worker.py <job.json>
 

@@ -1,0 +1,323 @@
+"""Host side of continuous batching: a model's KV-cache rows as slots, one request each.
+
+``SlotBatch`` owns the device-resident serving state (``slot_graphs.state_spec``) and calls the
+slot graphs: ``prefill_step`` (one context-bucket chunk of a prompt into its row), ``insert``
+(the request's settings + its first token), ``decode`` (a few steps of every live row) and
+``read`` (what the host needs to stream tokens). It knows nothing of queues or threads: the
+scheduler (``aotlm.batching.engine``) decides who runs when. One SlotBatch per model, used from
+one thread; it holds the model's lock only inside each call, so the model's cache is its
+own between calls (``sample()`` on the same model object would overwrite the slots).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import numpy as np
+
+from aotlm.batching import slot_graphs
+from aotlm.core import buckets as bk
+from aotlm.core import graphs, inputs, sampler_params, sampling, sharding
+from aotlm.core.contract import GraphHost
+from aotlm.core.state import SlotState
+from aotlm.generate import constraints
+from aotlm.generate.generation import stop_array
+from aotlm.generate.params import SamplingParams
+
+
+def check(model: GraphHost, prompt_len: int, s: SamplingParams) -> list[tuple[str, str]]:
+    """Problems with a request as ``(field, message)`` pairs (empty: it can run)."""
+    bad: list[tuple[str, str]] = []
+    n = model.n_positions
+    if prompt_len < 1:
+        bad.append(("prompt", "the prompt is empty; give at least one token"))
+    if s.max_tokens < 1:
+        bad.append(("max_tokens", f"max_tokens must be >= 1, got {s.max_tokens}"))
+    elif prompt_len + s.max_tokens > n:
+        bad.append(("max_tokens" if prompt_len < n else "prompt",
+                    f"prompt ({prompt_len} tokens) + max_tokens ({s.max_tokens}) = "
+                    f"{prompt_len + s.max_tokens} exceeds the context of {n} tokens; shorten the prompt "
+                    "or lower max_tokens"))  # fmt: skip
+    bad += sampler_params.violations({k: getattr(s, k) for k in sampler_params.BY_OPENAI})
+    k = sampling.TOP_LOGPROBS_MAX
+    if s.logprobs is not None and not 0 <= s.logprobs <= k:
+        bad.append(("logprobs", f"logprobs must be in [0, {k}], got {s.logprobs}"))
+    if len(s.stop_token_ids) > graphs.MAX_STOPS:
+        bad.append(("stop", f"at most {graphs.MAX_STOPS} token stop sequences are supported"))
+    v = model.cfg.vocab_size
+    bad += _bias_problems(s.logit_bias, v)
+    for seq in s.stop_token_ids:
+        if not 0 < len(seq) <= graphs.MAX_STOP_LEN or not all(0 <= t < v for t in seq):
+            bad.append(("stop", f"token stop sequence {list(seq)} must hold 1..{graphs.MAX_STOP_LEN} ids "
+                                f"in [0, {v})"))  # fmt: skip
+    return bad
+
+
+def _bias_problems(bias: Sequence[tuple[int, float]], vocab: int) -> list[tuple[str, str]]:
+    n = sampling.MAX_LOGIT_BIAS
+    if len(bias) > n:
+        return [("logit_bias", f"logit_bias takes at most {n} tokens, got {len(bias)}")]
+    for t, val in bias:
+        if not 0 <= t < vocab:
+            return [("logit_bias", f"logit_bias token id {t} is outside the vocabulary (0..{vocab - 1})")]
+        if not -100 <= val <= 100:
+            return [("logit_bias", f"logit_bias values must be in [-100, 100], got {val} for token {t}")]
+    return []
+
+
+def host_state(slots: int, n_slots: int, vocab: int) -> SlotState:
+    """A serving state of numpy arrays: nothing generated, neutral sampler settings."""
+    zeros = lambda a: np.zeros(a.shape, a.dtype)
+    st = jax.tree.map(zeros, slot_graphs.state_spec(slots, n_slots, vocab, None))
+    st.out[:], st.stop[:], st.bias_ids[:] = -1, -2, -1  # unwritten slots; unused stop tokens, biases
+    st.allow[:] = 0xFFFFFFFF  # unconstrained
+    return st.replace(params=sampler_params.neutral_rows(slots))
+
+
+class SlotModel(GraphHost, Protocol):
+    """A ``GraphHost`` that may carry slot graphs (``CausalLMForSampling``)."""
+
+    continuous_batching: bool
+
+
+@runtime_checkable
+class SlotRunner(Protocol):
+    """The contract a continuous-batching scheduler (``aotlm.batching.engine``) drives.
+
+    ``slots`` rows of ``n_positions`` KV slots each. A request enters row ``row`` in three moves:
+    ``prefill_plan`` splits its prompt into chunks (from ``start``: the K/V of the first
+    ``start`` tokens is already in the row; the plan's first step says how many it reuses),
+    ``prefill_step`` encodes one chunk (returning opaque logits, only passed on; ``prefill_rows``
+    encodes up to ``max_prompts`` whole one-chunk prompts of one of ``prompt_buckets`` from slot
+    0 at once), ``insert`` makes the row live with its settings and first token (chosen among
+    ``allow``'s tokens: structured outputs). ``constrain`` sets the live constrained rows'
+    next-token masks before a decode call. ``decode`` then advances the live rows among the
+    first ``rows`` by up to ``steps`` tokens (``cancel`` marks rows to stop; rows at or past
+    ``rows`` must not be live), and ``read`` returns host arrays ``idx [slots]`` (slot of each
+    row's last token), ``done [slots]``, ``reason [slots]`` (``aotlm.core.graphs.FinishReason``
+    values), ``out [slots, n_positions]`` (prompt then tokens) and, with ``logprobs``,
+    ``logp``, ``top_ids``, ``top_lp``. ``swap`` exchanges two rows (K/V of their first
+    ``filled`` slots and their states; the row moving up stops); ``save`` copies a row's first
+    ``filled`` slots out (an opaque copy and its bytes) and ``restore`` writes such a copy back
+    into a row (the scheduler's prefix store). ``check`` lists what keeps a request from
+    running. ``SlotBatch`` implements it on compiled slot graphs; a fake with arithmetic tokens
+    drives the scheduler's tests.
+    """
+
+    slots: int
+    n_positions: int
+    vocab_size: int
+    max_chunk: int  # the largest prefill chunk (the default prefill budget per round)
+    max_prompts: int  # whole prompts ``prefill_rows`` takes at once (1: it is never called)
+    prompt_buckets: tuple[int, ...]  # the context buckets ``prefill_rows`` takes
+
+    def check(self, prompt_len: int, settings: SamplingParams) -> list[tuple[str, str]]: ...
+
+    def prefill_plan(self, prompt_len: int, start: int = 0) -> Sequence[bk.PrefillStep]: ...
+
+    def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep) -> Any: ...
+
+    def prefill_rows(self, rows: Sequence[int], prompts: Sequence[np.ndarray], bucket: int) -> list: ...
+
+    def insert(
+        self,
+        row: int,
+        prompt: np.ndarray,
+        settings: SamplingParams,
+        logits: Any,
+        allow: np.ndarray | None = None,
+    ) -> None: ...
+
+    def constrain(self, matchers: dict[int, constraints.Matcher]) -> None: ...
+
+    def decode(self, steps: int, max_live_slot: int, rows: int, cancel: np.ndarray | None = None) -> None: ...
+
+    def swap(self, a: int, b: int, filled: int) -> None: ...
+
+    def save(self, row: int, filled: int) -> tuple[Any, int]: ...
+
+    def restore(self, row: int, kv: Any) -> None: ...
+
+    def read(self, logprobs: bool = False) -> dict[str, np.ndarray]: ...
+
+
+class SlotBatch:
+    """The serving state of ``model`` (built with ``continuous_batching=True``): a ``SlotRunner``."""
+
+    def __init__(self, model: SlotModel, eos_token_id: Sequence[int] = (), pad_token_id: int | None = None):
+        if not model.continuous_batching:
+            raise ValueError("the model must be built with continuous_batching=True to serve")
+        self.model = model
+        self.vocab_size = model.cfg.vocab_size
+        self.max_chunk = max(model.ctx_buckets)
+        self.max_prompts = max(slot_graphs.prompt_ladder(model.batch_size), default=1)
+        self.prompt_buckets = slot_graphs.rows_buckets(model.ctx_buckets)
+        self.slots = model.batch_size
+        self.n_positions = model.n_positions
+        eos = inputs.eos_ids(list(eos_token_id) or None, graphs.MAX_EOS)
+        pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos[0] >= 0 else 0)
+        host = host_state(self.slots, self.n_positions, self.vocab_size)
+        host = host.replace(done=np.ones(self.slots, np.bool_), eos=eos, pad=np.int32(pad))
+        with model.lock:
+            self.state = model.put_tree(host)
+        self._cancel_none = model.put(np.zeros(self.slots, np.bool_))
+        self._allow = host.allow.copy()  # host buffer of the masks (``constrain``)
+        self._constrained = False  # some row's device mask is not all ones
+
+    def check(self, prompt_len: int, settings: SamplingParams) -> list[tuple[str, str]]:
+        return check(self.model, prompt_len, settings)
+
+    # ------------------------------------------------------------------ prefill + insert
+    def prefill_plan(self, prompt_len: int, start: int = 0) -> tuple[bk.PrefillStep, ...]:
+        m = self.model
+        return bk.resume_plan(prompt_len, start, m.ctx_buckets, m.tg_buckets)
+
+    def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep):
+        """Encode one chunk of ``prompt`` into cache row ``row``; returns the (device) logits."""
+        m = self.model
+        end = step.start + step.n_real
+        tok = np.zeros((1, step.bucket), np.int32)
+        pos = np.full((1, step.bucket), -1, np.int32)
+        tok[0, : step.n_real] = prompt[step.start : end]
+        pos[0, : step.n_real] = np.arange(step.start, end, dtype=np.int32)
+        with m.lock:
+            exe = m.executable(("slot_prefill", step.bucket, step.width))
+            put = m.put
+            logits, m.cache = exe(
+                m.params, m.cache, put(tok), put(pos), put(np.int32(step.start)),
+                put(np.int32(step.n_real - 1)), put(np.int32(row)),
+            )  # fmt: skip
+        return logits
+
+    def prefill_rows(self, rows: Sequence[int], prompts: Sequence[np.ndarray], bucket: int) -> list:
+        """Encode whole prompts (each fitting context bucket ``bucket``) into ``rows`` in one call;
+        returns each one's (device) logits. The call's prompt count is the smallest of
+        ``slot_graphs.prompt_ladder`` holding them; the rest of its entries repeat the first."""
+        m, k = self.model, len(rows)
+        n = next(n for n in slot_graphs.prompt_ladder(self.slots) if n >= k)
+        tok = np.zeros((n, bucket), np.int32)
+        pos = np.full((n, bucket), -1, np.int32)
+        last, where = np.zeros(n, np.int32), np.zeros(n, np.int32)
+        for i in range(n):
+            p = prompts[i if i < k else 0]
+            tok[i, : len(p)], pos[i, : len(p)] = p, np.arange(len(p))
+            last[i], where[i] = len(p) - 1, rows[i if i < k else 0]
+        with m.lock:
+            exe = m.executable(("slot_prefill_rows", bucket, n))
+            logits, m.cache = exe(m.params, m.cache, m.put(tok), m.put(pos), m.put(last), m.put(where))
+        return list(logits[:k])
+
+    def insert(
+        self, row: int, prompt: np.ndarray, settings: SamplingParams, logits, allow: np.ndarray | None = None
+    ) -> None:
+        """Make ``row`` live with ``settings``; its first token is chosen from ``logits`` among
+        the tokens ``allow`` (a ``[ceil(V/32)]`` uint32 bitmask; None: every token)."""
+        m = self.model
+        v, p_len = self.vocab_size, len(prompt)
+        r = host_state(1, self.n_positions, v)
+        r.out[0, :p_len] = prompt
+        r.seen[0, prompt] = True
+        r.idx[0] = r.first[0] = p_len
+        r.last[0] = p_len + settings.max_tokens - 1
+        r.stop[:] = stop_array([list(q) for q in settings.stop_token_ids] or None, 1, 1, v)
+        r.ignore_eos[0], r.want[0] = settings.ignore_eos, settings.logprobs is not None
+        r.presence[0], r.frequency[0] = settings.presence_penalty, settings.frequency_penalty
+        seed = secrets.randbits(32) if settings.seed is None else settings.seed
+        values = {q.name: getattr(settings, q.openai) for q in sampler_params.ROW if q.openai}
+        values.update(do_sample=settings.temperature > 0, seed=seed)  # OpenAI: temperature 0 is greedy
+        for name, value in values.items():
+            getattr(r.params, name)[0] = value
+        if settings.logit_bias:
+            ids, vals = zip(*settings.logit_bias, strict=True)
+            r.bias_ids[0, : len(ids)], r.bias_val[0, : len(ids)] = ids, vals
+        if allow is not None:
+            r.allow[0] = allow
+            self._constrained = True
+        with m.lock:
+            exe = m.executable(("slot_insert",))
+            self.state = exe(self.state, logits, m.put_tree(r), m.put(np.int32(row)))
+
+    def warm_up(self) -> None:
+        """Run every slot graph once on free rows (their K/V and states are overwritten by the
+        next request that uses them; none holds tokens for reuse). An executable's first run
+        costs more than later ones (SmolLM2-135M on a Xeon: 15-30 ms more a prefill bucket, ~5
+        ms a decode graph), which the first requests after a start would otherwise pay."""
+        m, one = self.model, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        logits = None
+        for key in slot_graphs.graph_keys(m.ctx_buckets, m.tg_buckets, self.slots):
+            if key[0] == "slot_prefill":  # the chunk ends at the width's last slot
+                _, c, w = key
+                step = bk.PrefillStep(start=w - c, bucket=c, width=w, n_real=c)
+                logits = self.prefill_step(0, np.zeros(w, np.int32), step)
+            elif key[0] == "slot_prefill_rows":
+                _, c, n = key
+                self.prefill_rows(range(n), [np.zeros(c, np.int32)] * n, c)
+            elif key[0] == "slot_decode":  # row 0 live at slot w - 2: width w, one step
+                _, w, rows = key
+                self.insert(0, np.zeros(w - 2, np.int32), one, logits)
+                self.decode(1, w - 2, rows)
+            elif key[0] == "slot_kv_out":
+                self.restore(0, self.save(0, key[1])[0])
+        self.swap(0, 1, 0)  # (the swap graph) row 0 is done already
+        jax.block_until_ready(self.state)
+
+    # ------------------------------------------------------------------ decode
+    def constrain(self, matchers: dict[int, constraints.Matcher]) -> None:
+        """Write the next-token masks of the constrained live rows (``{row: matcher}``) into
+        the state before a decode call (one step per call while any row is constrained);
+        the other rows get all ones. Nothing is sent while no row is, or was, constrained."""
+        if not matchers and not self._constrained:
+            return
+        self._constrained = constraints.fill_rows(self._allow, matchers)
+        with self.model.lock:
+            self.state.allow = self.model.put(self._allow)
+
+    def decode(self, steps: int, max_live_slot: int, rows: int, cancel: np.ndarray | None = None) -> None:
+        """Run up to ``steps`` decode steps of the live rows, all below ``rows``; ``max_live_slot``
+        is the largest live row's slot. The graph is the smallest ladder row count holding them. A
+        call never crosses a token bucket (fewer steps then): each step attends the window it would
+        in a call of its own, so a request's numbers do not depend on the steps per call."""
+        m = self.model
+        first = max(max_live_slot, 0)
+        width = bk.decode_bucket(m.tg_buckets, first)
+        steps = max(1, min(steps, width - first))
+        with m.lock:
+            self.state.steps = m.put(np.int32(steps))
+            c = self._cancel_none if cancel is None or not cancel.any() else m.put(cancel.astype(np.bool_))
+            exe = m.executable(("slot_decode", width, slot_graphs.rows_for(rows, self.slots)))
+            m.cache, self.state = exe(m.params, m.cache, self.state, c)
+
+    def swap(self, a: int, b: int, filled: int) -> None:
+        """Exchange rows ``a`` and ``b``: states and the K/V of their first ``filled`` slots (each
+        row's block copied out, then written into the other: in place, where one graph swapping
+        two rows of the cache made XLA copy all of it)."""
+        m = self.model
+        if a != b and filled > 0:
+            ka, kb = self.save(a, filled)[0], self.save(b, filled)[0]
+            self.restore(b, ka)
+            self.restore(a, kb)
+        with m.lock:
+            self.state = m.executable(("slot_swap",))(self.state, m.put(np.int32(a)), m.put(np.int32(b)))
+
+    def save(self, row: int, filled: int) -> tuple[Any, int]:
+        """A copy of row ``row``'s first ``filled`` slots of K/V (for a prefix store) and its bytes."""
+        m = self.model
+        width = bk.decode_bucket(m.tg_buckets, max(min(filled, self.n_positions) - 1, 0))
+        with m.lock:
+            kv = m.executable(("slot_kv_out", width))(m.cache, m.put(np.int32(row)))
+        return kv, sum(x.nbytes for x in jax.tree.leaves(kv))
+
+    def restore(self, row: int, kv: Any) -> None:
+        """Write ``save``'s copy back into row ``row`` (its first slots)."""
+        m = self.model
+        with m.lock:
+            exe = m.executable(("slot_kv_in", kv["pos"].shape[1]))
+            m.cache = exe(m.cache, kv, m.put(np.int32(row)))
+
+    def read(self, logprobs: bool = False) -> dict:
+        """The host copy of what streaming needs: idx, done, reason, out (+ logp, top_*)."""
+        keys = ("idx", "done", "reason", "out") + (("logp", "top_ids", "top_lp") if logprobs else ())
+        return {key: sharding.fetch(getattr(self.state, key)) for key in keys}

@@ -1,0 +1,248 @@
+"""4-bit weights (``quant="int4"``, ``aotlm.models.quant4``, ``aotlm/kernels/int4.h``): quantization,
+the kernel against NumPy on odd shapes (at every ISA level: ``test_isa.VARIANT_TESTS``),
+tensor-parallel shards, forced fallback, warm start."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from builders import llama_config, peaked_checkpoint, run_with_kernels, save_checkpoint
+
+from aotlm import kernels
+from aotlm.models import packing, quant4
+from aotlm.models.quant import INT4_NAMES, QuantizationConfig, quant_config
+
+TESTS = Path(__file__).resolve().parents[1]
+needs_kernels = pytest.mark.skipif(not kernels.enabled(), reason="CPU kernels unavailable")
+
+
+def quantized(rng, k: int, n: int, group: int, asym: bool):
+    """Random W [k, n] padded to whole groups / panels -> (packed codes, scales, dequantized W [Kp, Np])."""
+    kp, np_ = -(-k // group) * group, -(-n // 16) * 16
+    w = np.zeros((kp, np_), np.float32)
+    w[:k, :n] = rng.standard_normal((k, n)) * rng.uniform(0.2, 2.0, (1, n))
+    codes, sm = quant4.quantize_int4(w, (0,), group, asym)
+    s = sm[:, 0].astype(np.float32)[:, None, :]
+    m = sm[:, 1].astype(np.float32)[:, None, :] if asym else -8.0 * s
+    deq = (codes.reshape(kp // group, group, np_) * s + m).reshape(kp, np_)
+    return packing.pack_q4(codes, (0,)), sm, deq
+
+
+def round_x(x: np.ndarray, group: int) -> np.ndarray:
+    """NumPy reference of the kernel's activations: int8 per row and group, scale max|x| / 127."""
+    m, k = x.shape
+    kp = -(-k // group) * group
+    xp = np.zeros((m, kp), np.float32)
+    xp[:, :k] = x
+    xg = xp.reshape(m, -1, group)
+    s = np.abs(xg).max(-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), s, out=np.zeros_like(s), where=s > 0)
+    return (np.rint(xg * inv) * s).reshape(m, kp)
+
+
+def kernel(x, w, sm, n: int, group: int):
+    kernels.ensure_registered()
+    out = jax.ShapeDtypeStruct((x.shape[0], n), x.dtype)
+    call = jax.ffi.ffi_call("aotlm_wmm_q4", out)
+    none, every = jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.int8)  # no bias; every row live
+    return jax.jit(lambda a, b, c: call(a, b, c, none, every, group=np.int32(group), act=np.int32(0)))(
+        x, w, sm
+    )
+
+
+def check_odd_shapes(seed: int = 0) -> float:
+    """Largest relative error of the kernel against NumPy over odd shapes, rows 1..100, every group
+    size, symmetric and asymmetric (also run in a child process per ISA level)."""
+    rng, worst = np.random.default_rng(seed), 0.0
+    cases = [(100, 37, 32, False), (72, 16, 32, True), (200, 50, 64, True), (130, 129, 128, False)]
+    cases += [(8, 5, 32, True)]
+    for k, n, group, asym in cases:
+        w, sm, deq = quantized(rng, k, n, group, asym)
+        for m in (1, 2, 3, 7, 9, 16, 17, 64, 100):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            ref = round_x(x, group).astype(np.float64) @ deq.astype(np.float64)
+            y = np.asarray(kernel(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sm), n, group), np.float64)
+            worst = max(worst, float(np.abs(y - ref[:, :n]).max() / np.abs(ref).max()))
+    return worst
+
+
+# ------------------------------------------------------------------ quantization
+@pytest.mark.parametrize("asym", [False, True])
+@pytest.mark.parametrize("group", quant4.GROUPS)
+def test_round_to_nearest_within_half_a_step(group, asym):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((256, 48)).astype(np.float32)
+    w[:group, 0] = 0.0  # an all-zero group: scale 0, every code the zero point
+    codes, sm = quant4.quantize_int4(w, (0,), group, asym)
+    assert codes.dtype == np.uint8 and codes.shape == w.shape and codes.max() <= 15
+    assert sm.dtype == np.float16 and sm.shape == (256 // group, 2 if asym else 1, 48)
+    s = sm[:, 0].astype(np.float32)[:, None, :]
+    m = sm[:, 1].astype(np.float32)[:, None, :] if asym else -8.0 * s
+    deq = codes.reshape(-1, group, 48) * s + m
+    err, step = np.abs(deq - w.reshape(-1, group, 48)), np.abs(s) * (1 + 1e-3) + 1e-6
+    # round to nearest of the stored f16 scale; symmetric: -a (a the largest magnitude) clips to 7 s
+    clipped = (codes.reshape(-1, group, 48) == 15) & (not asym)
+    assert (err <= np.where(clipped, step, 0.5 * step)).all()
+    assert (deq[0, :, 0] == 0).all() and (sm[0, 0, 0] == 0)
+
+
+def test_config_names_and_refusals():
+    assert quant_config("int4") == QuantizationConfig("int4", group_size=32, asymmetric=False)
+    assert quant_config("int4-g128-asym").label == "int4-g128-asym" and len(INT4_NAMES) == 8
+    assert quant_config("int4-g32") == quant_config("int4")
+    with pytest.raises(ValueError, match="group_size=48"):
+        QuantizationConfig("int4", group_size=48)
+    with pytest.raises(ValueError, match="int4"):
+        quant_config("int4-g16")
+
+
+def test_packed_layout_round_trips_through_the_xla_unpack():
+    """``pack_q4`` then ``quant4.codes`` (the fallback's unpack) gives the logical codes back, for a
+    multi-dim contraction ([H, Dh, D], as ``wo``)."""
+    codes = np.random.default_rng(2).integers(0, 16, (4, 16, 32), dtype=np.uint8)
+    packed = packing.pack_q4(codes, (0, 1))
+    assert packed.shape == (2, 4, 2, 16, 4) and packing.is_packed("wo", packed.ndim)
+    back = np.asarray(quant4.codes(jnp.asarray(packed), "wo"))
+    np.testing.assert_array_equal(back, codes.astype(np.float32))
+
+
+# ------------------------------------------------------------------ kernel
+@needs_kernels
+def test_kernel_matches_numpy_on_odd_shapes():
+    assert check_odd_shapes() < 2e-6
+
+
+@needs_kernels
+def test_prefill_rows_get_the_bits_of_decode_rows():
+    """A call of more than 16 rows (prefill) gives every row exactly what calls of at most 16 rows
+    (decode) give it: exact int32 group sums and the same f32 flush per group, so how many rows share
+    a call never changes a token."""
+    rng = np.random.default_rng(5)
+    for k, n, group, asym in [(100, 37, 32, False), (200, 50, 64, True), (130, 129, 128, False)]:
+        w, sm, _ = quantized(rng, k, n, group, asym)
+        w, sm = jnp.asarray(w), jnp.asarray(sm)
+        for m in (17, 40, 100):
+            x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+            whole = np.asarray(kernel(x, w, sm, n, group))
+            parts = [kernel(x[i : i + 16], w, sm, n, group) for i in range(0, m, 16)]
+            np.testing.assert_array_equal(whole, np.concatenate(parts), err_msg=str((k, n, group, asym, m)))
+
+
+@needs_kernels
+def test_kernel_rows_with_inf_or_nan_give_nan_only_in_their_own_outputs():
+    """x's int8 rounding per group (8 lanes and a scalar tail): a row holding inf / NaN (in either part)
+    comes out all NaN, the other rows as without it."""
+    rng = np.random.default_rng(4)
+    w, sm, _ = quantized(rng, 100, 37, 32, False)
+    x = rng.standard_normal((4, 100)).astype(np.float32)
+    clean = np.asarray(kernel(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sm), 37, 32))
+    x[1, 99], x[2, 5] = np.inf, np.nan
+    got = np.asarray(kernel(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sm), 37, 32))
+    assert np.isnan(got[1:3]).all() and np.array_equal(got[[0, 3]], clean[[0, 3]])
+
+
+@needs_kernels
+def test_unpack_kernel_gives_the_dequantized_matrix():
+    w, sm, deq = quantized(np.random.default_rng(3), 96, 40, 32, True)
+    y = kernels.unpack_q4(jnp.asarray(w.reshape(3, 12, 16, 4)), jnp.asarray(sm), jnp.float32, 1)
+    np.testing.assert_array_equal(np.asarray(y), deq)
+
+
+# ------------------------------------------------------------------ models
+@needs_kernels
+@pytest.mark.parametrize("quant", [pytest.param("int4", marks=pytest.mark.slow), "int4-g64-asym"])
+def test_forced_fallback_gives_identical_greedy_tokens(ckpt_dir, monkeypatch, quant):
+    """The peaked Llama: the kernel's tokens equal the XLA fallback's (dequantized W, x rounded per
+    group); under g64 its MLP's 96-row down projection does not fit whole groups and stays int8."""
+    path = peaked_checkpoint(ckpt_dir)
+    lg_on, tok_on, _, m_on = run_with_kernels(path, monkeypatch, True, quant=quant)
+    lg_off, tok_off, _, m_off = run_with_kernels(path, monkeypatch, False, quant=quant)
+    layer = m_on.params["layers"][0]
+    assert layer["wq"].dtype == np.uint8 and m_off.params["layers"][0]["wq"].shape == layer["wq"].shape
+    assert layer["w_down"].dtype == (np.int8 if quant == "int4-g64-asym" else np.uint8)
+    texts = [exe.as_text() for k, exe in m_on._executables.items() if k[0] in ("prefill", "decode")]
+    assert texts and all("aotlm_wmm_q4" in t for t in texts)
+    assert not any("aotlm_wmm_q4" in exe.as_text() for exe in m_off._executables.values())
+    np.testing.assert_array_equal(tok_on, tok_off)
+    tol = 1e-4 if quant == "int4" else 1e-2  # the int8 down projection: x as int16 in the kernel only
+    assert np.abs(lg_on - lg_off).max() <= tol * np.abs(lg_off).max()
+    lg32 = run_with_kernels(path, monkeypatch, True)[0]
+    assert np.abs(lg_on - lg32).max() <= 0.15 * np.abs(lg32).max()
+
+
+@needs_kernels
+def test_tied_lm_head_copy_is_int4_with_a_padded_vocab(gpt2_path, monkeypatch):
+    lg, _, _, m = run_with_kernels(gpt2_path, monkeypatch, True, quant="int4")
+    assert m.params["embed_q"].dtype == np.uint8 and m.params["embed_q_scale"].shape == (2, 1, 112)
+    assert m.params["embed_q_scale"].dtype == np.float16
+    lg_off = run_with_kernels(gpt2_path, monkeypatch, False, quant="int4")[0]
+    assert np.abs(lg - lg_off).max() <= 1e-4 * np.abs(lg_off).max()
+
+
+TP_CHILD = """
+import json, sys
+import numpy as np
+from aotlm import AutoModelForSampling
+from builders import PROMPTS
+out = {}
+for tp in (1, 2):
+    m = AutoModelForSampling.from_pretrained(sys.argv[1], batch_size=2, n_positions=32,
+        context_length_estimate=32, compile_cache=False, quant="int4", tp_degree=tp)
+    m.compile()
+    out[tp] = {"tokens": np.asarray(m.sample(PROMPTS, max_new_tokens=12)).tolist(),
+               "logits": np.asarray(m.forward(PROMPTS)).tolist(),
+               "q4": all("aotlm_wmm_q4" in e.as_text() for k, e in m._executables.items()
+                         if k[0] != "select")}
+try:
+    AutoModelForSampling.from_pretrained(sys.argv[2], batch_size=1, n_positions=32, compile_cache=False,
+                                         quant="int4", tp_degree=2)
+except ValueError as e:
+    out["refusal"] = str(e)
+print(json.dumps(out))
+"""
+
+
+@needs_kernels
+def test_tensor_parallel_shards_in_subprocess(ckpt_dir):
+    """tp=2 (row- and column-parallel 4-bit shards, scales split with their groups) gives tp=1's
+    tokens; an MLP of 96 units (3 groups of 32) cannot split over 2 devices: one clear line."""
+    path = save_checkpoint(ckpt_dir / "q4_tp", llama_config(intermediate_size=128), seed=0, peaked=True)
+    odd = peaked_checkpoint(ckpt_dir)
+    flags = "--xla_force_host_platform_device_count=2"
+    env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(TESTS / "support"))
+    cmd = [sys.executable, "-c", TP_CHILD, str(path), str(odd)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["1"]["q4"] and out["2"]["q4"]
+    assert out["1"]["tokens"] == out["2"]["tokens"]
+    a, b = np.asarray(out["1"]["logits"]), np.asarray(out["2"]["logits"])
+    assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
+    assert "groups of 4-bit weights do not split over tp=2" in out["refusal"]
+
+
+@needs_kernels
+def test_warm_start_compiles_nothing(llama_path, tmp_path):
+    args = [str(llama_path), str(tmp_path / "cc"), "--quant", "int4", "--n-positions", "64"]
+    args += ["--context", "48"]
+    run = lambda: subprocess.run(
+        [sys.executable, str(TESTS / "support" / "cache_child.py"), *args, "--targets"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", AOTLM_KERNELS="1"),
+        timeout=600,
+    )
+    cold, warm = run(), run()
+    assert cold.returncode == 0 and warm.returncode == 0, (cold.stderr + warm.stderr)[-3000:]
+    cold, warm = (json.loads(p.stdout.strip().splitlines()[-1]) for p in (cold, warm))
+    assert not any(cold["hits"]) and all(warm["hits"])
+    assert warm["counts"] == {"backend": 0, "lowering": 0, "tracing": 0}
+    assert warm["tokens"] == cold["tokens"] and "aotlm_wmm_q4" in cold["targets"]
