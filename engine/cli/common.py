@@ -130,6 +130,9 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
         help="KV cache storage (default: follows --amp; f32 on CPU with the kernels)",
     )
     p.add_argument(
+        "--lora", default=None, metavar="DIR", help="a PEFT LoRA adapter dir, merged into the weights at load"
+    )
+    p.add_argument(
         "--cache-dir", default=None, help="compile cache dir (default $AOTLM_CACHE_DIR or ./compile_cache)"
     )
     p.add_argument("--config", default=None, help="JSON file with any of the options above (flags win)")
@@ -216,6 +219,8 @@ def model_kwargs(args) -> dict:
             # a single --n-positions N means "powers of two up to N"; a list in --config is exact
             kw[k] = v[0] if k == "n_positions" and isinstance(v, list) and len(v) == 1 else v
     kw["compile_cache"] = args.cache_dir
+    if getattr(args, "lora", None):  # one adapter, merged (models/README.md: LoRA adapters)
+        kw.update(lora_adapters={"lora": args.lora}, merge_lora=True)
     return kw
 
 

@@ -32,7 +32,7 @@ from aotlm.core.spec import ModelSpec, SpecAttributes
 from aotlm.core.state import layout as state_layout
 from aotlm.models import family_for, lowp, packing
 from aotlm.models.arch import ArchConfig
-from aotlm.models.checkpoint import CheckpointError, WeightReader, gguf, gguf_q4k, load_hf_config
+from aotlm.models.checkpoint import CheckpointError, WeightReader, gguf, gguf_q4k, load_hf_config, lora
 from aotlm.models.checkpoint.resolve import resolve
 from aotlm.models.quant import ParamRewriter, QuantizationConfig
 from aotlm.models.weights import load_params
@@ -84,6 +84,8 @@ class CompiledModel(SpecAttributes):
         bucket_config: str | os.PathLike | dict | None = None,
         scoring: bool = False,
         kv_cache_dtype: str | None = None,
+        lora_adapters: dict[str, str | os.PathLike] | None = None,
+        merge_lora: bool = False,
     ):
         # scoring: list the score graphs (aotlm.core.scoring) in graph_keys(), so compile() makes them
         # bucket_config: a tuner-written JSON (or dict) of n_positions / context_length_estimate /
@@ -97,6 +99,7 @@ class CompiledModel(SpecAttributes):
         path = resolve(path)  # a checkpoint dir, a training run (its latest checkpoint), a bundled name
         self.path = str(path)
         self.hf_config = load_hf_config(path)
+        self.lora = lora.merged_adapter(lora_adapters, merge_lora)  # PEFT LoRA merged as weights are read
         family, cfg = self._family()
         if not isinstance(scoring, bool):
             raise TypeError(f"scoring must be True or False, got {scoring!r}")
@@ -170,7 +173,7 @@ class CompiledModel(SpecAttributes):
             "precision": self.precision.describe(),
             "quant": repr(self.precision.quant),
             "fuse_qkv": self.fuse_qkv, "tp": self.tp_degree, "gqa": self.gqa, "pack": self._pack,
-            "dtype": str(self.dtype), "code": source_hash(),
+            "dtype": str(self.dtype), "code": source_hash(), "lora": self.lora and self.lora.digest,
         }  # fmt: skip
         return weight_cache.key(fields), fields
 
@@ -201,6 +204,8 @@ class CompiledModel(SpecAttributes):
     def _convert_weights(self, family, rows, view: bool) -> dict:
         """Read the checkpoint's tensors and convert them into this model's stored form."""
         reader = gguf.open_weights(self.path) or WeightReader(self.path)  # a GGUF model: its file
+        if self.lora is not None:
+            reader = lora.MergedReader(reader, self.lora)
         try:
             rows = bar(rows, "loading weights", unit="tensor")
             np_dtype = np.dtype(jnp.dtype(self.dtype))
@@ -213,6 +218,10 @@ class CompiledModel(SpecAttributes):
             params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
             if "lm_head" in params:  # untied: the int8 embedding copy is not needed
                 params.pop("embed_q", None), params.pop("embed_q_scale", None)
+            unused = reader.unused() if self.lora is not None else []
+            if unused:
+                where = f"LoRA adapter {self.lora.path} changes {unused[0]!r}"
+                raise CheckpointError(f"{where}, which aotlm does not read for this family")
             return params
         finally:
             reader.close()
