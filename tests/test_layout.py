@@ -299,6 +299,16 @@ def test_every_public_name_resolves():
     assert [n for n in aotlm.__all__ if getattr(aotlm, n, None) is None] == []
 
 
+def test_former_import_paths_still_work():
+    """Modules that moved rooms keep the import paths users wrote (the serving engine and its types)."""
+    from aotlm.batching import engine, types  # local: see test_every_public_name_resolves
+    from aotlm.serve import engine as old_engine  # local: the former path under test
+    from aotlm.serve import types as old_types  # local: the former path under test
+
+    assert old_engine.Engine is engine.Engine
+    assert all(getattr(old_types, n) is getattr(types, n) for n in old_types.__all__)
+
+
 # ---------------------------------------------------------------- tests mirror the rooms
 
 TESTS = REPO / "tests"
@@ -385,7 +395,8 @@ COVERED = {
     "aotlm.progress": "tests/cli/test_text.py: --quiet gives no bars and no logs",
     "aotlm.serve.chat": "tests/serve/test_app.py: test_chat_fallback_template_and_no_model_field",
     "aotlm.serve.detok": "tests/serve/test_app.py: test_stop_string_text_is_held_back_then_cut (ChoiceText)",
-    "aotlm.serve.engine": "tests/batching/test_engine.py: re-exports aotlm.batching.engine (its former path)",
+    "aotlm.serve.engine": "tests/test_layout.py: test_former_import_paths_still_work (a re-export)",
+    "aotlm.serve.types": "tests/test_layout.py: test_former_import_paths_still_work (a re-export)",
     "aotlm.serve.handlers": "tests/serve/test_app.py: completions and chat, streamed or not",
     "aotlm.serve.metrics": "tests/serve/test_app.py: test_metrics_and_health",
     "aotlm.serve.protocol": "tests/serve/test_app.py: test_bad_requests_get_the_openai_error_shape",

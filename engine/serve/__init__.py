@@ -2,7 +2,7 @@
 (``aotlm.batching``).
 
 The HTTP layer (``app``, ``handlers``, ``protocol``, ``chat``, ``responses``, ``detok``,
-``structured``, ``metrics``) needs the ``[serve]`` extra; ``engine`` only keeps the engine's old
-import path. A front end: it may import ``api``, ``batching``, ``generate``, ``core``, ``text`` and
-lower layers; only ``cli`` imports it.
+``structured``, ``metrics``) needs the ``[serve]`` extra; ``engine`` and ``types`` only keep the
+old import paths of ``aotlm.batching``'s engine and request types. A front end: it may import
+``api``, ``batching``, ``generate``, ``core``, ``text`` and lower layers; only ``cli`` imports it.
 """
