@@ -72,27 +72,3 @@ def llama_path(ckpt_dir):
         max_position_embeddings=256,
     )
     return make_checkpoint(ckpt_dir / "llama", cfg)
-
-
-# The files whose tests take longest (each over a minute on 2 cores: fresh virtual environments,
-# multi-device subprocesses), scheduled first: with ``--dist loadfile`` a long file picked up last
-# keeps one worker busy while the others idle.
-LONGEST_FIRST = (
-    "test_quickstart.py",
-    "core/test_sharding.py",
-    "api/test_pipelined.py",
-    "api/test_tnx_guide.py",
-    "checkpoint/test_gguf.py",
-    "kernels/test_isa.py",
-    "models/test_quant.py",
-    "jobs/test_batch.py",
-)
-
-
-def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
-        path = item.path.as_posix()
-        first = (i for i, name in enumerate(LONGEST_FIRST) if path.endswith("tests/" + name))
-        return next(first, len(LONGEST_FIRST))
-
-    items.sort(key=rank)  # stable: the rest keep their order
