@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from aotlm import kernels
-from aotlm.models import flash, lowp, packing, quant4
+from aotlm.models import adapters, flash, lowp, packing, quant4
 from aotlm.models import layers as L
+from aotlm.models import projections as P
 from aotlm.models.arch import ArchConfig
 from aotlm.models.moe import moe_mlp
 
@@ -45,7 +46,7 @@ def embed(cfg: ArchConfig, params, tokens, positions):
 def qkv_heads(cfg: ArchConfig, p, x, rotary, index: int):
     """q ``[B,T,H,Dh]``, k, v ``[B,T,K,Dh]`` of layer ``index``: projected, clipped, normed, rotated
     (``rotary``: ``forward``'s tables by inverse frequencies)."""
-    q, k, v = L.project_qkv(x, p)
+    q, k, v = P.project_qkv(x, p)
     if cfg.clip_qkv is not None:  # MPT / DBRX attn_config.clip_qkv (elementwise, so per q/k/v)
         q, k, v = (jnp.clip(y, -cfg.clip_qkv, cfg.clip_qkv) for y in (q, k, v))
     if cfg.qk_norm:
@@ -63,12 +64,10 @@ def attention_block(cfg: ArchConfig, p, x, rotary, kv, write_idx, mask, alibi_bi
     ck, cv = kv
     if own_tokens_kernel(cfg, x, mask, alibi_bias):  # a prompt from slot 0: no cache read
         plain = cfg.clip_qkv is None and not cfg.qk_norm and cfg.position != "rope"
-        qkv = L.fused_qkv(x, p) if plain else None  # read in place by the kernel: no slicing copies
+        qkv = P.fused_qkv(x, p) if plain else None  # read in place by the kernel: no slicing copies
         q, k, v = (qkv, None, None) if qkv is not None else qkv_heads(cfg, p, x, rotary, index)
         o, kt, vt = kernels.causal_attention(q, k, v, mask[1], cfg.scale)
-        return L.dense_in(o, p["wo"], p.get("bo"), p.get("wo_scale"), name="wo"), L.write_cache(
-            ck, cv, kt, vt, write_idx
-        )
+        return P.out_proj(p, o), L.write_cache(ck, cv, kt, vt, write_idx)
     q, k, v = qkv_heads(cfg, p, x, rotary, index)
     if isinstance(mask, flash.Keys):  # a long call: key blocks with an online softmax
         slopes = cfg.alibi if cfg.position == "alibi" else None
@@ -82,9 +81,7 @@ def attention_block(cfg: ArchConfig, p, x, rotary, kv, write_idx, mask, alibi_bi
     b, t, kh, dh = k.shape
     zero = jnp.zeros((), k.dtype) * o.reshape(b, t, kh, -1, dh)[:, :, :, 0, :].astype(k.dtype)
     k, v = k + zero, v + zero
-    return L.dense_in(o, p["wo"], p.get("bo"), p.get("wo_scale"), name="wo"), L.update_cache(
-        ck, cv, k, v, write_idx
-    )
+    return P.out_proj(p, o), L.update_cache(ck, cv, k, v, write_idx)
 
 
 def whole_attention(cfg: ArchConfig, q, k, v, kv, write_idx, mask, alibi_bias) -> jax.Array:
@@ -121,7 +118,7 @@ def own_tokens_kernel(cfg: ArchConfig, x, mask, alibi_bias) -> bool:
 def feed_forward(cfg: ArchConfig, p, x):
     if cfg.n_experts:
         return moe_mlp(cfg, p, x)
-    return L.mlp(x, p, cfg.act, cfg.gated_mlp)
+    return P.mlp(x, p, cfg.act, cfg.gated_mlp)
 
 
 def layer(cfg: ArchConfig, p, x, rotary, kv, write_idx, mask, alibi_bias, index: int):
@@ -165,7 +162,9 @@ def visibility(cfg: ArchConfig, cache_pos, positions, write_idx, width: int) -> 
     return masks, (key_bias(cache_pos[:, :width]) if width else None, key_bias(positions))  # [B,H,1,W|T]
 
 
-def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width: int, first_layer: int = 0):
+def forward(
+    cfg: ArchConfig, params, cache, tokens, positions, write_idx, width: int, first_layer: int = 0, lora=None
+):
     """Run ``tokens [B,T]`` at cache slots ``write_idx .. write_idx+T-1``.
 
     A pipeline stage (``aotlm.core.pipeline``) passes its own layers from ``first_layer`` (static)
@@ -179,6 +178,8 @@ def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width:
     ``positions [B,T]`` are the tokens' model positions (``-1`` marks padding, whose
     slot stays invisible to every query). ``width`` (static) is how many cache slots the
     queries attend to besides their own tokens (0: none, for a prompt starting at slot 0).
+    ``lora [B]`` (traced int32, or None: every row the base model) is each row's adapter slot
+    (``adapters``; ``-1``: none), read where the layers hold adapter tables.
     Returns final-normed hidden states ``[B,T,D]`` and the new cache.
     """
     positions = positions.astype(jnp.int32)
@@ -190,7 +191,8 @@ def forward(cfg: ArchConfig, params, cache, tokens, positions, write_idx, width:
     freqs = {cfg.rope(first_layer + i) for i in range(n_layers)} if cfg.position == "rope" else ()
     rotary = {f: L.rotary_tables(pos, f) for f in freqs}  # once per call, shared by the layers
     new_k, new_v = [], []
-    with kernels.padding_rows(positions < 0):  # a prefill's padding rows: the GEMMs skip them
+    # a prefill's padding rows: the GEMMs skip them; each row's adapter
+    with kernels.padding_rows(positions < 0), adapters.rows(lora):
         for i, p in enumerate(params["layers"]):
             kv = (cache["k"][i], cache["v"][i])
             li = first_layer + i

@@ -399,50 +399,5 @@ def dense_in(x, w, b=None, scale=None, name: str | None = None):
     return dense(x, w, b, scale, axes=2, name=name)
 
 
-def _add_bias(y, b):
+def add_bias(y, b):
     return y if b is None else (y + b).astype(y.dtype)
-
-
-def project_qkv(x, p: dict):
-    """q ``[B,T,H,Dh]``, k, v ``[B,T,K,Dh]`` from ``x [B,T,D]``: three matmuls, or one with ``wqkv``.
-
-    The fused ``wqkv [D, K, G+2, Dh]`` holds per kv head its ``G`` query heads then its k and v
-    (``aotlm.models.quant.fuse_qkv_heads``); the local ``K`` / ``G`` come from the (possibly sharded or
-    regrouped) weight's shape.
-    """
-    if "wqkv" not in p:
-        return tuple(
-            dense(x, p[w], p.get(b), p.get(w + "_scale"), name=w)
-            for w, b in (("wq", "bq"), ("wk", "bk"), ("wv", "bv"))
-        )
-    qkv = dense(x, p["wqkv"], p.get("bqkv"), p.get("wqkv_scale"), name="wqkv")  # [B,T,K,G+2,Dh]
-    g = qkv.shape[-2] - 2
-    q = qkv[..., :g, :].reshape(*qkv.shape[:-3], -1, qkv.shape[-1])
-    q, k, v = q, qkv[..., g, :], qkv[..., g + 1, :]
-    return _add_bias(q, p.get("bq")), _add_bias(k, p.get("bk")), _add_bias(v, p.get("bv"))
-
-
-def fused_qkv(x, p: dict):
-    """The fused projection ``[B,T,K,G+2,Dh]`` itself (``project_qkv`` slices it), or None when the
-    layer has no ``wqkv`` or separate q / k / v biases."""
-    if "wqkv" not in p or any(b in p for b in ("bq", "bk", "bv")):
-        return None
-    return dense(x, p["wqkv"], p.get("bqkv"), p.get("wqkv_scale"), name="wqkv")
-
-
-def mlp(x, p: dict, act: str, gated: bool):
-    """``down(act(gate(x)) * up(x))`` when gated (SwiGLU), else ``down(act(up(x)))``.
-
-    With ``w_gu [D, 2, F]`` (``fuse_qkv``) gate and up are one matmul.
-    """
-    if "w_gu" in p:
-        gu = dense(x, p["w_gu"], p.get("b_gu"), p.get("w_gu_scale"), name="w_gu")  # [B,T,2,F]
-        gate, up = _add_bias(gu[..., 0, :], p.get("b_gate")), _add_bias(gu[..., 1, :], p.get("b_up"))
-    else:
-        if not gated:  # the activation may run in the GEMM's output pass (dense)
-            hidden = dense(x, p["w_up"], p.get("b_up"), p.get("w_up_scale"), name="w_up", act=act)
-            return dense(hidden, p["w_down"], p.get("b_down"), p.get("w_down_scale"), name="w_down")
-        up = dense(x, p["w_up"], p.get("b_up"), p.get("w_up_scale"), name="w_up")
-        gate = dense(x, p["w_gate"], p.get("b_gate"), p.get("w_gate_scale"), name="w_gate")
-    hidden = activation(act, gate) * up
-    return dense(hidden, p["w_down"], p.get("b_down"), p.get("w_down_scale"), name="w_down")

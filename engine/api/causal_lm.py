@@ -88,8 +88,10 @@ class CausalLMForSampling(CompiledModel, Sampler):
     sample = extensions.routed(Sampler.sample)
     constrained_decoding = True  # sample(constraints=...): generation.run fills the masks
 
-    def _run(self, *args) -> np.ndarray | generation.GenerateOutput:
-        return generation.run(self, *args)
+    def _run(self, *args, **kw) -> np.ndarray | generation.GenerateOutput:
+        return generation.run(self, *args, **kw)
+
+    adapter_rows = CompiledModel.adapter_rows  # the slots' (Sampler's refuses every adapter)
 
 
 class AutoModelForSampling(CausalLMForSampling):

@@ -76,7 +76,7 @@ def return_sequences(model: StrategyHost, sample, args: dict, r: int):
             f"{model.batch_size}; compiled batch = runtime batch x num_return_sequences x num_beams: "
             "load the model with a larger batch_size"
         )
-    for name in PER_ROW:
+    for name in (*PER_ROW, "adapter"):
         if name in args:
             args[name] = _expand(args[name], name, n, r)
     if "seed" in args:
@@ -120,6 +120,8 @@ def routed(sample):
             and num_return_sequences == 1
         ):
             return sample(model, *args, **kwargs)
+        if kwargs.get("adapter") is not None and (num_beams > 1 or draft_model or speculation_length):
+            raise ValueError("LoRA adapters (adapter=) run without num_beams or a draft model")
         if kwargs.get("constraints") is not None:
             why = (
                 "constraints (structured outputs) run without num_beams, num_return_sequences > 1 or a draft"

@@ -27,6 +27,8 @@ UNSUPPORTED_PP = {  # construction options pipelined models refuse (each needs g
     "speculation_length": None,
     "continuous_batching": False,
     "scoring": False,
+    "max_loras": None,  # per-row LoRA adapters (merge_lora=True merges one: supported)
+    "max_lora_rank": None,
 }
 
 
@@ -60,6 +62,8 @@ class PipelineForSampling(Sampler):
         for name, default in UNSUPPORTED_PP.items():
             if kwargs.pop(name, default) != default:
                 raise ValueError(f"{name} is not supported with pp_degree > 1 yet; load with pp_degree=1")
+        if kwargs.get("lora_adapters") and not kwargs.get("merge_lora"):
+            raise ValueError("per-row LoRA adapters need pp_degree=1; merge one with merge_lora=True")
         self.default_generation = nc.apply(neuron_config, kwargs) or params.GenerationConfig()
         self.lock = threading.RLock()
         stages = pipeline.split_layers(pipeline.n_layers(path), pp_degree)

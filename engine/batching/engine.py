@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from aotlm.batching import policy
-from aotlm.batching.rows import Active, HeldRows, PrefixStore
+from aotlm.batching.rows import Active, HeldRows, PrefixKeys, PrefixStore
 from aotlm.batching.slots import SlotBatch, SlotModel, SlotRunner
 from aotlm.batching.types import (
     EngineStopped,
@@ -105,6 +105,7 @@ class Engine:
         self.prefix_cache = prefix_cache
         self._held = HeldRows(batch.slots)
         self._store = PrefixStore(prefix_store_bytes)
+        self._keys = PrefixKeys()  # prefix reuse keyed by each request's LoRA adapter
         self._reuse = {"requests": 0, "hits": 0, "prompt_tokens": 0, "cached_tokens": 0}
         self._crowd_at = -float("inf")  # when two requests were last in the engine together
         self._accepting = False
@@ -144,7 +145,6 @@ class Engine:
     ) -> Request:
         """Queue a request; iterate the returned ``Request`` for its tokens. ``matcher``
         (``aotlm.generate.constraints``) constrains its tokens to a grammar."""
-        self.validate(prompt, params)
         req = Request(
             id=request_id or uuid.uuid4().hex,
             prompt=tuple(int(t) for t in prompt),
@@ -152,7 +152,8 @@ class Engine:
             submitted=time.perf_counter(),
             matcher=matcher,
         )
-        with self._cv:
+        with self._cv:  # validated under the lock: an adapter is not unloaded meanwhile (change_adapter)
+            self.validate(prompt, params)
             if not self._accepting:
                 raise EngineStopped("the server is shutting down (or not started); retry elsewhere")
             if len(self._waiting) >= self.max_queue:
@@ -160,6 +161,20 @@ class Engine:
             self._waiting.append(req)
             self._cv.notify()
         return req
+
+    def change_adapter(self, name: str, change):
+        """Run ``change()`` (loading or unloading LoRA adapter ``name`` on the model) while no queued
+        or running request uses ``name`` (else ``InvalidRequest``); prefixes kept under its old
+        weights are not reused after. Returns what ``change`` returns."""
+        with self._cv:
+            users = [r.params for r in self._waiting] + [a.req.params for a in self._slots if a is not None]
+            if any(p.adapter == name for p in users):
+                raise InvalidRequest(
+                    f"adapter {name!r} is in use by a request; retry when it ends", "lora_name"
+                )
+            out = change()
+            self._keys.renew(name)
+        return out
 
     def start(self) -> Engine:
         with self._cv:
@@ -282,8 +297,9 @@ class Engine:
             n = self._busy_rows()
             prompt = np.asarray(req.prompt, np.int32)
             free_rows = range(n, len(self._slots))
-            row, length = self._held.best(prompt, free_rows) if self.prefix_cache else (None, 0)
-            kv, stored = self._store.best(prompt) if self.prefix_cache else (None, 0)
+            key = self._keys.key(prompt, req.params.adapter)
+            row, length = self._held.best(key, free_rows) if self.prefix_cache else (None, 0)
+            kv, stored = self._store.best(key) if self.prefix_cache else (None, 0)
             kv = kv if stored > length else None  # a held row beats a copy of the same length
             if not self._saves(len(prompt), max(length, stored)):
                 row, kv, length = None, None, 0
@@ -341,7 +357,8 @@ class Engine:
             group = [where[k] for k in call.keys]  # rows now: an ended request moved rows down
             if len(group) > 1:
                 rows, prompts = [i for i, _ in group], [a.prompt for _, a in group]
-                logits = self.batch.prefill_rows(rows, prompts, call.bucket)
+                adapters = [a.req.params.adapter for _, a in group]
+                logits = self.batch.prefill_rows(rows, prompts, call.bucket, adapters)
                 for (_, a), lg in zip(group, logits, strict=True):
                     a.plan.clear()
                     a.logits, a.filled = lg, len(a.prompt)
@@ -349,7 +366,7 @@ class Engine:
                 i, a = group[0]
                 for _ in range(call.chunks):
                     step: bk.PrefillStep = a.plan.popleft()
-                    a.logits = self.batch.prefill_step(i, a.prompt, step)
+                    a.logits = self.batch.prefill_step(i, a.prompt, step, a.req.params.adapter)
                     a.filled = max(a.filled, step.start + step.n_real)
                 if a.plan:
                     return ended  # budget spent; the rest next round
@@ -413,5 +430,5 @@ class Engine:
                 i = top
             elif running:
                 self.batch.swap(i, i, 1)  # stops the row (the row moving "up" is marked done)
-            self._held.keep(i, kept)
+            self._held.keep(i, self._keys.key(kept, a.req.params.adapter))
             self._cv.notify()

@@ -21,6 +21,28 @@ import numpy as np
 
 from aotlm.batching.types import Request
 
+TAG = 1 << 24  # above every vocabulary: a key is ``token + tag * TAG``
+
+
+class PrefixKeys:
+    """The keys prefix reuse compares: a row's K/V depends on its LoRA adapter, so each token is
+    keyed with its request's adapter (a tag per name; 0: the base model) and prompts under
+    different adapters share no prefix. ``renew(name)`` gives a reloaded adapter a fresh tag."""
+
+    def __init__(self) -> None:
+        self._tags: dict[str, int] = {}
+        self._next = itertools.count(1)
+
+    def key(self, tokens: np.ndarray, adapter: str | None) -> np.ndarray:
+        if adapter is None:
+            return np.asarray(tokens, np.int64)
+        if adapter not in self._tags:
+            self._tags[adapter] = next(self._next)
+        return np.asarray(tokens, np.int64) + self._tags[adapter] * TAG
+
+    def renew(self, adapter: str) -> None:
+        self._tags.pop(adapter, None)
+
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     """How many leading tokens ``a`` and ``b`` share."""
@@ -38,7 +60,7 @@ class HeldRows:
         self._clock = itertools.count(1)
 
     def keep(self, row: int, tokens: np.ndarray) -> None:
-        self.tokens[row] = np.asarray(tokens, np.int32) if len(tokens) else None
+        self.tokens[row] = np.asarray(tokens, np.int64) if len(tokens) else None
         self.used[row] = next(self._clock)
 
     def forget(self, row: int) -> None:
@@ -103,7 +125,7 @@ class PrefixStore:
             if common_prefix(held, tokens) == len(held):  # the new one covers it
                 del self.entries[key]
                 self.nbytes -= size
-        self.entries[next(self._ids)] = (np.asarray(tokens, np.int32), kv, nbytes)
+        self.entries[next(self._ids)] = (np.asarray(tokens, np.int64), kv, nbytes)
         self.nbytes += nbytes
         while self.nbytes > self.limit and self.entries:
             _, (_, _, size) = self.entries.popitem(last=False)

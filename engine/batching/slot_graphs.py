@@ -145,8 +145,9 @@ def emit_rows(st: SlotState, logits, slot, live) -> SlotState:
     )
 
 
-def slot_prefill(cfg, width: int, params, cache, tokens, positions, start, last, row):
-    """Encode ``tokens [1,C]`` at slots ``start..start+C-1`` of cache row ``row`` (traced).
+def slot_prefill(cfg, width: int, params, cache, tokens, positions, start, last, row, lora):
+    """Encode ``tokens [1,C]`` at slots ``start..start+C-1`` of cache row ``row`` (traced) with
+    adapter slot ``lora`` (traced; -1: the base model).
 
     Only the row's first ``width`` slots (all the call attends to and writes: ``start + C <=
     width``) are cut out of every layer's cache, run through the batch-1 forward and written
@@ -154,15 +155,18 @@ def slot_prefill(cfg, width: int, params, cache, tokens, positions, start, last,
     """
     old_width = 0 if width == tokens.shape[1] else width  # as core.graphs.prefill
     sub = slot_kv_out(width, cache, row)
-    h, sub = decoder.forward(cfg, params, sub, tokens, positions, start, old_width)
+    h, sub = decoder.forward(
+        cfg, params, sub, tokens, positions, start, old_width, lora=jnp.reshape(lora, (1,))
+    )
     new = slot_kv_in(cache, sub, row)
     h_last = lax.dynamic_index_in_dim(h, last, axis=1, keepdims=False)
     return decoder.logits(cfg, params, h_last), new
 
 
-def slot_prefill_rows(cfg, params, cache, tokens, positions, last, rows):
+def slot_prefill_rows(cfg, params, cache, tokens, positions, last, rows, lora):
     """Encode ``N`` whole prompts at once: ``tokens [N,C]`` (each from slot 0, right-padded;
-    ``positions`` -1 on padding), each into its cache row ``rows [N]`` (traced). Returns each
+    ``positions`` -1 on padding), each into its cache row ``rows [N]`` with its adapter slot
+    ``lora [N]`` (traced). Returns each
     prompt's logits at its ``last [N]`` token as ``N`` arrays ``[1,V]`` (one per ``slot_insert``)
     and the cache. Only the rows' first ``C`` slots are read and written; the host fills unused
     entries with copies of a real one (the same values written twice), never another row.
@@ -170,7 +174,7 @@ def slot_prefill_rows(cfg, params, cache, tokens, positions, last, rows):
     n, c = tokens.shape
     blocks = [slot_kv_out(c, cache, rows[r]) for r in range(n)]  # each row's first C slots
     sub = jax.tree.map(lambda *xs: jnp.concatenate(xs), *blocks)
-    h, sub = decoder.forward(cfg, params, sub, tokens, positions, jnp.int32(0), 0)
+    h, sub = decoder.forward(cfg, params, sub, tokens, positions, jnp.int32(0), 0, lora=lora)
     new = cache
     for r in range(n):
         new = slot_kv_in(new, jax.tree.map(lambda x, r=r: x[r : r + 1], sub), rows[r])
@@ -225,7 +229,9 @@ def slot_decode(cfg, width: int, rows: int, params, cache, state, cancel, replic
         live = ~st.done
         w_idx = jnp.where(live, st.idx, n_slots - 1)
         pos = jnp.where(live, st.idx, -1)
-        h, cache = decoder.forward(cfg, params, cache, st.tok[:, None], pos[:, None], w_idx, width)
+        h, cache = decoder.forward(
+            cfg, params, cache, st.tok[:, None], pos[:, None], w_idx, width, lora=st.adapter
+        )
         logits = decoder.logits(cfg, params, h[:, 0])
         if replicated is not None:
             logits = lax.with_sharding_constraint(logits, replicated)
@@ -289,14 +295,14 @@ def lower(model: GraphHost, key: tuple):
         fn = functools.partial(slot_prefill, model.cfg, w)
         jit = jax.jit(fn, donate_argnums=(1,), out_shardings=(rep, cache_sh))
         tok = jax.ShapeDtypeStruct((1, c), jnp.int32, sharding=rep)
-        return jit.lower(p, cache, tok, tok, scalar, scalar, scalar)
+        return jit.lower(p, cache, tok, tok, scalar, scalar, scalar, scalar)
     if key[0] == "slot_prefill_rows":
         _, c, n = key
         fn = functools.partial(slot_prefill_rows, model.cfg)
         jit = jax.jit(fn, donate_argnums=(1,), out_shardings=((rep,) * n, cache_sh))
         tok = jax.ShapeDtypeStruct((n, c), jnp.int32, sharding=rep)
         vec = jax.ShapeDtypeStruct((n,), jnp.int32, sharding=rep)
-        return jit.lower(p, cache, tok, tok, vec, vec)
+        return jit.lower(p, cache, tok, tok, vec, vec, vec)
     if key[0] == "slot_insert":
         one = state_spec(1, model.n_positions, v, rep)
         row_state = one

@@ -49,6 +49,10 @@ def check(model: GraphHost, prompt_len: int, s: SamplingParams) -> list[tuple[st
         bad.append(("stop", f"at most {graphs.MAX_STOPS} token stop sequences are supported"))
     v = model.cfg.vocab_size
     bad += _bias_problems(s.logit_bias, v)
+    slots = getattr(model, "adapter_slots", None)
+    if s.adapter is not None and (slots is None or s.adapter not in slots.names):
+        loaded = [] if slots is None else [a for a in slots.names if a is not None]
+        bad.append(("model", f"no LoRA adapter named {s.adapter!r} is loaded (loaded: {loaded})"))
     for seq in s.stop_token_ids:
         if not 0 < len(seq) <= graphs.MAX_STOP_LEN or not all(0 <= t < v for t in seq):
             bad.append(("stop", f"token stop sequence {list(seq)} must hold 1..{graphs.MAX_STOP_LEN} ids "
@@ -74,6 +78,7 @@ def host_state(slots: int, n_slots: int, vocab: int) -> SlotState:
     st = jax.tree.map(zeros, slot_graphs.state_spec(slots, n_slots, vocab, None))
     st.out[:], st.stop[:], st.bias_ids[:] = -1, -2, -1  # unwritten slots; unused stop tokens, biases
     st.allow[:] = 0xFFFFFFFF  # unconstrained
+    st.adapter[:] = -1  # the base model
     return st.replace(params=sampler_params.neutral_rows(slots))
 
 
@@ -118,9 +123,17 @@ class SlotRunner(Protocol):
 
     def prefill_plan(self, prompt_len: int, start: int = 0) -> Sequence[bk.PrefillStep]: ...
 
-    def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep) -> Any: ...
+    def prefill_step(
+        self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None
+    ) -> Any: ...
 
-    def prefill_rows(self, rows: Sequence[int], prompts: Sequence[np.ndarray], bucket: int) -> list: ...
+    def prefill_rows(
+        self,
+        rows: Sequence[int],
+        prompts: Sequence[np.ndarray],
+        bucket: int,
+        adapters: Sequence[str | None] = (),
+    ) -> list: ...
 
     def insert(
         self,
@@ -175,8 +188,13 @@ class SlotBatch:
         m = self.model
         return bk.resume_plan(prompt_len, start, m.ctx_buckets, m.tg_buckets)
 
-    def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep):
-        """Encode one chunk of ``prompt`` into cache row ``row``; returns the (device) logits."""
+    def _slot(self, adapter: str | None) -> int:
+        """An adapter name's slot (``aotlm.core.lora_slots``), -1 for None (the base model)."""
+        return -1 if adapter is None else self.model.adapter_slots.slot_of(adapter)
+
+    def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None):
+        """Encode one chunk of ``prompt`` into cache row ``row`` (with LoRA ``adapter``); returns the
+        (device) logits."""
         m = self.model
         end = step.start + step.n_real
         tok = np.zeros((1, step.bucket), np.int32)
@@ -188,26 +206,36 @@ class SlotBatch:
             put = m.put
             logits, m.cache = exe(
                 m.params, m.cache, put(tok), put(pos), put(np.int32(step.start)),
-                put(np.int32(step.n_real - 1)), put(np.int32(row)),
+                put(np.int32(step.n_real - 1)), put(np.int32(row)), put(np.int32(self._slot(adapter))),
             )  # fmt: skip
         return logits
 
-    def prefill_rows(self, rows: Sequence[int], prompts: Sequence[np.ndarray], bucket: int) -> list:
-        """Encode whole prompts (each fitting context bucket ``bucket``) into ``rows`` in one call;
-        returns each one's (device) logits. The call's prompt count is the smallest of
+    def prefill_rows(
+        self,
+        rows: Sequence[int],
+        prompts: Sequence[np.ndarray],
+        bucket: int,
+        adapters: Sequence[str | None] = (),
+    ) -> list:
+        """Encode whole prompts (each fitting context bucket ``bucket``, each with its LoRA adapter
+        of ``adapters``, default none) into ``rows`` in one call; returns each one's (device)
+        logits. The call's prompt count is the smallest of
         ``slot_graphs.prompt_ladder`` holding them; the rest of its entries repeat the first."""
         m, k = self.model, len(rows)
         n = next(n for n in slot_graphs.prompt_ladder(self.slots) if n >= k)
         tok = np.zeros((n, bucket), np.int32)
         pos = np.full((n, bucket), -1, np.int32)
-        last, where = np.zeros(n, np.int32), np.zeros(n, np.int32)
+        last, where, lora = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32)
+        names = list(adapters) or [None] * k
         for i in range(n):
-            p = prompts[i if i < k else 0]
+            j = i if i < k else 0
+            p = prompts[j]
             tok[i, : len(p)], pos[i, : len(p)] = p, np.arange(len(p))
-            last[i], where[i] = len(p) - 1, rows[i if i < k else 0]
+            last[i], where[i], lora[i] = len(p) - 1, rows[j], self._slot(names[j])
         with m.lock:
             exe = m.executable(("slot_prefill_rows", bucket, n))
-            logits, m.cache = exe(m.params, m.cache, m.put(tok), m.put(pos), m.put(last), m.put(where))
+            put = m.put
+            logits, m.cache = exe(m.params, m.cache, put(tok), put(pos), put(last), put(where), put(lora))
         return list(logits[:k])
 
     def insert(
@@ -224,6 +252,7 @@ class SlotBatch:
         r.last[0] = p_len + settings.max_tokens - 1
         r.stop[:] = stop_array([list(q) for q in settings.stop_token_ids] or None, 1, 1, v)
         r.ignore_eos[0], r.want[0] = settings.ignore_eos, settings.logprobs is not None
+        r.adapter[0] = self._slot(settings.adapter)
         r.presence[0], r.frequency[0] = settings.presence_penalty, settings.frequency_penalty
         seed = secrets.randbits(32) if settings.seed is None else settings.seed
         values = {q.name: getattr(settings, q.openai) for q in sampler_params.ROW if q.openai}

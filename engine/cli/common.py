@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -130,7 +131,18 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
         help="KV cache storage (default: follows --amp; f32 on CPU with the kernels)",
     )
     p.add_argument(
-        "--lora", default=None, metavar="DIR", help="a PEFT LoRA adapter dir, merged into the weights at load"
+        "--lora",
+        action="append",
+        default=None,
+        metavar="DIR|NAME=DIR",
+        help="a PEFT LoRA adapter: DIR is merged into the weights at load; NAME=DIR (repeatable) goes into "
+        "an adapter slot requests name (serve: the request's model; batch-generate: a record's adapter)",
+    )
+    p.add_argument(
+        "--max-loras", type=int, default=None, help="adapter slots (default: the NAME=DIR adapters)"
+    )
+    p.add_argument(
+        "--max-lora-rank", type=int, default=None, help="the largest adapter rank the slots take (default 16)"
     )
     p.add_argument(
         "--cache-dir", default=None, help="compile cache dir (default $AOTLM_CACHE_DIR or ./compile_cache)"
@@ -219,8 +231,33 @@ def model_kwargs(args) -> dict:
             # a single --n-positions N means "powers of two up to N"; a list in --config is exact
             kw[k] = v[0] if k == "n_positions" and isinstance(v, list) and len(v) == 1 else v
     kw["compile_cache"] = args.cache_dir
-    if getattr(args, "lora", None):  # one adapter, merged (models/README.md: LoRA adapters)
-        kw.update(lora_adapters={"lora": args.lora}, merge_lora=True)
+    kw.update(lora_kwargs(getattr(args, "lora", None) or [], getattr(args, "max_loras", None),
+                          getattr(args, "max_lora_rank", None)))  # fmt: skip
+    return kw
+
+
+def lora_kwargs(given: list[str], max_loras: int | None, max_lora_rank: int | None) -> dict:
+    """``--lora`` / ``--max-loras`` / ``--max-lora-rank`` as ``from_pretrained`` arguments (models/README.md:
+    LoRA adapters): one ``DIR`` merged, or ``NAME=DIR`` adapters in slots."""
+    named = [x for x in given if "=" in x and not os.path.isdir(x)]
+    merged = [x for x in given if x not in named]
+    if merged and (named or len(merged) > 1 or max_loras):
+        raise ValueError(
+            "--lora DIR merges one adapter into the weights; for several, or with --max-loras, give "
+            "--lora NAME=DIR for each (served per row from adapter slots)"
+        )
+    if merged:
+        return dict(lora_adapters={"lora": merged[0]}, merge_lora=True)
+    pairs = [x.split("=", 1) for x in named]
+    if any(not n or not d for n, d in pairs) or len({n for n, _ in pairs}) != len(pairs):
+        raise ValueError(f"--lora NAME=DIR takes a name and a directory, each name once; got {named}")
+    kw = dict(lora_adapters=dict(pairs)) if pairs else {}
+    if max_loras is not None:
+        kw["max_loras"] = max_loras
+    if max_lora_rank is not None:
+        kw["max_lora_rank"] = max_lora_rank
+    if kw and "lora_adapters" not in kw and "max_loras" not in kw:
+        raise ValueError("--max-lora-rank sizes adapter slots: give --max-loras N or --lora NAME=DIR too")
     return kw
 
 

@@ -7,7 +7,15 @@ import os
 import sys
 import time
 
-from aotlm.cli.common import add_job_args, add_table_flags, int_list, setup_logging, table, table_values
+from aotlm.cli.common import (
+    add_job_args,
+    add_table_flags,
+    int_list,
+    lora_kwargs,
+    setup_logging,
+    table,
+    table_values,
+)  # fmt: skip
 from aotlm.durable import atomic_write_jsonl, read_jsonl
 from aotlm.jobs import batch, ray_data, ray_jobs
 from aotlm.jobs import plan as batch_plan
@@ -31,7 +39,16 @@ def _cli_defaults(args) -> dict:
         "dtype": args.dtype,
         "generation": gen,
         "n_positions": (n_pos if len(n_pos) > 1 else n_pos[0]) if n_pos else None,
+        "adapters": sorted(_lora(args).get("lora_adapters", {})),
     }
+
+
+def _lora(args) -> dict:
+    """``--lora NAME=DIR`` (repeatable) and ``--max-lora-rank``: adapter slots records name."""
+    given = args.lora or []
+    if any("=" not in x for x in given):
+        raise ValueError("batch-generate takes --lora NAME=DIR (records name the adapter in 'adapter')")
+    return lora_kwargs(given, None, args.max_lora_rank)
 
 
 def cmd_batch_generate(args) -> int:
@@ -60,6 +77,7 @@ def cmd_batch_generate(args) -> int:
         "tp_degree": args.tp_degree,
         "pp_degree": args.pp_degree,
         "cache_dir": args.cache_dir,
+        "lora": _lora(args),
     }
     shard = f" (shard {args.shard[0]}/{args.shard[1]}: {len(mine)} of {len(groups)} groups)"
     log.info("pre-flight ok: %d records, %d model groups%s", len(records), len(groups), shard)
@@ -142,6 +160,11 @@ def register(sub) -> None:
     add_table_flags(p)
     p.add_argument("--return-full-text", action="store_true")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument(
+        "--lora", action="append", default=None, metavar="NAME=DIR",
+        help="a PEFT LoRA adapter records may name in 'adapter' (repeatable; one set of graphs for all)",
+    )  # fmt: skip
+    p.add_argument("--max-lora-rank", type=int, default=None, help="largest adapter rank (default 16)")
     p.add_argument("--batch-size", type=int, default=4, help="compiled batch size (default 4)")
     p.add_argument(
         "--n-positions", type=int_list, default=None, help="KV-cache buckets (default: from the prompts)"

@@ -3,6 +3,7 @@
 aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-size 8]
             [--max-queue 64] [--api-key KEY] [--max-tokens-cap N] [--served-model-name NAME]
             [--no-prefix-cache] [--prefix-cache-mb 512] [--no-warmup] [--lenient-schemas]
+            [--lora NAME=DIR ...] [--max-loras N] [--max-lora-rank R]
 
 The model is compiled for every bucket before the port opens, so the first request does not
 compile, and every serving graph runs once (``SlotBatch.warm_up``; ``--no-warmup`` skips it),
@@ -32,6 +33,7 @@ from pathlib import Path
 from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.batching.engine import PREFIX_STORE_BYTES, Engine
 from aotlm.cli.common import add_model_args, model_kwargs, serve_kwargs, setup_logging
+from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import create_app
 from aotlm.text.tokens import eos_ids, tokenizer_for
 
@@ -128,9 +130,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ).start()
     name = _model_name(args, args.checkpoint)
     try:
+        adapters = Adapters(model, engine, name) if model.adapter_slots is not None else None
         app = create_app(
-            engine, tokenizer, name, api_key=args.api_key or None, lenient_schemas=args.lenient_schemas
-        )
+            engine, tokenizer, name, api_key=args.api_key or None, lenient_schemas=args.lenient_schemas,
+            adapters=adapters,
+        )  # fmt: skip
         port = sock.getsockname()[1]  # --port 0: the one the system picked
         ready = f"aotlm serve: http://{args.host}:{port} (model {name}, {model.batch_size} slots)"
         _serve(app, sock, args, ready)

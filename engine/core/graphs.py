@@ -76,15 +76,16 @@ NAMES = {  # reason -> (label, OpenAI finish_reason)
 }
 
 
-def prefill(cfg, width: int, params, cache, tokens, positions, start, last):
-    """Encode ``tokens [B,C]`` at cache slots ``start..start+C-1``.
+def prefill(cfg, width: int, params, cache, tokens, positions, start, last, lora=None):
+    """Encode ``tokens [B,C]`` at cache slots ``start..start+C-1`` (``lora [B]``: each row's
+    adapter slot, ``decoder.forward``'s).
 
     Returns the float32 logits ``[B,V]`` of chunk position ``last`` (the last real prompt
     token) and the updated cache.
     """
     # a (C, C) graph always starts at slot 0 (see buckets.prefill_plan): no earlier slots to read
     old_width = 0 if width == tokens.shape[1] else width
-    h, cache = decoder.forward(cfg, params, cache, tokens, positions, start, old_width)
+    h, cache = decoder.forward(cfg, params, cache, tokens, positions, start, old_width, lora=lora)
     h_last = lax.dynamic_index_in_dim(h, last, axis=1, keepdims=False)
     return decoder.logits(cfg, params, h_last), cache
 
@@ -185,7 +186,9 @@ def decode(cfg, width: int, params, cache, state, replicated=None, group: int = 
     def step(carry, path=None):
         cache, st = carry
         idx = st.idx
-        h, cache = decoder.forward(cfg, params, cache, st.tok[:, None], st.pos[:, None], idx, width)
+        h, cache = decoder.forward(
+            cfg, params, cache, st.tok[:, None], st.pos[:, None], idx, width, lora=st.adapter
+        )
         logits = decoder.logits(cfg, params, h[:, 0])
         if replicated is not None:
             logits = lax.with_sharding_constraint(logits, replicated)
@@ -231,6 +234,7 @@ def sampler_fields(batch: int, n_slots: int, vocab: int, spec) -> dict:
         eos=spec((MAX_EOS,), i32),
         pad=spec((), i32),
         params=sampler_params.row_spec(row),
+        adapter=row(i32),
     )
 
 

@@ -24,18 +24,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from aotlm import kernels
-from aotlm.core import artifacts, backend, graphs, inputs, sampling, scoring, sharding, weight_cache
+from aotlm.core import artifacts, backend, graphs, inputs, sampling, scoring, sharding
 from aotlm.core import buckets as bk
 from aotlm.core.bucket_config import resolve as merge_bucket_config
-from aotlm.core.compile_cache import CompileCache, source_hash
+from aotlm.core.compile_cache import CompileCache
+from aotlm.core.lora_slots import AdapterHost
 from aotlm.core.spec import ModelSpec, SpecAttributes
 from aotlm.core.state import layout as state_layout
-from aotlm.models import family_for, lowp, packing
+from aotlm.core.weight_load import WeightLoading
+from aotlm.models import family_for, lowp
 from aotlm.models.arch import ArchConfig
-from aotlm.models.checkpoint import CheckpointError, WeightReader, gguf, gguf_q4k, load_hf_config, lora
+from aotlm.models.checkpoint import CheckpointError, gguf, load_hf_config, lora
 from aotlm.models.checkpoint.resolve import resolve
-from aotlm.models.quant import ParamRewriter, QuantizationConfig
-from aotlm.models.weights import load_params
+from aotlm.models.quant import QuantizationConfig
 from aotlm.progress import bar
 
 COMPILE_THREADS = int(os.environ.get("AOTLM_COMPILE_THREADS", "0"))  # 0: one per core
@@ -62,12 +63,11 @@ def locked(method):
 BASE_KINDS = ("prefill", "select", "decode", "score")
 
 
-class CompiledModel(SpecAttributes):
+class CompiledModel(SpecAttributes, WeightLoading, AdapterHost):
     """A causal LM compiled per bucket (weights, KV cache, graphs). ``aotlm.generate``'s
     ``CausalLMForSampling`` adds ``sample()``; use ``AutoModelForSampling.from_pretrained``."""
 
     model_types: tuple[str, ...] | None = None  # subclasses restrict the family
-    _weights_out: weight_cache.Writer | None = None  # the leaves of a converting load, for the next one
 
     def __init__(
         self,
@@ -86,6 +86,8 @@ class CompiledModel(SpecAttributes):
         kv_cache_dtype: str | None = None,
         lora_adapters: dict[str, str | os.PathLike] | None = None,
         merge_lora: bool = False,
+        max_loras: int | None = None,
+        max_lora_rank: int | None = None,
     ):
         # scoring: list the score graphs (aotlm.core.scoring) in graph_keys(), so compile() makes them
         # bucket_config: a tuner-written JSON (or dict) of n_positions / context_length_estimate /
@@ -120,6 +122,8 @@ class CompiledModel(SpecAttributes):
         self._fingerprint: dict | None = None
         self.compile_report: list[dict] = []
         self.params = self._load_weights(family)
+        per_row = None if merge_lora else lora_adapters  # adapter slots (aotlm.core.lora_slots)
+        self._init_adapters(self._weight_rows(family), family.PREFIXES, per_row, max_loras, max_lora_rank)
         self.cache = self._alloc_cache()
 
     # ------------------------------------------------------------------ loading
@@ -142,89 +146,6 @@ class CompiledModel(SpecAttributes):
     def _make_mesh(self):
         """The devices this model runs on (a pipeline stage: its own, ``aotlm.core.pipeline``)."""
         return sharding.make_mesh(self.tp_degree)
-
-    def _weight_rows(self, family) -> list:
-        """The HF tensors to load (a pipeline stage: its own layers', ``aotlm.core.pipeline``)."""
-        return family.weight_rows(self.cfg, self.hf_config)
-
-    def _place(self, path: tuple, arr: np.ndarray):
-        """Pad / repeat for the mesh on the host, then copy each device only its own shard."""
-        arr = sharding.prepare_param(path, arr, self.tp_degree, self.gqa, self.cfg.n_kv_heads)
-        if self._pack:  # the matrices in the kernels' panel layout (aotlm.models.packing)
-            arr = packing.prepare(
-                path[-1], arr, sharding.param_spec(path, arr.ndim, self._rules), self.tp_degree
-            )
-        if self._weights_out is not None:  # kept in its final form for the next load (weight_cache)
-            self._weights_out.record(path, arr)
-        return self._place_final(path, arr)
-
-    def _place_final(self, path: tuple, arr: np.ndarray):
-        """A leaf already in its final host form on its devices (each device its own shard)."""
-        shard = sharding.param_sharding(self.mesh, path, arr.ndim, self._rules)
-        return jax.make_array_from_callback(arr.shape, shard, lambda idx: arr[idx])
-
-    def _weight_key(self, rows, converts: bool) -> tuple[str, dict] | None:
-        """The weight-cache entry of this load, or None when nothing is converted (a plain copy)."""
-        if not converts or weight_cache.root() is None:
-            return None
-        fields = {
-            "checkpoint": weight_cache.identity(self.path),
-            "rows": [(r.targets, r.hf, r.more) for r in rows],
-            "precision": self.precision.describe(),
-            "quant": repr(self.precision.quant),
-            "fuse_qkv": self.fuse_qkv, "tp": self.tp_degree, "gqa": self.gqa, "pack": self._pack,
-            "dtype": str(self.dtype), "code": source_hash(), "lora": self.lora and self.lora.digest,
-        }  # fmt: skip
-        return weight_cache.key(fields), fields
-
-    def _load_weights(self, family) -> dict:
-        rows = self._weight_rows(family)
-        quant = self.precision.quant  # the matrices' storage (amp's on CPU with the kernels)
-        view = quant is not None and kernels.enabled()  # int8 / bf16 embedding copy for a tied lm_head
-        # int8 / bf16 / f16 / f32 matrices in the kernels' panel layout (aotlm.models.packing); 4-bit
-        # codes are stored only in it (aotlm.models.quant4)
-        f32 = np.dtype(jnp.dtype(self.dtype)) == np.float32
-        self._pack = view or (quant is not None and quant.int4) or (kernels.enabled() and f32)
-        entry = self._weight_key(rows, quant is not None)  # quantized storage: converted, and compact
-        if entry is not None:
-            params = weight_cache.load(entry[0], self._place_final)
-            if params is not None:
-                return params
-        self._weights_out = weight_cache.Writer(*entry) if entry is not None else None
-        try:
-            params = self._convert_weights(family, rows, view)
-            if self._weights_out is not None:
-                self._weights_out.commit(params)
-            return params
-        finally:
-            if self._weights_out is not None:
-                self._weights_out.abandon()
-            self._weights_out = None
-
-    def _convert_weights(self, family, rows, view: bool) -> dict:
-        """Read the checkpoint's tensors and convert them into this model's stored form."""
-        reader = gguf.open_weights(self.path) or WeightReader(self.path)  # a GGUF model: its file
-        if self.lora is not None:
-            reader = lora.MergedReader(reader, self.lora)
-        try:
-            rows = bar(rows, "loading weights", unit="tensor")
-            np_dtype = np.dtype(jnp.dtype(self.dtype))
-            quant = self.precision.quant
-            blocks = bool(gguf.q4_types(self.path))  # a GGUF file's 4-bit blocks: kept as they are
-            q4k = gguf_q4k.BlockScales(reader) if blocks else None  # Q4_K's exact group scales
-            rewriter = None
-            if quant or self.fuse_qkv:
-                rewriter = ParamRewriter(quant, self.fuse_qkv, view, blocks, q4k)
-            params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
-            if "lm_head" in params:  # untied: the int8 embedding copy is not needed
-                params.pop("embed_q", None), params.pop("embed_q_scale", None)
-            unused = reader.unused() if self.lora is not None else []
-            if unused:
-                where = f"LoRA adapter {self.lora.path} changes {unused[0]!r}"
-                raise CheckpointError(f"{where}, which aotlm does not read for this family")
-            return params
-        finally:
-            reader.close()
 
     def cache_specs(self) -> dict:
         c = self.cfg
@@ -284,7 +205,8 @@ class CompiledModel(SpecAttributes):
             )
             tok = jax.ShapeDtypeStruct((b, c), jnp.int32, sharding=rep)
             scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
-            return fn.lower(p, cache, tok, tok, scalar, scalar)
+            rows = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=rep)  # each row's adapter slot
+            return fn.lower(p, cache, tok, tok, scalar, scalar, rows)
         if key[0] == "select":
             # a fresh callable: jax reuses a function's traces across jit wrappers, and the trace
             # decides whether the sampler calls a kernel (AOTLM_KERNELS, the mesh)
@@ -409,9 +331,13 @@ class CompiledModel(SpecAttributes):
     def prepare(self, input_ids, attention_mask, start_ids) -> tuple[np.ndarray, np.ndarray, int]:
         return inputs.padded_batch(input_ids, attention_mask, start_ids, self.cfg.vocab_size, self.batch_size)
 
-    def encode(self, ids: np.ndarray, mask: np.ndarray):
-        """Run every prefill step of the prompt; returns (logits of its last token, positions)."""
+    def encode(self, ids: np.ndarray, mask: np.ndarray, lora: np.ndarray | None = None):
+        """Run every prefill step of the prompt (``lora [B]``: each row's adapter slot, default -1:
+        none); returns (logits of its last token, positions)."""
         p_len = ids.shape[1]
+        rows = self.put(
+            np.full(self.batch_size, -1, np.int32) if lora is None else np.asarray(lora, np.int32)
+        )
         positions = np.where(mask > 0, np.cumsum(mask, 1) - 1, -1).astype(np.int32)
         logits = None
         for step in bk.prefill_plan(p_len, self.ctx_buckets, self.tg_buckets):
@@ -428,14 +354,15 @@ class CompiledModel(SpecAttributes):
                 self.put(pos),
                 self.put(np.int32(step.start)),
                 self.put(np.int32(step.n_real - 1)),
+                rows,
             )
         return logits, positions
 
     @locked
-    def forward(self, input_ids, attention_mask=None) -> np.ndarray:
-        """Float32 logits ``[batch, vocab]`` of the last prompt position."""
+    def forward(self, input_ids, attention_mask=None, adapter=None) -> np.ndarray:
+        """Float32 logits ``[batch, vocab]`` of the last prompt position (``adapter``: ``sample()``'s)."""
         ids, mask, n = self.prepare(input_ids, attention_mask, None)
-        logits, _ = self.encode(ids, mask)
+        logits, _ = self.encode(ids, mask, self.adapter_rows(adapter, n))
         return sharding.fetch(logits)[:n]
 
     @locked

@@ -39,7 +39,16 @@ from aotlm.models.quant import regroup_qkv
 
 TP = "tp"
 GQA_STRATEGIES = ("shard-over-heads", "replicated-heads", "shard-over-batch")
-KV_LEAVES = ("wk", "wv", "bk", "bv", "wk_scale", "wv_scale")  # kv-heads axis (repeated by replicated-heads)
+KV_LEAVES = (
+    "wk",
+    "wv",
+    "bk",
+    "bv",
+    "wk_scale",
+    "wv_scale",
+    "wk_lora_b",
+    "wv_lora_b",
+)  # kv-heads axis (repeated by replicated-heads)
 FUSED_KV_LEAVES = ("wqkv", "bqkv", "wqkv_scale")  # fused q/k/v: [.., K, G+2, Dh], regrouped instead
 PADDED_AXES = ("vocab", "mlp")  # logical axes zero-padded to a multiple of tp
 

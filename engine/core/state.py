@@ -43,7 +43,8 @@ class SamplerState:
     the ids a row has seen (repetition penalty); ``stop [B, MAX_STOPS, MAX_STOP_LEN]`` its stop
     sequences, right-aligned, -2 padded; ``eos [MAX_EOS]`` (-1 padded) and ``pad []``;
     ``params``: the per-row sampler settings (``RowParams``: one ``[B]`` array per "row" entry of
-    ``aotlm.core.sampler_params.TABLE``, read by ``aotlm.core.sampling``); ``idx`` / ``first``:
+    ``aotlm.core.sampler_params.TABLE``, read by ``aotlm.core.sampling``); ``adapter [B]`` int32
+    each row's LoRA adapter slot (``aotlm.models.adapters``; -1: the base model); ``idx`` / ``first``:
     the slot of ``tok`` and of the first generated token (``[]`` in the decode state, where
     every row moves together; ``[B]`` in the slot state).
     """
@@ -62,6 +63,7 @@ class SamplerState:
     eos: Array
     pad: Array
     params: RowParams
+    adapter: Array
     idx: Array
     first: Array
 

@@ -96,20 +96,24 @@ def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
     return np.concatenate([x, np.repeat(x[:1], rows - x.shape[0], 0)]) if x.shape[0] < rows else x
 
 
-def encode(model: StrategyHost, plain_encode, ids: np.ndarray, mask: np.ndarray, group: int, n_rows: int):
+def encode(
+    model: StrategyHost, plain_encode, ids: np.ndarray, mask: np.ndarray, group: int, n_rows: int, lora=None
+):
     """``model.encode`` for ``ids`` whose rows ``i*group .. i*group+group-1`` repeat prompt ``i``.
 
     ``n_rows`` rows are real (the rest pad the compiled batch). Returns exactly what
     ``plain_encode(ids, mask)`` would: device outputs with one row per batch row, then positions.
+    ``lora [B]`` (each row's adapter slot) repeats like the prompts.
     """
     b = model.batch_size
     n_prompts = -(-n_rows // group)
     first = np.arange(n_prompts) * group
     pb = model.strategies.prompt_batch_size
-    if pb and n_prompts <= pb:
+    if pb and n_prompts <= pb and (lora is None or (lora < 0).all()):
         out = _encode_rows(model, _pad_rows(ids[first], pb), _pad_rows(mask[first], pb), pb)
     else:
-        out = plain_encode(model, _pad_rows(ids[first], b), _pad_rows(mask[first], b))
+        rows = None if lora is None else _pad_rows(lora[first], b)
+        out = plain_encode(model, _pad_rows(ids[first], b), _pad_rows(mask[first], b), rows)
     src = np.zeros(b, np.int32)
     src[:n_rows] = np.arange(n_rows) // group
     model.cache = model.executable(("gather",))(model.cache, model.put(src))
@@ -123,11 +127,11 @@ def encoder(plain_encode):
     ``model.strategies.broadcasting``."""
 
     @functools.wraps(plain_encode)
-    def wrapper(model: StrategyHost, ids: np.ndarray, mask: np.ndarray):
+    def wrapper(model: StrategyHost, ids: np.ndarray, mask: np.ndarray, lora=None):
         plan = model.strategies.broadcast
         if plan is None:
-            return plain_encode(model, ids, mask)
+            return plain_encode(model, ids, mask, lora)
         group, n_rows = plan
-        return encode(model, plain_encode, ids, mask, group, n_rows)
+        return encode(model, plain_encode, ids, mask, group, n_rows, lora)
 
     return wrapper

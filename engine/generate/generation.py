@@ -144,7 +144,7 @@ def check_streamer(streamer) -> None:
 
 
 def initial_state(
-    model: GraphHost, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, n: int, last, cfg
+    model: GraphHost, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, n: int, last, cfg, lora=None
 ) -> DecodeState:
     """The host-side generation state for a prompt batch (see ``graphs.state_spec``).
 
@@ -185,6 +185,7 @@ def initial_state(
         pad=np.int32(pad),
         want_logprobs=np.bool_(False),
         params=sampler_params.row_params(sp),
+        adapter=np.full(b, -1, np.int32) if lora is None else np.asarray(lora, np.int32),
     )
 
 
@@ -223,17 +224,19 @@ def run(
     criteria,
     want_dict: bool,
     matchers: dict | None = None,
+    lora: np.ndarray | None = None,
 ):
     """Prefill, first token, then decode calls (whole buckets, or chunks while someone listens).
 
     ``matchers`` (``{row: constraints.Matcher}``) constrain those rows to their grammars: the
-    loop then runs one token per call and fills their masks before each.
+    loop then runs one token per call and fills their masks before each. ``lora [B]``: each
+    row's adapter slot (``aotlm.core.lora_slots``), None: the base model.
     """
     t_start = time.perf_counter()
     b, p_len = ids.shape
     last = p_len + np.concatenate([new, np.repeat(new[:1], b - n)]) - 1
-    logits, positions = model.encode(ids, mask)
-    state = initial_state(model, ids, mask, positions, n, last, cfg)
+    logits, positions = model.encode(ids, mask, lora)
+    state = initial_state(model, ids, mask, positions, n, last, cfg, lora)
     state.want_logprobs = np.bool_(want_dict)
     matchers = matchers or {}
     allow = state.allow

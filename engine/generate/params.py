@@ -68,7 +68,8 @@ SamplingParams = _derived(
     ``seed``, ...). ``temperature == 0`` is greedy (OpenAI); ``stop_token_ids`` are token-id stop
     sequences checked in the graph (text stop strings are the HTTP layer's job); ``logprobs=k``
     returns each token's log-probability and its ``k`` most likely alternatives (``k`` may be 0);
-    ``logit_bias`` ``(token id, value)`` pairs are added to the logits (OpenAI's, up to 300).
+    ``logit_bias`` ``(token id, value)`` pairs are added to the logits (OpenAI's, up to 300);
+    ``adapter``: a loaded LoRA adapter's name (None: the base model; the server's ``model`` field).
     """,
     [("max_tokens", int, dataclasses.field(default=16))]
     + [(p.openai, _pytype(p), dataclasses.field(default=p.default)) for p in sp.TABLE if p.openai],
@@ -77,6 +78,7 @@ SamplingParams = _derived(
         ("ignore_eos", bool, dataclasses.field(default=False)),
         ("logprobs", int | None, dataclasses.field(default=None)),
         ("logit_bias", tuple[tuple[int, float], ...], dataclasses.field(default=())),
+        ("adapter", str | None, dataclasses.field(default=None)),
     ],
 )
 

@@ -77,6 +77,7 @@ def generate(
     eos_token_id: Sequence[int] = (),
     row_stop_sequences: Sequence[Sequence[Sequence[int]]] | None = None,
     constraints: Sequence | None = None,
+    adapters: Sequence[str | None] | None = None,
 ) -> list[RowResult]:
     """Generate for every prompt, ``model.batch_size`` rows per call, in input order.
 
@@ -84,7 +85,7 @@ def generate(
     ``row_stop_sequences[i]`` its stop sequences (default: ``stop_sequences`` for every row);
     one batch mixes rows with different settings. ``eos_token_id`` applies to every row.
     ``constraints[i]``: a callable making row ``i``'s ``constraints.Matcher`` (structured
-    outputs; called when its batch runs), or None.
+    outputs; called when its batch runs), or None. ``adapters[i]``: row ``i``'s LoRA adapter name.
     """
     n = len(prompts)
     sampling = list(sampling) if sampling is not None else [{} for _ in prompts]
@@ -100,11 +101,14 @@ def generate(
             [stops[i] for i in rows],
             eos_token_id,
             None if constraints is None else [constraints[i] for i in rows],
+            None if adapters is None else [adapters[i] for i in rows],
         )
     return out
 
 
-def _generate_batch(model, prompts, limits, sampling, stops, eos, constraints=None) -> list[RowResult]:
+def _generate_batch(
+    model, prompts, limits, sampling, stops, eos, constraints=None, adapters=None
+) -> list[RowResult]:
     ids, mask = left_pad(prompts)
     n = len(prompts)
     kw: dict = {"attention_mask": mask, "max_new_tokens": _per_row(limits, "max_new_tokens", n)}
@@ -123,6 +127,8 @@ def _generate_batch(model, prompts, limits, sampling, stops, eos, constraints=No
         kw[key] = _per_row(vals, key, n)
     if constraints is not None and any(c is not None for c in constraints):
         kw["constraints"] = [None if c is None else c() for c in constraints]
+    if adapters is not None and any(a is not None for a in adapters):
+        kw["adapter"] = list(adapters)
     out = model.sample(ids, return_dict=True, **kw)
     p_len = ids.shape[1]
     results = []

@@ -43,6 +43,7 @@ class Sampler(SpecAttributes):
         stopping_criteria_list=None,
         return_dict: bool = False,
         constraints=None,
+        adapter=None,
         **generation_kwargs,
     ) -> np.ndarray | generation.GenerateOutput:
         """Generate: ``[batch, prompt_len + new]`` (prompt as given, then new tokens), or a
@@ -66,7 +67,7 @@ class Sampler(SpecAttributes):
         token per call (``generation.STREAM_CHUNK``). ``constraints`` (structured outputs): one
         ``aotlm.generate.constraints.Matcher`` or None per prompt (``Grammars.matcher``; the text
         pipeline's ``json_schema=`` builds them); those rows follow their grammars, one token
-        per call.
+        per call. ``adapter``: a LoRA adapter's name (or None) for all, or one per prompt (``load_adapter``).
         """
         cfg = generation_config or self.default_generation
         if stopping_criteria is not None and stopping_criteria_list is not None:
@@ -93,18 +94,17 @@ class Sampler(SpecAttributes):
         generation.sampling_params(cfg, n, self.batch_size)  # validate before any device work
         generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
         want = bool(return_dict or cfg.top_logprobs)
+        kw = {} if adapter is None else {"lora": self.adapter_rows(adapter, n)}  # each row's adapter slot
         if constraints is None:
-            return self._run(ids, mask, n, new, cfg, streamer, criteria, want)
+            return self._run(ids, mask, n, new, cfg, streamer, criteria, want, **kw)
         if not getattr(self, "constrained_decoding", False):
             raise ValueError(
                 f"constraints are not supported by {type(self).__name__}; use CausalLMForSampling"
             )
         if len(constraints) != n:
-            raise ValueError(
-                f"constraints has {len(constraints)} entries for {n} prompts; give one per prompt"
-            )
+            raise ValueError(f"constraints has {len(constraints)} entries for {n} prompts; give one each")
         matchers = {i: m for i, m in enumerate(constraints) if m is not None}
-        return self._run(ids, mask, n, new, cfg, streamer, criteria, want, matchers)
+        return self._run(ids, mask, n, new, cfg, streamer, criteria, want, matchers, **kw)
 
     def _run(
         self,
@@ -119,6 +119,13 @@ class Sampler(SpecAttributes):
     ) -> np.ndarray | generation.GenerateOutput:
         """The request on the device: the subclass's decode loop."""
         raise NotImplementedError
+
+    def adapter_rows(self, adapter, n: int) -> np.ndarray | None:
+        """Each row's LoRA adapter slot for ``sample(adapter=...)``, or None (a subclass with
+        adapter slots says; without them a named adapter is refused)."""
+        if adapter is not None:
+            raise ValueError(f"{type(self).__name__} has no LoRA adapter slots; sample() without adapter=")
+        return None
 
     def prepare(self, input_ids, attention_mask, start_ids) -> tuple[np.ndarray, np.ndarray, int]:
         """Checked prompts padded to ``batch_size`` rows: ``(ids, mask, real rows)``."""

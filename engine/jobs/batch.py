@@ -115,6 +115,7 @@ def _generate(
             row_stop_sequences=[r.stop_ids for r in recs],
             eos_token_id=eos,
             constraints=[_matcher(r, model, tok, eos) for r in recs],
+            adapters=[r.adapter for r in recs],
         )
 
     try:

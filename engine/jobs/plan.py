@@ -5,7 +5,8 @@ A record is self-describing; only ``prompt`` is required::
     {"id": "q1", "prompt": "def f(x):",
      "model": {"checkpoint": "~/ckpt", "dtype": "bf16", "tokenizer": "$TOK"},   # or "model": "PATH"
      "generation": {"max_new_tokens": 16, "temperature": 0.7, "seed": 3, "stop_sequences": ["\\n\\n"]},
-     "response_format": {"type": "json_schema", "json_schema": {"schema": {...}}}}   # optional
+     "response_format": {"type": "json_schema", "json_schema": {"schema": {...}}},   # optional
+     "adapter": "sql"}   # optional: a LoRA adapter given as --lora sql=DIR
 
 Bad JSON, a missing prompt, an unknown field, an out-of-range parameter, or a checkpoint or
 tokenizer that does not resolve raise ``ValueError("<file> line N: ...")`` (exit code 2);
@@ -28,7 +29,7 @@ from aotlm.models import family_for
 from aotlm.models.checkpoint import load_hf_config
 from aotlm.models.checkpoint.resolve import default_model
 
-TOP_FIELDS = {"prompt", "id", "model", "generation", "metadata", "response_format"}
+TOP_FIELDS = {"prompt", "id", "model", "generation", "metadata", "response_format", "adapter"}
 MODEL_FIELDS = {"checkpoint", "output_dir", "dtype", "tokenizer"}
 
 GEN_DEFAULTS = {
@@ -85,6 +86,7 @@ class Record:
     prompt_ids: list[int] = field(default_factory=list)
     stop_ids: list[list[int]] = field(default_factory=list)
     constraint: Constraint | None = None  # OpenAI-shaped "response_format" (structured outputs)
+    adapter: str | None = None  # a LoRA adapter's name (--lora NAME=DIR)
 
 
 @dataclass
@@ -104,6 +106,7 @@ class Group:
             tp_degree=opts.get("tp_degree") or 1,
             pp_degree=opts.get("pp_degree") or 1,
             amp=self.key[1],
+            **opts.get("lora", {}),
         )
 
 
@@ -196,7 +199,12 @@ def parse(path: str, cli: dict) -> list[Record]:
             constraint = from_response_format(rec.get("response_format"))
         except ConstraintError as e:
             raise ValueError(f"{where}: {e}") from None
-        records.append(Record(n, rec, prompt, gen, (ckpt, spec[2], tok), constraint=constraint))
+        adapter = rec.get("adapter")
+        if adapter is not None and adapter not in cli.get("adapters", ()):
+            raise ValueError(f"{where}: adapter {adapter!r} is not given; add --lora {adapter}=DIR")
+        records.append(
+            Record(n, rec, prompt, gen, (ckpt, spec[2], tok), constraint=constraint, adapter=adapter)
+        )
     if not records:
         raise ValueError(f"{path} holds no records")
     return records

@@ -21,6 +21,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
+from aotlm.serve.adapters import Adapters, add_adapter_routes
 from aotlm.serve.detok import TokenTexts
 from aotlm.serve.handlers import ClientGone, Served, Streamed, chat_completions, completions, engine_stopped
 from aotlm.serve.metrics import Metrics, StatusCounter
@@ -32,7 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("aotlm.serve")
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # a 32k-token prompt as JSON ids is ~250 KB
-PATHS = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
+PATHS = (
+    "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
+    "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+)  # fmt: skip
 CLIENT_ERRORS = (400, 401, 404, 405, 413)  # OpenAI's "invalid_request_error"; 5xx: "server_error"
 
 
@@ -73,12 +77,14 @@ def create_app(
     max_n: int = 16,
     max_tokens_cap: int | None = None,
     lenient_schemas: bool = False,
+    adapters: Adapters | None = None,
 ) -> "FastAPI":
     """The app over a started ``engine``; ``app.state.served.stopping = True`` starts draining.
 
     ``max_n`` caps the choices of one HTTP request; ``max_tokens_cap`` (default: the
     engine's ``max_tokens_cap``) caps default and explicit ``max_tokens``; ``lenient_schemas``:
-    schemas that do not say ``strict`` keep open objects (``aotlm.serve.structured``).
+    schemas that do not say ``strict`` keep open objects (``aotlm.serve.structured``);
+    ``adapters``: the model's LoRA adapters, named by a request's ``model`` (``aotlm.serve.adapters``).
     """
     from fastapi import FastAPI  # local: optional [serve] extra, see the module docstring
 
@@ -86,7 +92,7 @@ def create_app(
         max_tokens_cap = getattr(engine, "max_tokens_cap", None)
     metrics = Metrics()
     served = Served(engine, tokenizer, model_name, metrics, TokenTexts(tokenizer), max_n, max_tokens_cap)
-    served.lenient_schemas = lenient_schemas
+    served.lenient_schemas, served.adapters = lenient_schemas, adapters
     app = FastAPI(title="aotlm", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.served = served
     app.add_middleware(StatusCounter, metrics=metrics, known=lambda p: p in PATHS)
@@ -94,6 +100,7 @@ def create_app(
     check_key = key_checker(api_key)
     add_generation_routes(app, served, check_key, max_body_bytes)
     add_info_routes(app, served, check_key)
+    add_adapter_routes(app, adapters, check_key, lambda request: read_json(request, max_body_bytes))
     return app
 
 
@@ -199,21 +206,26 @@ def add_info_routes(app: "FastAPI", served: Served, check_key) -> None:
 
     created, engine, name = int(time.time()), served.engine, served.model_name
 
-    def model_card() -> dict:
-        card = {"id": name, "object": "model", "created": created, "owned_by": "aotlm"}
+    def model_card(model_id: str = name) -> dict:
+        card = {"id": model_id, "object": "model", "created": created, "owned_by": "aotlm"}
+        if model_id != name:  # a LoRA adapter (vLLM's card: its base model is its parent)
+            card |= {"parent": name, "root": served.adapters.paths.get(model_id, model_id)}
         return card | {"max_model_len": engine.n_positions}
+
+    def ids() -> list[str]:
+        return [name] + (served.adapters.names() if served.adapters else [])
 
     @app.get("/v1/models")
     async def list_models(request: Request):
         check_key(request)
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(i) for i in ids()]}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(request: Request, model_id: str):
         check_key(request)
-        if model_id != name:
+        if model_id not in ids():
             raise APIError(404, f"the model '{model_id}' does not exist", "model", code="model_not_found")
-        return model_card()
+        return model_card(model_id)
 
     @app.get("/health")
     async def health():

@@ -19,6 +19,7 @@ from aotlm.batching.types import EngineStopped, InvalidRequest, QueueFull, Reque
 from aotlm.core.graphs import FinishReason
 from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Matcher
 from aotlm.serve import protocol
+from aotlm.serve.adapters import Adapters
 from aotlm.serve.chat import ChatError, render
 from aotlm.serve.detok import ChoiceText, Piece, TokenTexts, finish_reason
 from aotlm.serve.metrics import Metrics
@@ -42,6 +43,7 @@ class Served:
     stopping: bool = False  # set on SIGTERM: /health says 503 and new requests are refused
     lenient_schemas: bool = False  # schemas that do not say `strict` keep JSON Schema's open objects
     grammars: Grammars | None = None  # structured outputs, built at the first constrained request
+    adapters: Adapters | None = None  # LoRA adapters a request's `model` may name (aotlm.serve.adapters)
 
     def matchers(self, c: Constraint | None, n: int) -> list[Matcher | None]:
         """``n`` fresh matchers of ``c`` (None: unconstrained); a bad schema or grammar is a 400
@@ -188,7 +190,10 @@ def _submit(
     return reqs
 
 
-def _check_model(served: Served, common: Common) -> None:
+def _check_model(served: Served, common: Common) -> str | None:
+    """The LoRA adapter the request's ``model`` names (None: the base model), or a 404."""
+    if served.adapters is not None:
+        return served.adapters.resolve(common.model)
     if common.model is not None and common.model != served.model_name:
         raise APIError(
             404,
@@ -209,7 +214,7 @@ async def completions(served: Served, body: dict, disconnected: Callable[[], Awa
     """``POST /v1/completions``: a response dict, or a ``Streamed``."""
     parsed = protocol.parse_completion(body, served.max_n, not served.lenient_schemas)
     common = parsed.common
-    _check_model(served, common)
+    adapter = _check_model(served, common)
     vocab = served.engine.vocab_size
     prompts = []
     for p in parsed.prompts:
@@ -217,30 +222,28 @@ async def completions(served: Served, body: dict, disconnected: Callable[[], Awa
         protocol.check_token_ids(ids, vocab)
         prompts.append(ids)
     default_max = protocol.COMPLETION_DEFAULT_MAX_TOKENS
-    return await _run(served, COMPLETION, common, prompts, default_max, "prompt", disconnected)
+    return await _run(served, COMPLETION, common, prompts, default_max, "prompt", disconnected, adapter)
 
 
 async def chat_completions(served: Served, body: dict, disconnected: Callable[[], Awaitable[None]]):
     """``POST /v1/chat/completions``; ``max_tokens`` defaults to the rest of the context."""
     parsed = protocol.parse_chat(body, served.max_n, not served.lenient_schemas)
-    _check_model(served, parsed.common)
+    adapter = _check_model(served, parsed.common)
     try:
         text, add_special = render(served.tokenizer, parsed.messages, parsed.common.form.tools)
     except ChatError as e:
         raise protocol.bad(str(e), e.param) from None
     ids = _encode(served, text, add_special, "messages")
-    return await _run(served, CHAT, parsed.common, [ids], None, "messages", disconnected)
+    return await _run(served, CHAT, parsed.common, [ids], None, "messages", disconnected, adapter)
 
 
-async def _run(served, kind, common, prompts, default_max, prompt_param, disconnected):
-    n_pos = served.engine.n_positions
-    jobs = [
-        (ids, protocol.choice_params(common, len(ids), n_pos, default_max, served.max_tokens_cap))
-        for ids in prompts
-    ]
+async def _run(served, kind, common, prompts, default_max, prompt_param, disconnected, adapter=None):
+    n_pos, cap = served.engine.n_positions, served.max_tokens_cap
+    params = lambda ids: protocol.choice_params(common, len(ids), n_pos, default_max, cap)  # noqa: E731
+    jobs = [(ids, [p.replace(adapter=adapter) for p in params(ids)]) for ids in prompts]
     prefix = "chatcmpl" if kind == CHAT else "cmpl"
     rid = f"{prefix}-{uuid.uuid4().hex}"
-    shapes = Shapes(kind, rid, int(time.time()), served.model_name, served.texts, common.form)
+    shapes = Shapes(kind, rid, int(time.time()), adapter or served.model_name, served.texts, common.form)
     n = sum(len(plist) for _, plist in jobs)  # grammars compile off the event loop (first: ~1 s)
     matchers = await asyncio.to_thread(served.matchers, common.form.constraint, n)
     reqs = _submit(served, jobs, rid, prompt_param, matchers)

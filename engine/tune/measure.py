@@ -65,10 +65,11 @@ def _prefill_call(model: GraphHost, c: int, w: int):
     tok = model.put(np.zeros((b, c), np.int32))
     pos = model.put(np.broadcast_to(np.arange(start, start + c, dtype=np.int32), (b, c)).copy())
     exe = model.executable(("prefill", c, w))
+    rows = model.put(np.full(b, -1, np.int32))  # every row the base model
 
     def run():
         logits, model.cache = exe(
-            model.params, model.cache, tok, pos, model.put(np.int32(start)), model.put(np.int32(c - 1))
+            model.params, model.cache, tok, pos, model.put(np.int32(start)), model.put(np.int32(c - 1)), rows
         )
         sharding.fetch(logits)
 

@@ -190,10 +190,7 @@ def merged_adapter(lora_adapters: dict | None, merge_lora: bool) -> LoraAdapter 
     if not isinstance(lora_adapters, dict) or not all(isinstance(k, str) for k in lora_adapters):
         raise TypeError(f"lora_adapters must be a dict {{name: adapter dir}}, got {lora_adapters!r}")
     if not merge_lora:
-        raise ValueError(
-            "adapters served side by side (a per-row adapter over one set of graphs) are not built yet; "
-            "pass merge_lora=True to merge one adapter into the weights"
-        )
+        return None  # served per row from adapter slots (aotlm.core.lora_slots)
     if len(lora_adapters) != 1:
         names = sorted(lora_adapters)
         raise ValueError(f"merge_lora=True merges one adapter, got {len(names)}: {names}")

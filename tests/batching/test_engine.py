@@ -69,11 +69,11 @@ class FakeSlots:
     def prefill_plan(self, prompt_len: int, start: int = 0) -> tuple[bk.PrefillStep, ...]:
         return bk.resume_plan(prompt_len, start, [self.max_chunk], [self.n_positions])
 
-    def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep) -> int:
+    def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter=None) -> int:
         self.calls.append(("prefill", row, step.start, int(prompt[0])))
         return int(prompt[step.start + step.n_real - 1])  # "logits": the chunk's last token
 
-    def prefill_rows(self, rows, prompts, bucket: int) -> list[int]:
+    def prefill_rows(self, rows, prompts, bucket: int, adapters=()) -> list[int]:
         assert 1 < len(rows) <= self.max_prompts and all(len(p) <= bucket for p in prompts)
         self.calls.append(("prefill_rows", tuple(rows), bucket))
         return [int(p[-1]) for p in prompts]

@@ -1,0 +1,91 @@
+"""Per-row LoRA adapters inside the graphs: one table of adapter slots per projection, and each
+row's adapter index picks its slot (the punica / S-LoRA idea, with static shapes).
+
+A layer that can take adapters holds, besides a projection ``w`` (``wq``, ``wk``, ``wv``, ``wo``,
+``w_up``, ``w_gate``, ``w_down``: ``[*in, *out]``), two leaves:
+
+* ``<w>_lora_a [N, *in, R]``: the ``N`` slots' ``A`` matrices, transposed into ``w``'s input layout;
+* ``<w>_lora_b [N, R, *out]``: their ``B`` matrices in ``w``'s output layout, times the adapter's scale.
+
+An adapter of rank ``r < R`` fills the first ``r`` columns and leaves zeros (exact). The tables are
+traced weights: loading, replacing or unloading an adapter writes a slot and never recompiles.
+The rows' indices (``[B]`` int32, ``-1``: the base model) come from the graph's inputs through
+``rows`` (``decoder.forward`` sets it for the call); ``lora`` adds ``x @ A[i] @ B[i]`` to a
+projection's output for every row with an adapter. Few rows (``B < N``) gather each row's own
+slot; more rows multiply by every slot at once and keep each row's own (every slot read once
+per step, however many rows share it). On CPU a call whose rows are all base skips the work
+(``lax.cond``; on other backends a branch costs a round trip to the host, so it is computed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+TARGETS = ("wq", "wk", "wv", "wo", "w_up", "w_gate", "w_down")  # the projections adapters may change
+_ROWS: contextvars.ContextVar = contextvars.ContextVar("aotlm_lora_rows", default=None)
+
+
+def leaf_names(target: str) -> tuple[str, str]:
+    """The table leaves of projection ``target``: ``(A, B)``."""
+    return f"{target}_lora_a", f"{target}_lora_b"
+
+
+def has_tables(p: dict) -> bool:
+    """Does the layer ``p`` hold adapter tables?"""
+    return any(leaf_names(t)[0] in p for t in TARGETS)
+
+
+@contextlib.contextmanager
+def rows(idx):
+    """Within: ``idx [B]`` (traced int32, ``-1`` for the base model) is each row's adapter slot."""
+    token = _ROWS.set(idx)
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
+
+def lora(y, x, p: dict, target: str):
+    """``y`` (projection ``target``'s output for ``x``) plus each row's adapter update."""
+    a_name, b_name = leaf_names(target)
+    idx = _ROWS.get()
+    if a_name not in p or idx is None:
+        return y
+    a, b = p[a_name], p[b_name]
+    n_in = a.ndim - 2
+    bsz = x.shape[0]
+    idx = idx[:bsz]  # the state may hold more rows than the call runs
+    flat = x.reshape(*x.shape[: x.ndim - n_in], -1).astype(a.dtype)  # [B, T, in]
+    a2 = a.reshape(a.shape[0], -1, a.shape[-1])  # [N, in, R]
+    b2 = b.reshape(b.shape[0], b.shape[1], -1)  # [N, R, out]
+
+    def update():
+        d = _gathered(flat, a2, b2, idx) if bsz < a.shape[0] else _stacked(flat, a2, b2, idx)
+        d = jnp.where((idx >= 0).reshape(-1, *([1] * (d.ndim - 1))), d, 0.0)
+        return (y + d.reshape(y.shape).astype(jnp.float32)).astype(y.dtype)
+
+    if jax.default_backend() != "cpu":
+        return update()
+    return lax.cond(jnp.any(idx >= 0), update, lambda: y)
+
+
+def _gathered(x, a, b, idx):
+    """Each row times its own slot: ``x [B, T, in]`` -> ``[B, T, out]`` (float32)."""
+    slot = jnp.maximum(idx, 0)
+    h = jnp.einsum("bti,bir->btr", x, jnp.take(a, slot, axis=0), preferred_element_type=jnp.float32)
+    return jnp.einsum("btr,bro->bto", h.astype(b.dtype), jnp.take(b, slot, axis=0),
+                      preferred_element_type=jnp.float32)  # fmt: skip
+
+
+def _stacked(x, a, b, idx):
+    """Every row times every slot, each row keeping its own: each slot read once."""
+    n, _, r = a.shape
+    h = jnp.einsum("bti,nir->btnr", x, a, preferred_element_type=jnp.float32)
+    own = (jnp.arange(n)[None, :] == idx[:, None]).astype(h.dtype)  # [B, N]
+    h = h * own[:, None, :, None]
+    return jnp.einsum("btnr,nro->bto", h.astype(b.dtype), b, preferred_element_type=jnp.float32)
