@@ -71,7 +71,7 @@ def decode_tps(model, rows: int, prompt: int, new: int, runs: int, adapter=None)
     """Median decode tokens/s of ``runs`` greedy calls (after one warm-up call)."""
     ids = np.random.default_rng(0).integers(10, 1000, (rows, prompt))
     names = None if adapter is None else [adapter(i) for i in range(rows)]
-    kw = dict(max_new_tokens=new, return_dict=True, eos_token_id=-1, adapter=names)
+    kw = dict(max_new_tokens=new, min_new_tokens=new, return_dict=True, adapter=names)
     model.sample(ids, **kw)
     rates = []
     for _ in range(runs):
@@ -106,18 +106,18 @@ def main() -> None:
     for batch in (args.rows, 1):
         base = AutoModelForSampling.from_pretrained(path, batch_size=batch, **shapes)
         ref = decode_tps(base, batch, args.prompt, args.new, args.runs)
-        rows.append((f"base, {batch} row(s)", ref, 1.0))
+        rows.append((f"base, {batch} row{'s' * (batch > 1)}", ref, 1.0))
         lora = AutoModelForSampling.from_pretrained(
             path, batch_size=batch, lora_adapters=adapters, max_lora_rank=args.rank, **shapes
         )
-        cases = [("LoRA model, every row base", None)]
+        cases = [("adapter slots, every row base", None)]
         if batch > 1:
             cases.append((f"rows over {args.adapters} adapters", lambda i: f"a{i % args.adapters}"))
         else:
             cases.append(("one adapter", lambda i: "a0"))
         for label, adapter in cases:
             tps = decode_tps(lora, batch, args.prompt, args.new, args.runs, adapter)
-            rows.append((f"{label}, {batch} row(s)", tps, tps / ref))
+            rows.append((f"{label}, {batch} row{'s' * (batch > 1)}", tps, tps / ref))
         del base, lora
     print(f"| {'case':44s} | decode tok/s | vs base |")
     print(f"|{'-' * 46}|-------------:|--------:|")
