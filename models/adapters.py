@@ -13,8 +13,11 @@ The rows' indices (``[B]`` int32, ``-1``: the base model) come from the graph's 
 ``rows`` (``decoder.forward`` sets it for the call); ``lora`` adds ``x @ A[i] @ B[i]`` to a
 projection's output for every row with an adapter. Few rows (``B < N``) gather each row's own
 slot; more rows multiply by every slot at once and keep each row's own (every slot read once
-per step, however many rows share it). On CPU a call whose rows are all base skips the work
+per step, however many rows share it); on CPU a call whose rows are all base skips the work
 (``lax.cond``; on other backends a branch costs a round trip to the host, so it is computed).
+With the CPU kernels (one device, float32 activations) ``kernels.lora_add`` reads each row's slot
+in place and adds to the output in place instead: no gathered copies, no product with other slots,
+nothing for base rows.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import contextvars
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from aotlm import kernels
 
 TARGETS = ("wq", "wk", "wv", "wo", "w_up", "w_gate", "w_down")  # the projections adapters may change
 _ROWS: contextvars.ContextVar = contextvars.ContextVar("aotlm_lora_rows", default=None)
@@ -60,9 +65,13 @@ def lora(y, x, p: dict, target: str):
     n_in = a.ndim - 2
     bsz = x.shape[0]
     idx = idx[:bsz]  # the state may hold more rows than the call runs
-    flat = x.reshape(*x.shape[: x.ndim - n_in], -1).astype(a.dtype)  # [B, T, in]
+    flat = x.reshape(*x.shape[: x.ndim - n_in], -1)  # [B, T, in]
     a2 = a.reshape(a.shape[0], -1, a.shape[-1])  # [N, in, R]
     b2 = b.reshape(b.shape[0], b.shape[1], -1)  # [N, R, out]
+    rows = flat.reshape(-1, flat.shape[-1])  # [B*T, in]
+    if kernels.lora_ok(rows, a2, b2) and y.dtype == jnp.float32:  # slots read in place, y updated in place
+        out = kernels.lora_add(y.reshape(rows.shape[0], -1), rows, jnp.repeat(idx, flat.shape[1]), a2, b2)
+        return out.reshape(y.shape)
 
     def update():
         d = _gathered(flat, a2, b2, idx) if bsz < a.shape[0] else _stacked(flat, a2, b2, idx)

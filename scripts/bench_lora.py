@@ -12,8 +12,8 @@ times greedy decode (``sample()``, the same forward the serving slots run) on:
   no row uses them), the rows spread over all adapters (row ``i``: adapter ``i % adapters``), and
   one row with one adapter.
 
-Decode tokens/s = rows x (new - 1) / (total - time to first token), median of ``--runs``; ratios
-against the base model of the same row count.
+Decode tokens/s = rows x (new - 1) / (total - time to first token), median of ``--runs`` with the
+cases taking turns; ratios against the base model of the same row count.
 """
 
 from __future__ import annotations
@@ -67,19 +67,28 @@ def write_adapter(out: Path, hf, rank: int, seed: int) -> Path:
     return out
 
 
-def decode_tps(model, rows: int, prompt: int, new: int, runs: int, adapter=None) -> float:
-    """Median decode tokens/s of ``runs`` greedy calls (after one warm-up call)."""
+def timed(model, rows: int, prompt: int, new: int, adapter=None):
+    """A callable running one greedy call and returning its decode tokens/s (warmed up once here)."""
     ids = np.random.default_rng(0).integers(10, 1000, (rows, prompt))
     names = None if adapter is None else [adapter(i) for i in range(rows)]
     kw = dict(max_new_tokens=new, min_new_tokens=new, return_dict=True, adapter=names)
     model.sample(ids, **kw)
-    rates = []
-    for _ in range(runs):
+
+    def once() -> float:
         t0 = time.perf_counter()
         out = model.sample(ids, **kw)
-        total = time.perf_counter() - t0
-        rates.append(rows * (new - 1) / (total - out.time_to_first_token))
-    return statistics.median(rates)
+        return rows * (new - 1) / (time.perf_counter() - t0 - out.time_to_first_token)
+
+    return once
+
+
+def interleaved(cases: dict, runs: int) -> dict:
+    """Median tokens/s of each case, the cases taking turns run after run (drift hits all alike)."""
+    rates: dict = {k: [] for k in cases}
+    for _ in range(runs):
+        for k, once in cases.items():
+            rates[k].append(once())
+    return {k: statistics.median(v) for k, v in rates.items()}
 
 
 def main() -> None:
@@ -90,7 +99,7 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--quant", default=None, help="weight storage of both models (default: the checkpoint's)")
     args = ap.parse_args()
     path = str(resolve(args.checkpoint))
@@ -105,19 +114,19 @@ def main() -> None:
     rows = []
     for batch in (args.rows, 1):
         base = AutoModelForSampling.from_pretrained(path, batch_size=batch, **shapes)
-        ref = decode_tps(base, batch, args.prompt, args.new, args.runs)
-        rows.append((f"base, {batch} row{'s' * (batch > 1)}", ref, 1.0))
         lora = AutoModelForSampling.from_pretrained(
             path, batch_size=batch, lora_adapters=adapters, max_lora_rank=args.rank, **shapes
         )
-        cases = [("adapter slots, every row base", None)]
-        if batch > 1:
-            cases.append((f"rows over {args.adapters} adapters", lambda i: f"a{i % args.adapters}"))
-        else:
-            cases.append(("one adapter", lambda i: "a0"))
-        for label, adapter in cases:
-            tps = decode_tps(lora, batch, args.prompt, args.new, args.runs, adapter)
-            rows.append((f"{label}, {batch} row{'s' * (batch > 1)}", tps, tps / ref))
+        spread = (lambda i: f"a{i % args.adapters}") if batch > 1 else (lambda i: "a0")
+        label = f"rows over {args.adapters} adapters" if batch > 1 else "one adapter"
+        cases = {
+            "base": timed(base, batch, args.prompt, args.new),
+            "adapter slots, every row base": timed(lora, batch, args.prompt, args.new),
+            label: timed(lora, batch, args.prompt, args.new, spread),
+        }
+        tps = interleaved(cases, args.runs)
+        unit = f"{batch} row{'s' * (batch > 1)}"
+        rows += [(f"{k}, {unit}", v, v / tps["base"]) for k, v in tps.items()]
         del base, lora
     print(f"| {'case':44s} | decode tok/s | vs base |")
     print(f"|{'-' * 46}|-------------:|--------:|")

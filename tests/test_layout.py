@@ -367,6 +367,7 @@ COVERED = {
     "aotlm.kernels.build": "tests/kernels/test_kernels.py: test_build_hash_covers_every_included_source",
     "aotlm.kernels.context": "tests/kernels/test_kernels.py: tp=2 shards in kernels_tp_child.py",
     "aotlm.kernels.layout": "tests/kernels/test_kernels.py: test_packed_kernel_matches_numpy (panel layout)",
+    "aotlm.kernels.lora": "tests/core/test_lora_slots.py: the kernel vs NumPy (f32, bf16), vs PEFT in graphs",
     "aotlm.models.adapter_factors": "tests/core/test_lora_slots.py: Llama and GPT-2 Conv1D adapters vs PEFT",
     "aotlm.models.adapters": "tests/core/test_lora_slots.py: gathered and stacked slots, rows vs PEFT",
     "aotlm.models.arch": "tests/families/test_conformance_llama_style.py: every ArchConfig vs transformers",

@@ -14,6 +14,7 @@ import os
 import threading
 from collections.abc import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from aotlm.core import sharding
@@ -122,9 +123,17 @@ class AdapterHost:
 
     def _set_leaf(self, path: tuple, host: np.ndarray) -> None:
         arr = sharding.prepare_param(path, host, self.tp_degree, self.gqa, self.cfg.n_kv_heads)
-        arr = arr.astype(np.dtype(self.dtype))
+        arr = arr.astype(self.table_dtype)
         layer = self.params["layers"][path[1]]
         layer[path[-1]] = self._place_final(path, arr)
+
+    @property
+    def table_dtype(self) -> np.dtype:
+        """The tables' storage: the compute dtype over float weights (exact against PEFT in f32), bf16
+        over quantized ones (int8, int4, GGUF blocks: already approximate; half the bytes a step reads)."""
+        if self.precision.quant is not None:
+            return np.dtype(jnp.bfloat16)
+        return np.dtype(jnp.dtype(self.dtype))
 
     @property
     def adapters(self) -> list[str]:
@@ -173,7 +182,7 @@ class AdapterHost:
             prepared = sharding.prepare_param(path, one[None], self.tp_degree, self.gqa, self.cfg.n_kv_heads)
             host[slot] = prepared[0]
             layer = self.params["layers"][path[1]]
-            layer[path[-1]] = self._place_final(path, host.astype(np.dtype(self.dtype)))
+            layer[path[-1]] = self._place_final(path, host.astype(self.table_dtype))
 
     def adapter_rows(self, adapter: str | Sequence[str | None] | None, n: int) -> np.ndarray | None:
         """``sample(adapter=...)`` as each row's slot, or None (every row the base model)."""

@@ -102,7 +102,7 @@ class Sampler(SpecAttributes):
                 f"constraints are not supported by {type(self).__name__}; use CausalLMForSampling"
             )
         if len(constraints) != n:
-            raise ValueError(f"constraints has {len(constraints)} entries for {n} prompts; give one each")
+            raise ValueError(f"constraints: {len(constraints)} entries for {n} prompts; give one per prompt")
         matchers = {i: m for i, m in enumerate(constraints) if m is not None}
         return self._run(ids, mask, n, new, cfg, streamer, criteria, want, matchers, **kw)
 

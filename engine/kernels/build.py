@@ -39,6 +39,7 @@ TARGETS = {
     "aotlm_gemm_pk": "AotlmGemmPk",
     "aotlm_attn": "AotlmAttn",
     "aotlm_argmax": "AotlmArgmax",
+    "aotlm_lora": "AotlmLora",
     "aotlm_wmm_q4": "AotlmWmmQ4",
     "aotlm_unpack_q4": "AotlmUnpackQ4",
 }

@@ -54,6 +54,7 @@ namespace {
 #include "peak.h"     // measured f32 FMA and int8 multiply-add peaks
 #include "attn.h"     // prefill attention over the call's own tokens
 #include "argmax.h"   // greedy decoding's argmax over the vocabulary
+#include "lora.h"     // per-row LoRA updates (each row's adapter slot read in place)
 
 // ------------------------------------------------------------------ driver
 // x as f32 (converted once, shared read-only by the workers).
@@ -362,6 +363,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmAttn, attn,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<float>("scale"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmArgmax, argmax, ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmLora, lora,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmBdot, bdot,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()

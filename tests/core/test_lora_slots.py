@@ -15,6 +15,7 @@ import torch
 from conformance import hf_generate, hf_last_logits, hf_model
 from safetensors.numpy import save_file
 
+import aotlm.kernels
 from aotlm import AutoModelForSampling
 from aotlm.models.checkpoint import CheckpointError
 
@@ -60,7 +61,11 @@ def check_rows(model, base, adapters, names, ids, new: int = 12):
         np.testing.assert_array_equal(tokens[i], hf_generate(ref, ids[i : i + 1], new)[0])
 
 
-def test_a_batch_mixing_adapters_equals_peft_row_by_row_and_never_recompiles(llama_path, adapters, tmp_path):
+@pytest.mark.parametrize("kernels", ["1", "0"])  # the kernel's in-place rows; XLA's product with every slot
+def test_a_batch_mixing_adapters_equals_peft_row_by_row_and_never_recompiles(
+    llama_path, adapters, monkeypatch, kernels
+):
+    monkeypatch.setenv("AOTLM_KERNELS", kernels)
     model = AutoModelForSampling.from_pretrained(
         llama_path, batch_size=4, max_loras=4, max_lora_rank=8,
         lora_adapters={"a": str(adapters["a"]), "b": str(adapters["b"])}, **SHAPES,
@@ -82,9 +87,12 @@ def test_a_batch_mixing_adapters_equals_peft_row_by_row_and_never_recompiles(lla
                ["b2", "a", "c", None], ids, new=4)  # fmt: skip
     np.testing.assert_allclose(model.forward(ids)[:, :], base, atol=1e-4)  # no adapter: the base model
     assert len(model.compile_report) == graphs, "an adapter change compiled a graph"
+    uses_kernel = "aotlm_lora" in model.executable(("decode", 64)).as_text()
+    assert uses_kernel == (kernels == "1" and aotlm.kernels.enabled())
 
 
-def test_fewer_rows_than_slots_gather_each_rows_slot(llama_path, adapters):
+def test_fewer_rows_than_slots_gather_each_rows_slot(llama_path, adapters, monkeypatch):
+    monkeypatch.setenv("AOTLM_KERNELS", "0")  # XLA's gathered slots (the kernel: the test above)
     model = AutoModelForSampling.from_pretrained(
         llama_path, batch_size=2, max_lora_rank=8, **SHAPES,
         lora_adapters={k: str(v) for k, v in adapters.items()},
@@ -147,3 +155,22 @@ def test_what_cannot_run_is_refused(llama_path, adapters, tmp_path):
     with pytest.raises(CheckpointError, match="changes 'lm_head.weight'.*merge this adapter instead"):
         model.load_adapter("head", head)
     assert model.adapters == ["a"]
+
+
+@pytest.mark.parametrize("dtype,rank", [("float32", 16), ("bfloat16", 16), ("float32", 5), ("bfloat16", 32)])
+def test_the_kernel_reads_each_rows_slot(dtype, rank):
+    if not aotlm.kernels.enabled():
+        pytest.skip("the CPU kernels are off on this machine")
+    import jax.numpy as jnp  # local: the kernel's inputs only
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((6, 400)).astype(np.float32)  # rank 16, 32: the pool's two passes
+    slots = np.array([0, -1, 2, 0, 7, 2], np.int32)  # -1: base; 7: no such slot (zeros too)
+    a = jnp.asarray(rng.standard_normal((3, 400, rank)), dtype)
+    b = jnp.asarray(rng.standard_normal((3, rank, 300)), dtype)  # 300 outputs: two blocks of 256, a tail
+    y = rng.standard_normal((6, 300)).astype(np.float32)
+    got = np.asarray(aotlm.kernels.lora_add(jnp.asarray(y), jnp.asarray(x), jnp.asarray(slots), a, b))
+    af, bf = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    for m, s in enumerate(slots):
+        want = y[m] + (x[m] @ af[s] @ bf[s] if 0 <= s < 3 else 0.0)
+        np.testing.assert_allclose(got[m], want, rtol=1e-5, atol=1e-4)

@@ -77,11 +77,48 @@ def tp_run(tmp_path_factory, gpt2_path, llama_gqa_path):
         "out": str(tmp / "out.json"),
         "cases": [list(c) for c in CASES],
         "cached": [list(c) for c in CACHED],
+        "lora": lora_adapter(llama_gqa_path, tmp / "lora"),
+        "lora_cases": [[1, None], [2, "shard-over-heads"], [4, "replicated-heads"], [2, "shard-over-batch"]],
     }
     (tmp / "job.json").write_text(json.dumps(job))
     proc = _run(["single", str(tmp / "job.json")], timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((tmp / "out.json").read_text())
+
+
+def lora_adapter(base, out) -> str | None:
+    """A PEFT adapter on every projection of ``base`` (None without peft: those cases are skipped)."""
+    try:
+        import peft  # local: the [test] extra's; the other tp cases run without it
+        import torch  # local: as peft
+        from conformance import hf_model  # local: torch-backed helpers, with peft only
+    except ImportError:
+        return None
+    torch.manual_seed(5)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    cfg = peft.LoraConfig(target_modules=targets, init_lora_weights=False, r=4, lora_alpha=8)
+    peft.get_peft_model(hf_model(base), cfg).save_pretrained(str(out))
+    return str(out)
+
+
+def test_lora_tables_shard_like_their_projections(tp_run):
+    if not tp_run["lora"]:
+        pytest.skip("peft is not installed (the [test] extra): no adapter to shard")
+    ref = tp_run["lora"][0]
+    for c in tp_run["lora"][1:]:
+        name = f"LoRA tp={c['tp']} {c['gqa']}"
+        diff = np.abs(np.array(c["logits"]) - np.array(ref["logits"])).max()
+        assert diff <= 1e-4, f"{name}: logits differ from tp=1 by {diff}"
+        assert c["tokens"] == ref["tokens"], f"{name}: greedy tokens differ from tp=1"
+        s, tp = c["shards"], c["tp"]
+        if c["gqa"] == "shard-over-batch":  # attention weights whole; the MLP split
+            assert s["wq_lora_b"][1] == s["wq_lora_b"][0], name
+        else:  # column-parallel B split on heads, row-parallel A on its input heads
+            assert s["wq_lora_b"][1][2] == s["wq_lora_b"][0][2] // tp, name
+            assert s["wo_lora_a"][1][1] == s["wo_lora_a"][0][1] // tp, name
+            assert s["wk_lora_b"][1][2] * tp == s["wk_lora_b"][0][2], name  # kv heads repeated, then split
+        assert s["w_up_lora_b"][1][2] * tp == s["w_up_lora_b"][0][2], name
+        assert s["w_down_lora_a"][1][1] * tp == s["w_down_lora_a"][0][1], name
 
 
 def _ref(run, model):

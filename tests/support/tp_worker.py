@@ -133,7 +133,27 @@ def single() -> dict:
     name, tp, gqa = JOB["cached"][0]
     r = run_case(JOB[name], tp, gqa, batch, JOB["cache_dir"])
     res["reload"] = {"tokens": r["tokens"], "hits": [i["hit"] for i in r["report"]], "tp": tp, "model": name}
+    res["lora"] = [lora_case(tp, gqa, batch) for tp, gqa in JOB["lora_cases"]] if JOB.get("lora") else []
     return res
+
+
+def lora_case(tp: int, gqa: str | None, batch: int) -> dict:
+    """Llama with a per-row LoRA adapter on every projection, half the rows using it."""
+    m = AutoModelForSampling.from_pretrained(
+        JOB["llama"], batch_size=batch, n_positions=N_POS, context_length_estimate=CTX, tp_degree=tp, gqa=gqa,
+        compile_cache=False, lora_adapters={"a": JOB["lora"]},
+    )  # fmt: skip
+    ids, mask = prompts(batch, m.cfg.vocab_size)
+    names = ["a", None] * (batch // 2)
+    layer = m.params["layers"][0]
+    return {
+        "tp": tp,
+        "gqa": m.gqa,
+        "logits": m.forward(ids, mask, adapter=names).tolist(),
+        "tokens": m.sample(ids, attention_mask=mask, max_new_tokens=8, adapter=names).tolist(),
+        "shards": {k: [list(layer[k].shape), list(layer[k].addressable_shards[0].data.shape)]
+                   for k in ("wq_lora_b", "wk_lora_b", "wo_lora_a", "w_down_lora_a", "w_up_lora_b")},
+    }  # fmt: skip
 
 
 def multi() -> dict:

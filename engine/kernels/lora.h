@@ -1,0 +1,184 @@
+// Per-row LoRA updates of a projection (included by wmatmul.cc).
+//
+//   aotlm_lora:  y[m, :] += (x[m, :] @ A[s[m]]) @ B[s[m]]    (rows whose s[m] is not a slot: unchanged)
+//     y f32 [M, O] (updated in place: the output aliases it), x f32 [M, K], s s32 [M],
+//     A f32 | bf16 [N, K, R], B (A's type) [N, R, O]
+//
+// Why: each row's adapter is read in place, once for all the rows that use it, and multiplied by
+// those rows only. XLA:CPU either gathers every row's A and B into new arrays first (a copy of the
+// adapters per row and per step) or multiplies every row by every slot (N times the work); both cost
+// more than the product. A base row costs nothing: no zeros written, no separate add.
+// Two passes over the kernels' pool: h = x @ A per slot's rows (R sums in one or a few vectors),
+// then y += h @ B per slot and block of outputs (a block of B stays in L1 across the slot's rows).
+#pragma once
+
+namespace aotlm_lora {
+
+constexpr int64_t kSerialWork = 1 << 15;  // multiply-adds below which one thread does both passes
+constexpr int64_t kBlock = 256;           // outputs per job of the second pass
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {  // bf16: the top half of an f32
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+inline float ld(const float* p, int64_t i) { return p[i]; }
+inline float ld(const uint16_t* p, int64_t i) {
+  uint32_t bits = uint32_t(p[i]) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// h[0:R] = x[0:K] @ a[K, R], R = 8 * NC: NC vectors of sums, two k at a time.
+template <int NC, typename T>
+void shrink_v(const float* x, const T* a, int64_t K, int64_t R, float* h) {
+  __m256 s0[NC], s1[NC];
+  for (int c = 0; c < NC; ++c) s0[c] = s1[c] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 2 <= K; k += 2) {
+    const __m256 x0 = _mm256_set1_ps(x[k]), x1 = _mm256_set1_ps(x[k + 1]);
+    for (int c = 0; c < NC; ++c) {
+      s0[c] = _mm256_fmadd_ps(x0, load8(a + k * R + 8 * c), s0[c]);
+      s1[c] = _mm256_fmadd_ps(x1, load8(a + (k + 1) * R + 8 * c), s1[c]);
+    }
+  }
+  for (; k < K; ++k)
+    for (int c = 0; c < NC; ++c) s0[c] = _mm256_fmadd_ps(_mm256_set1_ps(x[k]), load8(a + k * R + 8 * c), s0[c]);
+  for (int c = 0; c < NC; ++c) _mm256_storeu_ps(h + 8 * c, _mm256_add_ps(s0[c], s1[c]));
+}
+
+template <typename T>
+void shrink(const float* x, const T* a, int64_t K, int64_t R, float* h) {
+  switch (R) {
+    case 8: return shrink_v<1>(x, a, K, R, h);
+    case 16: return shrink_v<2>(x, a, K, R, h);
+    case 32: return shrink_v<4>(x, a, K, R, h);
+    case 64: return shrink_v<8>(x, a, K, R, h);
+    default:
+      for (int64_t r = 0; r < R; ++r) h[r] = 0.f;
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t r = 0; r < R; ++r) h[r] += x[k] * ld(a + k * R, r);
+  }
+}
+
+// y[o0:o1] += h[0:R] @ b[R, O][:, o0:o1]: four vectors of outputs at a time, every r inside.
+template <typename T>
+void expand(const float* h, const T* b, int64_t R, int64_t O, int64_t o0, int64_t o1, float* y) {
+  int64_t o = o0;
+  for (; o + 32 <= o1; o += 32) {
+    __m256 y0 = _mm256_loadu_ps(y + o), y1 = _mm256_loadu_ps(y + o + 8);
+    __m256 y2 = _mm256_loadu_ps(y + o + 16), y3 = _mm256_loadu_ps(y + o + 24);
+    for (int64_t r = 0; r < R; ++r) {
+      const __m256 hv = _mm256_set1_ps(h[r]);
+      const T* br = b + r * O + o;
+      y0 = _mm256_fmadd_ps(hv, load8(br), y0);
+      y1 = _mm256_fmadd_ps(hv, load8(br + 8), y1);
+      y2 = _mm256_fmadd_ps(hv, load8(br + 16), y2);
+      y3 = _mm256_fmadd_ps(hv, load8(br + 24), y3);
+    }
+    _mm256_storeu_ps(y + o, y0), _mm256_storeu_ps(y + o + 8, y1);
+    _mm256_storeu_ps(y + o + 16, y2), _mm256_storeu_ps(y + o + 24, y3);
+  }
+  for (; o < o1; ++o) {
+    float acc = y[o];
+    for (int64_t r = 0; r < R; ++r) acc += h[r] * ld(b + r * O, o);
+    y[o] = acc;
+  }
+}
+
+// The rows of each slot in use, slots in first-use order: group g is slot[g], with rows
+// rows[start[g] .. start[g + 1]). Kept per calling thread, so a call allocates nothing once warm.
+struct Groups {
+  std::vector<int32_t> slot;
+  std::vector<int64_t> start, rows;
+};
+
+inline const Groups& group_rows(const int32_t* s, int64_t M, int64_t N) {
+  thread_local Groups g;  // returned by reference: workers use the caller's
+  g.slot.clear(), g.start.clear(), g.rows.clear();
+  for (int64_t m = 0; m < M; ++m)
+    if (s[m] >= 0 && s[m] < N && std::find(g.slot.begin(), g.slot.end(), s[m]) == g.slot.end())
+      g.slot.push_back(s[m]);
+  for (int32_t slot : g.slot) {
+    g.start.push_back(int64_t(g.rows.size()));
+    for (int64_t m = 0; m < M; ++m)
+      if (s[m] == slot) g.rows.push_back(m);
+  }
+  g.start.push_back(int64_t(g.rows.size()));
+  return g;
+}
+
+template <typename T>
+void run(const float* x, const int32_t* s, const T* a, const T* b, int64_t M, int64_t N, int64_t K, int64_t R,
+         int64_t O, float* y) {
+  const Groups& g = group_rows(s, M, N);
+  const int64_t n_groups = int64_t(g.slot.size()), live = int64_t(g.rows.size());
+  if (live == 0) return;
+  // a few rows of a small projection (one-row decode): less work than waking the pool twice
+  const bool serial = live * R * (K + O) < kSerialWork;
+  auto par = [&](int64_t n, const std::function<void(int)>& fn) {
+    if (serial)
+      for (int i = 0; i < int(n); ++i) fn(i);
+    else
+      aotlm::parallel_for(int(n), fn);
+  };
+  // fewer slots than workers (one-row decode): each slot's sums split over K, then added up
+  const int64_t workers = serial ? 1 : int64_t(aotlm::pool_size());
+  const int64_t split = std::max<int64_t>(1, std::min<int64_t>(workers / n_groups, 4));
+  const int64_t chunk = (K + split - 1) / split;
+  thread_local std::vector<float> h_buf;  // the caller's: workers reach it through hp
+  h_buf.assign(size_t(split * M * R), 0.f);
+  float* hp = h_buf.data();
+  par(n_groups * split, [&](int job) {  // h = x @ A, the slot's A read once for its rows
+    const int64_t i = job / split, p = job % split, k0 = p * chunk, k1 = std::min(K, k0 + chunk);
+    if (k0 >= k1) return;
+    const T* as = a + int64_t(g.slot[size_t(i)]) * K * R + k0 * R;
+    for (int64_t j = g.start[size_t(i)]; j < g.start[size_t(i) + 1]; ++j) {
+      const int64_t m = g.rows[size_t(j)];
+      shrink(x + m * K + k0, as, k1 - k0, R, hp + (p * M + m) * R);
+    }
+  });
+  for (int64_t p = 1; p < split; ++p)
+    for (int64_t m : g.rows)
+      for (int64_t r = 0; r < R; ++r) hp[m * R + r] += hp[(p * M + m) * R + r];
+  const int64_t blocks = (O + kBlock - 1) / kBlock;
+  par(n_groups * blocks, [&](int job) {  // y += h @ B, per slot and block
+    const int64_t i = job / blocks, o0 = job % blocks * kBlock, o1 = std::min(O, o0 + kBlock);
+    const T* bs = b + int64_t(g.slot[size_t(i)]) * R * O;
+    for (int64_t j = g.start[size_t(i)]; j < g.start[size_t(i) + 1]; ++j) {
+      const int64_t m = g.rows[size_t(j)];
+      expand(hp + m * R, bs, R, O, o0, o1, y + m * O);
+    }
+  });
+}
+
+}  // namespace aotlm_lora
+
+ffi::Error lora(ffi::AnyBuffer y_in, ffi::AnyBuffer x, ffi::AnyBuffer s, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                ffi::Result<ffi::AnyBuffer> y) {
+  auto xd = x.dimensions(), ad = a.dimensions(), bd = b.dimensions(), yd = y->dimensions();
+  const bool types = x.element_type() == DataType::F32 && s.element_type() == DataType::S32 &&
+                     y->element_type() == DataType::F32 && y_in.element_type() == DataType::F32 &&
+                     a.element_type() == b.element_type() &&
+                     (a.element_type() == DataType::F32 || a.element_type() == DataType::BF16);
+  if (!types || xd.size() != 2 || ad.size() != 3 || bd.size() != 3 || yd.size() != 2)
+    return ffi::Error::InvalidArgument(
+        "aotlm_lora: y f32 [M, O], x f32 [M, K], s s32 [M], A f32|bf16 [N, K, R], B [N, R, O] of A's type");
+  const int64_t M = xd[0], K = xd[1], N = ad[0], R = ad[2], O = bd[2];
+  if (ad[1] != K || bd[0] != N || bd[1] != R || yd[0] != M || yd[1] != O || int64_t(s.element_count()) != M ||
+      int64_t(y_in.element_count()) != M * O)
+    return ffi::Error::InvalidArgument("aotlm_lora: the shapes of y, x, s, A and B do not fit together");
+  float* yp = static_cast<float*>(y->untyped_data());
+  if (y_in.untyped_data() != y->untyped_data())  // not aliased after all: start from a copy
+    std::memcpy(yp, y_in.untyped_data(), size_t(M * O) * sizeof(float));
+  const float* xp = static_cast<const float*>(x.untyped_data());
+  const int32_t* sp = static_cast<const int32_t*>(s.untyped_data());
+  if (a.element_type() == DataType::F32)
+    aotlm_lora::run(xp, sp, static_cast<const float*>(a.untyped_data()), static_cast<const float*>(b.untyped_data()),
+                    M, N, K, R, O, yp);
+  else
+    aotlm_lora::run(xp, sp, static_cast<const uint16_t*>(a.untyped_data()),
+                    static_cast<const uint16_t*>(b.untyped_data()), M, N, K, R, O, yp);
+  return ffi::Error::Success();
+}

@@ -1,0 +1,33 @@
+"""Per-row LoRA updates on the kernels (``lora.h``): each row's adapter slot read in place."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from aotlm.kernels import build as kernels
+from aotlm.kernels.context import one_device
+
+TABLE_DTYPES = (jnp.float32, jnp.bfloat16)
+
+
+def lora_ok(x, a, b) -> bool:
+    """Static check: can ``lora_add`` take ``x [M, K]`` (f32) with tables ``a [N, K, R]``, ``b [N, R, O]``
+    (both f32 or both bf16) in this trace (kernels on, one device)?"""
+    types = (
+        jnp.dtype(x.dtype) == jnp.float32 and a.dtype == b.dtype and any(a.dtype == t for t in TABLE_DTYPES)
+    )
+    shapes = (
+        x.ndim == 2 and a.ndim == 3 and b.ndim == 3 and a.shape[1] == x.shape[1] and b.shape[1] == a.shape[2]
+    )
+    return types and shapes and kernels.enabled() and one_device()
+
+
+def lora_add(y, x, slots, a, b):
+    """``y[m] + (x[m] @ a[slots[m]]) @ b[slots[m]]`` for every row ``m`` (``y [M, O]``, ``x [M, K]`` f32;
+    rows with ``slots[m] < 0`` unchanged), reading each row's slot of the tables in place and updating
+    ``y`` in place (the output aliases it)."""
+    kernels.ensure_registered()
+    out = jax.ShapeDtypeStruct(y.shape, jnp.float32)
+    call = jax.ffi.ffi_call("aotlm_lora", out, input_output_aliases={0: 0})
+    return call(y.astype(jnp.float32), x, slots.astype(jnp.int32), a, b)
