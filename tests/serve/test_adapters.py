@@ -8,17 +8,14 @@ prefixes are not reused across adapters. Also ``aotlm batch-generate --lora NAME
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 import torch
-import uvicorn
 from conformance import hf_model
+from http_server import serving
 from textkit import make_text_checkpoint
 
 from aotlm.api.causal_lm import AutoModelForSampling
@@ -65,18 +62,8 @@ def served(tmp_path_factory):
     eos = eos_ids(ckpt, model.hf_config, tok)
     engine = Engine(model, eos_token_id=eos, max_queue=32).start()
     app = create_app(engine, tok, NAME, adapters=Adapters(model, engine, NAME))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    yield dict(url=url, model=model, ref=ref, eos=eos, paths=paths, ckpt=ckpt, tok=tok)
-    server.should_exit = True
-    thread.join(10)
+    with serving(app) as url:
+        yield dict(url=url, model=model, ref=ref, eos=eos, paths=paths, ckpt=ckpt, tok=tok)
     engine.shutdown(timeout=5)
 
 

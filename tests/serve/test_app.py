@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import uvicorn
+from http_server import serving
 from starlette.testclient import TestClient
 from textkit import make_text_checkpoint
 
@@ -79,18 +77,8 @@ def srv(tmp_path_factory):
     eos = eos_ids(ckpt, model.hf_config, tok)
     engine = Engine(model, eos_token_id=eos, max_queue=32).start()
     app = create_app(engine, tok, NAME, api_key=KEY, max_body_bytes=BODY_CAP)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield Srv(f"http://127.0.0.1:{sock.getsockname()[1]}", engine, app, tok, ref, eos, ckpt, cache)
-    server.should_exit = True
-    thread.join(10)
+    with serving(app) as url:
+        yield Srv(url, engine, app, tok, ref, eos, ckpt, cache)
     engine.shutdown(timeout=5)
 
 
