@@ -14,7 +14,7 @@
 
 namespace aotlm_lora {
 
-constexpr int64_t kSerialWork = 1 << 15;  // multiply-adds below which one thread does both passes
+constexpr int64_t kSerialWork = 1 << 17;  // multiply-adds below which one thread does both passes
 constexpr int64_t kBlock = 256;           // outputs per job of the second pass
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -30,9 +30,19 @@ inline float ld(const uint16_t* p, int64_t i) {
   return f;
 }
 
+// Spreads software prefetches of another table (the slot's B, read next) over a loop's steps, so its
+// lines arrive from memory while the loop streams A: two streams in flight, not one after the other.
+struct Prefetch {
+  const char* p = nullptr;
+  int64_t lines = 0, steps = 1, acc = 0, done = 0;
+  void step() {  // lines * (i + 1) / steps lines issued after step i
+    for (acc += lines; acc >= steps && done < lines; acc -= steps) _mm_prefetch(p + 64 * done++, _MM_HINT_T0);
+  }
+};
+
 // h[0:R] = x[0:K] @ a[K, R], R = 8 * NC: NC vectors of sums, two k at a time.
 template <int NC, typename T>
-void shrink_v(const float* x, const T* a, int64_t K, int64_t R, float* h) {
+void shrink_v(const float* x, const T* a, int64_t K, int64_t R, float* h, Prefetch& pf) {
   __m256 s0[NC], s1[NC];
   for (int c = 0; c < NC; ++c) s0[c] = s1[c] = _mm256_setzero_ps();
   int64_t k = 0;
@@ -42,6 +52,7 @@ void shrink_v(const float* x, const T* a, int64_t K, int64_t R, float* h) {
       s0[c] = _mm256_fmadd_ps(x0, load8(a + k * R + 8 * c), s0[c]);
       s1[c] = _mm256_fmadd_ps(x1, load8(a + (k + 1) * R + 8 * c), s1[c]);
     }
+    pf.step();
   }
   for (; k < K; ++k)
     for (int c = 0; c < NC; ++c) s0[c] = _mm256_fmadd_ps(_mm256_set1_ps(x[k]), load8(a + k * R + 8 * c), s0[c]);
@@ -49,12 +60,13 @@ void shrink_v(const float* x, const T* a, int64_t K, int64_t R, float* h) {
 }
 
 template <typename T>
-void shrink(const float* x, const T* a, int64_t K, int64_t R, float* h) {
+void shrink(const float* x, const T* a, int64_t K, int64_t R, float* h, Prefetch& pf) {
+  pf.steps = std::max<int64_t>(1, K / 2);
   switch (R) {
-    case 8: return shrink_v<1>(x, a, K, R, h);
-    case 16: return shrink_v<2>(x, a, K, R, h);
-    case 32: return shrink_v<4>(x, a, K, R, h);
-    case 64: return shrink_v<8>(x, a, K, R, h);
+    case 8: return shrink_v<1>(x, a, K, R, h, pf);
+    case 16: return shrink_v<2>(x, a, K, R, h, pf);
+    case 32: return shrink_v<4>(x, a, K, R, h, pf);
+    case 64: return shrink_v<8>(x, a, K, R, h, pf);
     default:
       for (int64_t r = 0; r < R; ++r) h[r] = 0.f;
       for (int64_t k = 0; k < K; ++k)
@@ -62,29 +74,26 @@ void shrink(const float* x, const T* a, int64_t K, int64_t R, float* h) {
   }
 }
 
-// y[o0:o1] += h[0:R] @ b[R, O][:, o0:o1]: four vectors of outputs at a time, every r inside.
+// y[o0:o1] += h[0:R] @ b[R, O][:, o0:o1]: four rows of b at a time, each read in order over the
+// block (four sequential streams the prefetchers follow; y's block stays in L1 across them).
 template <typename T>
 void expand(const float* h, const T* b, int64_t R, int64_t O, int64_t o0, int64_t o1, float* y) {
-  int64_t o = o0;
-  for (; o + 32 <= o1; o += 32) {
-    __m256 y0 = _mm256_loadu_ps(y + o), y1 = _mm256_loadu_ps(y + o + 8);
-    __m256 y2 = _mm256_loadu_ps(y + o + 16), y3 = _mm256_loadu_ps(y + o + 24);
-    for (int64_t r = 0; r < R; ++r) {
-      const __m256 hv = _mm256_set1_ps(h[r]);
-      const T* br = b + r * O + o;
-      y0 = _mm256_fmadd_ps(hv, load8(br), y0);
-      y1 = _mm256_fmadd_ps(hv, load8(br + 8), y1);
-      y2 = _mm256_fmadd_ps(hv, load8(br + 16), y2);
-      y3 = _mm256_fmadd_ps(hv, load8(br + 24), y3);
+  int64_t r = 0;
+  for (; r + 4 <= R; r += 4) {
+    const __m256 h0 = _mm256_set1_ps(h[r]), h1 = _mm256_set1_ps(h[r + 1]);
+    const __m256 h2 = _mm256_set1_ps(h[r + 2]), h3 = _mm256_set1_ps(h[r + 3]);
+    const T *b0 = b + r * O, *b1 = b0 + O, *b2 = b1 + O, *b3 = b2 + O;
+    int64_t o = o0;
+    for (; o + 8 <= o1; o += 8) {
+      __m256 acc = _mm256_fmadd_ps(h0, load8(b0 + o), _mm256_loadu_ps(y + o));
+      acc = _mm256_fmadd_ps(h1, load8(b1 + o), acc);
+      acc = _mm256_fmadd_ps(h2, load8(b2 + o), acc);
+      _mm256_storeu_ps(y + o, _mm256_fmadd_ps(h3, load8(b3 + o), acc));
     }
-    _mm256_storeu_ps(y + o, y0), _mm256_storeu_ps(y + o + 8, y1);
-    _mm256_storeu_ps(y + o + 16, y2), _mm256_storeu_ps(y + o + 24, y3);
+    for (; o < o1; ++o) y[o] += h[r] * ld(b0, o) + h[r + 1] * ld(b1, o) + h[r + 2] * ld(b2, o) + h[r + 3] * ld(b3, o);
   }
-  for (; o < o1; ++o) {
-    float acc = y[o];
-    for (int64_t r = 0; r < R; ++r) acc += h[r] * ld(b + r * O, o);
-    y[o] = acc;
-  }
+  for (; r < R; ++r)
+    for (int64_t o = o0; o < o1; ++o) y[o] += h[r] * ld(b + r * O, o);
 }
 
 // The rows of each slot in use, slots in first-use order: group g is slot[g], with rows
@@ -134,17 +143,23 @@ void run(const float* x, const int32_t* s, const T* a, const T* b, int64_t M, in
     const int64_t i = job / split, p = job % split, k0 = p * chunk, k1 = std::min(K, k0 + chunk);
     if (k0 >= k1) return;
     const T* as = a + int64_t(g.slot[size_t(i)]) * K * R + k0 * R;
+    Prefetch pf;  // the slot's B (this part of it) while its A streams in, with the first row
+    const int64_t b_lines = (R * O * int64_t(sizeof(T)) + 63) / 64, per = (b_lines + split - 1) / split;
+    pf.p = reinterpret_cast<const char*>(b + int64_t(g.slot[size_t(i)]) * R * O) + 64 * p * per;
+    pf.lines = std::max<int64_t>(0, std::min(per, b_lines - p * per));
     for (int64_t j = g.start[size_t(i)]; j < g.start[size_t(i) + 1]; ++j) {
       const int64_t m = g.rows[size_t(j)];
-      shrink(x + m * K + k0, as, k1 - k0, R, hp + (p * M + m) * R);
+      shrink(x + m * K + k0, as, k1 - k0, R, hp + (p * M + m) * R, pf);
+      pf.lines = pf.done;  // issued once
     }
   });
   for (int64_t p = 1; p < split; ++p)
     for (int64_t m : g.rows)
       for (int64_t r = 0; r < R; ++r) hp[m * R + r] += hp[(p * M + m) * R + r];
-  const int64_t blocks = (O + kBlock - 1) / kBlock;
+  const int64_t block = serial ? O : kBlock;  // one thread: whole rows of B, in order
+  const int64_t blocks = (O + block - 1) / block;
   par(n_groups * blocks, [&](int job) {  // y += h @ B, per slot and block
-    const int64_t i = job / blocks, o0 = job % blocks * kBlock, o1 = std::min(O, o0 + kBlock);
+    const int64_t i = job / blocks, o0 = job % blocks * block, o1 = std::min(O, o0 + block);
     const T* bs = b + int64_t(g.slot[size_t(i)]) * R * O;
     for (int64_t j = g.start[size_t(i)]; j < g.start[size_t(i) + 1]; ++j) {
       const int64_t m = g.rows[size_t(j)];
