@@ -240,38 +240,38 @@ class ParamRewriter:
     ):
         self.quant = quant
         self.gguf_blocks = gguf_blocks  # int4 from a GGUF file's Q4 blocks: exact codes, int8 embedding copy
-        # Q4_K's group scales (checkpoint.gguf_q4k.BlockScales), read by load_params for int4 only
+        # a GGUF file's 4-bit codes (checkpoint.gguf_q4k.BlockCodes), read by load_params for int4 g32 only
         int4_g32 = quant is not None and quant.int4 and quant.group_size == 32
-        self.blocks = blocks if blocks and int4_g32 else None
+        self.blocks = blocks if blocks and int4_g32 and gguf_blocks else None
         # the int4 lm_head copy is made on every backend (the kernels' and XLA's logits then agree)
         self.embed_view = embed_view or (quant is not None and quant.int4 and not gguf_blocks)
         self.fuse_qkv = fuse_qkv
         self._held: dict[tuple, dict[str, np.ndarray]] = {}
 
-    def rewrite(
-        self, path: Path, arr: np.ndarray, groups=None, src: str | None = None
-    ) -> list[tuple[Path, np.ndarray]]:
-        """``groups``: ``(scale, minimum)`` of arr's Q4_K sub-blocks, arr's shape (``self.blocks``);
-        ``src``: the GGUF block type the tensor was stored in (a fused weight: 4-bit if every part is)."""
+    def keeps_codes(self, row) -> bool:
+        """Do all of a loader row's outputs become 4-bit matrices (so a file's 4-bit codes can stay)?"""
+        return self.blocks is not None and all(t[-1] in PACK_CONTRACT for t in row.targets)
+
+    def rewrite(self, path: Path, arr, src: str | None = None) -> list[tuple[Path, np.ndarray]]:
+        """``arr``: a float array, or a GGUF file's 4-bit ``quant4.Codes`` (``keeps_codes``); ``src``: the
+        GGUF block type the tensor was stored in (a fused weight: 4-bit if every part is)."""
         fused = _PART_OF.get(path[-1]) if self.fuse_qkv else None
         if fused is None:
-            return self._quantize(path, arr, groups, src)
+            return self._quantize(path, arr, src)
         parts, axis = FUSED[fused]
         held = self._held.setdefault((*path[:-1], fused), {})
-        held[path[-1]] = (arr, groups, src)
+        held[path[-1]] = (arr, src)
         if len(held) < len(parts):
             return []
         del self._held[(*path[:-1], fused)]
         fuse = lambda arrs: (
             fuse_qkv_heads(*arrs, axis) if fused in ("wqkv", "bqkv") else np.stack(arrs, axis=axis)
         )
-        out = fuse([held[p][0] for p in parts])
-        gs, srcs = [held[p][1] for p in parts], {held[p][2] for p in parts}
+        arrs, srcs = [held[p][0] for p in parts], {held[p][1] for p in parts}
         src = srcs.pop() if len(srcs) == 1 else "mixed"
-        if any(g is None for g in gs):
-            return self._quantize((*path[:-1], fused), out, None, src)
-        fused_groups = (fuse([g[0] for g in gs]), fuse([g[1] for g in gs]))
-        return self._quantize((*path[:-1], fused), out, fused_groups, src)
+        if all(isinstance(a, quant4.Codes) for a in arrs):
+            return self._quantize((*path[:-1], fused), quant4.fuse_codes(arrs, fuse), src)
+        return self._quantize((*path[:-1], fused), fuse([_floats(a) for a in arrs]), src)
 
     def float_dtype(self, name: str) -> np.dtype | None:
         """The bf16 / f16 dtype leaf ``name`` is stored in by this rewriter, else None."""
@@ -285,13 +285,17 @@ class ParamRewriter:
     def finish(self) -> list[tuple[Path, np.ndarray]]:
         out = []
         for key, held in self._held.items():
-            for name, (arr, groups, src) in held.items():
-                out += self._quantize((*key[:-1], name), arr, groups, src)
+            for name, (arr, src) in held.items():
+                out += self._quantize((*key[:-1], name), arr, src)
         self._held.clear()
         return out
 
-    def _quantize(self, path: Path, arr: np.ndarray, groups=None, src=None) -> list[tuple[Path, np.ndarray]]:
+    def _quantize(self, path: Path, arr, src=None) -> list[tuple[Path, np.ndarray]]:
         name = path[-1]
+        if isinstance(arr, quant4.Codes):
+            if self.quant.int4 and name in PACK_CONTRACT and src in Q4_BLOCK_TYPES:
+                return self._int4(path, arr, PACK_CONTRACT[name])
+            arr = arr.values()
         floating = self.quant is not None and self.quant.quant_dtype in FLOAT_DTYPES  # bf16 / f16
         if name == "embed" and self.quant is not None and self.quant.lm_head and self.embed_view:
             if floating:  # the logits' view: bf16 / f16 rows, unit scales (the lookup keeps its dtype)
@@ -309,24 +313,25 @@ class ParamRewriter:
         # the others (Q6_K, Q8_0, Q5_*, F16, ...) int8, not rounded down to 4 bits
         as_stored = not self.gguf_blocks or src in Q4_BLOCK_TYPES
         if self.quant.int4 and name in PACK_CONTRACT and as_stored:
-            return self._int4(path, arr, PACK_CONTRACT[name], groups) or [(path, arr)]
+            return self._int4(path, arr, PACK_CONTRACT[name]) or [(path, arr)]
         q, scale = quantize_int8(arr, CONTRACT_AXES[name])
         return [(path, q), ((*path[:-1], f"{name}_scale"), scale)]
 
-    def _int4(
-        self, path: Path, arr: np.ndarray, contract: tuple[int, ...], groups=None
-    ) -> list[tuple[Path, np.ndarray]]:
-        """4-bit codes and scales of ``path`` (``aotlm.models.quant4``); int8 where the shape does not fit;
-        ``groups``: Q4_K's exact scales and minimums, whose codes are kept (``quant4.from_blocks``)."""
+    def _int4(self, path: Path, arr, contract: tuple[int, ...]) -> list[tuple[Path, np.ndarray]]:
+        """4-bit codes and scales of ``path`` (``aotlm.models.quant4``); int8 where the shape does not fit.
+        ``arr`` as ``quant4.Codes``: a GGUF file's blocks, whose codes and scales are kept."""
         q = self.quant
         if not quant4.packable(arr.shape, contract, q.group_size, vocab=path[-1] in ("embed_q", "lm_head")):
-            q8, scale = quantize_int8(arr, contract)
+            q8, scale = quantize_int8(_floats(arr), contract)
             return [(path, q8), ((*path[:-1], f"{path[-1]}_scale"), scale)]
+        kept = quant4.from_codes(arr, contract, q.asymmetric) if isinstance(arr, quant4.Codes) else None
+        if kept is not None:
+            return [(path, kept[0]), ((*path[:-1], f"{path[-1]}_scale"), kept[1])]
         exact = self.gguf_blocks and q.group_size == 32
-        if exact and q.asymmetric and groups is not None:
-            codes, sm, kept = quant4.from_blocks(arr, *groups, contract)
-            if kept < 1.0:
-                logger.warning("%s: %.4f of its Q4_K groups kept their codes", ".".join(map(str, path)), kept)
-        else:
-            codes, sm = quant4.quantize_int4(arr, contract, q.group_size, q.asymmetric, exact)
+        codes, sm = quant4.quantize_int4(_floats(arr), contract, q.group_size, q.asymmetric, exact)
         return [(path, codes), ((*path[:-1], f"{path[-1]}_scale"), sm)]
+
+
+def _floats(arr) -> np.ndarray:
+    """A float array, or a file's 4-bit codes dequantized (a storage that re-rounds them)."""
+    return arr.values() if isinstance(arr, quant4.Codes) else arr

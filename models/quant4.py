@@ -12,11 +12,11 @@ Round to nearest, after the scale (and minimum) are rounded to f16, so the codes
 scale. f16, not f32: a group of 32 then costs 4.5 bits per weight (5 asymmetric) instead of 5 (6), and
 GGUF's Q4_0 / Q4_1 blocks (f16 ``d`` / ``m``, 32 rows along the input) map onto it exactly: a GGUF
 model's dequantized Q4 values round back to their own codes, checked group by group (``exact``; the
-loader's ``ParamRewriter(gguf_blocks=True)``). Q4_K's sub-blocks (32 rows, scale ``d * sc``, minimum
-``-dmin * m``: f16 times 6 bits, exact in f32, not in f16) keep their codes too (``from_blocks``, with the
-exact scales the converter saved, ``aotlm.models.checkpoint.gguf_q4k``); their scale and minimum are stored
-rounded to f16, the one error left: relative <= 2^-11 each (f16's normal range), so a value moves by at
-most ``2^-11 (|d sc| q + |dmin m|)``.
+loader's ``ParamRewriter(gguf_blocks=True)``). The loader reads such a file's codes straight from its
+blocks (``Codes``, ``from_codes``: no dequantize and re-round). Q4_K's sub-blocks (32 rows, scale
+``d * sc``, minimum ``-dmin * m``: f16 times 6 bits, exact in f32, not in f16) keep their codes too;
+their scale and minimum are stored rounded to f16, the one error left: relative <= 2^-11 each (f16's
+normal range), so a value moves by at most ``2^-11 (|d sc| q + |dmin m|)``.
 
 Leaves: the weight ``<name>`` as uint8 codes in the kernels' panel layout (``aotlm/kernels/int4.h``):
 ``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 8, 16, 4]``, per block of 8 rows byte ``(c, t)`` holds
@@ -38,7 +38,9 @@ dot products), else XLA's dot of ``round_x(x)`` and ``dequantize(w)``: the same 
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -107,32 +109,64 @@ def quantize_int4(
     return _ungroup(q, w.shape, contract), sm
 
 
-def from_blocks(
-    w: np.ndarray, scale: np.ndarray, minimum: np.ndarray, contract: tuple[int, ...]
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """Asymmetric groups of 32 for ``w`` with the file's own codes: ``(codes, scales, share kept)``.
+@dataclasses.dataclass(frozen=True)
+class Codes:
+    """A matrix as a GGUF file's 4-bit blocks hold it (Q4_0, Q4_1, Q4_K): ``packed`` (uint32, the
+    matrix's shape) is each weight's group id ``<< 4`` or'ed with its code, so a layout transform
+    (transpose, head reshape, split, q/k/v fusion) moves each weight's group with it and no scale
+    array is moved or repeated; ``scale`` / ``minimum`` (``[groups]`` float32, exact; ``minimum`` None
+    for Q4_0's ``d * (q - 8)``) are the groups' own. A weight is ``scale * q + minimum``."""
 
-    ``scale`` / ``minimum`` (``w``'s shape, float32, constant over each 32-group): a GGUF file's Q4_K
-    sub-block scales ``d * sc`` and minimums ``-dmin * m`` (``checkpoint.gguf_q4k``), exact in f32,
-    of which ``w = scale * q + minimum`` (f32) are the dequantized values. The codes are
-    ``round((w - minimum) / scale)`` with those exact values, so a group whose values they give back
-    bit for bit holds the file's codes (a zero scale: code 0, the value is the minimum); the scales
-    stored are them rounded to f16 (relative error <= 2^-11 each, in f16's normal range: the one
-    error left). A group that is not reproduced (its scales not constant, or another type's values)
-    takes ``quantize_int4``'s asymmetric round to nearest instead; the share kept says how many did not."""
-    a = _groups(np.asarray(w, np.float32), contract, 32)
-    sg, mg = _groups(scale, contract, 32), _groups(minimum, contract, 32)
-    s, m = sg[:, :1].astype(np.float32), mg[:, :1].astype(np.float32)
-    inv = np.divide(1.0, s, out=np.zeros_like(s), where=s != 0)
-    q = np.clip(np.rint((a - m) * inv), 0, 15).astype(np.uint8)
-    uniform = np.all(sg == s, axis=1, keepdims=True) & np.all(mg == m, axis=1, keepdims=True)
-    good = uniform & np.all(q.astype(np.float32) * s + m == a, axis=1, keepdims=True)
-    sm = np.concatenate([s, m], axis=1).astype(np.float16)
-    if not good.all():
-        q_rtn, sm_rtn = quantize_int4(w, contract, 32, True, exact=True)
-        q = np.where(good, q, _groups(q_rtn, contract, 32))
-        sm = np.where(good, sm, sm_rtn)
-    return _ungroup(q, w.shape, contract), sm, float(good.mean())
+    packed: np.ndarray
+    scale: np.ndarray
+    minimum: np.ndarray | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.packed.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.packed.ndim
+
+    def moved(self, packed: np.ndarray) -> Codes:
+        """The same groups with the weights moved (a layout transform's output of ``packed``)."""
+        return Codes(np.ascontiguousarray(packed), self.scale, self.minimum)
+
+    def minimums(self) -> np.ndarray:
+        return -8.0 * self.scale if self.minimum is None else self.minimum
+
+    def values(self) -> np.ndarray:
+        """The float32 weights (what gguf-py's dequantization gives) for a storage that re-rounds."""
+        gid = self.packed >> 4
+        return (self.packed & 15).astype(np.float32) * self.scale[gid] + self.minimums()[gid]
+
+
+def fuse_codes(parts: Sequence[Codes], fuse: Callable) -> Codes:
+    """``fuse`` (a layout function of the parts' arrays: q/k/v heads, gate/up stacks) of ``parts``,
+    their group ids renumbered into one table."""
+    offsets = np.cumsum([0, *(p.scale.size for p in parts[:-1])])
+    packed = fuse([p.packed + np.uint32(int(o) << 4) for p, o in zip(parts, offsets, strict=True)])
+    sym = all(p.minimum is None for p in parts)
+    minimum = None if sym else np.concatenate([p.minimums() for p in parts])
+    return Codes(np.ascontiguousarray(packed), np.concatenate([p.scale for p in parts]), minimum)
+
+
+def from_codes(c: Codes, contract: tuple[int, ...], asymmetric: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """Groups of 32 for ``c`` with the file's own codes: ``(codes, scales)`` as ``quantize_int4`` gives
+    them; the scales rounded to f16 (exact for Q4_0 / Q4_1, whose ``d`` and ``m`` are f16; Q4_K's
+    ``d * sc`` and ``-dmin * m`` move by <= 2^-11 relative). None when the layout did not keep each
+    group of 32 together along ``contract`` (the caller re-rounds the values) or the storage is
+    symmetric and the blocks have minimums."""
+    if not asymmetric and c.minimum is not None:
+        return None
+    g = _groups(c.packed, contract, 32)  # [G, 32, *Nd]
+    gid = g[:, :1] >> 4
+    if not np.array_equal(g >> 4, np.broadcast_to(gid, g.shape)):
+        return None
+    s = c.scale[gid]
+    sm = np.concatenate([s, c.minimums()[gid]], axis=1) if asymmetric else s
+    return _ungroup((g & 15).astype(np.uint8), c.shape, contract), sm.astype(np.float16)
 
 
 def _codes(a: np.ndarray, s: np.ndarray, mn: np.ndarray | None) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 
 from aotlm.models.axes import LOGICAL_AXES, QUANT_SCALES, Path
 from aotlm.models.checkpoint import CheckpointError, WeightReader
+from aotlm.models.quant4 import Codes
 
 
 @dataclass(frozen=True)
@@ -159,32 +160,38 @@ def load_params(
                 f"tensor {missing!r} (tried prefixes {list(prefixes)}) is missing from the checkpoint "
                 f"in {reader.path}; the checkpoint is incomplete or not of this architecture"
             )
-        try:
-            arrays = [reader.get(name), *(reader.get(m) for m in extra)]
-            out = r.fn(*arrays)
-        except ValueError as e:  # a layout transform's reshape refused the tensor's shape
-            if isinstance(e, CheckpointError):
-                raise
-            raise CheckpointError(
-                f"tensor {name!r} in {reader.path} has a shape that does not fit config.json ({e}); "
-                "use the config.json saved with these weights"
-            ) from e
-        outs = out if isinstance(out, tuple) else (out,)
-        if len(outs) != len(r.targets):
-            raise ValueError(f"row for {r.hf} produced {len(outs)} arrays for {len(r.targets)} targets")
-        blocks = rewriter.blocks if rewriter is not None else None  # Q4_K group scales, moved like weights
-        groups = blocks.through(r.fn, [name, *extra], arrays, len(outs)) if blocks else None
+        outs = None
+        if rewriter is not None and rewriter.keeps_codes(r):  # a GGUF file's 4-bit codes, kept as stored
+            outs = rewriter.blocks.row(r.fn, [name, *extra], len(r.targets))
+        if outs is None:
+            outs = _convert(r, reader, name, extra)
         src = stored_type(name) if not extra else None  # a GGUF tensor's block type (Q4_0, Q6_K, ...)
-        for i, (path, arr) in enumerate(zip(r.targets, outs, strict=True)):
-            arr = np.asarray(arr)
+        for path, arr in zip(r.targets, outs, strict=True):
+            arr = arr if isinstance(arr, Codes) else np.asarray(arr)
             check_shape(path, arr, cfg, name, reader.path)
-            g = groups[i] if groups is not None and groups[i][0].shape == arr.shape else None
-            for p, a in rewriter.rewrite(path, arr, g, src) if rewriter is not None else [(path, arr)]:
+            for p, a in rewriter.rewrite(path, arr, src) if rewriter is not None else [(path, arr)]:
                 put(p, a)
     for p, a in rewriter.finish() if rewriter is not None else []:
         put(p, a)
     params["layers"] = [params["layers"][i] for i in sorted(params.get("layers", {}))]
     return params
+
+
+def _convert(r: Row, reader: WeightReader, name: str, extra: list[str]) -> tuple:
+    """Row ``r``'s outputs from its tensors read as floats."""
+    try:
+        out = r.fn(reader.get(name), *(reader.get(m) for m in extra))
+    except ValueError as e:  # a layout transform's reshape refused the tensor's shape
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(
+            f"tensor {name!r} in {reader.path} has a shape that does not fit config.json ({e}); "
+            "use the config.json saved with these weights"
+        ) from e
+    outs = out if isinstance(out, tuple) else (out,)
+    if len(outs) != len(r.targets):
+        raise ValueError(f"row for {r.hf} produced {len(outs)} arrays for {len(r.targets)} targets")
+    return outs
 
 
 def _set(tree: dict, path: Path, value) -> None:

@@ -91,7 +91,7 @@ class WeightLoading:
             np_dtype = np.dtype(jnp.dtype(self.dtype))
             quant = self.precision.quant
             blocks = bool(gguf.q4_types(self.path))  # a GGUF file's 4-bit blocks: kept as they are
-            q4k = gguf_q4k.BlockScales(reader) if blocks else None  # Q4_K's exact group scales
+            q4k = gguf_q4k.BlockCodes(reader) if blocks else None  # 4-bit codes read from the blocks
             rewriter = None
             if quant or self.fuse_qkv:
                 rewriter = ParamRewriter(quant, self.fuse_qkv, view, blocks, q4k)

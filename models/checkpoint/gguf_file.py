@@ -161,9 +161,25 @@ def plan_tensor(path: Path, arch_name: str, arch: Arch, t, index: int) -> Tensor
     return Tensor(t.name, hf, qtype, dtype, shape, index)
 
 
+_LAST: dict = {}  # the last file inspected: a first load converts, then reads, the same file
+
+
 def inspect(path: str | os.PathLike) -> tuple[Plan, object]:
-    """``(plan, reader)`` for a GGUF file: every check done, no tensor data read."""
-    path = Path(path)
+    """``(plan, reader)`` for a GGUF file: every check done, no tensor data read. The last file's
+    answer is kept while its size and modification time stay (gguf-py reads every metadata field,
+    the tokenizer's too, when it opens a file: seconds for a large vocabulary)."""
+    st = Path(path).stat() if Path(path).is_file() else None
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns) if st is not None else None
+    if key is not None and key in _LAST:
+        return _LAST[key]
+    found = _inspect(Path(path))
+    _LAST.clear()
+    if key is not None:
+        _LAST[key] = found
+    return found
+
+
+def _inspect(path: Path) -> tuple[Plan, object]:
     reader = open_reader(path)
     _check_size(path, reader)
     arch_name = _check_arch(path, reader)

@@ -1,14 +1,18 @@
-"""A GGUF file's Q4_K group scales and minimums, for ``quant="int4"`` to keep the file's codes.
+"""A GGUF file's 4-bit blocks (Q4_0, Q4_1, Q4_K) read as codes, for ``quant="int4"`` to keep them.
 
-Q4_K stores super-blocks of 256 weights along a row: 8 sub-blocks of 32, each with a 6-bit scale
-``sc`` and 6-bit minimum ``m``, under the block's f16 ``d`` and ``dmin``; a weight is
-``(d * sc) * q - (dmin * m)`` with a 4-bit code ``q`` (gguf-py computes it so, in float32). The
-loader reads those values (``gguf_weights.GGUFWeights``); to keep the codes under ``quant="int4"``
-(``aotlm.models.quant4.from_blocks``) it also needs each 32-group's scale ``d * sc`` and minimum
-``-(dmin * m)``, both exact in float32 but not in float16: :func:`group_scales` computes them from the
-tensor's bytes, and :class:`BlockScales` hands them to the loader, repeated back to the weight's
-shape so that a family's layout transform (reshape, transpose, split, fusion) moves them exactly as
-it moves the weights.
+Every one of these types holds 32-weight groups along a row, each a 4-bit code ``q`` under its
+group's scale and minimum:
+
+* Q4_0: blocks of 32, f16 ``d``: ``d * (q - 8)``;
+* Q4_1: blocks of 32, f16 ``d`` and ``m``: ``d * q + m``;
+* Q4_K: super-blocks of 256 with 8 sub-blocks of 32, each a 6-bit scale ``sc`` and minimum ``m``
+  under the block's f16 ``d`` and ``dmin``: ``(d * sc) * q - (dmin * m)`` (gguf-py computes it so, in
+  float32: exact in float32, not in float16).
+
+:func:`codes` unpacks a tensor's bytes into ``quant4.Codes`` (each weight's group id and code in one
+uint32, the groups' scales and minimums beside) in the HF layout, and :class:`BlockCodes` hands a
+loader row's outputs over: the row's layout transform runs on the packed array, so each weight
+carries its group along and nothing is dequantized, repeated or re-rounded.
 """
 
 from __future__ import annotations
@@ -17,61 +21,63 @@ import numpy as np
 
 from aotlm.models.checkpoint.gguf_file import Plan, Tensor
 from aotlm.models.checkpoint.gguf_names import transform, transposed
+from aotlm.models.quant4 import Codes
 
-GROUP = 32  # Q4_K's sub-block: 32 weights along the input dim
+GROUP = 32  # every type's group: 32 weights along the input dim
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
 
 
-def group_scales(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(scale, minimum)`` float32 of Q4_K tensor ``t``'s 32-groups (``raw``: its stored bytes), in its HF
-    layout (input dim / 32)."""
-    from gguf.quants import Q4_K  # local: optional dependency, present whenever a GGUF file is read
+def unpack(qtype: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(codes uint8 [n], scale float32 [n / 32], minimum float32 [n / 32] or None)`` of a tensor's
+    stored bytes in the file's order (``minimum`` None: Q4_0's ``d * (q - 8)``)."""
+    rows = np.asarray(raw).reshape(-1, BLOCK_BYTES[qtype])
+    f16 = lambda at: rows[:, at : at + 2].copy().view(np.float16).astype(np.float32)  # noqa: E731  [blocks, 1]
+    if qtype == "Q4_K":
+        from gguf.quants import Q4_K  # local: optional dependency, present whenever a GGUF file is read
 
-    rows = np.asarray(raw).reshape(-1, 144)  # 144 bytes: d, dmin (f16), 12 scale bytes, 128 code bytes
-    d = rows[:, 0:2].copy().view(np.float16).astype(np.float32)
-    dmin = rows[:, 2:4].copy().view(np.float16).astype(np.float32)
-    sc, m = Q4_K.get_scale_min(rows[:, 4:16])
+        sc, m = Q4_K.get_scale_min(rows[:, 4:16])  # [blocks, 8] 6-bit each
+        scale = (f16(0) * sc.astype(np.float32)).reshape(-1)
+        minimum = -(f16(2) * m.astype(np.float32)).reshape(-1)
+        qs = rows[:, 16:].reshape(-1, 4, 1, 32)  # 4 x 32 bytes: sub-blocks 2j (low nibbles), 2j+1 (high)
+    else:
+        scale = f16(0).reshape(-1)
+        minimum = f16(2).reshape(-1) if qtype == "Q4_1" else None
+        qs = rows[:, 2 + 2 * (qtype == "Q4_1") :].reshape(-1, 1, 1, 16)  # weights j (low), j + 16 (high)
+    codes = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=2)
+    return codes.reshape(-1), scale, minimum
+
+
+def codes(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray) -> Codes:
+    """4-bit tensor ``t`` (``raw``: its stored bytes) as ``Codes`` in its HF layout."""
+    q, scale, minimum = unpack(t.qtype, raw)
+    ids = np.arange(scale.size, dtype=np.uint32)[:, None] << np.uint32(4)
     logical = t.shape[::-1] if transposed(plan.arch_name, t.gguf) else t.shape  # [rows, K] as stored
-    grouped = (*logical[:-1], logical[-1] // GROUP)
-    scale = (d * sc.astype(np.float32)).reshape(grouped)
-    minimum = -(dmin * m.astype(np.float32)).reshape(grouped)
+    packed = (ids | q.reshape(-1, GROUP)).reshape(logical)
     fn = transform(plan.arch_name, t.gguf, meta)  # layout transforms only reach matrices
-    if fn is not None:
-        scale, minimum = fn(scale), fn(minimum)
-    return np.ascontiguousarray(scale, np.float32), np.ascontiguousarray(minimum, np.float32)
+    return Codes(np.ascontiguousarray(packed if fn is None else fn(packed)), scale, minimum)
 
 
-class BlockScales:
-    """The Q4_K group scales of a GGUF model's matrices, for the loader (``reader``: a
-    ``gguf_weights.GGUFWeights``; any other reader has none)."""
+class BlockCodes:
+    """The 4-bit matrices of a GGUF model, for the loader (``reader``: a ``gguf_weights.GGUFWeights``,
+    or a reader wrapping one; any other reader has none)."""
 
     def __init__(self, reader):
-        self._reader = reader if hasattr(reader, "blocks") else None
+        self._reader = reader if hasattr(reader, "codes") else None
 
     def __bool__(self) -> bool:
         return self._reader is not None
 
-    def full(self, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
-        """Tensor ``name``'s group scale and minimum repeated over its groups (``shape``), or None."""
-        got = self._reader.blocks(name) if self._reader is not None else None
+    def row(self, fn, names: list[str], n_out: int) -> list[Codes] | None:
+        """A loader row's outputs (``fn`` of tensor ``names``) as ``Codes``, or None: a row of several
+        tensors (expert stacks), a tensor not in 4-bit blocks, or a transform that refused them."""
+        got = self._reader.codes(names[0]) if self._reader is not None and len(names) == 1 else None
         if got is None:
             return None
-        s, m = got
-        axes = [i for i, (a, b) in enumerate(zip(s.shape, shape, strict=True)) if a != b]
-        if len(axes) != 1 or s.shape[axes[0]] * GROUP != shape[axes[0]]:
-            return None
-        return np.repeat(s, GROUP, axis=axes[0]), np.repeat(m, GROUP, axis=axes[0])
-
-    def through(self, fn, names: list[str], arrays: list[np.ndarray], n_out: int) -> list | None:
-        """Row ``fn``'s outputs for the group scales and minimums of its inputs ``names`` (shapes from
-        ``arrays``): ``[(scale, minimum)]`` per output, or None when an input has no Q4_K groups."""
-        fulls = [self.full(n, a.shape) for n, a in zip(names, arrays, strict=True)]
-        if not fulls or any(f is None for f in fulls):
-            return None
         try:
-            s, m = fn(*(f[0] for f in fulls)), fn(*(f[1] for f in fulls))
+            out = fn(got.packed)
         except ValueError:
             return None
-        s, m = (s if isinstance(s, tuple) else (s,)), (m if isinstance(m, tuple) else (m,))
-        if len(s) != n_out:
+        outs = out if isinstance(out, tuple) else (out,)
+        if len(outs) != n_out or any(np.asarray(o).dtype != np.uint32 for o in outs):
             return None
-        return [(np.asarray(a), np.asarray(b)) for a, b in zip(s, m, strict=True)]
+        return [got.moved(o) for o in outs]

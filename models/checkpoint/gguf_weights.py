@@ -9,8 +9,8 @@ float32 (gguf-py), and handed to the weight rewriter, which stores it in its fin
 The file is memory-mapped once; a tensor's bytes are read through that map, converted into a new
 array, and the map's pages of that tensor are then dropped from the process (``madvise(DONTNEED)``:
 they stay in the page cache, not in this process's resident memory), so loading holds at most one
-tensor's bytes of the file and its float32 copy beyond the stored weights. :meth:`GGUFWeights.blocks`
-gives a Q4_K matrix's exact group scales and minimums from the same bytes (what ``quant="int4"``
+tensor's bytes of the file and its float32 copy beyond the stored weights. :meth:`GGUFWeights.codes`
+gives a 4-bit matrix's codes and group scales from the same bytes instead (what ``quant="int4"``
 keeps, ``aotlm.models.checkpoint.gguf_q4k``).
 
 Which file backs a converted directory: ``SOURCE_POINTER`` there, rewritten by ``gguf.convert``
@@ -30,7 +30,8 @@ import numpy as np
 
 from aotlm.models.checkpoint.formats import CheckpointError, drop_pages
 from aotlm.models.checkpoint.gguf_file import Plan, Tensor, inspect, tensor_array
-from aotlm.models.checkpoint.gguf_q4k import group_scales
+from aotlm.models.checkpoint.gguf_q4k import BLOCK_BYTES, codes
+from aotlm.models.quant4 import Codes
 
 SOURCE_POINTER = "aotlm_gguf_source.json"
 
@@ -121,14 +122,15 @@ class GGUFWeights:
             drop_pages(self._map, start, n)
         return arr
 
-    def blocks(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """A Q4_K matrix's group scales and minimums (float32, its HF layout with the input dim / 32)."""
+    def codes(self, name: str) -> Codes | None:
+        """A 4-bit matrix (Q4_0, Q4_1, Q4_K) as its codes and group scales (``gguf_q4k.codes``), in its
+        HF layout; None for any other tensor."""
         t = self._by_hf.get(name)
-        if t is None or t.qtype != "Q4_K" or len(t.shape) != 2:
+        if t is None or t.qtype not in BLOCK_BYTES or len(t.shape) != 2:
             return None
         raw, start, n = self._raw(t)
         try:
-            return group_scales(self.plan, t, self._meta, raw)
+            return codes(self.plan, t, self._meta, raw)
         finally:
             drop_pages(self._map, start, n)
 

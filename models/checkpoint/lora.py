@@ -165,10 +165,11 @@ class MergedReader:
             return None
         return self._reader.stored_type(name)
 
-    def blocks(self, name: str):
-        if name in self.adapter.modules or not hasattr(self._reader, "blocks"):
+    def codes(self, name: str):
+        """The base file's 4-bit codes, None for a merged weight (its stored codes no longer hold)."""
+        if name in self.adapter.modules or not hasattr(self._reader, "codes"):
             return None
-        return self._reader.blocks(name)
+        return self._reader.codes(name)
 
     def unused(self) -> list[str]:
         return sorted(set(self.adapter.modules) - self._done)

@@ -42,11 +42,17 @@ def logical(m, leaf: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("qtype", "form"), [("Q4_0", "int4-g32"), ("Q4_1", "int4-g32-asym")])
-def test_q4_blocks_load_without_requantizing(gguf_file, qtype, form):
+def test_q4_blocks_load_without_requantizing(gguf_file, qtype, form, monkeypatch):
+    from aotlm.models.checkpoint.gguf_weights import GGUFWeights
+
     path = gguf_file(qtype)
     kw = dict(batch_size=1, n_positions=32, context_length_estimate=16, compile_cache=False)
     ref = AutoModelForSampling.from_pretrained(path, quant="none", **kw)
+    as_floats, get = [], GGUFWeights.get  # the 4-bit matrices are read as codes, never as floats
+    monkeypatch.setenv("AOTLM_WEIGHT_CACHE", "0")  # read the file, not an earlier load's leaves
+    monkeypatch.setattr(GGUFWeights, "get", lambda self, n: as_floats.append(n) or get(self, n))
     m = AutoModelForSampling.from_pretrained(path, quant="int4", **kw)
+    assert as_floats and not [n for n in as_floats if n.endswith("proj.weight")]
     assert m.spec.precision.describe().startswith(f"amp=f32: {form} weights")
     layer = m.params["layers"][0]
     for leaf in MATRICES:
@@ -101,30 +107,35 @@ def file_q4k(path, name: str, heads: int | None):
     return fix(codes), fix(scale), fix(minimum)
 
 
-def test_q4k_codes_kept(gguf_file):
-    """Q4_K under int4: every group with a non-zero scale stores the file's own codes (zero-scale groups:
-    the minimum, exact); scale and minimum rounded to f16 are the one error (relative <= 2^-11)."""
+def test_q4k_codes_kept(gguf_file, monkeypatch):
+    """Q4_K under int4: every group stores the file's own codes, read from the blocks (no 4-bit matrix
+    is dequantized to float32 on the way); scale and minimum rounded to f16 are the one error
+    (relative <= 2^-11)."""
+    from aotlm.models.checkpoint.gguf_weights import GGUFWeights
+
     path = gguf_file("Q4_K")
     kw = dict(batch_size=1, n_positions=32, context_length_estimate=16, compile_cache=False)
     ref = AutoModelForSampling.from_pretrained(path, quant="none", **kw)
+    as_floats, get = [], GGUFWeights.get
+    monkeypatch.setenv("AOTLM_WEIGHT_CACHE", "0")  # read the file, not an earlier load's leaves
+    monkeypatch.setattr(GGUFWeights, "get", lambda self, n: as_floats.append(n) or get(self, n))
     m = AutoModelForSampling.from_pretrained(path, quant="int4", **kw)
+    assert as_floats and not [n for n in as_floats if n.endswith("proj.weight")]
     heads = {"wq": 4, "wk": 2}
     layer, zero_groups = m.params["layers"][0], 0
     for leaf, g in GGUF_OF.items():
         codes, scale, minimum = file_q4k(path, f"blk.0.{g}.weight", heads.get(leaf))
         w, sm = layer[leaf], layer[f"{leaf}_scale"]
         stored = np.asarray(quant4.codes(jnp.asarray(w), leaf)).reshape(codes.shape[::-1]).T
-        live = scale != 0
-        zero_groups += int((~live).sum()) // 32
-        np.testing.assert_array_equal(stored[live], codes[live], err_msg=leaf)
-        assert (stored[~live] == 0).all(), leaf
+        zero_groups += int((scale == 0).sum()) // 32
+        np.testing.assert_array_equal(stored, codes, err_msg=leaf)
         want = logical(ref, leaf).reshape(codes.shape[::-1]).T  # the file's values
         np.testing.assert_array_equal(codes * scale + minimum, want, err_msg=leaf)
         deq = np.asarray(quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), leaf)).reshape(want.T.shape).T
         bound = (2.0**-11 + 2.0**-20) * (np.abs(scale) * codes + np.abs(minimum))
         assert (np.abs(deq - want) <= bound).all(), leaf
         assert not (deq == want).all(), leaf  # f16 scales: not exact (else this test proves nothing new)
-    assert zero_groups > 0  # random 6-bit scales: some are 0, whose codes the values cannot tell
+    assert zero_groups > 0  # random 6-bit scales: some are 0, whose codes only the blocks tell
     ids = np.arange(1, 9)[None]
     lg, lg_ref = m.forward(ids), ref.forward(ids)
     assert np.abs(lg - lg_ref).max() <= 0.05 * np.abs(lg_ref).max()
