@@ -15,9 +15,10 @@ projection's output for every row with an adapter. Few rows (``B < N``) gather e
 slot; more rows multiply by every slot at once and keep each row's own (every slot read once
 per step, however many rows share it); on CPU a call whose rows are all base skips the work
 (``lax.cond``; on other backends a branch costs a round trip to the host, so it is computed).
-With the CPU kernels (one device, float32 activations) ``kernels.lora_add`` reads each row's slot
-in place and adds to the output in place instead: no gathered copies, no product with other slots,
-nothing for base rows.
+With the CPU kernels (one device, float32 activations) ``kernels.lora_add_many`` reads each row's
+slot in place and adds to the output in place instead: no gathered copies, no product with other
+slots, nothing for base rows; ``lora_many`` updates the projections of one input (q / k / v, gate /
+up) in one call.
 """
 
 from __future__ import annotations
@@ -57,24 +58,49 @@ def rows(idx):
 
 def lora(y, x, p: dict, target: str):
     """``y`` (projection ``target``'s output for ``x``) plus each row's adapter update."""
-    a_name, b_name = leaf_names(target)
+    return lora_many((y,), x, p, (target,))[0]
+
+
+def lora_many(ys: tuple, x, p: dict, targets: tuple[str, ...]) -> tuple:
+    """``lora`` for projections ``targets`` of the same ``x`` (q / k / v, gate / up): with the CPU
+    kernel one call updates them all (each row's slot grouped once, one call's overhead)."""
     idx = _ROWS.get()
-    if a_name not in p or idx is None:
-        return y
-    a, b = p[a_name], p[b_name]
-    n_in = a.ndim - 2
+    live = [i for i, t in enumerate(targets) if leaf_names(t)[0] in p]
+    if idx is None or not live:
+        return tuple(ys)
+    a_name = leaf_names(targets[live[0]])[0]
+    n_in = p[a_name].ndim - 2
     bsz = x.shape[0]
     idx = idx[:bsz]  # the state may hold more rows than the call runs
     flat = x.reshape(*x.shape[: x.ndim - n_in], -1)  # [B, T, in]
-    a2 = a.reshape(a.shape[0], -1, a.shape[-1])  # [N, in, R]
-    b2 = b.reshape(b.shape[0], b.shape[1], -1)  # [N, R, out]
     rows = flat.reshape(-1, flat.shape[-1])  # [B*T, in]
-    if kernels.lora_ok(rows, a2, b2) and y.dtype == jnp.float32:  # slots read in place, y updated in place
-        out = kernels.lora_add(y.reshape(rows.shape[0], -1), rows, jnp.repeat(idx, flat.shape[1]), a2, b2)
-        return out.reshape(y.shape)
+    tables = [_flat_tables(p, targets[i]) for i in live]
+    f32 = all(ys[i].dtype == jnp.float32 for i in live)
+    kernel = f32 and all(kernels.lora_ok(rows, a, b) for a, b in tables)
+    out = list(ys)
+    if kernel:  # slots read in place, each y updated in place
+        got = kernels.lora_add_many(
+            [ys[i].reshape(rows.shape[0], -1) for i in live], rows, jnp.repeat(idx, flat.shape[1]), tables
+        )
+        for i, y in zip(live, got, strict=True):
+            out[i] = y.reshape(ys[i].shape)
+        return tuple(out)
+    for i, (a, b) in zip(live, tables, strict=True):
+        out[i] = _xla(ys[i], flat, a, b, idx)
+    return tuple(out)
+
+
+def _flat_tables(p: dict, target: str):
+    """Projection ``target``'s tables as ``A [N, in, R]``, ``B [N, R, out]``."""
+    a, b = (p[n] for n in leaf_names(target))
+    return a.reshape(a.shape[0], -1, a.shape[-1]), b.reshape(b.shape[0], b.shape[1], -1)
+
+
+def _xla(y, flat, a, b, idx):
+    """XLA's form of one projection's update (``flat [B, T, in]``; tables flattened)."""
 
     def update():
-        d = _gathered(flat, a2, b2, idx) if bsz < a.shape[0] else _stacked(flat, a2, b2, idx)
+        d = _gathered(flat, a, b, idx) if flat.shape[0] < a.shape[0] else _stacked(flat, a, b, idx)
         d = jnp.where((idx >= 0).reshape(-1, *([1] * (d.ndim - 1))), d, 0.0)
         return (y + d.reshape(y.shape).astype(jnp.float32)).astype(y.dtype)
 

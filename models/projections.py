@@ -15,14 +15,13 @@ def project_qkv(x, p: dict):
     regrouped) weight's shape.
     """
     if "wqkv" not in p:
-        return tuple(
-            adapters.lora(proj(x, p, w, b), x, p, w) for w, b in (("wq", "bq"), ("wk", "bk"), ("wv", "bv"))
-        )
+        qkv = tuple(proj(x, p, w, b) for w, b in (("wq", "bq"), ("wk", "bk"), ("wv", "bv")))
+        return adapters.lora_many(qkv, x, p, ("wq", "wk", "wv"))
     qkv = proj(x, p, "wqkv", "bqkv")  # [B,T,K,G+2,Dh]
     g = qkv.shape[-2] - 2
     q, k, v = qkv[..., :g, :].reshape(*qkv.shape[:-3], -1, qkv.shape[-1]), qkv[..., g, :], qkv[..., g + 1, :]
     out = add_bias(q, p.get("bq")), add_bias(k, p.get("bk")), add_bias(v, p.get("bv"))
-    return tuple(adapters.lora(y, x, p, w) for y, w in zip(out, ("wq", "wk", "wv"), strict=True))
+    return adapters.lora_many(out, x, p, ("wq", "wk", "wv"))
 
 
 def fused_qkv(x, p: dict):
@@ -54,7 +53,8 @@ def mlp(x, p: dict, act: str, gated: bool):
         return down(activation(act, lora(proj(x, p, "w_up", "b_up"), x, p, "w_up")))
     else:
         up, gate = proj(x, p, "w_up", "b_up"), proj(x, p, "w_gate", "b_gate")
-    return down(activation(act, lora(gate, x, p, "w_gate")) * lora(up, x, p, "w_up"))
+    gate, up = adapters.lora_many((gate, up), x, p, ("w_gate", "w_up"))
+    return down(activation(act, gate) * up)
 
 
 def out_proj(p: dict, o):

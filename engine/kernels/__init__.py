@@ -68,7 +68,7 @@ from aotlm.kernels.dense import (
     w8a8_rows,
 )
 from aotlm.kernels.isa import KernelIsaError
-from aotlm.kernels.lora import lora_add, lora_ok
+from aotlm.kernels.lora import lora_add, lora_add_many, lora_ok
 from aotlm.kernels.padding import padding_rows
 from aotlm.kernels.q4 import matmul_q4, q4_fuses, q4_group, q4_supported, unpack_q4
 
@@ -79,6 +79,7 @@ __all__ = [
     "argmax",
     "argmax_ok",
     "lora_add",
+    "lora_add_many",
     "lora_ok",
     "attention_ok",
     "build_hash",

@@ -170,30 +170,49 @@ void run(const float* x, const int32_t* s, const T* a, const T* b, int64_t M, in
 
 }  // namespace aotlm_lora
 
-ffi::Error lora(ffi::AnyBuffer y_in, ffi::AnyBuffer x, ffi::AnyBuffer s, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                ffi::Result<ffi::AnyBuffer> y) {
-  auto xd = x.dimensions(), ad = a.dimensions(), bd = b.dimensions(), yd = y->dimensions();
-  const bool types = x.element_type() == DataType::F32 && s.element_type() == DataType::S32 &&
-                     y->element_type() == DataType::F32 && y_in.element_type() == DataType::F32 &&
+// One projection's update: y (aliasing y_in) += per-row LoRA of x with tables a, b.
+inline ffi::Error lora_one(const float* xp, const int32_t* sp, int64_t M, int64_t K, ffi::AnyBuffer y_in,
+                           ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer* y) {
+  auto ad = a.dimensions(), bd = b.dimensions(), yd = y->dimensions();
+  const bool types = y->element_type() == DataType::F32 && y_in.element_type() == DataType::F32 &&
                      a.element_type() == b.element_type() &&
                      (a.element_type() == DataType::F32 || a.element_type() == DataType::BF16);
-  if (!types || xd.size() != 2 || ad.size() != 3 || bd.size() != 3 || yd.size() != 2)
+  if (!types || ad.size() != 3 || bd.size() != 3 || yd.size() != 2)
     return ffi::Error::InvalidArgument(
-        "aotlm_lora: y f32 [M, O], x f32 [M, K], s s32 [M], A f32|bf16 [N, K, R], B [N, R, O] of A's type");
-  const int64_t M = xd[0], K = xd[1], N = ad[0], R = ad[2], O = bd[2];
-  if (ad[1] != K || bd[0] != N || bd[1] != R || yd[0] != M || yd[1] != O || int64_t(s.element_count()) != M ||
-      int64_t(y_in.element_count()) != M * O)
+        "aotlm_lora: each y f32 [M, O], A f32|bf16 [N, K, R], B [N, R, O] of A's type");
+  const int64_t N = ad[0], R = ad[2], O = bd[2];
+  if (ad[1] != K || bd[0] != N || bd[1] != R || yd[0] != M || yd[1] != O || int64_t(y_in.element_count()) != M * O)
     return ffi::Error::InvalidArgument("aotlm_lora: the shapes of y, x, s, A and B do not fit together");
   float* yp = static_cast<float*>(y->untyped_data());
   if (y_in.untyped_data() != y->untyped_data())  // not aliased after all: start from a copy
     std::memcpy(yp, y_in.untyped_data(), size_t(M * O) * sizeof(float));
-  const float* xp = static_cast<const float*>(x.untyped_data());
-  const int32_t* sp = static_cast<const int32_t*>(s.untyped_data());
   if (a.element_type() == DataType::F32)
     aotlm_lora::run(xp, sp, static_cast<const float*>(a.untyped_data()), static_cast<const float*>(b.untyped_data()),
                     M, N, K, R, O, yp);
   else
     aotlm_lora::run(xp, sp, static_cast<const uint16_t*>(a.untyped_data()),
                     static_cast<const uint16_t*>(b.untyped_data()), M, N, K, R, O, yp);
+  return ffi::Error::Success();
+}
+
+// Operands x f32 [M, K], s s32 [M], then (y, A, B) per projection reading x (q / k / v, gate / up:
+// one call for all, the rows grouped once); results: each y, aliasing its operand.
+ffi::Error lora(ffi::AnyBuffer x, ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::RemainingRets ys) {
+  auto xd = x.dimensions();
+  if (x.element_type() != DataType::F32 || s.element_type() != DataType::S32 || xd.size() != 2 ||
+      int64_t(s.element_count()) != xd[0] || rest.size() != 3 * ys.size())
+    return ffi::Error::InvalidArgument("aotlm_lora: x f32 [M, K], s s32 [M], then (y, A, B) per output");
+  const float* xp = static_cast<const float*>(x.untyped_data());
+  const int32_t* sp = static_cast<const int32_t*>(s.untyped_data());
+  for (size_t i = 0; i < ys.size(); ++i) {
+    auto y_in = rest.get<ffi::AnyBuffer>(3 * i), a = rest.get<ffi::AnyBuffer>(3 * i + 1);
+    auto b = rest.get<ffi::AnyBuffer>(3 * i + 2);
+    auto y = ys.get<ffi::AnyBuffer>(i);
+    if (!y_in.has_value() || !a.has_value() || !b.has_value() || !y.has_value())
+      return ffi::Error::InvalidArgument("aotlm_lora: an operand or result is missing");
+    ffi::AnyBuffer out = **y;
+    ffi::Error err = lora_one(xp, sp, xd[0], xd[1], *y_in, *a, *b, &out);
+    if (err.failure()) return err;
+  }
   return ffi::Error::Success();
 }

@@ -27,7 +27,14 @@ def lora_add(y, x, slots, a, b):
     """``y[m] + (x[m] @ a[slots[m]]) @ b[slots[m]]`` for every row ``m`` (``y [M, O]``, ``x [M, K]`` f32;
     rows with ``slots[m] < 0`` unchanged), reading each row's slot of the tables in place and updating
     ``y`` in place (the output aliases it)."""
+    return lora_add_many([y], x, slots, [(a, b)])[0]
+
+
+def lora_add_many(ys, x, slots, tables) -> tuple:
+    """``lora_add`` for several projections of the same ``x`` (q / k / v, gate / up) in one call:
+    ``ys[i]`` updated with ``tables[i] = (a, b)``."""
     kernels.ensure_registered()
-    out = jax.ShapeDtypeStruct(y.shape, jnp.float32)
-    call = jax.ffi.ffi_call("aotlm_lora", out, input_output_aliases={0: 0})
-    return call(y.astype(jnp.float32), x, slots.astype(jnp.int32), a, b)
+    out = tuple(jax.ShapeDtypeStruct(y.shape, jnp.float32) for y in ys)
+    call = jax.ffi.ffi_call("aotlm_lora", out, input_output_aliases={2 + 3 * i: i for i in range(len(ys))})
+    operands = [o for y, (a, b) in zip(ys, tables, strict=True) for o in (y.astype(jnp.float32), a, b)]
+    return tuple(call(x, slots.astype(jnp.int32), *operands))

@@ -363,14 +363,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmAttn, attn,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<float>("scale"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmArgmax, argmax, ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmLora, lora,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    AotlmLora, lora, ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().RemainingArgs().RemainingRets());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmBdot, bdot,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()

@@ -174,3 +174,31 @@ def test_the_kernel_reads_each_rows_slot(dtype, rank):
     for m, s in enumerate(slots):
         want = y[m] + (x[m] @ af[s] @ bf[s] if 0 <= s < 3 else 0.0)
         np.testing.assert_allclose(got[m], want, rtol=1e-5, atol=1e-4)
+
+
+def test_one_kernel_call_updates_every_projection_of_an_input():
+    """q / k / v (gate / up) share x: one call, each output its own tables and width, rows by slot."""
+    if not aotlm.kernels.enabled():
+        pytest.skip("the CPU kernels are off on this machine")
+    import jax.numpy as jnp  # local: the kernel's inputs only
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    slots = np.array([1, -1, 0], np.int32)
+    tables = [
+        (
+            jnp.asarray(rng.standard_normal((2, 64, 8)), "bfloat16"),
+            jnp.asarray(rng.standard_normal((2, 8, o)), "bfloat16"),
+        )
+        for o in (64, 16, 40)
+    ]
+    ys = [rng.standard_normal((3, b.shape[-1])).astype(np.float32) for _, b in tables]
+    got = aotlm.kernels.lora_add_many(
+        [jnp.asarray(y) for y in ys], jnp.asarray(x), jnp.asarray(slots), tables
+    )
+    assert len(got) == 3
+    for y, out, (a, b) in zip(ys, got, tables, strict=True):
+        af, bf = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        for m, s in enumerate(slots):
+            want = y[m] + (x[m] @ af[s] @ bf[s] if s >= 0 else 0.0)
+            np.testing.assert_allclose(np.asarray(out)[m], want, rtol=1e-5, atol=1e-4)
