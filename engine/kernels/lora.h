@@ -74,6 +74,49 @@ void shrink(const float* x, const T* a, int64_t K, int64_t R, float* h, Prefetch
   }
 }
 
+// h_m[0:R] = x_m[0:K] @ a[K, R] for MR rows of one slot at once: each vector of a is read and
+// widened once for all of them (several rows of a slot: batched decode, prefill).
+template <int NC, int MR, typename T>
+void shrink_rows(const float* const* xs, const T* a, int64_t K, int64_t R, float* const* hs) {
+  constexpr int U = MR * NC <= 4 ? 2 : 1;  // k steps in flight: at least 8 independent sums
+  __m256 acc[U][MR][NC];
+  for (int u = 0; u < U; ++u)
+    for (int m = 0; m < MR; ++m)
+      for (int c = 0; c < NC; ++c) acc[u][m][c] = _mm256_setzero_ps();
+  int64_t k = 0;
+  auto step = [&](int u, int64_t kk) {
+    __m256 av[NC];
+    for (int c = 0; c < NC; ++c) av[c] = load8(a + kk * R + 8 * c);
+    for (int m = 0; m < MR; ++m) {
+      const __m256 xv = _mm256_set1_ps(xs[m][kk]);
+      for (int c = 0; c < NC; ++c) acc[u][m][c] = _mm256_fmadd_ps(xv, av[c], acc[u][m][c]);
+    }
+  };
+  for (; k + U <= K; k += U)
+    for (int u = 0; u < U; ++u) step(u, k + u);
+  for (; k < K; ++k) step(0, k);
+  for (int m = 0; m < MR; ++m)
+    for (int c = 0; c < NC; ++c) {
+      __m256 v = acc[0][m][c];
+      for (int u = 1; u < U; ++u) v = _mm256_add_ps(v, acc[u][m][c]);
+      _mm256_storeu_ps(hs[m] + 8 * c, v);
+    }
+}
+
+// shrink for n rows of one slot (xs, hs: each row's x and h): in fours or twos where R allows.
+template <typename T>
+void shrink_group(const float* const* xs, const T* a, int64_t K, int64_t R, float* const* hs, int64_t n,
+                  Prefetch& pf) {
+  int64_t i = 0;
+  if (R == 8 || R == 16)
+    for (; i + 4 <= n; i += 4)
+      R == 8 ? shrink_rows<1, 4>(xs + i, a, K, R, hs + i) : shrink_rows<2, 4>(xs + i, a, K, R, hs + i);
+  if (R == 16 || R == 32)
+    for (; i + 2 <= n; i += 2)
+      R == 16 ? shrink_rows<2, 2>(xs + i, a, K, R, hs + i) : shrink_rows<4, 2>(xs + i, a, K, R, hs + i);
+  for (; i < n; ++i) shrink(xs[i], a, K, R, hs[i], pf);
+}
+
 // y[o0:o1] += h[0:R] @ b[R, O][:, o0:o1]: four rows of b at a time, each read in order over the
 // block (four sequential streams the prefetchers follow; y's block stays in L1 across them).
 template <typename T>
@@ -94,6 +137,35 @@ void expand(const float* h, const T* b, int64_t R, int64_t O, int64_t o0, int64_
   }
   for (; r < R; ++r)
     for (int64_t o = o0; o < o1; ++o) y[o] += h[r] * ld(b + r * O, o);
+}
+
+// expand for two rows of one slot: each vector of b read and widened once for both.
+template <typename T>
+void expand2(const float* h0, const float* h1, const T* b, int64_t R, int64_t O, int64_t o0, int64_t o1, float* y0,
+             float* y1) {
+  int64_t r = 0;
+  for (; r + 4 <= R; r += 4) {
+    const __m256 a0 = _mm256_set1_ps(h0[r]), a1 = _mm256_set1_ps(h0[r + 1]);
+    const __m256 a2 = _mm256_set1_ps(h0[r + 2]), a3 = _mm256_set1_ps(h0[r + 3]);
+    const __m256 c0 = _mm256_set1_ps(h1[r]), c1 = _mm256_set1_ps(h1[r + 1]);
+    const __m256 c2 = _mm256_set1_ps(h1[r + 2]), c3 = _mm256_set1_ps(h1[r + 3]);
+    const T *b0 = b + r * O, *b1 = b0 + O, *b2 = b1 + O, *b3 = b2 + O;
+    int64_t o = o0;
+    for (; o + 8 <= o1; o += 8) {
+      const __m256 v0 = load8(b0 + o), v1 = load8(b1 + o), v2 = load8(b2 + o), v3 = load8(b3 + o);
+      __m256 p = _mm256_fmadd_ps(a0, v0, _mm256_loadu_ps(y0 + o)), q = _mm256_fmadd_ps(c0, v0, _mm256_loadu_ps(y1 + o));
+      p = _mm256_fmadd_ps(a1, v1, p), q = _mm256_fmadd_ps(c1, v1, q);
+      p = _mm256_fmadd_ps(a2, v2, p), q = _mm256_fmadd_ps(c2, v2, q);
+      _mm256_storeu_ps(y0 + o, _mm256_fmadd_ps(a3, v3, p)), _mm256_storeu_ps(y1 + o, _mm256_fmadd_ps(c3, v3, q));
+    }
+    for (; o < o1; ++o) {
+      const float w0 = ld(b0, o), w1 = ld(b1, o), w2 = ld(b2, o), w3 = ld(b3, o);
+      y0[o] += h0[r] * w0 + h0[r + 1] * w1 + h0[r + 2] * w2 + h0[r + 3] * w3;
+      y1[o] += h1[r] * w0 + h1[r + 1] * w1 + h1[r + 2] * w2 + h1[r + 3] * w3;
+    }
+  }
+  for (; r < R; ++r)
+    for (int64_t o = o0; o < o1; ++o) y0[o] += h0[r] * ld(b + r * O, o), y1[o] += h1[r] * ld(b + r * O, o);
 }
 
 // The rows of each slot in use, slots in first-use order: group g is slot[g], with rows
@@ -147,11 +219,15 @@ void run(const float* x, const int32_t* s, const T* a, const T* b, int64_t M, in
     const int64_t b_lines = (R * O * int64_t(sizeof(T)) + 63) / 64, per = (b_lines + split - 1) / split;
     pf.p = reinterpret_cast<const char*>(b + int64_t(g.slot[size_t(i)]) * R * O) + 64 * p * per;
     pf.lines = std::max<int64_t>(0, std::min(per, b_lines - p * per));
-    for (int64_t j = g.start[size_t(i)]; j < g.start[size_t(i) + 1]; ++j) {
-      const int64_t m = g.rows[size_t(j)];
-      shrink(x + m * K + k0, as, k1 - k0, R, hp + (p * M + m) * R, pf);
-      pf.lines = pf.done;  // issued once
+    const int64_t j0 = g.start[size_t(i)], n = g.start[size_t(i) + 1] - j0;
+    thread_local std::vector<const float*> xs;
+    thread_local std::vector<float*> hs;
+    xs.resize(size_t(n)), hs.resize(size_t(n));
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t m = g.rows[size_t(j0 + j)];
+      xs[size_t(j)] = x + m * K + k0, hs[size_t(j)] = hp + (p * M + m) * R;
     }
+    shrink_group(xs.data(), as, k1 - k0, R, hs.data(), n, pf);
   });
   for (int64_t p = 1; p < split; ++p)
     for (int64_t m : g.rows)
@@ -161,10 +237,12 @@ void run(const float* x, const int32_t* s, const T* a, const T* b, int64_t M, in
   par(n_groups * blocks, [&](int job) {  // y += h @ B, per slot and block
     const int64_t i = job / blocks, o0 = job % blocks * block, o1 = std::min(O, o0 + block);
     const T* bs = b + int64_t(g.slot[size_t(i)]) * R * O;
-    for (int64_t j = g.start[size_t(i)]; j < g.start[size_t(i) + 1]; ++j) {
-      const int64_t m = g.rows[size_t(j)];
-      expand(hp + m * R, bs, R, O, o0, o1, y + m * O);
+    int64_t j = g.start[size_t(i)];
+    for (; j + 2 <= g.start[size_t(i) + 1]; j += 2) {  // rows in pairs: b read once for both
+      const int64_t m0 = g.rows[size_t(j)], m1 = g.rows[size_t(j + 1)];
+      expand2(hp + m0 * R, hp + m1 * R, bs, R, O, o0, o1, y + m0 * O, y + m1 * O);
     }
+    for (; j < g.start[size_t(i) + 1]; ++j) expand(hp + g.rows[size_t(j)] * R, bs, R, O, o0, o1, y + g.rows[size_t(j)] * O);
   });
 }
 
