@@ -41,6 +41,12 @@ def leaf_names(target: str) -> tuple[str, str]:
     return f"{target}_lora_a", f"{target}_lora_b"
 
 
+def scale_name(target: str) -> str:
+    """The leaf of int8 tables' scales ``[N, R]``: per slot and rank, ``A``'s column scale times ``B``'s
+    row scale (``h = (x @ A) * s``)."""
+    return f"{target}_lora_s"
+
+
 def has_tables(p: dict) -> bool:
     """Does the layer ``p`` hold adapter tables?"""
     return any(leaf_names(t)[0] in p for t in TARGETS)
@@ -76,7 +82,7 @@ def lora_many(ys: tuple, x, p: dict, targets: tuple[str, ...]) -> tuple:
     rows = flat.reshape(-1, flat.shape[-1])  # [B*T, in]
     tables = [_flat_tables(p, targets[i]) for i in live]
     f32 = all(ys[i].dtype == jnp.float32 for i in live)
-    kernel = f32 and all(kernels.lora_ok(rows, a, b) for a, b in tables)
+    kernel = f32 and all(kernels.lora_ok(rows, a, b) for a, b, _ in tables)
     out = list(ys)
     if kernel:  # slots read in place, each y updated in place
         got = kernels.lora_add_many(
@@ -85,22 +91,28 @@ def lora_many(ys: tuple, x, p: dict, targets: tuple[str, ...]) -> tuple:
         for i, y in zip(live, got, strict=True):
             out[i] = y.reshape(ys[i].shape)
         return tuple(out)
-    for i, (a, b) in zip(live, tables, strict=True):
-        out[i] = _xla(ys[i], flat, a, b, idx)
+    for i, (a, b, s) in zip(live, tables, strict=True):
+        out[i] = _xla(ys[i], flat, a, b, s, idx)
     return tuple(out)
 
 
 def _flat_tables(p: dict, target: str):
-    """Projection ``target``'s tables as ``A [N, in, R]``, ``B [N, R, out]``."""
+    """Projection ``target``'s tables as ``A [N, in, R]``, ``B [N, R, out]`` and int8 tables' scales
+    ``[N, R]`` (None for float tables)."""
     a, b = (p[n] for n in leaf_names(target))
-    return a.reshape(a.shape[0], -1, a.shape[-1]), b.reshape(b.shape[0], b.shape[1], -1)
+    return (
+        a.reshape(a.shape[0], -1, a.shape[-1]),
+        b.reshape(b.shape[0], b.shape[1], -1),
+        p.get(scale_name(target)),
+    )
 
 
-def _xla(y, flat, a, b, idx):
+def _xla(y, flat, a, b, s, idx):
     """XLA's form of one projection's update (``flat [B, T, in]``; tables flattened)."""
 
     def update():
-        d = _gathered(flat, a, b, idx) if flat.shape[0] < a.shape[0] else _stacked(flat, a, b, idx)
+        gather = flat.shape[0] < a.shape[0]
+        d = _gathered(flat, a, b, s, idx) if gather else _stacked(flat, a, b, s, idx)
         d = jnp.where((idx >= 0).reshape(-1, *([1] * (d.ndim - 1))), d, 0.0)
         return (y + d.reshape(y.shape).astype(jnp.float32)).astype(y.dtype)
 
@@ -109,18 +121,28 @@ def _xla(y, flat, a, b, idx):
     return lax.cond(jnp.any(idx >= 0), update, lambda: y)
 
 
-def _gathered(x, a, b, idx):
+def _operand(t, x):
+    """A table as a dot operand: int8 tables widened to ``x``'s dtype (their scales come after)."""
+    return t.astype(x.dtype) if t.dtype == jnp.int8 else t
+
+
+def _gathered(x, a, b, s, idx):
     """Each row times its own slot: ``x [B, T, in]`` -> ``[B, T, out]`` (float32)."""
     slot = jnp.maximum(idx, 0)
-    h = jnp.einsum("bti,bir->btr", x, jnp.take(a, slot, axis=0), preferred_element_type=jnp.float32)
-    return jnp.einsum("btr,bro->bto", h.astype(b.dtype), jnp.take(b, slot, axis=0),
-                      preferred_element_type=jnp.float32)  # fmt: skip
+    h = jnp.einsum(
+        "bti,bir->btr", x, _operand(jnp.take(a, slot, axis=0), x), preferred_element_type=jnp.float32
+    )
+    if s is not None:
+        h = h * jnp.take(s, slot, axis=0)[:, None, :]
+    bt = _operand(jnp.take(b, slot, axis=0), x)
+    return jnp.einsum("btr,bro->bto", h.astype(bt.dtype), bt, preferred_element_type=jnp.float32)
 
 
-def _stacked(x, a, b, idx):
+def _stacked(x, a, b, s, idx):
     """Every row times every slot, each row keeping its own: each slot read once."""
     n, _, r = a.shape
-    h = jnp.einsum("bti,nir->btnr", x, a, preferred_element_type=jnp.float32)
+    h = jnp.einsum("bti,nir->btnr", x, _operand(a, x), preferred_element_type=jnp.float32)
     own = (jnp.arange(n)[None, :] == idx[:, None]).astype(h.dtype)  # [B, N]
-    h = h * own[:, None, :, None]
-    return jnp.einsum("btnr,nro->bto", h.astype(b.dtype), b, preferred_element_type=jnp.float32)
+    h = h * own[:, None, :, None] * (1.0 if s is None else s[None, None])
+    bt = _operand(b, x)
+    return jnp.einsum("btnr,nro->bto", h.astype(bt.dtype), bt, preferred_element_type=jnp.float32)

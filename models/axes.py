@@ -47,11 +47,12 @@ LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
 }
 
 # Per-row LoRA tables (aotlm.models.adapters): ``A [slots, *in, rank]``, ``B [slots, rank, *out]``,
-# the projection's own input / output axes sharded as its weight's
+# the projection's own input / output axes sharded as its weight's; int8 tables' scales replicated
 for _w in ("wq", "wk", "wv", "wo", "w_up", "w_gate", "w_down"):
     _n_in = 2 if _w == "wo" else 1
     LOGICAL_AXES[_w + "_lora_a"] = (None, *LOGICAL_AXES[_w][:_n_in], None)
     LOGICAL_AXES[_w + "_lora_b"] = (None, None, *LOGICAL_AXES[_w][_n_in:])
+    LOGICAL_AXES[_w + "_lora_s"] = (None, None)  # int8 tables' scales [slots, rank]: replicated
 
 # Contracted (input) axes of every matrix int8 quantization applies to (models/quant.py). Its
 # per-output-channel scale ``<name>_scale`` has the weight's other axes, so it shards with it.

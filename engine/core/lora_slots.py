@@ -19,7 +19,7 @@ import numpy as np
 
 from aotlm.core import sharding
 from aotlm.models.adapter_factors import Factors, target_dims, targets
-from aotlm.models.adapters import leaf_names
+from aotlm.models.adapters import leaf_names, scale_name
 from aotlm.models.checkpoint import CheckpointError
 from aotlm.models.checkpoint.lora import read_adapter
 
@@ -114,25 +114,43 @@ class AdapterHost:
         slots = AdapterSlots(n, rank, targets(rows, self.cfg), Factors(rows, prefixes, self.cfg), self.cfg)
         read = {name: slots.read(name, path) for name, path in wanted.items()}  # checked before placing
         self.adapter_slots = slots
-        for path, shape in slots.shapes().items():
-            host = np.zeros(shape, np.float32)
+        shapes = slots.shapes()
+        for path in slots.paths:
+            a_path, b_path = ((*path[:-1], n) for n in leaf_names(path[-1]))
+            a, b = np.zeros(shapes[a_path], np.float32), np.zeros(shapes[b_path], np.float32)
             for i, entries in enumerate(read.values()):
-                host[i] = entries.get(path, 0.0)
-            self._set_leaf(path, host)
+                a[i], b[i] = entries.get(a_path, 0.0), entries.get(b_path, 0.0)
+            for leaf, host in self._stored(path, a, b).items():
+                self._place_table(leaf, host)
         slots.names[: len(read)] = list(read)
 
-    def _set_leaf(self, path: tuple, host: np.ndarray) -> None:
+    def _stored(self, path: tuple, a: np.ndarray, b: np.ndarray) -> dict[tuple, np.ndarray]:
+        """Projection ``path``'s tables ``a [n, *in, R]``, ``b [n, R, *out]`` (float32, n slots) as stored:
+        the table dtype, or int8 with per slot and rank scales (``A``'s column absmax over its inputs,
+        ``B``'s row absmax over its outputs, / 127; their product the ``_lora_s`` leaf)."""
+        a_name, b_name = leaf_names(path[-1])
+        leaf = lambda name: (*path[:-1], name)  # noqa: E731
+        dt = self.table_dtype
+        if dt != np.int8:
+            return {leaf(a_name): a.astype(dt), leaf(b_name): b.astype(dt)}
+        sa = np.abs(a).max(axis=tuple(range(1, a.ndim - 1))) / 127.0  # [n, R]
+        sb = np.abs(b).max(axis=tuple(range(2, b.ndim))) / 127.0  # [n, R]
+        inv = lambda s: np.divide(1.0, s, out=np.zeros_like(s), where=s > 0)  # noqa: E731
+        qa = np.rint(a * inv(sa).reshape(sa.shape[0], *[1] * (a.ndim - 2), -1)).astype(np.int8)
+        qb = np.rint(b * inv(sb).reshape(*sb.shape, *[1] * (b.ndim - 2))).astype(np.int8)
+        return {leaf(a_name): qa, leaf(b_name): qb, leaf(scale_name(path[-1])): (sa * sb).astype(np.float32)}
+
+    def _place_table(self, path: tuple, host: np.ndarray) -> None:
         arr = sharding.prepare_param(path, host, self.tp_degree, self.gqa, self.cfg.n_kv_heads)
-        arr = arr.astype(self.table_dtype)
-        layer = self.params["layers"][path[1]]
-        layer[path[-1]] = self._place_final(path, arr)
+        self.params["layers"][path[1]][path[-1]] = self._place_final(path, arr)
 
     @property
     def table_dtype(self) -> np.dtype:
-        """The tables' storage: the compute dtype over float weights (exact against PEFT in f32), bf16
-        over quantized ones (int8, int4, GGUF blocks: already approximate; half the bytes a step reads)."""
+        """The tables' storage: the compute dtype over float weights (exact against PEFT in f32), int8
+        with per slot and rank scales over quantized ones (int8, int4, GGUF blocks: already approximate;
+        a quarter of float32's bytes a step reads, as llama.cpp's q8_0 adapters)."""
         if self.precision.quant is not None:
-            return np.dtype(jnp.bfloat16)
+            return np.dtype(np.int8)
         return np.dtype(jnp.dtype(self.dtype))
 
     @property
@@ -176,13 +194,15 @@ class AdapterHost:
             slots.names[slot] = None
 
     def _write_slot(self, slot: int, entries: dict) -> None:
-        for path, shape in self.adapter_slots.shapes().items():
-            host = np.array(sharding.fetch(self.params["layers"][path[1]][path[-1]]), np.float32)
-            one = entries.get(path, np.zeros(shape[1:], np.float32))
-            prepared = sharding.prepare_param(path, one[None], self.tp_degree, self.gqa, self.cfg.n_kv_heads)
-            host[slot] = prepared[0]
-            layer = self.params["layers"][path[1]]
-            layer[path[-1]] = self._place_final(path, host.astype(self.table_dtype))
+        shapes = self.adapter_slots.shapes()
+        for path in self.adapter_slots.paths:
+            a_path, b_path = ((*path[:-1], n) for n in leaf_names(path[-1]))
+            one = [entries.get(p, np.zeros(shapes[p][1:], np.float32))[None] for p in (a_path, b_path)]
+            for leaf, host in self._stored(path, *one).items():
+                prepared = sharding.prepare_param(leaf, host, self.tp_degree, self.gqa, self.cfg.n_kv_heads)
+                table = np.array(sharding.fetch(self.params["layers"][leaf[1]][leaf[-1]]))
+                table[slot] = prepared[0]
+                self.params["layers"][leaf[1]][leaf[-1]] = self._place_final(leaf, table)
 
     def adapter_rows(self, adapter: str | Sequence[str | None] | None, n: int) -> np.ndarray | None:
         """``sample(adapter=...)`` as each row's slot, or None (every row the base model)."""

@@ -2,7 +2,8 @@
 //
 //   aotlm_lora:  y[m, :] += (x[m, :] @ A[s[m]]) @ B[s[m]]    (rows whose s[m] is not a slot: unchanged)
 //     y f32 [M, O] (updated in place: the output aliases it), x f32 [M, K], s s32 [M],
-//     A f32 | bf16 [N, K, R], B (A's type) [N, R, O]
+//     A f32 | bf16 | s8 [N, K, R], B (A's type) [N, R, O]; s8 tables: h = (x @ A) * scale[s[m]]
+//   (one call takes every projection of one x: operands x, s, then (y, A, B, scale) each)
 //
 // Why: each row's adapter is read in place, once for all the rows that use it, and multiplied by
 // those rows only. XLA:CPU either gathers every row's A and B into new arrays first (a copy of the
@@ -22,7 +23,11 @@ inline __m256 load8(const uint16_t* p) {  // bf16: the top half of an f32
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
+inline __m256 load8(const int8_t* p) {  // int8 tables: the slot's scales applied to h (run)
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 inline float ld(const float* p, int64_t i) { return p[i]; }
+inline float ld(const int8_t* p, int64_t i) { return float(p[i]); }
 inline float ld(const uint16_t* p, int64_t i) {
   uint32_t bits = uint32_t(p[i]) << 16;
   float f;
@@ -191,8 +196,8 @@ inline const Groups& group_rows(const int32_t* s, int64_t M, int64_t N) {
 }
 
 template <typename T>
-void run(const float* x, const int32_t* s, const T* a, const T* b, int64_t M, int64_t N, int64_t K, int64_t R,
-         int64_t O, float* y) {
+void run(const float* x, const int32_t* s, const T* a, const T* b, const float* sc, int64_t M, int64_t N, int64_t K,
+         int64_t R, int64_t O, float* y) {
   const Groups& g = group_rows(s, M, N);
   const int64_t n_groups = int64_t(g.slot.size()), live = int64_t(g.rows.size());
   if (live == 0) return;
@@ -232,6 +237,10 @@ void run(const float* x, const int32_t* s, const T* a, const T* b, int64_t M, in
   for (int64_t p = 1; p < split; ++p)
     for (int64_t m : g.rows)
       for (int64_t r = 0; r < R; ++r) hp[m * R + r] += hp[(p * M + m) * R + r];
+  if (sc != nullptr)  // int8 tables: h times the slot's scale of each rank (A's column times B's row)
+    for (int64_t i = 0; i < n_groups; ++i)
+      for (int64_t j = g.start[size_t(i)]; j < g.start[size_t(i) + 1]; ++j)
+        for (int64_t r = 0; r < R; ++r) hp[g.rows[size_t(j)] * R + r] *= sc[int64_t(g.slot[size_t(i)]) * R + r];
   const int64_t block = serial ? O : kBlock;  // one thread: whole rows of B, in order
   const int64_t blocks = (O + block - 1) / block;
   par(n_groups * blocks, [&](int job) {  // y += h @ B, per slot and block
@@ -250,46 +259,53 @@ void run(const float* x, const int32_t* s, const T* a, const T* b, int64_t M, in
 
 // One projection's update: y (aliasing y_in) += per-row LoRA of x with tables a, b.
 inline ffi::Error lora_one(const float* xp, const int32_t* sp, int64_t M, int64_t K, ffi::AnyBuffer y_in,
-                           ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer* y) {
+                           ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer scale, ffi::AnyBuffer* y) {
   auto ad = a.dimensions(), bd = b.dimensions(), yd = y->dimensions();
+  const DataType t = a.element_type();
+  const bool int8 = t == DataType::S8;
   const bool types = y->element_type() == DataType::F32 && y_in.element_type() == DataType::F32 &&
-                     a.element_type() == b.element_type() &&
-                     (a.element_type() == DataType::F32 || a.element_type() == DataType::BF16);
+                     b.element_type() == t && (t == DataType::F32 || t == DataType::BF16 || int8) &&
+                     scale.element_type() == DataType::F32;
   if (!types || ad.size() != 3 || bd.size() != 3 || yd.size() != 2)
     return ffi::Error::InvalidArgument(
-        "aotlm_lora: each y f32 [M, O], A f32|bf16 [N, K, R], B [N, R, O] of A's type");
+        "aotlm_lora: each y f32 [M, O], A f32|bf16|s8 [N, K, R], B [N, R, O] of A's type, scale f32");
   const int64_t N = ad[0], R = ad[2], O = bd[2];
-  if (ad[1] != K || bd[0] != N || bd[1] != R || yd[0] != M || yd[1] != O || int64_t(y_in.element_count()) != M * O)
-    return ffi::Error::InvalidArgument("aotlm_lora: the shapes of y, x, s, A and B do not fit together");
+  if (ad[1] != K || bd[0] != N || bd[1] != R || yd[0] != M || yd[1] != O || int64_t(y_in.element_count()) != M * O ||
+      (int8 && int64_t(scale.element_count()) != N * R))
+    return ffi::Error::InvalidArgument("aotlm_lora: the shapes of y, x, s, A, B and scale do not fit together");
   float* yp = static_cast<float*>(y->untyped_data());
   if (y_in.untyped_data() != y->untyped_data())  // not aliased after all: start from a copy
     std::memcpy(yp, y_in.untyped_data(), size_t(M * O) * sizeof(float));
-  if (a.element_type() == DataType::F32)
+  if (t == DataType::F32)
     aotlm_lora::run(xp, sp, static_cast<const float*>(a.untyped_data()), static_cast<const float*>(b.untyped_data()),
-                    M, N, K, R, O, yp);
-  else
+                    nullptr, M, N, K, R, O, yp);
+  else if (t == DataType::BF16)
     aotlm_lora::run(xp, sp, static_cast<const uint16_t*>(a.untyped_data()),
-                    static_cast<const uint16_t*>(b.untyped_data()), M, N, K, R, O, yp);
+                    static_cast<const uint16_t*>(b.untyped_data()), nullptr, M, N, K, R, O, yp);
+  else
+    aotlm_lora::run(xp, sp, static_cast<const int8_t*>(a.untyped_data()), static_cast<const int8_t*>(b.untyped_data()),
+                    static_cast<const float*>(scale.untyped_data()), M, N, K, R, O, yp);
   return ffi::Error::Success();
 }
 
-// Operands x f32 [M, K], s s32 [M], then (y, A, B) per projection reading x (q / k / v, gate / up:
-// one call for all, the rows grouped once); results: each y, aliasing its operand.
+// Operands x f32 [M, K], s s32 [M], then (y, A, B, scale) per projection reading x (q / k / v, gate /
+// up: one call for all); results: each y, aliasing its operand. ``scale`` f32 [N, R] for int8 tables
+// (A's column scale times B's row scale, per slot and rank), unread otherwise.
 ffi::Error lora(ffi::AnyBuffer x, ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::RemainingRets ys) {
   auto xd = x.dimensions();
   if (x.element_type() != DataType::F32 || s.element_type() != DataType::S32 || xd.size() != 2 ||
-      int64_t(s.element_count()) != xd[0] || rest.size() != 3 * ys.size())
-    return ffi::Error::InvalidArgument("aotlm_lora: x f32 [M, K], s s32 [M], then (y, A, B) per output");
+      int64_t(s.element_count()) != xd[0] || rest.size() != 4 * ys.size())
+    return ffi::Error::InvalidArgument("aotlm_lora: x f32 [M, K], s s32 [M], then (y, A, B, scale) per output");
   const float* xp = static_cast<const float*>(x.untyped_data());
   const int32_t* sp = static_cast<const int32_t*>(s.untyped_data());
   for (size_t i = 0; i < ys.size(); ++i) {
-    auto y_in = rest.get<ffi::AnyBuffer>(3 * i), a = rest.get<ffi::AnyBuffer>(3 * i + 1);
-    auto b = rest.get<ffi::AnyBuffer>(3 * i + 2);
+    auto y_in = rest.get<ffi::AnyBuffer>(4 * i), a = rest.get<ffi::AnyBuffer>(4 * i + 1);
+    auto b = rest.get<ffi::AnyBuffer>(4 * i + 2), scale = rest.get<ffi::AnyBuffer>(4 * i + 3);
     auto y = ys.get<ffi::AnyBuffer>(i);
-    if (!y_in.has_value() || !a.has_value() || !b.has_value() || !y.has_value())
+    if (!y_in.has_value() || !a.has_value() || !b.has_value() || !scale.has_value() || !y.has_value())
       return ffi::Error::InvalidArgument("aotlm_lora: an operand or result is missing");
     ffi::AnyBuffer out = **y;
-    ffi::Error err = lora_one(xp, sp, xd[0], xd[1], *y_in, *a, *b, &out);
+    ffi::Error err = lora_one(xp, sp, xd[0], xd[1], *y_in, *a, *b, *scale, &out);
     if (err.failure()) return err;
   }
   return ffi::Error::Success();

@@ -111,10 +111,20 @@ def test_gpt2_fused_conv1d_adapter_per_row(gpt2_path, tmp_path):
     check_rows(model, gpt2_path, {"g": adapter}, [None, "g"], ids, new=8)
 
 
-def test_int8_base_weights_take_adapters(llama_path, adapters):
+@pytest.mark.parametrize(("kernels", "slots"), [("1", 1), ("0", 1), ("0", 4)])  # kernel, stacked, gathered
+def test_int8_base_weights_take_adapters(llama_path, adapters, monkeypatch, kernels, slots):
+    """Over a quantized base the tables are int8 with per slot and rank scales."""
+    monkeypatch.setenv("AOTLM_KERNELS", kernels)
     model = AutoModelForSampling.from_pretrained(
-        llama_path, batch_size=2, quant="int8", lora_adapters={"a": str(adapters["a"])}, **SHAPES
+        llama_path,
+        batch_size=2,
+        quant="int8",
+        lora_adapters={"a": str(adapters["a"])},
+        max_loras=slots,
+        **SHAPES,
     )
+    layer = model.params["layers"][0]
+    assert layer["wq_lora_a"].dtype == np.int8 and layer["wq_lora_s"].shape == (slots, 16)
     ids = np.random.default_rng(3).integers(0, 101, (2, 9))
     got = model.forward(ids, adapter=[None, "a"])
     base_err = np.abs(got[0] - hf_last_logits(hf_model(llama_path), ids[:1])[0]).max()
@@ -166,7 +176,8 @@ SLOTS = {  # -1: base; 7: no such slot (unchanged too)
 @pytest.mark.parametrize(
     "dtype,rank,rows",
     [("float32", 16, "pairs"), ("bfloat16", 16, "pairs"), ("float32", 5, "pairs"), ("bfloat16", 32, "pairs")]
-    + [("bfloat16", r, "fours") for r in (8, 16, 32, 64)],
+    + [("bfloat16", r, "fours") for r in (8, 16, 32, 64)]
+    + [("int8", 16, "pairs"), ("int8", 32, "fours"), ("int8", 5, "fours")],
 )
 def test_the_kernel_reads_each_rows_slot(dtype, rank, rows):
     if not aotlm.kernels.enabled():
@@ -176,13 +187,21 @@ def test_the_kernel_reads_each_rows_slot(dtype, rank, rows):
     rng = np.random.default_rng(6)
     slots = np.array(SLOTS[rows], np.int32)
     x = rng.standard_normal((len(slots), 400)).astype(np.float32)  # rank 16, 32: the pool's two passes
-    a = jnp.asarray(rng.standard_normal((3, 400, rank)), dtype)
-    b = jnp.asarray(rng.standard_normal((3, rank, 300)), dtype)  # 300 outputs: two blocks of 256, a tail
+    scale = None
+    if dtype == "int8":  # codes and per slot and rank scales: h = (x @ A) * scale
+        a = jnp.asarray(rng.integers(-127, 128, (3, 400, rank)), jnp.int8)
+        b = jnp.asarray(rng.integers(-127, 128, (3, rank, 300)), jnp.int8)
+        scale = rng.uniform(1e-5, 1e-4, (3, rank)).astype(np.float32)
+    else:
+        a = jnp.asarray(rng.standard_normal((3, 400, rank)), dtype)
+        b = jnp.asarray(rng.standard_normal((3, rank, 300)), dtype)  # 300 outputs: two blocks of 256, a tail
     y = rng.standard_normal((len(slots), 300)).astype(np.float32)
-    got = np.asarray(aotlm.kernels.lora_add(jnp.asarray(y), jnp.asarray(x), jnp.asarray(slots), a, b))
+    sc = None if scale is None else jnp.asarray(scale)
+    got = np.asarray(aotlm.kernels.lora_add(jnp.asarray(y), jnp.asarray(x), jnp.asarray(slots), a, b, sc))
     af, bf = np.asarray(a, np.float32), np.asarray(b, np.float32)
     for m, s in enumerate(slots):
-        want = y[m] + (x[m] @ af[s] @ bf[s] if 0 <= s < 3 else 0.0)
+        h = (x[m] @ af[s]) * (1.0 if scale is None else scale[s]) if 0 <= s < 3 else None
+        want = y[m] + (h @ bf[s] if h is not None else 0.0)
         # f32 sums in another order: within a few ulps of the row's largest value
         np.testing.assert_allclose(got[m], want, rtol=1e-5, atol=1e-4 + 4e-6 * np.abs(want).max())
 
@@ -200,15 +219,16 @@ def test_one_kernel_call_updates_every_projection_of_an_input():
         (
             jnp.asarray(rng.standard_normal((2, 64, 8)), "bfloat16"),
             jnp.asarray(rng.standard_normal((2, 8, o)), "bfloat16"),
+            None,
         )
         for o in (64, 16, 40)
     ]
-    ys = [rng.standard_normal((3, b.shape[-1])).astype(np.float32) for _, b in tables]
+    ys = [rng.standard_normal((3, b.shape[-1])).astype(np.float32) for _, b, _ in tables]
     got = aotlm.kernels.lora_add_many(
         [jnp.asarray(y) for y in ys], jnp.asarray(x), jnp.asarray(slots), tables
     )
     assert len(got) == 3
-    for y, out, (a, b) in zip(ys, got, tables, strict=True):
+    for y, out, (a, b, _) in zip(ys, got, tables, strict=True):
         af, bf = np.asarray(a, np.float32), np.asarray(b, np.float32)
         for m, s in enumerate(slots):
             want = y[m] + (x[m] @ af[s] @ bf[s] if s >= 0 else 0.0)
