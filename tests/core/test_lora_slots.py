@@ -111,14 +111,16 @@ def test_gpt2_fused_conv1d_adapter_per_row(gpt2_path, tmp_path):
     check_rows(model, gpt2_path, {"g": adapter}, [None, "g"], ids, new=8)
 
 
-@pytest.mark.parametrize(("kernels", "slots"), [("1", 1), ("0", 1), ("0", 4)])  # kernel, stacked, gathered
-def test_int8_base_weights_take_adapters(llama_path, adapters, monkeypatch, kernels, slots):
+@pytest.mark.parametrize(  # the kernel, XLA's stacked and gathered forms; an int4 base
+    ("kernels", "slots", "quant"), [("1", 1, "int8"), ("0", 1, "int8"), ("0", 4, "int8"), ("1", 2, "int4")]
+)
+def test_quantized_base_weights_take_adapters(llama_path, adapters, monkeypatch, kernels, slots, quant):
     """Over a quantized base the tables are int8 with per slot and rank scales."""
     monkeypatch.setenv("AOTLM_KERNELS", kernels)
     model = AutoModelForSampling.from_pretrained(
         llama_path,
         batch_size=2,
-        quant="int8",
+        quant=quant,
         lora_adapters={"a": str(adapters["a"])},
         max_loras=slots,
         **SHAPES,
