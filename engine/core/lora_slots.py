@@ -38,6 +38,7 @@ class AdapterSlots:
             raise ValueError(f"{cfg.model_type} has no projection per-row adapters can change")
         self.n_slots, self.rank, self.paths, self._factors, self._cfg = n_slots, rank, paths, factors, cfg
         self.names: list[str | None] = [None] * n_slots
+        self.sources: dict[str, str] = {}  # each loaded adapter's directory, as given
         self.lock = threading.Lock()
 
     def shapes(self) -> dict[tuple, tuple[int, ...]]:
@@ -123,6 +124,7 @@ class AdapterHost:
             for leaf, host in self._stored(path, a, b).items():
                 self._place_table(leaf, host)
         slots.names[: len(read)] = list(read)
+        slots.sources.update({name: str(path) for name, path in wanted.items()})
 
     def _stored(self, path: tuple, a: np.ndarray, b: np.ndarray) -> dict[tuple, np.ndarray]:
         """Projection ``path``'s tables ``a [n, *in, R]``, ``b [n, R, *out]`` (float32, n slots) as stored:
@@ -158,6 +160,10 @@ class AdapterHost:
         """The names of the loaded adapters."""
         return [n for n in (self.adapter_slots.names if self.adapter_slots else []) if n is not None]
 
+    def adapter_source(self, name: str) -> str | None:
+        """The directory adapter ``name`` was loaded from (None: no such adapter)."""
+        return self.adapter_slots.sources.get(name) if self.adapter_slots else None
+
     def _need_slots(self) -> AdapterSlots:
         if self.adapter_slots is None:
             raise ValueError(
@@ -183,6 +189,7 @@ class AdapterHost:
                 )
             self._write_slot(slot, entries)
             slots.names[slot] = name
+            slots.sources[name] = str(path)
         return slot
 
     def unload_adapter(self, name: str) -> None:
@@ -192,6 +199,7 @@ class AdapterHost:
             slot = slots.slot_of(name)
             self._write_slot(slot, {})
             slots.names[slot] = None
+            slots.sources.pop(name, None)
 
     def _write_slot(self, slot: int, entries: dict) -> None:
         shapes = self.adapter_slots.shapes()

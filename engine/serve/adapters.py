@@ -16,10 +16,13 @@ class Adapters:
 
     def __init__(self, model, engine, base_name: str):
         self.model, self.engine, self.base_name = model, engine, base_name
-        self.paths: dict[str, str] = {}
 
     def names(self) -> list[str]:
         return list(self.model.adapters)
+
+    def source(self, name: str) -> str:
+        """Adapter ``name``'s directory (a card's ``root``, as vLLM's)."""
+        return self.model.adapter_source(name) or name
 
     def resolve(self, model_field: str | None) -> str | None:
         """The adapter a request's ``model`` names (None: the base model); 404 for an unknown model."""
@@ -45,7 +48,6 @@ class Adapters:
             self.engine.change_adapter(name, lambda: self.model.load_adapter(name, path))
         except ValueError as e:  # a bad adapter, no free slot, in use (InvalidRequest is one)
             raise bad(str(e), getattr(e, "param", None) or "lora_path") from None
-        self.paths[name] = path
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def unload(self, body: dict) -> str:
@@ -58,7 +60,6 @@ class Adapters:
             self.engine.change_adapter(name, lambda: self.model.unload_adapter(name))
         except ValueError as e:
             raise bad(str(e), "lora_name") from None
-        self.paths.pop(name, None)
         return f"Success: LoRA adapter '{name}' removed successfully."
 
 

@@ -209,7 +209,7 @@ def add_info_routes(app: "FastAPI", served: Served, check_key) -> None:
     def model_card(model_id: str = name) -> dict:
         card = {"id": model_id, "object": "model", "created": created, "owned_by": "aotlm"}
         if model_id != name:  # a LoRA adapter (vLLM's card: its base model is its parent)
-            card |= {"parent": name, "root": served.adapters.paths.get(model_id, model_id)}
+            card |= {"parent": name, "root": served.adapters.source(model_id)}
         return card | {"max_model_len": engine.n_positions}
 
     def ids() -> list[str]:

@@ -100,13 +100,15 @@ def test_models_list_and_adapters_load_and_unload_at_run_time(served):
     ids = [m.id for m in client(s).models.list().data]
     assert ids == [NAME, "sql", "poet"]
     assert client(s).models.retrieve("sql").id == "sql"
+    sql = client(s).models.retrieve("sql").model_dump()  # loaded with the model (serve --lora sql=DIR)
+    assert (sql["parent"], sql["root"]) == (NAME, str(s["paths"]["sql"]))
     graphs = len(s["model"].compile_report)
     r = httpx.post(
         s["url"] + "/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": str(s["paths"]["late"])}
     )
     assert r.status_code == 200 and "added" in r.text, r.text
     card = next(m for m in client(s).models.list().data if m.id == "late")
-    assert card.model_dump()["parent"] == NAME
+    assert (card.model_dump()["parent"], card.model_dump()["root"]) == (NAME, str(s["paths"]["late"]))
     prompt = [5, 6, 7, 8, 9]
     assert completion(s, prompt, "late")[0] == expected(s, prompt, "late")
     full = httpx.post(
