@@ -19,7 +19,9 @@ cases taking turns; ratios against the base model of the same row count.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -105,6 +107,7 @@ def main() -> None:
     path = str(resolve(args.checkpoint))
     hf = load_hf_config(path)
     tmp = Path(tempfile.mkdtemp(prefix="aotlm-lora-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the adapters written for the run
     adapters = {f"a{i}": str(write_adapter(tmp / f"a{i}", hf, args.rank, i)) for i in range(args.adapters)}
     n_pos = 1 << (args.prompt + args.new).bit_length()
     shapes = dict(n_positions=n_pos, context_length_estimate=args.prompt, quant=args.quant)

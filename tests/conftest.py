@@ -1,5 +1,7 @@
+import atexit
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -17,8 +19,11 @@ if "jax" not in sys.modules:  # XLA reads its flags once, when jax starts its ba
     os.environ["XLA_FLAGS"] = " ".join(flags).strip()
 
 sys.path[:0] = [str(Path(__file__).parent / "support"), str(Path(__file__).parent)]  # builders, workers
-# converted weights of the suite's models go to a temporary directory, not the user's ~/.cache (weight_cache)
-os.environ.setdefault("AOTLM_WEIGHT_CACHE", tempfile.mkdtemp(prefix="aotlm-test-weights-"))
+# converted weights of the suite's models go to a temporary directory, not the user's ~/.cache (weight_cache),
+# removed when the process that made it exits (xdist workers inherit the variable and make none)
+if "AOTLM_WEIGHT_CACHE" not in os.environ:
+    os.environ["AOTLM_WEIGHT_CACHE"] = tempfile.mkdtemp(prefix="aotlm-test-weights-")
+    atexit.register(shutil.rmtree, os.environ["AOTLM_WEIGHT_CACHE"], ignore_errors=True)
 
 from conformance import make_checkpoint  # noqa: E402
 
