@@ -161,12 +161,17 @@ def from_codes(c: Codes, contract: tuple[int, ...], asymmetric: bool) -> tuple[n
     if not asymmetric and c.minimum is not None:
         return None
     g = _groups(c.packed, contract, 32)  # [G, 32, *Nd]
-    gid = g[:, :1] >> 4
-    if not np.array_equal(g >> 4, np.broadcast_to(gid, g.shape)):
-        return None
+    codes, gid = np.empty(g.shape, np.uint8), np.empty((g.shape[0], 1, *g.shape[2:]), np.uint32)
+    step = max(1, (1 << 15) // max(1, g[0].size))  # groups per pass: its temporaries stay in cache
+    for i in range(0, g.shape[0], step):
+        x = g[i : i + step]
+        if (np.bitwise_xor(x, x[:, :1]) > 15).any():  # a group's weights carry two ids
+            return None
+        np.right_shift(x[:, :1], 4, out=gid[i : i + step])
+        np.bitwise_and(x, 15, out=codes[i : i + step], casting="unsafe")
     s = c.scale[gid]
     sm = np.concatenate([s, c.minimums()[gid]], axis=1) if asymmetric else s
-    return _ungroup((g & 15).astype(np.uint8), c.shape, contract), sm.astype(np.float16)
+    return _ungroup(codes, c.shape, contract), sm.astype(np.float16)
 
 
 def _codes(a: np.ndarray, s: np.ndarray, mn: np.ndarray | None) -> np.ndarray:

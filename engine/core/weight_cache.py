@@ -5,16 +5,19 @@ int8 or int4, fused, packed into the kernels' panels); for a 1B model that is ~3
 first load writes each leaf exactly as it is handed to its devices (after every host-side rewrite)
 to ``$AOTLM_WEIGHT_CACHE/<key>/`` (default ``~/.cache/aotlm/weights``; one ``.npy`` per leaf and a
 ``manifest.json``, written to a temporary directory and renamed into place); the next load of the
-same weights with the same options reads those files one at a time and places them, touching no
-checkpoint file. The key hashes the checkpoint's identity (a GGUF file's sha256; the weight files'
-paths, sizes and modification times), every option that changes a stored leaf (quant, fusion,
-packing, tensor parallelism, the rows loaded) and the code that makes them.
+same weights with the same options maps those files (``np.load(mmap_mode="r")``) and places them,
+touching no checkpoint file. On one CPU device JAX's arrays then use the mapped pages themselves (no
+copy is made: a warm load takes no time per byte and the weights live in the page cache, shared between
+processes, as llama.cpp maps its file); the pages are read on first use. Entries are never changed in
+place (written to a temporary directory, renamed), and a mapping outlives an eviction. The key hashes
+the checkpoint's identity (a GGUF file's sha256; the weight files' paths, sizes and modification
+times), every option that changes a stored leaf (quant, fusion, packing, tensor parallelism, the rows
+loaded) and the code that makes them.
 
 Used where the stored form is quantized (any ``quant``: a GGUF file's default, int8, int4, bf16 / f16
 matrices): a float32 load is not kept (a GGUF file's would be 4x the file). ``AOTLM_WEIGHT_CACHE=0``
-turns it off.
-Entries are evicted least recently used first beyond ``AOTLM_WEIGHT_CACHE_MAX_GB`` (default 40). A
-damaged entry is ignored (and removed) and the weights are converted again.
+turns it off. Entries are evicted least recently used first beyond ``AOTLM_WEIGHT_CACHE_MAX_GB``
+(default 40). A damaged entry is ignored (and removed) and the weights are converted again.
 """
 
 from __future__ import annotations
@@ -78,9 +81,9 @@ def load(name: str, place: Callable[[tuple, np.ndarray], object]) -> dict | None
     except (OSError, ValueError, KeyError, TypeError) as e:
         return _unusable(d, e)
     params: dict = {}
-    for entry in bar(leaves, "loading cached weights", unit="tensor"):  # one leaf in host memory at a time
+    for entry in bar(leaves, "loading cached weights", unit="tensor"):
         try:
-            arr = np.load(d / entry["file"], allow_pickle=False)
+            arr = np.load(d / entry["file"], mmap_mode="r", allow_pickle=False)  # mapped, not read
             if list(arr.shape) != entry["shape"] or str(arr.dtype) != entry["dtype"]:
                 raise ValueError(f"{entry['file']} holds {arr.dtype} {arr.shape}, not the manifest's")
             path = tuple(int(p) if p.isdigit() else p for p in entry["path"])  # layer indices

@@ -56,6 +56,7 @@ from aotlm.kernels.build import (
     isa_level,
     read_gbps,
     threads,
+    transpose,
 )
 from aotlm.kernels.context import mesh_context
 from aotlm.kernels.dense import (
@@ -110,5 +111,6 @@ __all__ = [
     "read_gbps",
     "supported",
     "threads",
+    "transpose",
     "unpack_q4",
 ]

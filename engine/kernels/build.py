@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jax
 import jaxlib
+import numpy as np
 
 from aotlm.kernels import isa
 
@@ -199,3 +200,19 @@ def bf16_peak(runs: int = 5) -> float | None:
         return None
     lib.aotlm_bf16_peak.restype = ctypes.c_double
     return float(lib.aotlm_bf16_peak(ctypes.c_int(runs)))
+
+
+def transpose(a: np.ndarray) -> np.ndarray | None:
+    """``a.T`` of a 2-D array as a new C-contiguous array, copied in tiles by the kernels' threads
+    (``host.h``, through ctypes: the GIL is released meanwhile); None without the kernels or for an
+    element size other than 1, 2, 4 or 8 bytes (the caller copies it itself)."""
+    if a.ndim != 2 or a.dtype.itemsize not in (1, 2, 4, 8) or not enabled():
+        return None
+    src = np.ascontiguousarray(a)
+    out = np.empty(src.shape[::-1], src.dtype)
+    lib = _load()
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    sizes = (i64(src.shape[0]), i64(src.shape[1]), i64(src.itemsize))
+    if lib.aotlm_transpose(ptr(src.ctypes.data), ptr(out.ctypes.data), *sizes):
+        return None
+    return out

@@ -98,4 +98,32 @@ inline double bf16_peak(int runs) {
 #endif
 }
 
+// Streaming read bandwidth in GB/s (median of ``runs``) over ``mib`` MiB, read by the pool's threads the
+// way the one-row kernels read weights.
+inline double read_gbps(int64_t mib, int runs) {
+  const int64_t n = (mib << 20) / 64 * 64;
+  std::vector<int8_t> a(n, 1);
+  std::vector<double> ts;
+  std::vector<int64_t> sums(64);
+  for (int it = 0; it < std::max(1, runs); ++it) {
+    const auto t0 = std::chrono::steady_clock::now();
+    aotlm::parallel_for(64, [&](int c) {  // 64 contiguous parts, handed out to whichever thread is free
+      const int64_t lo = n / 64 / 64 * 64 * c, hi = c == 63 ? n : lo + n / 64 / 64 * 64;
+      __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+      for (int64_t i = lo; i < hi; i += 64) {
+        s0 = _mm256_add_epi64(s0, _mm256_sad_epu8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&a[i])),
+                                                  _mm256_setzero_si256()));
+        s1 = _mm256_add_epi64(s1, _mm256_sad_epu8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&a[i + 32])),
+                                                  _mm256_setzero_si256()));
+      }
+      s0 = _mm256_add_epi64(s0, s1);
+      sums[c] = _mm256_extract_epi64(s0, 0) + _mm256_extract_epi64(s0, 2);
+    });
+    ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (sums[0] == 0) return 0.0;  // keeps the reads (a sum of ones is never 0)
+  }
+  std::sort(ts.begin(), ts.end());
+  return double(n) / ts[ts.size() / 2] / 1e9;
+}
+
 }  // namespace aotlm_peak

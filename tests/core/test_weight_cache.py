@@ -61,6 +61,32 @@ def test_a_warm_load_reads_the_stored_form_back(q8_file, cache, monkeypatch):
     np.testing.assert_array_equal(warm.sample(ids, max_new_tokens=6), cold.sample(ids, max_new_tokens=6))
 
 
+def _mapped(directory: Path) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of files under ``directory`` (``/proc/self/maps``)."""
+    spans = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith(str(directory)):
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            spans.append((lo, hi))
+    return spans
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads Linux's /proc/self/maps")
+def test_a_warm_load_maps_the_cached_files_instead_of_copying(q8_file, cache):
+    """On one CPU device the warm load's arrays are the cache files' mapped pages themselves (JAX takes
+    the memory-mapped ``.npy`` data without a copy): every big leaf's buffer lies in a mapping of a
+    file of the entry, none in anonymous memory."""
+    AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    warm = AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    spans = _mapped(cache.resolve())
+    big = [a for a in jax.tree.leaves(warm.params) if a.nbytes >= 4096]
+    assert big and spans
+    for a in big:
+        ptr = a.addressable_data(0).unsafe_buffer_pointer()
+        assert any(lo <= ptr < hi for lo, hi in spans), f"a {a.dtype} {a.shape} leaf was copied"
+
+
 def test_other_options_get_their_own_entry_and_float_loads_none(q8_file, cache):
     AutoModelForSampling.from_pretrained(str(q8_file), **KW)
     AutoModelForSampling.from_pretrained(str(q8_file), quant="int4", **KW)

@@ -199,6 +199,25 @@ def test_quantize_int8_is_per_output_channel_symmetric():
     assert np.abs(q * s - w).max() <= s.max() / 2 + 1e-7
 
 
+CHUNKED = [((3000, 40), (0,)), ((40, 3000), (1,)), ((70, 9, 130), (0, 1))]
+
+
+@pytest.mark.parametrize(("shape", "contract"), CHUNKED)
+def test_quantize_int8_in_row_chunks_equals_the_whole_array_formula(shape, contract):
+    """quantize_int8 rounds a few rows at a time (several chunks at these shapes): the same codes and
+    scales, bit for bit, as the formula over the whole array, all-zero channels included."""
+    rng = np.random.default_rng(1)
+    w = (rng.normal(size=shape) * 3).astype(np.float32)
+    w.reshape(-1)[::7] = 0.0
+    w[(slice(None),) * (len(shape) - 1) + (0,)] = 0.0  # whole channels (or rows) of zeros
+    amax = np.max(np.abs(w), axis=contract, keepdims=True)
+    scale = amax / 127.0
+    want = np.clip(np.rint(w / np.where(scale > 0, scale, 1.0)), -127, 127).astype(np.int8)
+    q, s = quantize_int8(w, contract)
+    np.testing.assert_array_equal(q, want)
+    np.testing.assert_array_equal(s.view(np.int32), np.squeeze(scale, axis=contract).view(np.int32))
+
+
 def test_options_change_the_compile_fingerprint(peaked_runs, ckpt_dir):
     path, runs = peaked_runs
     fused = _load(path, fuse_qkv=True)

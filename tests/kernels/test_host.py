@@ -1,0 +1,42 @@
+"""The kernels' host-side transpose (``host.h``), which the weight loader uses for ``[out, in]`` ->
+``[in, out]`` (``aotlm.models.weights.transposed``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aotlm import kernels
+from aotlm.models.weights import transposed
+
+SHAPES = [(1, 1), (7, 300), (64, 64), (130, 70), (256, 1030), (1031, 129)]
+
+
+@pytest.mark.skipif(not kernels.enabled(), reason="the aotlm kernels are not built on this machine")
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.float32, np.uint32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_transpose_equals_numpy(shape, dtype):
+    a = np.random.default_rng(0).integers(0, 250, shape).astype(dtype)
+    for src in (a, a[:, ::2], np.asfortranarray(a)):  # contiguous, strided, column-major
+        got = kernels.transpose(src)
+        assert got is not None and got.flags.c_contiguous and got.dtype == src.dtype
+        np.testing.assert_array_equal(got, src.T)
+
+
+def test_kernel_transpose_declines_what_it_does_not_move():
+    assert kernels.transpose(np.zeros((2, 3, 4), np.float32)) is None  # not 2-D
+    assert kernels.transpose(np.zeros((4, 4), np.complex128)) is None  # 16-byte values
+
+
+@pytest.mark.parametrize("kernels_on", ["1", "0"])
+def test_loader_transpose_with_and_without_the_kernels(kernels_on, monkeypatch):
+    """``transposed``: the kernels' tiles, else numpy in blocks of rows; small arrays numpy's own copy."""
+    monkeypatch.setenv("AOTLM_KERNELS", kernels_on)
+    rng = np.random.default_rng(1)
+    for shape in [(3, 5), (300, 301), (1030, 257)]:
+        a = rng.standard_normal(shape).astype(np.float32)
+        got = transposed(a)
+        assert got.flags.c_contiguous
+        np.testing.assert_array_equal(got, a.T)
+    cube = np.arange(24).reshape(2, 3, 4)
+    np.testing.assert_array_equal(transposed(cube), cube.T)
