@@ -27,8 +27,10 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -99,13 +101,20 @@ def load(name: str, place: Callable[[tuple, np.ndarray], object]) -> dict | None
 
 
 class Writer:
-    """Records the leaves of a load as they are placed, then stores them as entry ``name``."""
+    """Records the leaves of a load as they are placed, then stores them as entry ``name``. The files
+    are written by a thread of their own while the load converts the next tensors (at most ``QUEUED``
+    leaves wait for it, so the memory they hold stays bounded); ``commit`` waits for them."""
+
+    QUEUED = 1
 
     def __init__(self, name: str, fields: dict):
         self.name, self.fields = name, fields
         base = root()
         self._dir: Path | None = None
         self._leaves: list[dict] = []
+        self._failed: Exception | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=self.QUEUED)
+        self._thread: threading.Thread | None = None
         if base is None:
             return
         try:
@@ -113,23 +122,44 @@ class Writer:
             self._dir = Path(tempfile.mkdtemp(dir=base, prefix=f".{name}-"))
         except OSError as e:
             logger.warning("weight cache %s is not writable (%s); the weights are not cached", base, e)
+            return
+        self._thread = threading.Thread(target=self._write_all, args=(self._dir,), daemon=True)
+        self._thread.start()
 
     def record(self, path: tuple, arr: np.ndarray) -> None:
-        if self._dir is None:
+        if self._dir is None or self._failed is not None:
             return
         file = f"{len(self._leaves):05d}.npy"
-        try:
-            np.save(self._dir / file, np.ascontiguousarray(arr), allow_pickle=False)
-        except OSError as e:
-            logger.warning("cannot write the weight cache (%s); the weights are not cached", e)
-            self.abandon()
-            return
+        self._queue.put((file, arr))  # waits while the writer is QUEUED leaves behind
         self._leaves.append({"path": [str(p) for p in path], "file": file, "shape": list(arr.shape),
                              "dtype": str(arr.dtype)})  # fmt: skip
+
+    def _write_all(self, d: Path) -> None:
+        """The writer thread: ``.npy`` files until the ``None`` that ends the queue (numpy writes them
+        without the GIL); after a failure it only drains the queue."""
+        while (item := self._queue.get()) is not None:
+            if self._failed is None:
+                try:
+                    np.save(d / item[0], np.ascontiguousarray(item[1]), allow_pickle=False)
+                except Exception as e:  # any failure: nothing more is written, the entry is not published
+                    self._failed = e
+
+    def _finish_writes(self) -> bool:
+        """Wait for the writer thread; whether every file was written."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._failed is not None:
+            logger.warning("cannot write the weight cache (%s); the weights are not cached", self._failed)
+        return self._failed is None
 
     def commit(self, params: dict) -> None:
         """Keep the leaves the final tree holds (``params``), publish the entry, evict old ones."""
         if self._dir is None:
+            return
+        if not self._finish_writes():
+            self.abandon()
             return
         kept = [e for e in self._leaves if _has(params, e["path"])]
         manifest = {"fields": self.fields, "leaves": kept, "written": time.time()}
@@ -143,6 +173,11 @@ class Writer:
         evict(self._dir.parent if self._dir is not None else None)
 
     def abandon(self) -> None:
+        self._failed = self._failed or OSError("abandoned")  # the thread writes nothing more
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
         if self._dir is not None and self._dir.exists():
             shutil.rmtree(self._dir, ignore_errors=True)
 

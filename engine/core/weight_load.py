@@ -12,7 +12,7 @@ from aotlm import kernels
 from aotlm.core import sharding, weight_cache
 from aotlm.core.compile_cache import source_hash
 from aotlm.models import packing
-from aotlm.models.checkpoint import CheckpointError, WeightReader, gguf, gguf_q4k, lora
+from aotlm.models.checkpoint import CheckpointError, WeightReader, gc_paused, gguf, gguf_q4k, lora
 from aotlm.models.quant import ParamRewriter
 from aotlm.models.weights import load_params
 from aotlm.progress import bar
@@ -95,7 +95,8 @@ class WeightLoading:
             rewriter = None
             if quant or self.fuse_qkv:
                 rewriter = ParamRewriter(quant, self.fuse_qkv, view, blocks, q4k)
-            params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
+            with gc_paused():  # ~10^6 small objects made and dropped while converting
+                params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
             if "lm_head" in params:  # untied: the int8 embedding copy is not needed
                 params.pop("embed_q", None), params.pop("embed_q_scale", None)
             unused = reader.unused() if self.lora is not None else []

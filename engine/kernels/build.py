@@ -216,3 +216,20 @@ def transpose(a: np.ndarray) -> np.ndarray | None:
     if lib.aotlm_transpose(ptr(src.ctypes.data), ptr(out.ctypes.data), *sizes):
         return None
     return out
+
+
+def pack_panels(w: np.ndarray, codes: bool) -> np.ndarray | None:
+    """The panel layout of a 2-D ``w [K, N]`` (``host.h``): ``[N / 16, K / 2, 16, 2]`` (int8 / bf16 / f16 /
+    f32 pairs of rows, ``packed.h``), or for 4-bit ``codes`` (uint8, one per byte) ``[N / 16, K / 8, 16, 4]``
+    bytes of two codes each (``int4.h``); None without the kernels (the caller packs it with numpy)."""
+    rows = 8 if codes else 2
+    k, n = w.shape
+    if k % rows or n % 16 or w.dtype.itemsize not in ((1,) if codes else (1, 2, 4)) or not enabled():
+        return None
+    src = np.ascontiguousarray(w)
+    out = np.empty((n // 16, k // rows, 16, 4 if codes else 2), np.uint8 if codes else src.dtype)
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    sizes = (i64(k), i64(n), i64(src.itemsize), ctypes.c_int(int(codes)))
+    if _load().aotlm_pack_panels(ptr(src.ctypes.data), ptr(out.ctypes.data), *sizes):
+        return None
+    return out

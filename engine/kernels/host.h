@@ -1,5 +1,5 @@
-// Host-side array moves for the weight loader (models/weights.py ``transposed``), called through ctypes
-// while a checkpoint is converted, not from XLA. Included by wmatmul.cc after pool.h.
+// Host-side array moves for the weight loader (models/weights.py ``transposed``, models/packing.py),
+// called through ctypes while a checkpoint is converted, not from XLA. Included by wmatmul.cc after pool.h.
 #pragma once
 
 namespace aotlm_host {
@@ -50,6 +50,53 @@ inline void transpose(const T* src, T* dst, int64_t R, int64_t C) {
     }
   });
 }
+// The kernels' panel layouts of a row-major W [K, N] (models/packing.py), written band by band of
+// BAND rows over the pool's threads (each band's rows read once, front to back; each panel's part of
+// the band written as one run):
+// * pairs (int8 / bf16 / f16 / f32, packed.h): dst [N / 16][K / 2][16][2] = W[2 kp + j][16 p + c];
+// * 4-bit codes (one per byte in W, int4.h): dst [N / 16][K / 8][16][4] bytes, byte (p, kb, c, t) =
+//   W[8 kb + t][16 p + c] | W[8 kb + 4 + t][16 p + c] << 4.
+constexpr int64_t BAND = 64;  // rows per band: a multiple of 8 (4-bit blocks) and of 2 (pairs)
+
+template <class T>
+inline void pack_pairs(const T* src, T* dst, int64_t K, int64_t N) {
+  const int64_t panels = N / 16, half = K / 2;
+  aotlm::parallel_for(int((K + BAND - 1) / BAND), [&](int b) {
+    const int64_t k0 = b * BAND, k1 = std::min(K, k0 + BAND);
+    for (int64_t p = 0; p < panels; ++p)
+      for (int64_t k = k0; k < k1; k += 2) {
+        T* out = dst + ((p * half + k / 2) * 16) * 2;
+        const T *r0 = src + k * N + p * 16, *r1 = r0 + N;
+        for (int64_t c = 0; c < 16; ++c) out[2 * c] = r0[c], out[2 * c + 1] = r1[c];
+      }
+  });
+}
+
+inline void pack_codes(const uint8_t* src, uint8_t* dst, int64_t K, int64_t N) {
+  const int64_t panels = N / 16, blocks = K / 8;
+  aotlm::parallel_for(int((K + BAND - 1) / BAND), [&](int b) {
+    const int64_t k0 = b * BAND, k1 = std::min(K, k0 + BAND);
+    for (int64_t p = 0; p < panels; ++p)
+      for (int64_t k = k0; k < k1; k += 8) {
+        uint8_t* out = dst + (p * blocks + k / 8) * 64;
+        __m128i v[4];  // v[t]: rows t (low nibbles) and t + 4 (high) of the panel's 16 columns
+        for (int64_t t = 0; t < 4; ++t) {
+          const uint8_t* lo = src + (k + t) * N + p * 16;
+          const __m128i l = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo));
+          const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + 4 * N));
+          v[t] = _mm_or_si128(l, _mm_and_si128(_mm_slli_epi16(h, 4), _mm_set1_epi8(char(0xF0))));
+        }
+        // byte 4c + t <- v[t][c]: interleave bytes of (0, 1) and (2, 3), then their 16-bit pairs
+        const __m128i a0 = _mm_unpacklo_epi8(v[0], v[1]), a1 = _mm_unpackhi_epi8(v[0], v[1]);
+        const __m128i b0 = _mm_unpacklo_epi8(v[2], v[3]), b1 = _mm_unpackhi_epi8(v[2], v[3]);
+        __m128i* o = reinterpret_cast<__m128i*>(out);
+        _mm_storeu_si128(o, _mm_unpacklo_epi16(a0, b0));
+        _mm_storeu_si128(o + 1, _mm_unpackhi_epi16(a0, b0));
+        _mm_storeu_si128(o + 2, _mm_unpacklo_epi16(a1, b1));
+        _mm_storeu_si128(o + 3, _mm_unpackhi_epi16(a1, b1));
+      }
+  });
+}
 }  // namespace aotlm_host
 
 // 0 when done, 1 for an element size other than 1, 2, 4 or 8 bytes.
@@ -59,6 +106,22 @@ extern "C" int aotlm_transpose(const void* src, void* dst, int64_t rows, int64_t
     case 2: aotlm_host::transpose(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), rows, cols); return 0;
     case 4: aotlm_host::transpose(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), rows, cols); return 0;
     case 8: aotlm_host::transpose(static_cast<const uint64_t*>(src), static_cast<uint64_t*>(dst), rows, cols); return 0;
+    default: return 1;
+  }
+}
+
+// W [K, N] -> its panel layout (K even, N a multiple of 16; ``codes``: 4-bit codes one per byte, K a
+// multiple of 8). 0 when done, 1 for an element size the layout does not take.
+extern "C" int aotlm_pack_panels(const void* src, void* dst, int64_t K, int64_t N, int64_t itemsize, int codes) {
+  if (codes) {
+    if (itemsize != 1) return 1;
+    aotlm_host::pack_codes(static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), K, N);
+    return 0;
+  }
+  switch (itemsize) {
+    case 1: aotlm_host::pack_pairs(static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), K, N); return 0;
+    case 2: aotlm_host::pack_pairs(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), K, N); return 0;
+    case 4: aotlm_host::pack_pairs(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), K, N); return 0;
     default: return 1;
   }
 }

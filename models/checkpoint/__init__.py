@@ -19,6 +19,7 @@ from aotlm.models.checkpoint.formats import (
     SafetensorsFile,
     WeightReader,
     drop_pages,
+    gc_paused,
     load_hf_config,
 )
 
@@ -31,5 +32,6 @@ __all__ = [
     "SafetensorsFile",
     "WeightReader",
     "drop_pages",
+    "gc_paused",
     "load_hf_config",
 ]

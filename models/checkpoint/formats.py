@@ -9,12 +9,13 @@ parameters: loading a checkpoint peaks near its stored weights, not the file's s
 
 from __future__ import annotations
 
+import gc
 import json
 import mmap
 import os
 import struct
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,21 @@ def load_hf_config(path: str | os.PathLike):
 # safetensors dtype -> numpy dtype of its bytes (BF16: its bits; widened to float32 by ``get``)
 SAFE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
                "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}  # fmt: skip
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a checkpoint is read and converted: that makes ~10^6
+    small objects (gguf-py's metadata fields, numpy views), each counting toward a collection that walks
+    every live object (5-7% of a 1B model's conversion under perf); nothing read forms cycles that
+    must be freed meanwhile. Nests; a collector already off stays off."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def drop_pages(m: mmap.mmap, start: int, n: int) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aotlm.models.checkpoint.formats import CheckpointError
+from aotlm.models.checkpoint.formats import CheckpointError, gc_paused
 from aotlm.models.checkpoint.gguf_names import (
     ARCHS,
     ROPE_FACTORS,
@@ -180,7 +180,8 @@ def inspect(path: str | os.PathLike) -> tuple[Plan, object]:
 
 
 def _inspect(path: Path) -> tuple[Plan, object]:
-    reader = open_reader(path)
+    with gc_paused():  # gguf-py makes an object per metadata element (the tokenizer's: ~10^6)
+        reader = open_reader(path)
     _check_size(path, reader)
     arch_name = _check_arch(path, reader)
     arch = ARCHS[arch_name]

@@ -113,6 +113,27 @@ def test_off_writes_nothing(q8_file, cache, monkeypatch):
     assert not cache.exists()
 
 
+def test_a_failed_write_publishes_nothing_and_the_load_goes_on(q8_file, cache, monkeypatch, caplog):
+    """The files are written by a thread beside the conversion: a write that fails (a full disk) stops
+    the writing, the load still returns its weights, no entry is published (none half-written) and
+    one warning says why; the next load converts and writes it again."""
+    real, calls = np.save, []
+
+    def failing_save(file, arr, **kw):
+        calls.append(file)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(file, arr, **kw)
+
+    monkeypatch.setattr(weight_cache.np, "save", failing_save)
+    model = AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    assert model.params and not list(cache.iterdir())  # no entry, no temporary directory left
+    assert any("No space left on device" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(weight_cache.np, "save", real)
+    AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    assert len(list(cache.iterdir())) == 1
+
+
 def _entry(base: Path, name: str, size: int) -> Path:
     d = base / name
     d.mkdir()

@@ -40,3 +40,33 @@ def test_loader_transpose_with_and_without_the_kernels(kernels_on, monkeypatch):
         np.testing.assert_array_equal(got, a.T)
     cube = np.arange(24).reshape(2, 3, 4)
     np.testing.assert_array_equal(transposed(cube), cube.T)
+
+
+PACK_CASES = [
+    ((64, 48), (0,)),
+    ((48, 64), (1,)),
+    ((32, 4, 16), (0,)),
+    ((4, 16, 32), (0, 1)),
+    ((8, 4, 2, 32), (0,)),
+]
+
+
+@pytest.mark.skipif(not kernels.enabled(), reason="the aotlm kernels are not built on this machine")
+@pytest.mark.parametrize(("shape", "contract"), PACK_CASES)
+def test_kernel_panels_equal_numpys(shape, contract, monkeypatch):
+    """``packing.pack`` / ``pack_q4`` by the kernels (``pack_panels``) give numpy's panels bit for bit:
+    int8 / bf16 / f16 / f32 pairs of rows and 4-bit codes, contracted dims first or last, several dims."""
+    import ml_dtypes
+
+    from aotlm.models import packing
+
+    rng = np.random.default_rng(2)
+    dtypes = (np.int8, ml_dtypes.bfloat16, np.float16, np.float32)
+    arrays = [rng.integers(-100, 100, shape).astype(d) for d in dtypes]
+    codes = rng.integers(0, 16, shape).astype(np.uint8)
+    got = [packing.pack(a, contract) for a in arrays] + [packing.pack_q4(codes, contract)]
+    monkeypatch.setenv("AOTLM_KERNELS", "0")
+    want = [packing.pack(a, contract) for a in arrays] + [packing.pack_q4(codes, contract)]
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
