@@ -50,6 +50,7 @@ inline void transpose(const T* src, T* dst, int64_t R, int64_t C) {
     }
   });
 }
+
 // The kernels' panel layouts of a row-major W [K, N] (models/packing.py), written band by band of
 // BAND rows over the pool's threads (each band's rows read once, front to back; each panel's part of
 // the band written as one run):
@@ -58,43 +59,43 @@ inline void transpose(const T* src, T* dst, int64_t R, int64_t C) {
 //   W[8 kb + t][16 p + c] | W[8 kb + 4 + t][16 p + c] << 4.
 constexpr int64_t BAND = 64;  // rows per band: a multiple of 8 (4-bit blocks) and of 2 (pairs)
 
-template <class T>
-inline void pack_pairs(const T* src, T* dst, int64_t K, int64_t N) {
-  const int64_t panels = N / 16, half = K / 2;
+// fn(p, k) for every panel p and every ``step`` rows k, a band of BAND rows per task.
+template <class Fn>
+inline void over_bands(int64_t K, int64_t N, int64_t step, const Fn& fn) {
   aotlm::parallel_for(int((K + BAND - 1) / BAND), [&](int b) {
     const int64_t k0 = b * BAND, k1 = std::min(K, k0 + BAND);
-    for (int64_t p = 0; p < panels; ++p)
-      for (int64_t k = k0; k < k1; k += 2) {
-        T* out = dst + ((p * half + k / 2) * 16) * 2;
-        const T *r0 = src + k * N + p * 16, *r1 = r0 + N;
-        for (int64_t c = 0; c < 16; ++c) out[2 * c] = r0[c], out[2 * c + 1] = r1[c];
-      }
+    for (int64_t p = 0; p < N / 16; ++p)
+      for (int64_t k = k0; k < k1; k += step) fn(p, k);
+  });
+}
+
+template <class T>
+inline void pack_pairs(const T* src, T* dst, int64_t K, int64_t N) {
+  over_bands(K, N, 2, [&](int64_t p, int64_t k) {
+    T* out = dst + ((p * (K / 2) + k / 2) * 16) * 2;
+    const T *r0 = src + k * N + p * 16, *r1 = r0 + N;
+    for (int64_t c = 0; c < 16; ++c) out[2 * c] = r0[c], out[2 * c + 1] = r1[c];
   });
 }
 
 inline void pack_codes(const uint8_t* src, uint8_t* dst, int64_t K, int64_t N) {
-  const int64_t panels = N / 16, blocks = K / 8;
-  aotlm::parallel_for(int((K + BAND - 1) / BAND), [&](int b) {
-    const int64_t k0 = b * BAND, k1 = std::min(K, k0 + BAND);
-    for (int64_t p = 0; p < panels; ++p)
-      for (int64_t k = k0; k < k1; k += 8) {
-        uint8_t* out = dst + (p * blocks + k / 8) * 64;
-        __m128i v[4];  // v[t]: rows t (low nibbles) and t + 4 (high) of the panel's 16 columns
-        for (int64_t t = 0; t < 4; ++t) {
-          const uint8_t* lo = src + (k + t) * N + p * 16;
-          const __m128i l = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo));
-          const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + 4 * N));
-          v[t] = _mm_or_si128(l, _mm_and_si128(_mm_slli_epi16(h, 4), _mm_set1_epi8(char(0xF0))));
-        }
-        // byte 4c + t <- v[t][c]: interleave bytes of (0, 1) and (2, 3), then their 16-bit pairs
-        const __m128i a0 = _mm_unpacklo_epi8(v[0], v[1]), a1 = _mm_unpackhi_epi8(v[0], v[1]);
-        const __m128i b0 = _mm_unpacklo_epi8(v[2], v[3]), b1 = _mm_unpackhi_epi8(v[2], v[3]);
-        __m128i* o = reinterpret_cast<__m128i*>(out);
-        _mm_storeu_si128(o, _mm_unpacklo_epi16(a0, b0));
-        _mm_storeu_si128(o + 1, _mm_unpackhi_epi16(a0, b0));
-        _mm_storeu_si128(o + 2, _mm_unpacklo_epi16(a1, b1));
-        _mm_storeu_si128(o + 3, _mm_unpackhi_epi16(a1, b1));
-      }
+  over_bands(K, N, 8, [&](int64_t p, int64_t k) {
+    uint8_t* out = dst + (p * (K / 8) + k / 8) * 64;
+    __m128i v[4];  // v[t]: rows t (low nibbles) and t + 4 (high) of the panel's 16 columns
+    for (int64_t t = 0; t < 4; ++t) {
+      const uint8_t* lo = src + (k + t) * N + p * 16;
+      const __m128i l = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo));
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + 4 * N));
+      v[t] = _mm_or_si128(l, _mm_and_si128(_mm_slli_epi16(h, 4), _mm_set1_epi8(char(0xF0))));
+    }
+    // byte 4c + t <- v[t][c]: interleave bytes of (0, 1) and (2, 3), then their 16-bit pairs
+    const __m128i a0 = _mm_unpacklo_epi8(v[0], v[1]), a1 = _mm_unpackhi_epi8(v[0], v[1]);
+    const __m128i b0 = _mm_unpacklo_epi8(v[2], v[3]), b1 = _mm_unpackhi_epi8(v[2], v[3]);
+    __m128i* o = reinterpret_cast<__m128i*>(out);
+    _mm_storeu_si128(o, _mm_unpacklo_epi16(a0, b0));
+    _mm_storeu_si128(o + 1, _mm_unpackhi_epi16(a0, b0));
+    _mm_storeu_si128(o + 2, _mm_unpacklo_epi16(a1, b1));
+    _mm_storeu_si128(o + 3, _mm_unpackhi_epi16(a1, b1));
   });
 }
 }  // namespace aotlm_host
