@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aotlm import kernels
 from aotlm.models.axes import LOGICAL_AXES, QUANT_SCALES, Path
-from aotlm.models.checkpoint import CheckpointError, WeightReader
+from aotlm.models.checkpoint import CheckpointError, WeightReader, transposed
 from aotlm.models.quant4 import Codes
 
 
@@ -38,26 +37,6 @@ def row(
 
 
 # ---- common layout transforms (HF stores torch Linear weights as [out, in])
-TRANSPOSE_ROWS = 16  # source rows per block of transposed(): a 64-byte line per output row (4-byte values)
-
-
-def transposed(a: np.ndarray) -> np.ndarray:
-    """``a.T`` as a new C-contiguous array. ``np.ascontiguousarray(a.T)`` walks the source column by
-    column, the largest single cost of converting a 1B-8B model (matrices of tens to hundreds of MB): a
-    2-D ``a`` is copied in tiles by the kernels' threads, else ``TRANSPOSE_ROWS`` source rows at a time
-    (each output row gets them as one run; 4-6x faster than numpy's own copy)."""
-    if a.ndim != 2 or a.size < 1 << 16:
-        return np.ascontiguousarray(a.T)
-    done = kernels.transpose(a)  # tiles on every core (the kernels' host.h)
-    if done is not None:
-        return done
-    src = np.asarray(a)  # a memmap's slices would each go through its __array_finalize__
-    out = np.empty(src.shape[::-1], src.dtype)
-    for i in range(0, src.shape[0], TRANSPOSE_ROWS):
-        out[:, i : i + TRANSPOSE_ROWS] = src[i : i + TRANSPOSE_ROWS].T
-    return out
-
-
 def linear_t(a: np.ndarray) -> np.ndarray:
     return transposed(a)
 

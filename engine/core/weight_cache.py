@@ -144,12 +144,16 @@ class Writer:
                 except Exception as e:  # any failure: nothing more is written, the entry is not published
                     self._failed = e
 
-    def _finish_writes(self) -> bool:
-        """Wait for the writer thread; whether every file was written."""
+    def _stop_writer(self) -> None:
+        """End the writer thread's queue and wait for it (a no-op once it has stopped)."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+
+    def _finish_writes(self) -> bool:
+        """Wait for the writer thread; whether every file was written."""
+        self._stop_writer()
         if self._failed is not None:
             logger.warning("cannot write the weight cache (%s); the weights are not cached", self._failed)
         return self._failed is None
@@ -174,10 +178,7 @@ class Writer:
 
     def abandon(self) -> None:
         self._failed = self._failed or OSError("abandoned")  # the thread writes nothing more
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+        self._stop_writer()
         if self._dir is not None and self._dir.exists():
             shutil.rmtree(self._dir, ignore_errors=True)
 

@@ -1,5 +1,5 @@
-// Host-side array moves for the weight loader (models/weights.py ``transposed``, models/packing.py),
-// called through ctypes while a checkpoint is converted, not from XLA. Included by wmatmul.cc after pool.h.
+// Host-side array moves for the weight loader (``transposed`` in models/checkpoint/formats.py,
+// models/packing.py), called through ctypes while a checkpoint is converted, not from XLA.
 #pragma once
 
 namespace aotlm_host {

@@ -21,6 +21,7 @@ from aotlm.models.checkpoint.formats import (
     drop_pages,
     gc_paused,
     load_hf_config,
+    transposed,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "drop_pages",
     "gc_paused",
     "load_hf_config",
+    "transposed",
 ]

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from aotlm import kernels
+
 SAFE_SINGLE = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
 TORCH_SINGLE = "pytorch_model.bin"
@@ -60,6 +62,26 @@ def load_hf_config(path: str | os.PathLike):
 # safetensors dtype -> numpy dtype of its bytes (BF16: its bits; widened to float32 by ``get``)
 SAFE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
                "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}  # fmt: skip
+
+
+TRANSPOSE_ROWS = 16  # source rows per block of transposed(): a 64-byte line per output row (4-byte values)
+
+
+def transposed(a: np.ndarray) -> np.ndarray:
+    """``a.T`` as a new C-contiguous array. ``np.ascontiguousarray(a.T)`` walks the source column by
+    column, the largest single cost of converting a 1B-8B model (matrices of tens to hundreds of MB): a
+    2-D ``a`` is copied in tiles by the kernels' threads, else ``TRANSPOSE_ROWS`` source rows at a time
+    (each output row gets them as one run; 4-6x faster than numpy's own copy)."""
+    if a.ndim != 2 or a.size < 1 << 16:
+        return np.ascontiguousarray(a.T)
+    done = kernels.transpose(a)  # tiles on every core (the kernels' host.h)
+    if done is not None:
+        return done
+    src = np.asarray(a)  # a memmap's slices would each go through its __array_finalize__
+    out = np.empty(src.shape[::-1], src.dtype)
+    for i in range(0, src.shape[0], TRANSPOSE_ROWS):
+        out[:, i : i + TRANSPOSE_ROWS] = src[i : i + TRANSPOSE_ROWS].T
+    return out
 
 
 @contextmanager

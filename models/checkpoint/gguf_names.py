@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aotlm.models.checkpoint import formats
+
 _LLAMA_LAYER = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -163,7 +165,7 @@ def transform(arch_name: str, gguf_name: str, meta: dict) -> Callable[[np.ndarra
     if needs_float(arch_name, gguf_name):  # Gemma's norms stored as 1 + w
         return lambda a: np.asarray(a, np.float32) - np.float32(1.0)
     if transposed(arch_name, gguf_name):
-        return lambda a: np.ascontiguousarray(a.T)
+        return formats.transposed
     if arch_name == "bloom" and key == "attn_qkv":
         return lambda a: bloom_qkv(a, meta["n_head"])
     return None

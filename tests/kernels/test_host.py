@@ -1,5 +1,5 @@
 """The kernels' host-side transpose (``host.h``), which the weight loader uses for ``[out, in]`` ->
-``[in, out]`` (``aotlm.models.weights.transposed``)."""
+``[in, out]`` (``aotlm.models.checkpoint.transposed``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from aotlm import kernels
-from aotlm.models.weights import transposed
+from aotlm.models.checkpoint import transposed
 
 SHAPES = [(1, 1), (7, 300), (64, 64), (130, 70), (256, 1030), (1031, 129)]
 
