@@ -18,6 +18,8 @@ LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     "lm_head_bias": ("vocab",),
     "embed_q": ("vocab", "embed"),  # int8 copy of the embedding for a tied lm_head (models/quant.py)
     "embed_q_scale": ("vocab",),
+    "embed_gscale": ("vocab", None),  # a file's grouped embedding codes: group scales (models/lookup.py)
+    "embed_gmin": ("vocab", None),  # and offsets
     "proj_in": (None, "embed"),
     "proj_out": ("embed", None),
     "wq": ("embed", "heads", None),

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from aotlm import kernels
-from aotlm.models import adapters, flash, lowp, packing, quant4
+from aotlm.models import adapters, flash, lookup, lowp, packing, quant4
 from aotlm.models import layers as L
 from aotlm.models import projections as P
 from aotlm.models.arch import ArchConfig
@@ -30,7 +30,7 @@ from aotlm.models.moe import moe_mlp
 
 
 def embed(cfg: ArchConfig, params, tokens, positions):
-    x = jnp.take(params["embed"], tokens, axis=0)
+    x = lookup.take(params, tokens)  # a plain gather, or rebuilt from a file's grouped codes
     if cfg.embed_scale != 1.0:
         x = x * jnp.asarray(cfg.embed_scale, x.dtype)
     if "proj_in" in params:  # OPT-350m: word_embed_proj_dim != hidden_size

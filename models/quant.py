@@ -28,6 +28,7 @@ no family needs code of its own: they act on the generic leaf names every family
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -35,6 +36,8 @@ import numpy as np
 
 from aotlm.models import quant4
 from aotlm.models.axes import CONTRACT_AXES, Path
+from aotlm.models.checkpoint import transposed
+from aotlm.models.lookup import GroupedRows
 from aotlm.models.packing import PACK_CONTRACT
 
 logger = logging.getLogger("aotlm.models.quant")
@@ -192,6 +195,35 @@ def quantize_int8(w: np.ndarray, contract: tuple[int, ...]) -> tuple[np.ndarray,
     return q, np.squeeze(scale, axis=contract).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class Int8Matrix:
+    """A ``Linear`` weight already in int8 storage: ``q [in, out]`` and its per-output-channel ``scale``."""
+
+    q: np.ndarray
+    scale: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.q.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.q.ndim
+
+
+def int8_from_rows(chunks: Iterable[np.ndarray], shape: tuple[int, int]) -> Int8Matrix:
+    """A ``[out, in]`` float matrix given a few rows at a time, rounded as ``quantize_int8`` rounds its
+    transpose (the same numbers: each output channel is one row here) and then transposed as int8, so
+    only one chunk is ever float32."""
+    q, scale, at = np.empty(shape, np.int8), np.empty(shape[0], np.float32), 0
+    for rows in chunks:
+        q[at : at + len(rows)], scale[at : at + len(rows)] = quantize_int8(rows, (1,))
+        at += len(rows)
+    if at != shape[0]:
+        raise ValueError(f"{at} rows given for a matrix of {shape[0]}")
+    return Int8Matrix(transposed(q), scale)
+
+
 def fuse_qkv_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, head_axis: int) -> np.ndarray:
     """``q [.., H, Dh]``, ``k/v [.., K, Dh]`` (heads at ``head_axis``) -> ``[.., K, H/K + 2, Dh]``.
 
@@ -245,6 +277,8 @@ class ParamRewriter:
         embed_view: bool = False,
         gguf_blocks: bool = False,
         blocks=None,
+        lookup: bool = False,
+        tied: bool = True,
     ):
         self.quant = quant
         self.gguf_blocks = gguf_blocks  # int4 from a GGUF file's Q4 blocks: exact codes, int8 embedding copy
@@ -252,13 +286,32 @@ class ParamRewriter:
         int4_g32 = quant is not None and quant.int4 and quant.group_size == 32
         self.blocks = blocks if blocks and int4_g32 and gguf_blocks else None
         # the int4 lm_head copy is made on every backend (the kernels' and XLA's logits then agree)
-        self.embed_view = embed_view or (quant is not None and quant.int4 and not gguf_blocks)
+        # (an untied model's lm_head is its own: no copy)
+        self.embed_view = tied and (embed_view or (quant is not None and quant.int4 and not gguf_blocks))
+        # a file's embedding may stay as its grouped codes (lookup.GroupedRows) where the logits do not
+        # read it (untied, or a tied lm_head's own copy) and the weights are stored quantized
+        head_copy = quant is not None and quant.lm_head and self.embed_view
+        self.lookup = lookup and quant is not None and (not tied or head_copy)
         self.fuse_qkv = fuse_qkv
         self._held: dict[tuple, dict[str, np.ndarray]] = {}
 
     def keeps_codes(self, row) -> bool:
         """Do all of a loader row's outputs become 4-bit matrices (so a file's 4-bit codes can stay)?"""
         return self.blocks is not None and all(t[-1] in PACK_CONTRACT for t in row.targets)
+
+    def keeps_lookup(self, row) -> bool:
+        """Does a loader row fill only the embedding, as stored (so a file's grouped codes can stay)?"""
+        return self.lookup and row.targets == (("embed",),) and row.is_copy
+
+    def rounds_rows(self, path: Path, src: str | None) -> bool:
+        """Is matrix ``path`` (a ``Linear`` weight whose contracted axis is its HF rows' own) stored as
+        int8, unfused, so a loader may hand it over already rounded (``Int8Matrix``)?"""
+        q, name = self.quant, path[-1]
+        if q is None or q.quant_dtype in FLOAT_DTYPES or CONTRACT_AXES.get(name) != (0,):
+            return False
+        if (self.fuse_qkv and name in _PART_OF) or (name == "lm_head" and not q.lm_head):
+            return False
+        return not q.int4 or (self.gguf_blocks and src not in Q4_BLOCK_TYPES)  # int4: a file's other types
 
     def rewrite(self, path: Path, arr, src: str | None = None) -> list[tuple[Path, np.ndarray]]:
         """``arr``: a float array, or a GGUF file's 4-bit ``quant4.Codes`` (``keeps_codes``); ``src``: the
@@ -300,19 +353,25 @@ class ParamRewriter:
 
     def _quantize(self, path: Path, arr, src=None) -> list[tuple[Path, np.ndarray]]:
         name = path[-1]
+        if isinstance(arr, Int8Matrix):  # rounded by the loader (rounds_rows)
+            return [(path, arr.q), ((*path[:-1], f"{name}_scale"), arr.scale)]
         if isinstance(arr, quant4.Codes):
             if self.quant.int4 and name in PACK_CONTRACT and src in Q4_BLOCK_TYPES:
                 return self._int4(path, arr, PACK_CONTRACT[name])
             arr = arr.values()
         floating = self.quant is not None and self.quant.quant_dtype in FLOAT_DTYPES  # bf16 / f16
+        lookup = arr.leaves(path) if isinstance(arr, GroupedRows) else [(path, arr)]
         if name == "embed" and self.quant is not None and self.quant.lm_head and self.embed_view:
+            arr = arr.values() if isinstance(arr, GroupedRows) else arr  # the logits' copy from floats
             if floating:  # the logits' view: bf16 / f16 rows, unit scales (the lookup keeps its dtype)
                 q, scale = to_float(arr, self.quant.quant_dtype), np.ones(arr.shape[0], np.float32)
             elif self.quant.int4 and not self.gguf_blocks and quant4.packable(arr.shape, (1,), 32, True):
-                return [(path, arr), *self._int4((*path[:-1], "embed_q"), arr, (1,))]
+                return [*lookup, *self._int4((*path[:-1], "embed_q"), arr, (1,))]
             else:
                 q, scale = quantize_int8(arr, (1,))  # per vocab row: the logits' output channel
-            return [(path, arr), ((*path[:-1], "embed_q"), q), ((*path[:-1], "embed_q_scale"), scale)]
+            return [*lookup, ((*path[:-1], "embed_q"), q), ((*path[:-1], "embed_q_scale"), scale)]
+        if isinstance(arr, GroupedRows):
+            return lookup
         if self.quant is None or name not in CONTRACT_AXES or (name == "lm_head" and not self.quant.lm_head):
             return [(path, arr)]
         if floating:

@@ -15,7 +15,14 @@ import numpy as np
 
 from aotlm.models.axes import LOGICAL_AXES, QUANT_SCALES, Path
 from aotlm.models.checkpoint import CheckpointError, WeightReader, transposed
+from aotlm.models.lookup import GroupedRows
+from aotlm.models.quant import Int8Matrix, int8_from_rows
 from aotlm.models.quant4 import Codes
+
+
+def same(a: np.ndarray) -> np.ndarray:
+    """A row's tensor as stored (no layout change)."""
+    return a
 
 
 @dataclass(frozen=True)
@@ -24,16 +31,21 @@ class Row:
 
     targets: tuple[Path, ...]
     hf: str
-    fn: Callable[[np.ndarray], np.ndarray | tuple[np.ndarray, ...]] = lambda a: a
+    fn: Callable[[np.ndarray], np.ndarray | tuple[np.ndarray, ...]] = same
     optional: bool = False
     more: tuple[str, ...] = ()  # further HF tensors, passed as ``fn(hf, *more)`` (MoE expert stacks)
+
+    @property
+    def is_copy(self) -> bool:
+        """One tensor taken as stored (no layout change, no further tensors)."""
+        return self.fn is same and not self.more
 
 
 def row(
     target: Path | Sequence[Path], hf: str, fn=None, optional: bool = False, more: Sequence[str] = ()
 ) -> Row:
     targets = tuple(target) if isinstance(target[0], tuple) else (tuple(target),)
-    return Row(targets, hf, fn if fn is not None else (lambda a: a), optional, tuple(more))
+    return Row(targets, hf, fn if fn is not None else same, optional, tuple(more))
 
 
 # ---- common layout transforms (HF stores torch Linear weights as [out, in])
@@ -163,11 +175,13 @@ def load_params(
         outs = None
         if rewriter is not None and rewriter.keeps_codes(r):  # a GGUF file's 4-bit codes, kept as stored
             outs = rewriter.blocks.row(r.fn, [name, *extra], len(r.targets))
+        src = stored_type(name) if not extra else None  # a GGUF tensor's block type (Q4_0, Q6_K, ...)
+        if outs is None and rewriter is not None:
+            outs = _streamed(r, reader, name, src, rewriter)
         if outs is None:
             outs = _convert(r, reader, name, extra)
-        src = stored_type(name) if not extra else None  # a GGUF tensor's block type (Q4_0, Q6_K, ...)
         for path, arr in zip(r.targets, outs, strict=True):
-            arr = arr if isinstance(arr, Codes) else np.asarray(arr)
+            arr = arr if isinstance(arr, (Codes, GroupedRows, Int8Matrix)) else np.asarray(arr)
             check_shape(path, arr, cfg, name, reader.path)
             for p, a in rewriter.rewrite(path, arr, src) if rewriter is not None else [(path, arr)]:
                 put(p, a)
@@ -175,6 +189,19 @@ def load_params(
         put(p, a)
     params["layers"] = [params["layers"][i] for i in sorted(params.get("layers", {}))]
     return params
+
+
+def _streamed(r: Row, reader, name: str, src: str | None, rewriter) -> tuple | None:
+    """Row ``r``'s output read from a GGUF file's blocks without a float32 copy of the tensor: an
+    embedding's codes for the lookup (``lookup.GroupedRows``), or a ``Linear`` weight bound for int8
+    rounded a few rows at a time (``quant.Int8Matrix``); None when neither applies."""
+    got = None
+    if rewriter.keeps_lookup(r) and hasattr(reader, "lookup"):
+        got = reader.lookup(name)
+    elif len(r.targets) == 1 and r.fn is linear_t and rewriter.rounds_rows(r.targets[0], src):
+        chunks = reader.row_chunks(name) if hasattr(reader, "row_chunks") else None
+        got = int8_from_rows(chunks, reader.shape(name)) if chunks is not None else None
+    return None if got is None else (got,)
 
 
 def _convert(r: Row, reader: WeightReader, name: str, extra: list[str]) -> tuple:

@@ -99,8 +99,11 @@ class Storage:
     """What the loader (``aotlm.models.quant.ParamRewriter``, ``aotlm.models.packing``) stores for a
     parameter, from shapes alone: leaves with their logical shapes and bytes per element."""
 
-    def __init__(self, q: QuantizationConfig | None, compute: int, kernels_on: bool, gguf_blocks: bool):
+    def __init__(
+        self, q: QuantizationConfig | None, compute: int, kernels_on: bool, gguf_blocks: bool, lookup=None
+    ):
         self.q, self.compute, self.gguf_blocks = q, compute, gguf_blocks
+        self.lookup = lookup  # bytes per weight of a GGUF embedding kept as its codes (aotlm.models.lookup)
         int4 = q is not None and q.int4
         self.view = q is not None and kernels_on  # the embedding copy for a tied lm_head
         self.packed = self.view or int4 or (kernels_on and compute == 4)  # the panel layout (vocab padded)
@@ -108,9 +111,11 @@ class Storage:
     def leaves(self, path: tuple, shape: tuple, tied: bool) -> list[tuple[tuple, tuple, float]]:
         """``(leaf path, logical shape, bytes per element)`` of what parameter ``path`` becomes."""
         q, name, up = self.q, path[-1], path[:-1]
-        if name == "embed" and tied and q is not None and q.lm_head:
-            if self.view or (q.int4 and not self.gguf_blocks):
-                return [(path, shape, self.compute), *self._matrix((*up, "embed_q"), shape, (1,))]
+        if name == "embed" and q is not None:
+            copy = tied and q.lm_head and (self.view or (q.int4 and not self.gguf_blocks))  # embed_q
+            grouped = self.lookup and self.compute == 4 and (copy or not tied)  # as the loader decides
+            own = [(path, shape, self.lookup if grouped else self.compute)]
+            return own + (self._matrix((*up, "embed_q"), shape, (1,)) if copy else [])
         if q is None or name not in CONTRACT_AXES or (name == "lm_head" and not q.lm_head):
             return [(path, shape, self.compute)]
         return self._matrix(path, shape, CONTRACT_AXES[name])
@@ -155,6 +160,7 @@ def memory_plan(
     quant: str | QuantizationConfig | None = None,
     kernels_on: bool | None = None,
     gguf_blocks: bool = False,
+    gguf_lookup: float | None = None,
 ) -> dict:
     """Bytes per device of the weights and the KV cache for one configuration.
 
@@ -163,7 +169,8 @@ def memory_plan(
     pick (invalid tp / gqa raise the engine's errors). ``kv_cache_dtype``: the model's option
     (None follows amp), so a bf16 cache counts half an f32 one. ``quant``: the model's weight storage
     (``"int8"``, ``"int4-g64"``, a ``QuantizationConfig``, ...); ``kernels_on`` (default: this
-    backend's) and ``gguf_blocks`` (a GGUF file's Q4 blocks: an int8 embedding copy) as the loader has them.
+    backend's) and ``gguf_blocks`` (a GGUF file's Q4 blocks: an int8 embedding copy) as the loader has them;
+    ``gguf_lookup``: the bytes per weight of a GGUF embedding kept as its codes (``gguf.lookup_bytes``).
     """
     # what amp means on this backend (aotlm.core.precision): on CPU with the kernels, bf16 / f16
     # matrices with f32 activations, embedding, norms and (unless kv_cache_dtype says) KV cache
@@ -175,7 +182,7 @@ def memory_plan(
     rule = sharding.rules(strategy, tp)
     shapes = dict(param_shapes) if param_shapes is not None else estimate_param_shapes(cfg)
     tied = ("lm_head",) not in shapes
-    store = Storage(prec.quant, jnp.dtype(prec.compute).itemsize, kernels_on, gguf_blocks)
+    store = Storage(prec.quant, jnp.dtype(prec.compute).itemsize, kernels_on, gguf_blocks, gguf_lookup)
     w_total, w_stage = 0, [0] * pp  # per stage: the bytes on each of its devices
     for path, shape in shapes.items():
         leaves = store.leaves(path, tuple(shape), tied)
@@ -273,7 +280,7 @@ def plan_for_checkpoint(
     ctx = bk.context_buckets(context_length_estimate, tg)
     plan = memory_plan(
         cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches, kv_cache_dtype,
-        quant, gguf_blocks=blocks,
+        quant, gguf_blocks=blocks, gguf_lookup=gguf.lookup_bytes(path),
     )  # fmt: skip
     if pp_degree == 1:
         plan["graphs"] = bk.graph_keys(ctx, tg)

@@ -94,7 +94,9 @@ class WeightLoading:
             q4k = gguf_q4k.BlockCodes(reader) if blocks else None  # 4-bit codes read from the blocks
             rewriter = None
             if quant or self.fuse_qkv:
-                rewriter = ParamRewriter(quant, self.fuse_qkv, view, blocks, q4k)
+                lookup = np_dtype == np.float32  # a GGUF embedding's codes may stay (aotlm.models.lookup)
+                tied = self.cfg.tie_embeddings
+                rewriter = ParamRewriter(quant, self.fuse_qkv, view, blocks, q4k, lookup, tied)
             with gc_paused():  # ~10^6 small objects made and dropped while converting
                 params = load_params(rows, reader, family.PREFIXES, np_dtype, self._place, rewriter, self.cfg)
             if "lm_head" in params:  # untied: the int8 embedding copy is not needed

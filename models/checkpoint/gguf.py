@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from aotlm.models.checkpoint import gguf_lookup
 from aotlm.models.checkpoint.formats import CheckpointError
 from aotlm.models.checkpoint.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, rope_factors
 from aotlm.models.checkpoint.gguf_meta import build_config, build_tokenizer, read_metadata
@@ -143,6 +144,7 @@ def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None
             "architecture": plan.arch_name,
             "tensor_types": plan.type_counts,
             "matrix_types": sorted(plan.matrix_types()),
+            "embedding_type": next((t.qtype for t in plan.tensors if t.gguf == "token_embd.weight"), None),
             "parameters": plan.parameters(),
             "default_quant": storage_for(plan.matrix_types(), plan.parameters()),
             "seconds": round(time.perf_counter() - start, 2),
@@ -261,6 +263,17 @@ def q4_types(checkpoint: str | os.PathLike) -> list[str]:
     except ValueError:
         return []
     return [t for t in Q4_TYPES if t in types]
+
+
+def lookup_bytes(checkpoint: str | os.PathLike) -> float | None:
+    """Bytes per weight of a converted GGUF model's embedding where the lookup keeps its codes (int8
+    codes, float32 group scales and offsets: ``aotlm.models.lookup``); None for any other checkpoint."""
+    f = Path(checkpoint) / SOURCE_FILE
+    try:
+        typ = json.loads(f.read_text()).get("embedding_type") if f.is_file() else None
+    except ValueError:
+        return None
+    return gguf_lookup.bytes_per_weight(typ)
 
 
 def int4_form(checkpoint: str | os.PathLike, quant):

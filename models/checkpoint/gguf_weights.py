@@ -24,13 +24,17 @@ import json
 import mmap
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from aotlm.models.checkpoint.formats import CheckpointError, drop_pages
-from aotlm.models.checkpoint.gguf_file import Plan, Tensor, inspect, tensor_array
+from aotlm.models.checkpoint.gguf_file import QUANT_TYPES, Plan, Tensor, inspect, tensor_array
+from aotlm.models.checkpoint.gguf_lookup import BLOCKS, grouped_rows
+from aotlm.models.checkpoint.gguf_names import transform
 from aotlm.models.checkpoint.gguf_q4k import BLOCK_BYTES, codes
+from aotlm.models.lookup import GroupedRows
 from aotlm.models.quant4 import Codes
 
 SOURCE_POINTER = "aotlm_gguf_source.json"
@@ -131,6 +135,45 @@ class GGUFWeights:
         raw, start, n = self._raw(t)
         try:
             return codes(self.plan, t, self._meta, raw)
+        finally:
+            drop_pages(self._map, start, n)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Tensor ``name``'s shape in its HF layout."""
+        return self._by_hf[name].shape
+
+    def row_chunks(self, name: str, rows: int = 1024) -> Iterator[np.ndarray] | None:
+        """A block-quantized matrix stored as HF stores it (no layout change), dequantized to float32
+        ``rows`` HF rows at a time (what a loader that rounds it per row holds: one chunk, not the whole
+        float32 matrix); None for any other tensor."""
+        t = self._by_hf.get(name)
+        if t is None or t.qtype not in QUANT_TYPES or len(t.shape) != 2:
+            return None
+        if transform(self.plan.arch_name, t.gguf, self._meta) is not None:
+            return None
+        return self._chunks(t, rows)
+
+    def _chunks(self, t: Tensor, rows: int) -> Iterator[np.ndarray]:
+        from gguf.constants import GGMLQuantizationType  # local: optional dependency (GGUF files only)
+        from gguf.quants import dequantize  # local: as above
+
+        raw, start, n = self._raw(t)
+        try:
+            by_row = raw.reshape(t.shape[0], -1)
+            for i in range(0, t.shape[0], rows):
+                yield dequantize(by_row[i : i + rows], GGMLQuantizationType[t.qtype])
+        finally:
+            drop_pages(self._map, start, n)
+
+    def lookup(self, name: str) -> GroupedRows | None:
+        """An embedding table in blocks (Q4_0 ... Q8_0, Q6_K) as its codes with their groups' scales and
+        offsets (``gguf_lookup``); None for any other tensor or one stored with a layout change."""
+        t = self._by_hf.get(name)
+        if t is None or t.qtype not in BLOCKS or transform(self.plan.arch_name, t.gguf, self._meta):
+            return None
+        raw, start, n = self._raw(t)
+        try:
+            return grouped_rows(t.qtype, raw, t.shape)
         finally:
             drop_pages(self._map, start, n)
 

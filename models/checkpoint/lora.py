@@ -165,11 +165,26 @@ class MergedReader:
             return None
         return self._reader.stored_type(name)
 
+    def _stored(self, method: str, name: str, *args):
+        """The base reader's ``method(name)`` (a file's stored form), None for a merged weight."""
+        if name in self.adapter.modules or not hasattr(self._reader, method):
+            return None
+        return getattr(self._reader, method)(name, *args)
+
     def codes(self, name: str):
         """The base file's 4-bit codes, None for a merged weight (its stored codes no longer hold)."""
-        if name in self.adapter.modules or not hasattr(self._reader, "codes"):
-            return None
-        return self._reader.codes(name)
+        return self._stored("codes", name)
+
+    def lookup(self, name: str):
+        """The base file's embedding codes (``GGUFWeights.lookup``), None for a merged weight."""
+        return self._stored("lookup", name)
+
+    def row_chunks(self, name: str, rows: int = 1024):
+        """The base file's rows a few at a time (``GGUFWeights.row_chunks``), None for a merged weight."""
+        return self._stored("row_chunks", name, rows)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._reader.shape(name)
 
     def unused(self) -> list[str]:
         return sorted(set(self.adapter.modules) - self._done)

@@ -15,6 +15,8 @@ import os
 import shutil
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -24,6 +26,7 @@ from gguf import GGMLQuantizationType as T
 from gguf_builders import CHATML, VOCAB, smollm2_file, tiny_config, write_gguf
 
 from aotlm import AutoModelForSampling
+from aotlm.models import lookup
 from aotlm.models.checkpoint import CheckpointError, gguf
 from aotlm.models.checkpoint.resolve import resolve, validate_checkpoint
 from aotlm.text.tokens import load_tokenizer
@@ -156,6 +159,11 @@ def test_int8_default_and_int4_as_stored(files, compile_dir, caplog):
             caplog.clear()
             model = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, **SHAPES)
         assert model.quant is not None and model.quant.quant_dtype == "int8"
+        # the lookup reads the file's own codes (aotlm.models.lookup): rows as transformers dequantizes them
+        table = ref.get_input_embeddings().weight.detach().numpy()
+        rows = np.asarray(lookup.take(model.params, jnp.asarray(prompts[0])))
+        assert model.params["embed"].dtype == np.int8 and model.params["embed_gscale"].dtype == np.float32
+        np.testing.assert_allclose(rows, table[prompts[0]], rtol=0, atol=2e-7 * np.abs(table).max())
         lines = [r.getMessage() for r in caplog.records if r.name == "aotlm.models.checkpoint.gguf"]
         keep = "(quant='none' / --quant none keeps f32)"
         assert lines == [f"{path.name}: {qtype} weights dequantized; stored as int8 {keep}"]
@@ -199,6 +207,30 @@ def test_int4_keeps_a_mixed_files_other_types_as_int8(tmp_path, compile_dir, mon
     ref, ids = _hf(path), np.random.default_rng(6).integers(0, VOCAB, (1, 12))
     want = _hf_logits(ref, ids)
     assert np.abs(m.forward(ids) - want).max() <= 0.05 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q8_0"])
+def test_int8_matrices_rounded_row_by_row_from_the_blocks(files, compile_dir, monkeypatch, qtype):
+    """The int8 storage of a block matrix (``lm_head``, the MLP's) is rounded from a few dequantized rows
+    at a time (``GGUFWeights.row_chunks``), never the whole float32 matrix: the same leaves, bit for bit,
+    as rounding the whole dequantized matrix."""
+    from aotlm.models.checkpoint.gguf_weights import GGUFWeights
+
+    monkeypatch.setenv("AOTLM_WEIGHT_CACHE", "0")
+    seen, chunks = [], GGUFWeights.row_chunks
+    monkeypatch.setattr(
+        GGUFWeights, "row_chunks", lambda self, n, rows=7: seen.append(n) or chunks(self, n, rows)
+    )
+    path = str(files("llama", qtype))
+    streamed = AutoModelForSampling.from_pretrained(path, compile_cache=compile_dir, **SHAPES).params
+    assert {"lm_head.weight", "model.layers.0.mlp.down_proj.weight"} <= set(seen)
+    monkeypatch.setattr(GGUFWeights, "row_chunks", lambda self, n, rows=7: None)
+    whole = AutoModelForSampling.from_pretrained(path, compile_cache=compile_dir, **SHAPES).params
+    assert streamed["lm_head"].dtype == np.int8
+    for (where, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(streamed), jax.tree.leaves(whole), strict=True
+    ):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), where
 
 
 def test_f16_file_defaults_to_f16_storage(files, compile_dir):

@@ -1,5 +1,6 @@
 """Memory plans count weights as stored: int8, int4 groups (with and without a minimum), bf16, the
-embedding copy a tied lm_head gets, the kernels' vocab padding -- compared with real models' parameters.
+embedding copy a tied lm_head gets, the kernels' vocab padding, a GGUF embedding kept as its blocks'
+codes -- compared with real models' parameters.
 
 The comparison is exact (no tolerance): the plan reproduces each stored leaf's shape and dtype
 (``memory.Storage``), so its bytes per device must equal the sum of ``nbytes`` of that device's shards,
@@ -26,11 +27,13 @@ def measure(ckpts: list[str]) -> list[dict]:
 
     from aotlm import AutoModelForSampling
     from aotlm.core import memory
+    from aotlm.models.checkpoint.resolve import resolve
 
     out = []
     for ckpt in ckpts:
         for tp, pp in ((1, 1), (2, 1), (1, 2)):
-            for q in QUANTS if pp == 1 else ("none", "int8", "int4"):
+            gguf_file = ckpt.endswith(".gguf")  # its default storage only: int8, the lookup from its blocks
+            for q in (None,) if gguf_file else QUANTS if pp == 1 else ("none", "int8", "int4"):
                 kw = dict(quant=q, tp_degree=tp, pp_degree=pp, batch_size=1, n_positions=32)
                 m = AutoModelForSampling.from_pretrained(ckpt, compile_cache=False, **kw)
                 real: dict = {}
@@ -38,7 +41,7 @@ def measure(ckpts: list[str]) -> list[dict]:
                     for x in jax.tree_util.tree_leaves(st.params):
                         for sh in x.addressable_shards:
                             real[sh.device.id] = real.get(sh.device.id, 0) + sh.data.nbytes
-                plan = memory.plan_for_checkpoint(ckpt, **kw)
+                plan = memory.plan_for_checkpoint(resolve(ckpt), **kw)
                 plan.pop("graphs")
                 out.append(dict(ckpt=Path(ckpt).name, tp=tp, pp=pp, quant=q, real=real, plan=plan))
     return out
@@ -56,7 +59,18 @@ def cases(tmp_path_factory):
         str(make_checkpoint(root / name, transformers.LlamaConfig(**kw, tie_word_embeddings=tied)))
         for name, tied in (("tied", True), ("untied", False))
     ]
+    # GGUF files (default storage: int8 matrices, the embedding kept as its blocks' codes for the lookup),
+    # untied in Q4_K and tied in Q6_K (group 16, no offsets: the tied lm_head gets its own int8 copy)
+    from gguf import GGMLQuantizationType as T
+    from gguf_builders import tiny_config, write_gguf
+
+    for name, tied, qtype in (("untied", False, T.Q4_K), ("tied", True, T.Q6_K)):
+        cfg = tiny_config("llama")
+        cfg.tie_word_embeddings = tied
+        hf = make_checkpoint(root / f"gguf-{name}", cfg)
+        ckpts.append(str(write_gguf(hf, "llama", qtype, root / f"{name}-{qtype.name}.gguf")))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env["AOTLM_GGUF_CACHE"] = str(root / "gguf-cache")
     r = subprocess.run(
         [sys.executable, __file__, *ckpts], capture_output=True, text=True, timeout=600, env=env
     )
@@ -65,7 +79,8 @@ def cases(tmp_path_factory):
 
 
 def test_plan_weight_bytes_equal_the_stored_params(cases):
-    assert len(cases) == 2 * (2 * len(QUANTS) + 3)
+    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 2 * 3
+    assert {c["plan"]["weights"] for c in cases if c["ckpt"].endswith(".gguf")} == {"int8"}
     for c in cases:
         name = f"{c['ckpt']} tp={c['tp']} pp={c['pp']} quant={c['quant']}"
         real = [c["real"][d] for d in sorted(c["real"], key=int)]  # device i: stage i (tp=1) / shard i

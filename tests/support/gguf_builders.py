@@ -63,15 +63,16 @@ VOCAB = len(tokenizer_fields()["tokens"])
 
 
 def random_k_blocks(a: np.ndarray, qtype: T, rng: np.random.Generator) -> np.ndarray:
-    """Valid ``qtype`` (Q4_K / Q6_K) blocks of random codes for a tensor shaped like ``a``."""
+    """Valid ``qtype`` (Q4_K / Q5_K / Q6_K) blocks of random codes for a tensor shaped like ``a``."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     rows = a.reshape(-1, a.shape[-1]).shape[0]
     raw = rng.integers(0, 256, (rows * a.shape[-1] // block, size), dtype=np.uint8)
 
     def set_scales(d: float) -> None:
-        if qtype == T.Q4_K:  # d, dmin (f16) lead the block; dmin = 7.5 d centres the weights
+        if qtype in (T.Q4_K, T.Q5_K):  # d, dmin (f16) lead the block; dmin = 7.5 d (15.5 d) centres them
             raw[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
-            raw[:, 2:4] = np.frombuffer(np.float16(7.5 * d).tobytes(), np.uint8)
+            dmin = (7.5 if qtype == T.Q4_K else 15.5) * d
+            raw[:, 2:4] = np.frombuffer(np.float16(dmin).tobytes(), np.uint8)
         else:  # Q6_K: d (f16) ends the block, after int8 sub-block scales
             raw[:, size - 2 :] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
 
