@@ -299,6 +299,10 @@ class ParamRewriter:
         """Do all of a loader row's outputs become 4-bit matrices (so a file's 4-bit codes can stay)?"""
         return self.blocks is not None and all(t[-1] in PACK_CONTRACT for t in row.targets)
 
+    def fuses(self, path: Path) -> bool:
+        """Is parameter ``path`` a part of a fused weight (``fuse_qkv``)?"""
+        return self.fuse_qkv and path[-1] in _PART_OF
+
     def keeps_lookup(self, row) -> bool:
         """Does a loader row fill only the embedding, as stored (so a file's grouped codes can stay)?"""
         return self.lookup and row.targets == (("embed",),) and row.is_copy
@@ -309,7 +313,7 @@ class ParamRewriter:
         q, name = self.quant, path[-1]
         if q is None or q.quant_dtype in FLOAT_DTYPES or CONTRACT_AXES.get(name) != (0,):
             return False
-        if (self.fuse_qkv and name in _PART_OF) or (name == "lm_head" and not q.lm_head):
+        if self.fuses(path) or (name == "lm_head" and not q.lm_head):
             return False
         return not q.int4 or (self.gguf_blocks and src not in Q4_BLOCK_TYPES)  # int4: a file's other types
 
@@ -355,7 +359,7 @@ class ParamRewriter:
         name = path[-1]
         if isinstance(arr, Int8Matrix):  # rounded by the loader (rounds_rows)
             return [(path, arr.q), ((*path[:-1], f"{name}_scale"), arr.scale)]
-        if isinstance(arr, quant4.Codes):
+        if isinstance(arr, (quant4.Codes, quant4.Groups4)):
             if self.quant.int4 and name in PACK_CONTRACT and src in Q4_BLOCK_TYPES:
                 return self._int4(path, arr, PACK_CONTRACT[name])
             arr = arr.values()
@@ -391,7 +395,11 @@ class ParamRewriter:
         if not quant4.packable(arr.shape, contract, q.group_size, vocab=path[-1] in ("embed_q", "lm_head")):
             q8, scale = quantize_int8(_floats(arr), contract)
             return [(path, q8), ((*path[:-1], f"{path[-1]}_scale"), scale)]
-        kept = quant4.from_codes(arr, contract, q.asymmetric) if isinstance(arr, quant4.Codes) else None
+        kept = None
+        if isinstance(arr, quant4.Codes):
+            kept = quant4.from_codes(arr, contract, q.asymmetric)
+        elif isinstance(arr, quant4.Groups4):  # groups along axis 0 (loader: out-only layouts)
+            kept = arr.stored(q.asymmetric) if contract == (0,) else None
         if kept is not None:
             return [(path, kept[0]), ((*path[:-1], f"{path[-1]}_scale"), kept[1])]
         exact = self.gguf_blocks and q.group_size == 32
@@ -401,4 +409,4 @@ class ParamRewriter:
 
 def _floats(arr) -> np.ndarray:
     """A float array, or a file's 4-bit codes dequantized (a storage that re-rounds them)."""
-    return arr.values() if isinstance(arr, quant4.Codes) else arr
+    return arr.values() if isinstance(arr, (quant4.Codes, quant4.Groups4)) else arr

@@ -142,6 +142,39 @@ class Codes:
         return (self.packed & 15).astype(np.float32) * self.scale[gid] + self.minimums()[gid]
 
 
+@dataclasses.dataclass(frozen=True)
+class Groups4:
+    """A matrix of a GGUF file's 4-bit blocks in aotlm's layout, its groups of 32 along axis 0 (the
+    contracted one): ``codes`` (uint8 0..15, ``[K, *Nd]``) and per group ``scale`` / ``minimum``
+    (float32 ``[K / 32, *Nd]``; ``minimum`` None for Q4_0's ``d * (q - 8)``)."""
+
+    codes: np.ndarray
+    scale: np.ndarray
+    minimum: np.ndarray | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.codes.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.codes.ndim
+
+    def stored(self, asymmetric: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(codes, scales f16 [G, S, *Nd])`` as ``from_codes`` gives them; None as it gives None."""
+        if not asymmetric and self.minimum is not None:
+            return None
+        mn = -8.0 * self.scale if self.minimum is None else self.minimum
+        parts = (self.scale, mn) if asymmetric else (self.scale,)
+        return self.codes, np.stack(parts, axis=1).astype(np.float16)
+
+    def values(self) -> np.ndarray:
+        """The float32 weights (for a storage that re-rounds them)."""
+        rep = lambda a: np.repeat(a, 32, axis=0)  # noqa: E731
+        mn = -8.0 * self.scale if self.minimum is None else self.minimum
+        return self.codes.astype(np.float32) * rep(self.scale) + rep(mn)
+
+
 def fuse_codes(parts: Sequence[Codes], fuse: Callable) -> Codes:
     """``fuse`` (a layout function of the parts' arrays: q/k/v heads, gate/up stacks) of ``parts``,
     their group ids renumbered into one table."""

@@ -17,7 +17,7 @@ from aotlm.models.axes import LOGICAL_AXES, QUANT_SCALES, Path
 from aotlm.models.checkpoint import CheckpointError, WeightReader, transposed
 from aotlm.models.lookup import GroupedRows
 from aotlm.models.quant import Int8Matrix, int8_from_rows
-from aotlm.models.quant4 import Codes
+from aotlm.models.quant4 import Codes, Groups4
 
 
 def same(a: np.ndarray) -> np.ndarray:
@@ -53,9 +53,17 @@ def linear_t(a: np.ndarray) -> np.ndarray:
     return transposed(a)
 
 
+linear_t.out_only = True  # HF [out, X] -> [X, *out]: any X (a matrix's groups as well as its weights)
+
+
 def heads_in(n_heads: int, head_dim: int, transpose: bool = True):
     """[out=H*Dh, in=D] (or [D, H*Dh] if not transpose) -> [D, H, Dh]."""
-    return lambda a: (transposed(a) if transpose else np.ascontiguousarray(a)).reshape(-1, n_heads, head_dim)
+
+    def fn(a: np.ndarray) -> np.ndarray:
+        return (transposed(a) if transpose else np.ascontiguousarray(a)).reshape(-1, n_heads, head_dim)
+
+    fn.out_only = transpose  # as linear_t, the output axis then split into heads
+    return fn
 
 
 def heads_out(n_heads: int, head_dim: int, transpose: bool = True):
@@ -174,14 +182,16 @@ def load_params(
             )
         outs = None
         if rewriter is not None and rewriter.keeps_codes(r):  # a GGUF file's 4-bit codes, kept as stored
-            outs = rewriter.blocks.row(r.fn, [name, *extra], len(r.targets))
+            outs = _groups4(r, reader, name, extra, rewriter) or rewriter.blocks.row(
+                r.fn, [name, *extra], len(r.targets)
+            )
         src = stored_type(name) if not extra else None  # a GGUF tensor's block type (Q4_0, Q6_K, ...)
         if outs is None and rewriter is not None:
             outs = _streamed(r, reader, name, src, rewriter)
         if outs is None:
             outs = _convert(r, reader, name, extra)
         for path, arr in zip(r.targets, outs, strict=True):
-            arr = arr if isinstance(arr, (Codes, GroupedRows, Int8Matrix)) else np.asarray(arr)
+            arr = arr if isinstance(arr, (Codes, Groups4, GroupedRows, Int8Matrix)) else np.asarray(arr)
             check_shape(path, arr, cfg, name, reader.path)
             for p, a in rewriter.rewrite(path, arr, src) if rewriter is not None else [(path, arr)]:
                 put(p, a)
@@ -189,6 +199,15 @@ def load_params(
         put(p, a)
     params["layers"] = [params["layers"][i] for i in sorted(params.get("layers", {}))]
     return params
+
+
+def _groups4(r: Row, reader, name: str, extra: list[str], rewriter) -> tuple | None:
+    """A 4-bit matrix's codes and group scales moved by an out-only layout function (``linear_t``,
+    ``heads_in``) as two small arrays (``quant4.Groups4``), without each weight carrying its group."""
+    if extra or len(r.targets) != 1 or not getattr(r.fn, "out_only", False) or rewriter.fuses(r.targets[0]):
+        return None
+    got = reader.groups4(name, r.fn) if hasattr(reader, "groups4") else None
+    return None if got is None else (got,)
 
 
 def _streamed(r: Row, reader, name: str, src: str | None, rewriter) -> tuple | None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from aotlm.models.checkpoint.gguf_file import Plan, Tensor
 from aotlm.models.checkpoint.gguf_names import transform, transposed
-from aotlm.models.quant4 import Codes
+from aotlm.models.quant4 import Codes, Groups4
 
 GROUP = 32  # every type's group: 32 weights along the input dim
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
@@ -55,6 +55,25 @@ def codes(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray) -> Codes:
     packed = (ids | q.reshape(-1, GROUP)).reshape(logical)
     fn = transform(plan.arch_name, t.gguf, meta)  # layout transforms only reach matrices
     return Codes(np.ascontiguousarray(packed if fn is None else fn(packed)), scale, minimum)
+
+
+def groups(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray, fn) -> Groups4 | None:
+    """4-bit tensor ``t`` moved by ``fn``, a layout function that transposes an HF ``[out, X]`` array to
+    ``[X, *out]`` for any ``X`` (``weights.linear_t``, ``heads_in``): applied to the ``[out, K]`` codes
+    (uint8) and to the ``[out, K / 32]`` group scales and minimums, so each group stays with its weights
+    and no per-weight group id is made; None for a GPT-2 ``Conv1D`` matrix or a function that did not
+    move the groups as it moved the codes."""
+    if transposed(plan.arch_name, t.gguf) or len(t.shape) != 2:
+        return None
+    q, scale, minimum = unpack(t.qtype, raw)
+    rows, k = t.shape
+    fix = transform(plan.arch_name, t.gguf, meta)  # llama's q / k rows: a permutation of [out, X] arrays
+    hf = lambda a: a.reshape(rows, -1) if fix is None else fix(a.reshape(rows, -1))  # noqa: E731
+    codes, sc = fn(hf(q)), fn(hf(scale))
+    mn = None if minimum is None else fn(hf(minimum))
+    if codes.shape[0] != k or sc.shape != (k // GROUP, *codes.shape[1:]):
+        return None
+    return Groups4(codes, sc, mn)
 
 
 class BlockCodes:

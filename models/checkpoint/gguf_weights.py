@@ -33,9 +33,9 @@ from aotlm.models.checkpoint.formats import CheckpointError, drop_pages
 from aotlm.models.checkpoint.gguf_file import QUANT_TYPES, Plan, Tensor, inspect, tensor_array
 from aotlm.models.checkpoint.gguf_lookup import BLOCKS, grouped_rows
 from aotlm.models.checkpoint.gguf_names import transform
-from aotlm.models.checkpoint.gguf_q4k import BLOCK_BYTES, codes
+from aotlm.models.checkpoint.gguf_q4k import BLOCK_BYTES, codes, groups
 from aotlm.models.lookup import GroupedRows
-from aotlm.models.quant4 import Codes
+from aotlm.models.quant4 import Codes, Groups4
 
 SOURCE_POINTER = "aotlm_gguf_source.json"
 
@@ -135,6 +135,18 @@ class GGUFWeights:
         raw, start, n = self._raw(t)
         try:
             return codes(self.plan, t, self._meta, raw)
+        finally:
+            drop_pages(self._map, start, n)
+
+    def groups4(self, name: str, fn) -> Groups4 | None:
+        """A 4-bit matrix (Q4_0, Q4_1, Q4_K) moved by an out-only layout function ``fn`` as its codes and
+        group scales (``gguf_q4k.groups``); None for any other tensor or layout."""
+        t = self._by_hf.get(name)
+        if t is None or t.qtype not in BLOCK_BYTES:
+            return None
+        raw, start, n = self._raw(t)
+        try:
+            return groups(self.plan, t, self._meta, raw, fn)
         finally:
             drop_pages(self._map, start, n)
 

@@ -175,6 +175,10 @@ class MergedReader:
         """The base file's 4-bit codes, None for a merged weight (its stored codes no longer hold)."""
         return self._stored("codes", name)
 
+    def groups4(self, name: str, fn):
+        """The base file's 4-bit groups (``GGUFWeights.groups4``), None for a merged weight."""
+        return self._stored("groups4", name, fn)
+
     def lookup(self, name: str):
         """The base file's embedding codes (``GGUFWeights.lookup``), None for a merged weight."""
         return self._stored("lookup", name)

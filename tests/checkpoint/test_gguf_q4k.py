@@ -139,3 +139,31 @@ def test_q4k_codes_kept(gguf_file, monkeypatch):
     ids = np.arange(1, 9)[None]
     lg, lg_ref = m.forward(ids), ref.forward(ids)
     assert np.abs(lg - lg_ref).max() <= 0.05 * np.abs(lg_ref).max()
+
+
+@pytest.mark.parametrize(
+    ("qtype", "quant"), [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q4_K", "int4"), ("Q4_0", "int4-asym")]
+)
+def test_groups_moved_with_the_codes_equal_the_per_weight_ids(gguf_file, monkeypatch, qtype, quant):
+    """Where a matrix's layout change moves only its output axis (``linear_t``, ``heads_in``: every
+    matrix but ``wo`` here, llama's permuted q / k rows included), the loader moves the codes (uint8)
+    and the group scales (``GGUFWeights.groups4``) instead of a uint32 group id per weight
+    (``Codes``): the same stored leaves, bit for bit."""
+    import jax
+
+    from aotlm.models.checkpoint.gguf_weights import GGUFWeights
+
+    path = gguf_file(qtype)
+    kw = dict(batch_size=1, n_positions=32, context_length_estimate=16, compile_cache=False, quant=quant)
+    monkeypatch.setenv("AOTLM_WEIGHT_CACHE", "0")
+    seen, groups4 = [], GGUFWeights.groups4
+    monkeypatch.setattr(GGUFWeights, "groups4", lambda self, n, fn: seen.append(n) or groups4(self, n, fn))
+    fast = AutoModelForSampling.from_pretrained(path, **kw).params
+    assert {
+        f"model.layers.0.{p}.weight" for p in ("self_attn.q_proj", "self_attn.k_proj", "mlp.up_proj")
+    } <= set(seen)
+    monkeypatch.setattr(GGUFWeights, "groups4", lambda self, n, fn: None)
+    slow = AutoModelForSampling.from_pretrained(path, **kw).params
+    assert fast["layers"][0]["wq"].dtype == np.uint8
+    for (where, a), b in zip(jax.tree_util.tree_leaves_with_path(fast), jax.tree.leaves(slow), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), where
