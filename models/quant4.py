@@ -164,15 +164,16 @@ class Groups4:
         """``(codes, scales f16 [G, S, *Nd])`` as ``from_codes`` gives them; None as it gives None."""
         if not asymmetric and self.minimum is not None:
             return None
-        mn = -8.0 * self.scale if self.minimum is None else self.minimum
-        parts = (self.scale, mn) if asymmetric else (self.scale,)
+        parts = (self.scale, self.minimums()) if asymmetric else (self.scale,)
         return self.codes, np.stack(parts, axis=1).astype(np.float16)
+
+    def minimums(self) -> np.ndarray:
+        return -8.0 * self.scale if self.minimum is None else self.minimum
 
     def values(self) -> np.ndarray:
         """The float32 weights (for a storage that re-rounds them)."""
         rep = lambda a: np.repeat(a, 32, axis=0)  # noqa: E731
-        mn = -8.0 * self.scale if self.minimum is None else self.minimum
-        return self.codes.astype(np.float32) * rep(self.scale) + rep(mn)
+        return self.codes.astype(np.float32) * rep(self.scale) + rep(self.minimums())
 
 
 def fuse_codes(parts: Sequence[Codes], fuse: Callable) -> Codes:

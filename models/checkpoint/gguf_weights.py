@@ -20,6 +20,7 @@ file that moved or changed since is refused with one line (load the ``.gguf`` pa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -103,27 +104,29 @@ class GGUFWeights:
     def __contains__(self, name: str) -> bool:
         return name in self._by_hf
 
-    def _raw(self, t: Tensor) -> tuple[np.ndarray, int, int]:
-        """Tensor ``t``'s stored bytes as gguf-py shapes them, read through this reader's map."""
+    @contextlib.contextmanager
+    def _stored(self, t: Tensor) -> Iterator[np.ndarray]:
+        """Tensor ``t``'s stored bytes as gguf-py shapes them, read through this reader's map; the map's
+        pages of the tensor are dropped from the process when the block ends."""
         rt = self._reader.tensors[t.index]
         start = int(rt.data_offset)
         raw = np.frombuffer(self._map, dtype=rt.data.dtype, count=rt.data.size, offset=start)
-        return raw.reshape(rt.data.shape), start, int(rt.n_bytes)
+        try:
+            yield raw.reshape(rt.data.shape)
+        finally:
+            drop_pages(self._map, start, int(rt.n_bytes))
 
     def get(self, name: str) -> np.ndarray:
         """One tensor in its HF layout; floats as float32 (a new array: nothing refers to the map)."""
         t = self._by_hf.get(name)
         if t is None:
             raise CheckpointError(f"tensor {name!r} is missing from {self.path}; the file is incomplete")
-        raw, start, n = self._raw(t)
-        try:
+        with self._stored(t) as raw:
             arr = tensor_array(self._reader, self.plan, t, self._meta, data=raw)
             if t.dtype == "BF16":  # bf16 bits as stored: float32 is the bits << 16
                 arr = (arr.astype(np.uint32) << 16).view(np.float32)
             elif np.may_share_memory(arr, raw) or arr.dtype != np.float32 and arr.dtype.kind == "f":
                 arr = np.array(arr, dtype=np.float32 if arr.dtype.kind == "f" else arr.dtype)
-        finally:
-            drop_pages(self._map, start, n)
         return arr
 
     def codes(self, name: str) -> Codes | None:
@@ -132,11 +135,8 @@ class GGUFWeights:
         t = self._by_hf.get(name)
         if t is None or t.qtype not in BLOCK_BYTES or len(t.shape) != 2:
             return None
-        raw, start, n = self._raw(t)
-        try:
+        with self._stored(t) as raw:
             return codes(self.plan, t, self._meta, raw)
-        finally:
-            drop_pages(self._map, start, n)
 
     def groups4(self, name: str, fn) -> Groups4 | None:
         """A 4-bit matrix (Q4_0, Q4_1, Q4_K) moved by an out-only layout function ``fn`` as its codes and
@@ -144,11 +144,8 @@ class GGUFWeights:
         t = self._by_hf.get(name)
         if t is None or t.qtype not in BLOCK_BYTES:
             return None
-        raw, start, n = self._raw(t)
-        try:
+        with self._stored(t) as raw:
             return groups(self.plan, t, self._meta, raw, fn)
-        finally:
-            drop_pages(self._map, start, n)
 
     def shape(self, name: str) -> tuple[int, ...]:
         """Tensor ``name``'s shape in its HF layout."""
@@ -169,13 +166,10 @@ class GGUFWeights:
         from gguf.constants import GGMLQuantizationType  # local: optional dependency (GGUF files only)
         from gguf.quants import dequantize  # local: as above
 
-        raw, start, n = self._raw(t)
-        try:
+        with self._stored(t) as raw:
             by_row = raw.reshape(t.shape[0], -1)
             for i in range(0, t.shape[0], rows):
                 yield dequantize(by_row[i : i + rows], GGMLQuantizationType[t.qtype])
-        finally:
-            drop_pages(self._map, start, n)
 
     def lookup(self, name: str) -> GroupedRows | None:
         """An embedding table in blocks (Q4_0 ... Q8_0, Q6_K) as its codes with their groups' scales and
@@ -183,11 +177,8 @@ class GGUFWeights:
         t = self._by_hf.get(name)
         if t is None or t.qtype not in BLOCKS or transform(self.plan.arch_name, t.gguf, self._meta):
             return None
-        raw, start, n = self._raw(t)
-        try:
+        with self._stored(t) as raw:
             return grouped_rows(t.qtype, raw, t.shape)
-        finally:
-            drop_pages(self._map, start, n)
 
     def items(self):
         for n in self._by_hf:
