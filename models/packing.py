@@ -32,6 +32,7 @@ import numpy as np
 from aotlm import kernels
 from aotlm.kernels import layout
 from aotlm.kernels.layout import PANEL
+from aotlm.models import kscales
 from aotlm.models.axes import CONTRACT_AXES, LOGICAL_AXES, QUANT_SCALES, Path
 
 DTYPES = ("int8", "bfloat16", "float16", "float32")  # stored dtypes the panel kernels read
@@ -209,6 +210,8 @@ def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:
     if name in VOCAB_LEAVES:
         arr = pad_vocab(name, arr, tp)
     q4_scales = name in SCALE_OF and arr.ndim == len(LOGICAL_AXES[name]) + 2
+    if q4_scales and kscales.is_kform(arr) and spec and spec[0] is not None and arr.shape[0] % tp:
+        arr = kscales.to_groups(arr)  # Q4_K blocks of 256 split over the mesh: f16 scales per 32 instead
     if q4_scales and spec and spec[0] is not None and arr.shape[0] % tp:  # groups split over the mesh
         raise ValueError(
             f"{name}: {arr.shape[0]} groups of 4-bit weights do not split over tp={tp}; use a smaller "

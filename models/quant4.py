@@ -14,16 +14,17 @@ GGUF's Q4_0 / Q4_1 blocks (f16 ``d`` / ``m``, 32 rows along the input) map onto 
 model's dequantized Q4 values round back to their own codes, checked group by group (``exact``; the
 loader's ``ParamRewriter(gguf_blocks=True)``). The loader reads such a file's codes straight from its
 blocks (``Codes``, ``from_codes``: no dequantize and re-round). Q4_K's sub-blocks (32 rows, scale
-``d * sc``, minimum ``-dmin * m``: f16 times 6 bits, exact in f32, not in f16) keep their codes too;
-their scale and minimum are stored rounded to f16, the one error left: relative <= 2^-11 each (f16's
-normal range), so a value moves by at most ``2^-11 (|d sc| q + |dmin m|)``.
+``d * sc``, minimum ``-dmin * m``: f16 times 6 bits, exact in f32, not in f16) keep their codes and
+their own scales too, exactly (``aotlm.models.kscales``: a uint8 scale leaf); only where a layout
+split a block of 256 are the group's scale and minimum rounded to f16 instead: relative <= 2^-11 each.
 
 Leaves: the weight ``<name>`` as uint8 codes in the kernels' panel layout (``aotlm/kernels/int4.h``):
 ``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 8, 16, 4]``, per block of 8 rows byte ``(c, t)`` holds
 rows ``t`` (low nibble) and ``t + 4`` (high) of column ``c`` (``packing.pack_q4``) -- panels of 16
 columns as ``models.packing``'s, so every logical dim is kept and a tensor-parallel shard is the
 packed form of the logical shard. The scales
-``<name>_scale`` are f16 ``[G, S, *Nd]`` (``S`` = 1, or 2: scale then minimum); their group axis is
+``<name>_scale`` are f16 ``[G, S, *Nd]`` (``S`` = 1, or 2: scale then minimum; a Q4_K matrix's: uint8
+``[K / 256, 20, *Nd]``, ``kscales``); their group axis is
 sharded like the weight's first contracted dim. The loader emits the codes one per byte in the
 logical layout (so the mesh's padding / kv-head repeats apply to them unchanged); ``packing.prepare``
 packs them always (with or without the kernels).
@@ -48,7 +49,7 @@ import numpy as np
 from aotlm import kernels
 from aotlm.kernels import layout
 from aotlm.kernels.layout import PANEL
-from aotlm.models import packing
+from aotlm.models import kscales, packing
 
 GROUPS = layout.Q4_GROUPS
 
@@ -120,6 +121,7 @@ class Codes:
     packed: np.ndarray
     scale: np.ndarray
     minimum: np.ndarray | None
+    k: tuple | None = None  # Q4_K: per group sc, mb (uint8), per 8 groups d, dmin (f16): kscales' parts
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -131,7 +133,7 @@ class Codes:
 
     def moved(self, packed: np.ndarray) -> Codes:
         """The same groups with the weights moved (a layout transform's output of ``packed``)."""
-        return Codes(np.ascontiguousarray(packed), self.scale, self.minimum)
+        return Codes(np.ascontiguousarray(packed), self.scale, self.minimum, self.k)
 
     def minimums(self) -> np.ndarray:
         return -8.0 * self.scale if self.minimum is None else self.minimum
@@ -146,11 +148,13 @@ class Codes:
 class Groups4:
     """A matrix of a GGUF file's 4-bit blocks in aotlm's layout, its groups of 32 along axis 0 (the
     contracted one): ``codes`` (uint8 0..15, ``[K, *Nd]``) and per group ``scale`` / ``minimum``
-    (float32 ``[K / 32, *Nd]``; ``minimum`` None for Q4_0's ``d * (q - 8)``)."""
+    (float32 ``[K / 32, *Nd]``; ``minimum`` None for Q4_0's ``d * (q - 8)``); ``k``: a Q4_K matrix's
+    own ``(sc, mb [K / 32, *Nd], d, dmin [K / 256, *Nd])`` (``aotlm.models.kscales``)."""
 
     codes: np.ndarray
     scale: np.ndarray
     minimum: np.ndarray | None
+    k: tuple | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -161,9 +165,12 @@ class Groups4:
         return self.codes.ndim
 
     def stored(self, asymmetric: bool) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(codes, scales f16 [G, S, *Nd])`` as ``from_codes`` gives them; None as it gives None."""
+        """``(codes, scales)`` as ``from_codes`` gives them (Q4_K: its own, ``kscales``); None where it
+        gives None."""
         if not asymmetric and self.minimum is not None:
             return None
+        if asymmetric and self.k is not None and self.codes.shape[0] % kscales.BLOCK == 0:
+            return self.codes, kscales.pack(*self.k)
         parts = (self.scale, self.minimums()) if asymmetric else (self.scale,)
         return self.codes, np.stack(parts, axis=1).astype(np.float16)
 
@@ -183,7 +190,12 @@ def fuse_codes(parts: Sequence[Codes], fuse: Callable) -> Codes:
     packed = fuse([p.packed + np.uint32(int(o) << 4) for p, o in zip(parts, offsets, strict=True)])
     sym = all(p.minimum is None for p in parts)
     minimum = None if sym else np.concatenate([p.minimums() for p in parts])
-    return Codes(np.ascontiguousarray(packed), np.concatenate([p.scale for p in parts]), minimum)
+    k = (
+        None
+        if any(p.k is None for p in parts)
+        else tuple(np.concatenate(a) for a in zip(*(p.k for p in parts), strict=True))
+    )
+    return Codes(np.ascontiguousarray(packed), np.concatenate([p.scale for p in parts]), minimum, k)
 
 
 def from_codes(c: Codes, contract: tuple[int, ...], asymmetric: bool) -> tuple[np.ndarray, np.ndarray] | None:
@@ -203,9 +215,27 @@ def from_codes(c: Codes, contract: tuple[int, ...], asymmetric: bool) -> tuple[n
             return None
         np.right_shift(x[:, :1], 4, out=gid[i : i + step])
         np.bitwise_and(x, 15, out=codes[i : i + step], casting="unsafe")
+    kept = _kform(c, gid[:, 0]) if asymmetric else None
+    if kept is not None:
+        return _ungroup(codes, c.shape, contract), kept
     s = c.scale[gid]
     sm = np.concatenate([s, c.minimums()[gid]], axis=1) if asymmetric else s
     return _ungroup(codes, c.shape, contract), sm.astype(np.float16)
+
+
+def _kform(c: Codes, gid: np.ndarray) -> np.ndarray | None:
+    """A Q4_K matrix's own scales (``kscales``) for its groups ``gid [G, *Nd]`` (group ids), or None: not
+    Q4_K, or a layout that did not keep each block's 8 groups together and in order."""
+    if c.k is None or gid.shape[0] % 8:
+        return None
+    g8 = gid.reshape(gid.shape[0] // 8, 8, *gid.shape[1:])
+    first = g8[:, :1]
+    steps = np.arange(8, dtype=gid.dtype).reshape(1, 8, *(1,) * (gid.ndim - 1))
+    if (first % 8).any() or (g8 != first + steps).any():
+        return None
+    sc, mb, d, dmin = c.k
+    blocks = first[:, 0] // 8
+    return kscales.pack(sc[gid], mb[gid], d[blocks], dmin[blocks])
 
 
 def _codes(a: np.ndarray, s: np.ndarray, mn: np.ndarray | None) -> np.ndarray:
@@ -262,10 +292,13 @@ def dequantize(w, sm, name: str):
     path, the same numbers the kernel multiplies)."""
     q = codes(w, name)
     kd, nd = logical_dims(name, w.shape)
-    k, n, g = math.prod(kd), math.prod(nd), sm.shape[0]
-    kernels.q4_group(k, sm)  # a clear error if the groups do not tile K
-    s = sm[:, 0].astype(jnp.float32).reshape(g, 1, n)
-    m = sm[:, 1].astype(jnp.float32).reshape(g, 1, n) if sm.shape[1] == 2 else -8.0 * s
+    k, n = math.prod(kd), math.prod(nd)
+    g = k // kernels.q4_group(k, sm)  # a clear error if the groups do not tile K
+    if kscales.is_kform(sm):  # a Q4_K matrix's own scales
+        s, m = (a.reshape(g, 1, n) for a in kscales.parts(sm))
+    else:
+        s = sm[:, 0].astype(jnp.float32).reshape(g, 1, n)
+        m = sm[:, 1].astype(jnp.float32).reshape(g, 1, n) if sm.shape[1] == 2 else -8.0 * s
     return (q.reshape(g, k // g, n) * s + m).reshape(*kd, *nd)
 
 

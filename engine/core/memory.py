@@ -24,11 +24,11 @@ from aotlm import kernels
 from aotlm.core import buckets as bk
 from aotlm.core import pipeline, precision, sharding
 from aotlm.core.spec import DEFAULT_N_POSITIONS
-from aotlm.models import family_for, quant4
+from aotlm.models import family_for, kscales, quant4
 from aotlm.models.arch import ArchConfig
 from aotlm.models.axes import CONTRACT_AXES
 from aotlm.models.checkpoint import gguf, load_hf_config
-from aotlm.models.packing import PACK_CONTRACT, PANEL, VOCAB_LEAVES
+from aotlm.models.packing import PACK_CONTRACT, PANEL, SCALE_OF, VOCAB_LEAVES
 from aotlm.models.quant import FLOAT_DTYPES, QuantizationConfig
 
 GIB = 2**30
@@ -100,9 +100,11 @@ class Storage:
     parameter, from shapes alone: leaves with their logical shapes and bytes per element."""
 
     def __init__(
-        self, q: QuantizationConfig | None, compute: int, kernels_on: bool, gguf_blocks: bool, lookup=None
-    ):
+        self, q: QuantizationConfig | None, compute: int, kernels_on: bool, gguf_blocks: bool, lookup=None,
+        q4k: bool = False,
+    ):  # fmt: skip
         self.q, self.compute, self.gguf_blocks = q, compute, gguf_blocks
+        self.q4k = q4k and gguf_blocks  # the file's 4-bit blocks are Q4_K: their own scales (models.kscales)
         self.lookup = lookup  # bytes per weight of a GGUF embedding kept as its codes (aotlm.models.lookup)
         int4 = q is not None and q.int4
         self.view = q is not None and kernels_on  # the embedding copy for a tied lm_head
@@ -132,6 +134,8 @@ class Storage:
             if quant4.packable(shape, contract, q.group_size, vocab):
                 k = _prod(shape[c] for c in contract)
                 nd = tuple(n for i, n in enumerate(shape) if i not in contract)
+                if self.q4k and q.asymmetric and q.group_size == 32 and k % kscales.BLOCK == 0:
+                    return [(path, shape, 0.5), (scale, (k // kscales.BLOCK, kscales.ROWS, *nd), 1)]
                 groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
                 return [(path, shape, 0.5), (scale, groups, 2)]
         channels = tuple(n for i, n in enumerate(shape) if i not in contract)
@@ -161,6 +165,7 @@ def memory_plan(
     kernels_on: bool | None = None,
     gguf_blocks: bool = False,
     gguf_lookup: float | None = None,
+    gguf_q4k: bool = False,
 ) -> dict:
     """Bytes per device of the weights and the KV cache for one configuration.
 
@@ -170,7 +175,8 @@ def memory_plan(
     (None follows amp), so a bf16 cache counts half an f32 one. ``quant``: the model's weight storage
     (``"int8"``, ``"int4-g64"``, a ``QuantizationConfig``, ...); ``kernels_on`` (default: this
     backend's) and ``gguf_blocks`` (a GGUF file's Q4 blocks: an int8 embedding copy) as the loader has them;
-    ``gguf_lookup``: the bytes per weight of a GGUF embedding kept as its codes (``gguf.lookup_bytes``).
+    ``gguf_lookup``: the bytes per weight of a GGUF embedding kept as its codes (``gguf.lookup_bytes``);
+    ``gguf_q4k``: the file's 4-bit blocks are all Q4_K (their matrices keep its scales: ``models.kscales``).
     """
     # what amp means on this backend (aotlm.core.precision): on CPU with the kernels, bf16 / f16
     # matrices with f32 activations, embedding, norms and (unless kv_cache_dtype says) KV cache
@@ -182,7 +188,9 @@ def memory_plan(
     rule = sharding.rules(strategy, tp)
     shapes = dict(param_shapes) if param_shapes is not None else estimate_param_shapes(cfg)
     tied = ("lm_head",) not in shapes
-    store = Storage(prec.quant, jnp.dtype(prec.compute).itemsize, kernels_on, gguf_blocks, gguf_lookup)
+    store = Storage(
+        prec.quant, jnp.dtype(prec.compute).itemsize, kernels_on, gguf_blocks, gguf_lookup, gguf_q4k
+    )
     w_total, w_stage = 0, [0] * pp  # per stage: the bytes on each of its devices
     for path, shape in shapes.items():
         leaves = store.leaves(path, tuple(shape), tied)
@@ -191,6 +199,10 @@ def memory_plan(
             padded = store.pad_vocab(leaf, padded, per, tp)
             spec = sharding.param_spec(leaf, len(padded), rule)
             axes = tuple(spec) + (None,) * (len(padded) - len(spec))
+            if per == 1 and leaf[-1] in SCALE_OF and axes[0] == sharding.TP and padded[0] % tp:
+                # Q4_K blocks split over the mesh: f16 scales per group of 32 (models.packing.prepare)
+                lshape = padded = (padded[0] * 8, 2, *padded[2:])
+                per = 2
             local = [n // tp if ax == sharding.TP else n for n, ax in zip(padded, axes, strict=True)]
             w_total += int(_prod(lshape) * per)
             owner = ("lm_head",) if leaf[-1] in ("embed_q", "embed_q_scale") else path  # the logits' copy
@@ -272,7 +284,7 @@ def plan_for_checkpoint(
     if quant is None:  # as the engine does (core/model.py)
         quant = gguf.default_quant(path)
     quant = gguf.int4_form(path, quant)
-    blocks = bool(gguf.q4_types(path))
+    q4 = gguf.q4_types(path)
     cfg = family_for(hf.model_type).arch_config(hf)
     if n_positions is None:  # the engine's default (core/model.py)
         n_positions = min(DEFAULT_N_POSITIONS, cfg.max_positions)
@@ -280,7 +292,7 @@ def plan_for_checkpoint(
     ctx = bk.context_buckets(context_length_estimate, tg)
     plan = memory_plan(
         cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches, kv_cache_dtype,
-        quant, gguf_blocks=blocks, gguf_lookup=gguf.lookup_bytes(path),
+        quant, gguf_blocks=bool(q4), gguf_lookup=gguf.lookup_bytes(path), gguf_q4k=q4 == ["Q4_K"],
     )  # fmt: skip
     if pp_degree == 1:
         plan["graphs"] = bk.graph_keys(ctx, tg)

@@ -10,6 +10,11 @@
 // rows of one column: the operands of vpdpbusd (Kp = K up to the group, Np = N up to 16; padded
 // rows multiply zeros, padded columns are not written).
 //
+// A GGUF Q4_K matrix keeps its own scales instead (the "K form", models/kscales.py): sm is uint8
+// [G / 8][20][Np] -- per 256 rows, 8 rows of 6-bit sub-scales sc, 8 of sub-minimums mb, then the low and
+// high bytes of the f16 super-scale d and of the f16 -dmin -- and a group's s = d * sc, m = -dmin * mb
+// (each exact in f32, as gguf-py computes them): 0.625 bits a weight instead of 1.
+//
 // Math, as llama.cpp multiplies its Q4 blocks: each row of x is rounded to int8 per group (scale
 // sx = max|x| / 127 over the group's K rows), the 4-bit codes times the int8 x summed in int32
 // (vpdpbusd: u8 x s8, 4 products per lane; without VNNI vpmaddubsw + vpmaddwd, which cannot
@@ -29,9 +34,29 @@ constexpr int64_t ROWS = 64;  // rows of x per pass over a panel range (bounds t
 
 struct W4 {
   const uint8_t* q;    // panels [Np / 16][Kp / 8][64]
-  const uint16_t* sm;  // f16 [G][S][Np]
+  const uint16_t* sm;  // f16 [G][S][Np], or null in the K form
+  const uint8_t* k8;   // the K form: uint8 [G / 8][20][Np], else null
   int64_t Kp, Np, group, S;
 };
+
+// Scale and minimum of group g, column n (scalar: run_unpack).
+inline void scale_min(const W4& w, int64_t g, int64_t n, float& s, float& mn) {
+  if (w.k8) {
+    const uint8_t* b = w.k8 + (g / 8) * 20 * w.Np + n;
+    const auto f16 = [&](int row) { return f16_to_f32(uint16_t(b[row * w.Np] | (b[(row + 1) * w.Np] << 8))); };
+    s = f16(16) * float(b[(g % 8) * w.Np]), mn = f16(18) * float(b[(8 + g % 8) * w.Np]);
+    return;
+  }
+  const uint16_t* sg = w.sm + g * w.S * w.Np + n;
+  s = f16_to_f32(sg[0]), mn = w.S == 2 ? f16_to_f32(sg[w.Np]) : -8.f * s;
+}
+
+// 16 f16 values stored as two byte planes (low bytes at lo, high at hi) -> 16 u16 lanes.
+inline __m256i f16_planes(const uint8_t* lo, const uint8_t* hi) {
+  const __m128i l = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo));
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi));
+  return _mm256_set_m128i(_mm_unpackhi_epi8(l, h), _mm_unpacklo_epi8(l, h));
+}
 
 // x [M, K] -> xq [M, Kp] int8 (zero padded), per row and group: sx (the scale) and xs = sx * sum(xq).
 inline void quantize_x(const float* x, int64_t M, int64_t K, const W4& w, int8_t* xq, float* sx, float* xs) {
@@ -79,6 +104,7 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
   const __m512i lo4 = _mm512_set1_epi8(15);
   __m512 f[MR];
   for (int m = 0; m < MR; ++m) f[m] = _mm512_setzero_ps();
+  __m512 kd = _mm512_setzero_ps(), kn = kd;  // the K form's super-scale and -dmin (every 8 groups)
   const int64_t gb = w.group / B;  // blocks per group
   for (int64_t g = 0; g < G; ++g) {
     __m512i acc[MR][A];
@@ -95,10 +121,22 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
         acc[m][A - 1] = dot4(acc[m][A - 1], hi, _mm512_set1_epi32(x4(x + 4)));
       }
     }
-    const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
-    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
-    const __m512 mn = w.S == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + w.Np)))
-                               : _mm512_mul_ps(s, _mm512_set1_ps(-8.f));
+    __m512 s, mn;
+    if (w.k8) {
+      const uint8_t* b = w.k8 + (g / 8) * 20 * w.Np + p * P;
+      if (g % 8 == 0)
+        kd = _mm512_cvtph_ps(f16_planes(b + 16 * w.Np, b + 17 * w.Np)),
+        kn = _mm512_cvtph_ps(f16_planes(b + 18 * w.Np, b + 19 * w.Np));
+      const auto u8 = [&](int row) {
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + row * w.Np))));
+      };
+      s = _mm512_mul_ps(kd, u8(int(g % 8))), mn = _mm512_mul_ps(kn, u8(int(8 + g % 8)));
+    } else {
+      const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
+      s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
+      mn = w.S == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + w.Np)))
+                    : _mm512_mul_ps(s, _mm512_set1_ps(-8.f));
+    }
     for (int m = 0; m < MR; ++m) {
       const __m512i a = A == 2 ? _mm512_add_epi32(acc[m][0], acc[m][A - 1]) : acc[m][0];
       f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s, _mm512_set1_ps(sx[m * G + g])), f[m]);
@@ -137,11 +175,23 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
         }
       }
     }
-    const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
     for (int v = 0; v < 2; ++v) {
-      const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * v)));
-      const __m256 mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + w.Np + 8 * v)))
-                                 : _mm256_mul_ps(s, _mm256_set1_ps(-8.f));
+      __m256 s, mn;
+      if (w.k8) {
+        const uint8_t* b = w.k8 + (g / 8) * 20 * w.Np + p * P;
+        const __m256i d = f16_planes(b + 16 * w.Np, b + 17 * w.Np), nd = f16_planes(b + 18 * w.Np, b + 19 * w.Np);
+        const auto u8 = [&](int row) {
+          return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + row * w.Np + 8 * v))));
+        };
+        s = _mm256_mul_ps(_mm256_cvtph_ps(v ? _mm256_extracti128_si256(d, 1) : _mm256_castsi256_si128(d)), u8(int(g % 8)));
+        mn = _mm256_mul_ps(_mm256_cvtph_ps(v ? _mm256_extracti128_si256(nd, 1) : _mm256_castsi256_si128(nd)),
+                           u8(int(8 + g % 8)));
+      } else {
+        const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
+        s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * v)));
+        mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + w.Np + 8 * v)))
+                      : _mm256_mul_ps(s, _mm256_set1_ps(-8.f));
+      }
       for (int m = 0; m < MR; ++m) {
         const __m256 sc = _mm256_mul_ps(s, _mm256_set1_ps(sx[m * G + g]));
         f[m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][v]), sc, f[m][v]);
@@ -217,10 +267,9 @@ inline void run_unpack(const W4& w, int64_t K, int64_t N, const Out& out) {
       const int64_t g = k / w.group, sh = 4 * ((k % B) / 4), t = k % 4;
       for (int64_t p = p0; p < p1; ++p) {
         const uint8_t* r = w.q + (p * (w.Kp / B) + k / B) * 64;
-        const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
         for (int64_t c = 0; c < P; ++c) {
-          const float s = f16_to_f32(sg[c]);
-          const float mn = w.S == 2 ? f16_to_f32(sg[w.Np + c]) : -8.f * s;
+          float s, mn;
+          scale_min(w, g, p * P + c, s, mn);
           row[(p - p0) * P + c] = s * float((r[4 * c + t] >> sh) & 15) + mn;
         }
       }
@@ -240,10 +289,16 @@ std::string q4_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64
   const int64_t Kp = (K + group - 1) / group * group, Np = (N + 15) / 16 * 16, G = Kp / group;
   if (w.element_type() != DataType::U8 || int64_t(w.element_count()) != Kp * Np / 2)
     return "w must be uint8 with Np * Kp / 2 bytes (Kp: K rounded up to the group, Np: N up to 16)";
+  const auto* q = static_cast<const uint8_t*>(w.untyped_data());
+  if (sm.element_type() == DataType::U8) {  // the K form
+    if (group != 32 || Kp % 256 || int64_t(sm.element_count()) != Kp / 256 * 20 * Np)
+      return "K-form scales must be uint8 [K / 256, 20, Np] with groups of 32";
+    *out = {q, nullptr, static_cast<const uint8_t*>(sm.untyped_data()), Kp, Np, group, 2};
+    return "";
+  }
   if (sm.element_type() != DataType::F16 || (int64_t(sm.element_count()) != G * Np && int64_t(sm.element_count()) != 2 * G * Np))
-    return "scales must be f16 [G, 1 or 2, Np] (G = Kp / group)";
-  *out = {static_cast<const uint8_t*>(w.untyped_data()), static_cast<const uint16_t*>(sm.untyped_data()), Kp, Np,
-          group, int64_t(sm.element_count()) / (G * Np)};
+    return "scales must be f16 [G, 1 or 2, Np] (G = Kp / group) or uint8 [K / 256, 20, Np]";
+  *out = {q, static_cast<const uint16_t*>(sm.untyped_data()), nullptr, Kp, Np, group, int64_t(sm.element_count()) / (G * Np)};
   return "";
 }
 

@@ -31,8 +31,16 @@ def q4_fuses(x, name: str | None, act: str | None) -> bool:
 
 
 def q4_group(k: int, sm) -> int:
-    """The group size of a 4-bit weight with ``k`` contracted rows and scales ``sm [G, S, ...]``;
+    """The group size of a 4-bit weight with ``k`` contracted rows and scales ``sm [G, S, ...]`` (f16),
+    or a GGUF Q4_K matrix's own ``[K / 256, 20, ...]`` (uint8, ``aotlm.models.kscales``: groups of 32);
     a clear error when the groups do not tile ``k`` (e.g. a tensor-parallel shard split inside a group)."""
+    if jnp.dtype(sm.dtype) == jnp.uint8:
+        if sm.shape[0] == 0 or k != 256 * sm.shape[0]:
+            raise ValueError(
+                f"a Q4_K weight with {k} contracted rows has {sm.shape[0]} blocks of 256: a shard or padding "
+                "split a block; use a tp_degree that keeps 256 rows together (or tp_degree=1)"
+            )
+        return 32
     groups = sm.shape[0]
     if groups == 0 or k % groups or k // groups not in layout.Q4_GROUPS:
         raise ValueError(

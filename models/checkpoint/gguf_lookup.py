@@ -69,7 +69,7 @@ def _scales(qtype: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray | No
 def _codes(qtype: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``(int8 codes [weights], scale [groups], offset [groups] or None)`` of whole blocks."""
     if qtype in Q4_BYTES:
-        q, scale, offset = unpack(qtype, blocks)
+        q, scale, offset, _ = unpack(qtype, blocks)
         if offset is None:  # Q4_0: d * (q - 8)
             return (q.astype(np.int8) - np.int8(8)), scale, None
         return q.astype(np.int8), scale, offset

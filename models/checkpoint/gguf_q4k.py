@@ -27,34 +27,37 @@ GROUP = 32  # every type's group: 32 weights along the input dim
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
 
 
-def unpack(qtype: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(codes uint8 [n], scale float32 [n / 32], minimum float32 [n / 32] or None)`` of a tensor's
-    stored bytes in the file's order (``minimum`` None: Q4_0's ``d * (q - 8)``)."""
+def unpack(qtype: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple | None]:
+    """``(codes uint8 [n], scale float32 [n / 32], minimum float32 [n / 32] or None, k)`` of a tensor's
+    stored bytes in the file's order (``minimum`` None: Q4_0's ``d * (q - 8)``; ``k``: Q4_K's own
+    ``(sc, mb uint8 [n / 32], d, dmin f16 [n / 256])`` for ``aotlm.models.kscales``, else None)."""
     rows = np.asarray(raw).reshape(-1, BLOCK_BYTES[qtype])
-    f16 = lambda at: rows[:, at : at + 2].copy().view(np.float16).astype(np.float32)  # noqa: E731  [blocks, 1]
+    f16 = lambda at: rows[:, at : at + 2].copy().view(np.float16)  # noqa: E731  [blocks, 1]
+    k = None
     if qtype == "Q4_K":
         from gguf.quants import Q4_K  # local: optional dependency, present whenever a GGUF file is read
 
-        sc, m = Q4_K.get_scale_min(rows[:, 4:16])  # [blocks, 8] 6-bit each
-        scale = (f16(0) * sc.astype(np.float32)).reshape(-1)
-        minimum = -(f16(2) * m.astype(np.float32)).reshape(-1)
+        sc, m = (a.astype(np.uint8) for a in Q4_K.get_scale_min(rows[:, 4:16]))  # [blocks, 8] 6-bit each
+        k = (sc.reshape(-1), m.reshape(-1), f16(0).reshape(-1), f16(2).reshape(-1))
+        scale = (f16(0).astype(np.float32) * sc).reshape(-1)
+        minimum = -(f16(2).astype(np.float32) * m).reshape(-1)
         qs = rows[:, 16:].reshape(-1, 4, 1, 32)  # 4 x 32 bytes: sub-blocks 2j (low nibbles), 2j+1 (high)
     else:
-        scale = f16(0).reshape(-1)
-        minimum = f16(2).reshape(-1) if qtype == "Q4_1" else None
+        scale = f16(0).astype(np.float32).reshape(-1)
+        minimum = f16(2).astype(np.float32).reshape(-1) if qtype == "Q4_1" else None
         qs = rows[:, 2 + 2 * (qtype == "Q4_1") :].reshape(-1, 1, 1, 16)  # weights j (low), j + 16 (high)
     codes = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=2)
-    return codes.reshape(-1), scale, minimum
+    return codes.reshape(-1), scale, minimum, k
 
 
 def codes(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray) -> Codes:
     """4-bit tensor ``t`` (``raw``: its stored bytes) as ``Codes`` in its HF layout."""
-    q, scale, minimum = unpack(t.qtype, raw)
+    q, scale, minimum, k = unpack(t.qtype, raw)
     ids = np.arange(scale.size, dtype=np.uint32)[:, None] << np.uint32(4)
     logical = t.shape[::-1] if transposed(plan.arch_name, t.gguf) else t.shape  # [rows, K] as stored
     packed = (ids | q.reshape(-1, GROUP)).reshape(logical)
     fn = transform(plan.arch_name, t.gguf, meta)  # layout transforms only reach matrices
-    return Codes(np.ascontiguousarray(packed if fn is None else fn(packed)), scale, minimum)
+    return Codes(np.ascontiguousarray(packed if fn is None else fn(packed)), scale, minimum, k)
 
 
 def groups(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray, fn) -> Groups4 | None:
@@ -65,7 +68,7 @@ def groups(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray, fn) -> Groups4 | 
     move the groups as it moved the codes."""
     if transposed(plan.arch_name, t.gguf) or len(t.shape) != 2:
         return None
-    q, scale, minimum = unpack(t.qtype, raw)
+    q, scale, minimum, ks = unpack(t.qtype, raw)
     rows, k = t.shape
     fix = transform(plan.arch_name, t.gguf, meta)  # llama's q / k rows: a permutation of [out, X] arrays
     hf = lambda a: a.reshape(rows, -1) if fix is None else fix(a.reshape(rows, -1))  # noqa: E731
@@ -73,7 +76,8 @@ def groups(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray, fn) -> Groups4 | 
     mn = None if minimum is None else fn(hf(minimum))
     if codes.shape[0] != k or sc.shape != (k // GROUP, *codes.shape[1:]):
         return None
-    return Groups4(codes, sc, mn)
+    ks = None if ks is None else tuple(np.ascontiguousarray(fn(hf(a))) for a in ks)
+    return Groups4(codes, sc, mn, ks)
 
 
 class BlockCodes:

@@ -109,8 +109,8 @@ def file_q4k(path, name: str, heads: int | None):
 
 def test_q4k_codes_kept(gguf_file, monkeypatch):
     """Q4_K under int4: every group stores the file's own codes, read from the blocks (no 4-bit matrix
-    is dequantized to float32 on the way); scale and minimum rounded to f16 are the one error
-    (relative <= 2^-11)."""
+    is dequantized to float32 on the way), and its own scales (``models.kscales``: uint8 sub-scales
+    and minimums under the f16 ``d`` / ``dmin``): the stored matrices are the file's values bit for bit."""
     from aotlm.models.checkpoint.gguf_weights import GGUFWeights
 
     path = gguf_file("Q4_K")
@@ -131,10 +131,9 @@ def test_q4k_codes_kept(gguf_file, monkeypatch):
         np.testing.assert_array_equal(stored, codes, err_msg=leaf)
         want = logical(ref, leaf).reshape(codes.shape[::-1]).T  # the file's values
         np.testing.assert_array_equal(codes * scale + minimum, want, err_msg=leaf)
+        assert sm.dtype == np.uint8 and sm.shape[:2] == (codes.shape[1] // 256, 20), leaf  # the K form
         deq = np.asarray(quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), leaf)).reshape(want.T.shape).T
-        bound = (2.0**-11 + 2.0**-20) * (np.abs(scale) * codes + np.abs(minimum))
-        assert (np.abs(deq - want) <= bound).all(), leaf
-        assert not (deq == want).all(), leaf  # f16 scales: not exact (else this test proves nothing new)
+        np.testing.assert_array_equal(deq, want, err_msg=leaf)
     assert zero_groups > 0  # random 6-bit scales: some are 0, whose codes only the blocks tell
     ids = np.arange(1, 9)[None]
     lg, lg_ref = m.forward(ids), ref.forward(ids)

@@ -1,6 +1,6 @@
 """Memory plans count weights as stored: int8, int4 groups (with and without a minimum), bf16, the
 embedding copy a tied lm_head gets, the kernels' vocab padding, a GGUF embedding kept as its blocks'
-codes -- compared with real models' parameters.
+codes, a GGUF Q4_K file's own block scales under int4 -- compared with real models' parameters.
 
 The comparison is exact (no tolerance): the plan reproduces each stored leaf's shape and dtype
 (``memory.Storage``), so its bytes per device must equal the sum of ``nbytes`` of that device's shards,
@@ -32,8 +32,10 @@ def measure(ckpts: list[str]) -> list[dict]:
     out = []
     for ckpt in ckpts:
         for tp, pp in ((1, 1), (2, 1), (1, 2)):
-            gguf_file = ckpt.endswith(".gguf")  # its default storage only: int8, the lookup from its blocks
-            for q in (None,) if gguf_file else QUANTS if pp == 1 else ("none", "int8", "int4"):
+            gguf_file = ckpt.endswith(".gguf")  # its default storage: int8, the lookup from its blocks
+            # and Q4_K's own blocks under int4 (models.kscales; a tp shard splitting a block: f16 scales)
+            gguf_q = (None, "int4") if ckpt.endswith("Q4_K.gguf") else (None,)
+            for q in gguf_q if gguf_file else QUANTS if pp == 1 else ("none", "int8", "int4"):
                 kw = dict(quant=q, tp_degree=tp, pp_degree=pp, batch_size=1, n_positions=32)
                 m = AutoModelForSampling.from_pretrained(ckpt, compile_cache=False, **kw)
                 real: dict = {}
@@ -79,8 +81,8 @@ def cases(tmp_path_factory):
 
 
 def test_plan_weight_bytes_equal_the_stored_params(cases):
-    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 2 * 3
-    assert {c["plan"]["weights"] for c in cases if c["ckpt"].endswith(".gguf")} == {"int8"}
+    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 3 * 3
+    assert {c["plan"]["weights"] for c in cases if c["ckpt"].endswith(".gguf")} == {"int8", "int4-g32-asym"}
     for c in cases:
         name = f"{c['ckpt']} tp={c['tp']} pp={c['pp']} quant={c['quant']}"
         real = [c["real"][d] for d in sorted(c["real"], key=int)]  # device i: stage i (tp=1) / shard i

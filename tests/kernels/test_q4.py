@@ -17,7 +17,7 @@ import pytest
 from builders import llama_config, peaked_checkpoint, run_with_kernels, save_checkpoint
 
 from aotlm import kernels
-from aotlm.models import packing, quant4
+from aotlm.models import kscales, packing, quant4
 from aotlm.models.quant import INT4_NAMES, QuantizationConfig, quant_config
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -34,6 +34,21 @@ def quantized(rng, k: int, n: int, group: int, asym: bool):
     m = sm[:, 1].astype(np.float32)[:, None, :] if asym else -8.0 * s
     deq = (codes.reshape(kp // group, group, np_) * s + m).reshape(kp, np_)
     return packing.pack_q4(codes, (0,)), sm, deq
+
+
+def quantized_k(rng, k: int, n: int):
+    """Random Q4_K-style W [k, n] (k: whole blocks of 256) in the K form (``models.kscales``): its
+    codes, uint8 scales and the dequantized W [k, Np], exactly as gguf-py computes Q4_K values."""
+    np_ = -(-n // 16) * 16
+    codes = rng.integers(0, 16, (k, np_)).astype(np.uint8)
+    sc, mb = (rng.integers(0, 64, (k // 32, np_)).astype(np.uint8) for _ in range(2))
+    d, dmin = ((rng.standard_normal((k // 256, np_)) * 0.01).astype(np.float16) for _ in range(2))
+    s = np.repeat(d.astype(np.float32), 8, 0) * sc
+    m = -(np.repeat(dmin.astype(np.float32), 8, 0) * mb)
+    deq = codes * np.repeat(s, 32, 0) + np.repeat(m, 32, 0)
+    deq[:, n:] = 0.0  # padded columns: zero scales
+    sc[:, n:], mb[:, n:] = 0, 0
+    return packing.pack_q4(codes, (0,)), kscales.pack(sc, mb, d, dmin), deq
 
 
 def round_x(x: np.ndarray, group: int) -> np.ndarray:
@@ -63,9 +78,10 @@ def check_odd_shapes(seed: int = 0) -> float:
     size, symmetric and asymmetric (also run in a child process per ISA level)."""
     rng, worst = np.random.default_rng(seed), 0.0
     cases = [(100, 37, 32, False), (72, 16, 32, True), (200, 50, 64, True), (130, 129, 128, False)]
-    cases += [(8, 5, 32, True)]
+    cases += [(8, 5, 32, True), (512, 37, "K", True), (256, 50, "K", True)]  # K: Q4_K's own scales
     for k, n, group, asym in cases:
-        w, sm, deq = quantized(rng, k, n, group, asym)
+        w, sm, deq = quantized_k(rng, k, n) if group == "K" else quantized(rng, k, n, group, asym)
+        group = 32 if group == "K" else group
         for m in (1, 2, 3, 7, 9, 16, 17, 64, 100):
             x = rng.standard_normal((m, k)).astype(np.float32)
             ref = round_x(x, group).astype(np.float64) @ deq.astype(np.float64)
@@ -154,6 +170,28 @@ def test_unpack_kernel_gives_the_dequantized_matrix():
     w, sm, deq = quantized(np.random.default_rng(3), 96, 40, 32, True)
     y = kernels.unpack_q4(jnp.asarray(w.reshape(3, 12, 16, 4)), jnp.asarray(sm), jnp.float32, 1)
     np.testing.assert_array_equal(np.asarray(y), deq)
+    w, sm, deq = quantized_k(np.random.default_rng(4), 512, 40)  # Q4_K's own scales: exact too
+    y = kernels.unpack_q4(jnp.asarray(w.reshape(3, 64, 16, 4)), jnp.asarray(sm), jnp.float32, 1)
+    np.testing.assert_array_equal(np.asarray(y), deq)
+
+
+def test_q4k_scales_round_trip():
+    """``kscales``: the XLA path's scales are the file's ``d * sc`` / ``-dmin * mb`` exactly, the f16 form
+    (a tp shard that splits a block) rounds them, and a shape that does not fit is refused."""
+    w, sm, deq = quantized_k(np.random.default_rng(5), 512, 32)
+    xla = np.asarray(quant4.dequantize(jnp.asarray(w.reshape(2, 64, 16, 4)), jnp.asarray(sm), "w_up"))
+    np.testing.assert_array_equal(xla, deq)
+    s, m = (np.asarray(a) for a in kscales.parts(jnp.asarray(sm)))
+    f16 = kscales.to_groups(sm)
+    assert f16.shape == (16, 2, 32) and f16.dtype == np.float16
+    np.testing.assert_array_equal(f16[:, 0], s.astype(np.float16))
+    np.testing.assert_array_equal(f16[:, 1], m.astype(np.float16))
+    with pytest.raises(ValueError, match="do not fit"):
+        kscales.pack(
+            np.zeros((8, 4), np.uint8), np.zeros((8, 4), np.uint8), np.zeros((2, 4)), np.zeros((2, 4))
+        )
+    with pytest.raises(ValueError, match="split a block"):
+        kernels.q4_group(384, sm[:1])
 
 
 # ------------------------------------------------------------------ models
