@@ -5,8 +5,10 @@ along a row, each weight a small integer code under its group's scale (and, for 
 offset). Expanding that table to float32 for the lookup cost four bytes a weight (0.8 GB for a
 49k x 4096 table); kept as :class:`GroupedRows` it costs one byte plus 8 per group, and a token's row
 is rebuilt in the graph as ``code * scale + offset``, as the file's dequantization computes it (equal
-within float32 rounding). The leaves: ``embed`` (int8 codes ``[V, D]``), ``embed_gscale`` and, where
-the type has one, ``embed_gmin`` (float32 ``[V, D / group]``).
+within float32 rounding). The leaves: ``embed`` (int8 codes ``[V, D]``; a 4-bit type's two codes a
+byte, uint8 ``[V, D / 2]``: weight ``2j`` in the low nibble, ``2j + 1`` in the high one, signed
+-8..7 where the type has no offset, else 0..15), ``embed_gscale`` and, where the type has one,
+``embed_gmin`` (float32 ``[V, D / group]``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ CHUNK = 4096  # rows rebuilt at a time on the host
 
 @dataclass(frozen=True)
 class GroupedRows:
-    """A ``[V, D]`` table as int8 ``codes``, float32 ``scale`` ``[V, D / g]`` and optional ``offset``."""
+    """A ``[V, D]`` table as int8 ``codes`` (or 4-bit ones, two a byte: ``pack4``), float32 ``scale``
+    ``[V, D / g]`` and optional ``offset``."""
 
     codes: np.ndarray
     scale: np.ndarray
@@ -30,19 +33,16 @@ class GroupedRows:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.codes.shape
+        v, d = self.codes.shape
+        return (v, 2 * d if self.codes.dtype == np.uint8 else d)
 
     @property
     def ndim(self) -> int:
         return self.codes.ndim
 
-    @property
-    def group(self) -> int:
-        return self.codes.shape[1] // self.scale.shape[1]
-
     def values(self) -> np.ndarray:
         """The table in float32 (a few thousand rows at a time)."""
-        out = np.empty(self.codes.shape, np.float32)
+        out = np.empty(self.shape, np.float32)
         for i in range(0, out.shape[0], CHUNK):
             out[i : i + CHUNK] = rebuild(
                 self.codes[i : i + CHUNK], self.scale[i : i + CHUNK], _rows(self.offset, i)
@@ -60,9 +60,25 @@ def _rows(a: np.ndarray | None, i: int) -> np.ndarray | None:
     return None if a is None else a[i : i + CHUNK]
 
 
+def pack4(codes: np.ndarray) -> np.ndarray:
+    """int8 codes ``[..., D]`` in -8..15 (signed -8..7 or unsigned 0..15) -> two a byte ``[..., D / 2]``."""
+    u = codes.view(np.uint8) & np.uint8(15)
+    return np.ascontiguousarray(u[..., 0::2] | (u[..., 1::2] << np.uint8(4)))
+
+
+def unpack4(packed, signed: bool):
+    """``pack4``'s bytes -> int8 codes ``[..., D]`` (numpy or jax arrays)."""
+    xp = jnp if not isinstance(packed, np.ndarray) else np
+    q = xp.stack([packed & 15, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1).astype(xp.int8)
+    return (q ^ 8) - 8 if signed else q
+
+
 def rebuild(codes, scale, offset=None):
-    """``codes * scale + offset`` group by group (numpy or jax arrays; ``[..., D]`` codes)."""
+    """``codes * scale + offset`` group by group (numpy or jax arrays; ``[..., D]`` codes, or ``pack4``'s
+    uint8 ``[..., D / 2]``: signed where there is no offset)."""
     xp = jnp if not isinstance(codes, np.ndarray) else np
+    if codes.dtype == xp.uint8:
+        codes = unpack4(codes, signed=offset is None)
     g = codes.shape[-1] // scale.shape[-1]
     shape = (*codes.shape[:-1], scale.shape[-1], g)
     x = codes.astype(xp.float32).reshape(shape) * scale.astype(xp.float32)[..., None]

@@ -8,7 +8,8 @@ Per type, the group (weights along a row under one scale), and the value gguf-py
 * Q4_K / Q5_K (32 of a 256 super-block): ``(d * sc) * q - (dmin * m)``;
 * Q6_K (16 of a 256 super-block): ``(d * sc) * (q - 32)``.
 
-The 4-bit types' codes are read straight from their nibbles (``gguf_q4k.unpack``); the others' from
+The 4-bit types' codes are read straight from their nibbles (``gguf_q4k.unpack``) and kept two a byte
+(``lookup.pack4``); the others' (int8) from
 gguf-py's dequantized values, ``rint((value - offset) / scale)`` with the scales and offsets read
 from the block headers (exact: each value is one rounding of ``scale * code + offset``). Rows are
 converted a few thousand at a time. Any other type, or an embedding stored with a layout change,
@@ -21,7 +22,7 @@ import numpy as np
 
 from aotlm.models.checkpoint.gguf_q4k import BLOCK_BYTES as Q4_BYTES
 from aotlm.models.checkpoint.gguf_q4k import unpack
-from aotlm.models.lookup import GroupedRows
+from aotlm.models.lookup import GroupedRows, pack4
 
 # type -> (block bytes, weights per block, group)
 BLOCKS = {
@@ -42,7 +43,7 @@ def bytes_per_weight(qtype: str | None) -> float | None:
     """What a ``qtype`` embedding kept for the lookup costs a weight (None: not kept so)."""
     if qtype not in BLOCKS:
         return None
-    return 1 + 4 * (1 + (qtype not in NO_OFFSET)) / BLOCKS[qtype][2]
+    return (0.5 if qtype in Q4_BYTES else 1) + 4 * (1 + (qtype not in NO_OFFSET)) / BLOCKS[qtype][2]
 
 
 def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -96,14 +97,16 @@ def grouped_rows(qtype: str, raw: np.ndarray, shape: tuple[int, ...]) -> Grouped
     if d % per_block:
         return None
     blocks = np.asarray(raw).reshape(v, d // per_block, nbytes)
-    codes = np.empty((v, d), np.int8)
+    four = qtype in Q4_BYTES  # two codes a byte (lookup.pack4)
+    codes = np.empty((v, d // 2 if four else d), np.uint8 if four else np.int8)
     scale = np.empty((v, d // group), np.float32)
     offset = None if qtype in NO_OFFSET else np.empty_like(scale)
     for i in range(0, v, ROWS):
         part = blocks[i : i + ROWS]
         n = part.shape[0]
         q, s, o = _codes(qtype, part.reshape(-1, nbytes))
-        codes[i : i + n], scale[i : i + n] = q.reshape(n, d), s.reshape(n, -1)
+        q = q.reshape(n, d)
+        codes[i : i + n], scale[i : i + n] = pack4(q) if four else q, s.reshape(n, -1)
         if offset is not None:
             offset[i : i + n] = o.reshape(n, -1)
     return GroupedRows(codes, scale, offset)
