@@ -4,7 +4,8 @@ Loading a quantized model converts every tensor (a GGUF file's blocks dequantize
 int8 or int4, fused, packed into the kernels' panels); for a 1B model that is ~30 s on 2 cores. The
 first load writes each leaf exactly as it is handed to its devices (after every host-side rewrite)
 to ``$AOTLM_WEIGHT_CACHE/<key>/`` (default ``~/.cache/aotlm/weights``; one ``.npy`` per leaf and a
-``manifest.json``, written to a temporary directory and renamed into place); the next load of the
+``manifest.json``, written to a temporary directory and renamed into place) and places it from that
+file, mapped, so even the first load holds no second copy of the weights; the next load of the
 same weights with the same options maps those files (``np.load(mmap_mode="r")``) and places them,
 touching no checkpoint file. On one CPU device JAX's arrays then use the mapped pages themselves (no
 copy is made: a warm load takes no time per byte and the weights live in the page cache, shared between
@@ -27,10 +28,8 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -101,11 +100,10 @@ def load(name: str, place: Callable[[tuple, np.ndarray], object]) -> dict | None
 
 
 class Writer:
-    """Records the leaves of a load as they are placed, then stores them as entry ``name``. The files
-    are written by a thread of their own while the load converts the next tensors (at most ``QUEUED``
-    leaves wait for it, so the memory they hold stays bounded); ``commit`` waits for them."""
-
-    QUEUED = 1
+    """Records the leaves of a load as they are placed, then stores them as entry ``name``. Each leaf
+    is written when it is made and handed back mapped from its file (``record``), so a converting load
+    holds no second copy of the weights: its pages live in the page cache, as a warm load's do, and
+    only one tensor's working set is anonymous memory at a time."""
 
     def __init__(self, name: str, fields: dict):
         self.name, self.fields = name, fields
@@ -113,8 +111,6 @@ class Writer:
         self._dir: Path | None = None
         self._leaves: list[dict] = []
         self._failed: Exception | None = None
-        self._queue: queue.Queue = queue.Queue(maxsize=self.QUEUED)
-        self._thread: threading.Thread | None = None
         if base is None:
             return
         try:
@@ -122,38 +118,25 @@ class Writer:
             self._dir = Path(tempfile.mkdtemp(dir=base, prefix=f".{name}-"))
         except OSError as e:
             logger.warning("weight cache %s is not writable (%s); the weights are not cached", base, e)
-            return
-        self._thread = threading.Thread(target=self._write_all, args=(self._dir,), daemon=True)
-        self._thread.start()
 
-    def record(self, path: tuple, arr: np.ndarray) -> None:
+    def record(self, path: tuple, arr: np.ndarray) -> np.ndarray:
+        """Write leaf ``path``; returns its file mapped (``arr`` itself once a write has failed: from
+        then on nothing more is written and the entry is not published)."""
         if self._dir is None or self._failed is not None:
-            return
+            return arr
         file = f"{len(self._leaves):05d}.npy"
-        self._queue.put((file, arr))  # waits while the writer is QUEUED leaves behind
+        try:
+            np.save(self._dir / file, np.ascontiguousarray(arr), allow_pickle=False)
+            mapped = np.load(self._dir / file, mmap_mode="r", allow_pickle=False)
+        except Exception as e:  # any failure: nothing more is written, the entry is not published
+            self._failed = e
+            return arr
         self._leaves.append({"path": [str(p) for p in path], "file": file, "shape": list(arr.shape),
                              "dtype": str(arr.dtype)})  # fmt: skip
-
-    def _write_all(self, d: Path) -> None:
-        """The writer thread: ``.npy`` files until the ``None`` that ends the queue (numpy writes them
-        without the GIL); after a failure it only drains the queue."""
-        while (item := self._queue.get()) is not None:
-            if self._failed is None:
-                try:
-                    np.save(d / item[0], np.ascontiguousarray(item[1]), allow_pickle=False)
-                except Exception as e:  # any failure: nothing more is written, the entry is not published
-                    self._failed = e
-
-    def _stop_writer(self) -> None:
-        """End the writer thread's queue and wait for it (a no-op once it has stopped)."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+        return mapped
 
     def _finish_writes(self) -> bool:
-        """Wait for the writer thread; whether every file was written."""
-        self._stop_writer()
+        """Whether every file was written."""
         if self._failed is not None:
             logger.warning("cannot write the weight cache (%s); the weights are not cached", self._failed)
         return self._failed is None
@@ -177,8 +160,7 @@ class Writer:
         evict(self._dir.parent if self._dir is not None else None)
 
     def abandon(self) -> None:
-        self._failed = self._failed or OSError("abandoned")  # the thread writes nothing more
-        self._stop_writer()
+        self._failed = self._failed or OSError("abandoned")  # nothing more is written
         if self._dir is not None and self._dir.exists():
             shutil.rmtree(self._dir, ignore_errors=True)
 

@@ -34,8 +34,8 @@ class WeightLoading:
             arr = packing.prepare(
                 path[-1], arr, sharding.param_spec(path, arr.ndim, self._rules), self.tp_degree
             )
-        if self._weights_out is not None:  # kept in its final form for the next load (weight_cache)
-            self._weights_out.record(path, arr)
+        if self._weights_out is not None:  # kept in its final form for the next load (weight_cache),
+            arr = self._weights_out.record(path, arr)  # and placed from that file (mapped, no copy held)
         return self._place_final(path, arr)
 
     def _place_final(self, path: tuple, arr: np.ndarray):

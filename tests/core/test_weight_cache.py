@@ -73,14 +73,17 @@ def _mapped(directory: Path) -> list[tuple[int, int]]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads Linux's /proc/self/maps")
-def test_a_warm_load_maps_the_cached_files_instead_of_copying(q8_file, cache):
-    """On one CPU device the warm load's arrays are the cache files' mapped pages themselves (JAX takes
-    the memory-mapped ``.npy`` data without a copy): every big leaf's buffer lies in a mapping of a
-    file of the entry, none in anonymous memory."""
-    AutoModelForSampling.from_pretrained(str(q8_file), **KW)
-    warm = AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+@pytest.mark.parametrize("load", ["warm", "cold"])
+def test_loads_map_the_cached_files_instead_of_copying(q8_file, cache, load):
+    """On one CPU device the loads' arrays are the cache files' mapped pages themselves (JAX takes the
+    memory-mapped ``.npy`` data without a copy): every big leaf's buffer lies in a mapping of a file of
+    the entry, none in anonymous memory -- a warm load's, and a converting one's (each leaf written,
+    then placed from its file), so neither holds the weights twice."""
+    m = AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    if load == "warm":
+        m = AutoModelForSampling.from_pretrained(str(q8_file), **KW)
     spans = _mapped(cache.resolve())
-    big = [a for a in jax.tree.leaves(warm.params) if a.nbytes >= 4096]
+    big = [a for a in jax.tree.leaves(m.params) if a.nbytes >= 4096]
     assert big and spans
     for a in big:
         ptr = a.addressable_data(0).unsafe_buffer_pointer()
@@ -97,12 +100,14 @@ def test_other_options_get_their_own_entry_and_float_loads_none(q8_file, cache):
 
 
 def test_a_damaged_entry_is_converted_again(q8_file, cache, caplog):
-    cold = AutoModelForSampling.from_pretrained(str(q8_file), **KW)
+    cold = [np.array(a) for a in leaves(AutoModelForSampling.from_pretrained(str(q8_file), **KW))]
     (entry,) = list(cache.iterdir())
-    next(entry.glob("*.npy")).write_bytes(b"not an array")
+    damaged = next(entry.glob("*.npy"))
+    damaged.unlink()  # a new file, not the one the cold model maps (entries are never changed in place)
+    damaged.write_bytes(b"not an array")
     again = AutoModelForSampling.from_pretrained(str(q8_file), **KW)
     assert any("weight cache entry" in r.getMessage() for r in caplog.records)
-    for a, b in zip(leaves(again), leaves(cold), strict=True):
+    for a, b in zip(leaves(again), cold, strict=True):
         np.testing.assert_array_equal(a, b)
     assert (cache / entry.name / weight_cache.MANIFEST).is_file()  # rewritten whole
 
