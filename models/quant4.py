@@ -200,8 +200,9 @@ def fuse_codes(parts: Sequence[Codes], fuse: Callable) -> Codes:
 
 def from_codes(c: Codes, contract: tuple[int, ...], asymmetric: bool) -> tuple[np.ndarray, np.ndarray] | None:
     """Groups of 32 for ``c`` with the file's own codes: ``(codes, scales)`` as ``quantize_int4`` gives
-    them; the scales rounded to f16 (exact for Q4_0 / Q4_1, whose ``d`` and ``m`` are f16; Q4_K's
-    ``d * sc`` and ``-dmin * m`` move by <= 2^-11 relative). None when the layout did not keep each
+    them: Q4_K's own (``kscales``, exact) when its blocks of 256 stayed whole and in order, else f16
+    (exact for Q4_0 / Q4_1, whose ``d`` and ``m`` are f16; Q4_K's ``d * sc`` and ``-dmin * m`` then move
+    by <= 2^-11 relative). None when the layout did not keep each
     group of 32 together along ``contract`` (the caller re-rounds the values) or the storage is
     symmetric and the blocks have minimums."""
     if not asymmetric and c.minimum is not None:

@@ -27,7 +27,9 @@ Per file, every measurement in a child process (peak RSS: that process's ``ru_ma
   its first and second process (the page cache holds the file both times, for aotlm too); disk 0.
 Load s = from_pretrained + compile / Llama(), imports excluded. Prefill ms: one prompt of random ids of
 each --prompt length, batch 1 (aotlm ``forward``, llama.cpp ``eval``). Decode tok/s = B x (new - 1) /
-(generate time - prefill time), prompt = the first --prompt length: aotlm ``sample(min_new_tokens=new)``,
+(generate time - the time of the same call making 1 token; llama.cpp: its prefill), prompt = the first
+--prompt length: aotlm ``sample(min_new_tokens=new)`` (``forward`` would be no baseline: it returns the
+logits of every position, at batch 8 x 128 an lm_head pass of seconds at 8B),
 llama.cpp one ``eval`` per token at batch 1 and ``bench_peers.llama_cpp_runner`` (its batched API)
 above; medians of --runs after a warm-up. "B1 % bw": bytes per token (the file's tensor bytes, less the
 token embedding when the lm_head is separate) x B1 tok/s / the read bandwidth ``bench.read_bandwidth``
@@ -239,16 +241,21 @@ def timed(fns: list, runs: int) -> list[float]:
     return [statistics.median(t) for t in ts]
 
 
-def measure(prefill, generate, s: dict) -> dict:
-    """Prefill ms per prompt length (batch 1 only) and decode tok/s at the spec's batch."""
+def measure(prefill, generate, s: dict, first=None) -> dict:
+    """Prefill ms per prompt length (batch 1 only) and decode tok/s at the spec's batch: ``generate``'s
+    time less ``first``'s (the same call making its first token only; default ``prefill``)."""
     import numpy as np
 
     rng, b, p0 = np.random.default_rng(0), s["batch"], s["prompts"][0]
     lens = s["prompts"] if b == 1 else [p0]
     ids = {p: rng.integers(0, s["vocab"], (b, p)) for p in lens}
-    *t_pre, t_gen = timed([partial(prefill, ids[p]) for p in lens] + [partial(generate, ids[p0])], s["runs"])
+    calls = [partial(prefill, ids[p]) for p in lens] + [
+        partial(first or prefill, ids[p0]),
+        partial(generate, ids[p0]),
+    ]
+    *t_pre, t_first, t_gen = timed(calls, s["runs"])
     out = {f"prefill {p} ms": 1e3 * t for p, t in zip(lens, t_pre, strict=True)} if b == 1 else {}
-    return out | {f"decode B{b} tok/s": b * (s["new"] - 1) / (t_gen - t_pre[0])}
+    return out | {f"decode B{b} tok/s": b * (s["new"] - 1) / (t_gen - t_first)}
 
 
 def aotlm_child(s: dict) -> dict:
@@ -264,7 +271,10 @@ def aotlm_child(s: dict) -> dict:
     out["XLA compiles"] = counter.counts["compiles"]  # a warm load compiles ~nothing: a cache hit
     if s["measure"]:
         gen = partial(model.sample, max_new_tokens=s["new"], min_new_tokens=s["new"])
-        out.update(measure(model.forward, gen, s))
+        one = partial(
+            model.sample, max_new_tokens=1, min_new_tokens=1
+        )  # not forward: its logits at every position
+        out.update(measure(model.forward, gen, s, first=one))
     return out
 
 
