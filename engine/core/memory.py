@@ -150,6 +150,12 @@ class Storage:
         return tuple(n + (-n % (PANEL * tp) if a == "vocab" else 0) for a, n in zip(axes, shape, strict=True))
 
 
+def _kform_split(leaf: tuple, shape: tuple, per: float, split: bool, tp: int) -> bool:
+    """Does a Q4_K scale leaf (``models.kscales``: a byte an element) have its blocks of 256 split over
+    the mesh, so that ``models.packing.prepare`` stores f16 scales per group of 32 instead?"""
+    return per == 1 and leaf[-1] in SCALE_OF and split and shape[0] % tp != 0
+
+
 def memory_plan(
     cfg: ArchConfig,
     batch_size: int,
@@ -172,15 +178,13 @@ def memory_plan(
     ``param_shapes`` maps parameter paths (``("layers", 0, "wq")``) to their unpadded shapes;
     default: ``estimate_param_shapes(cfg)``. ``gqa=None`` picks the strategy the engine would
     pick (invalid tp / gqa raise the engine's errors). ``kv_cache_dtype``: the model's option
-    (None follows amp), so a bf16 cache counts half an f32 one. ``quant``: the model's weight storage
-    (``"int8"``, ``"int4-g64"``, a ``QuantizationConfig``, ...); ``kernels_on`` (default: this
-    backend's) and ``gguf_blocks`` (a GGUF file's Q4 blocks: an int8 embedding copy) as the loader has them;
-    ``gguf_lookup``: the bytes per weight of a GGUF embedding kept as its codes (``gguf.lookup_bytes``);
-    ``gguf_q4k``: the file's 4-bit blocks are all Q4_K (their matrices keep its scales: ``models.kscales``).
+    (None follows amp). ``quant``: the weight storage (``"int8"``, a ``QuantizationConfig``, ...);
+    ``kernels_on`` (default: this backend's), ``gguf_blocks`` (a GGUF file's Q4 blocks) as the loader has;
+    ``gguf_lookup``: bytes per weight of a GGUF embedding kept as codes (``gguf.lookup_bytes``);
+    ``gguf_q4k``: its 4-bit blocks are all Q4_K (kept with their scales: ``models.kscales``).
     """
-    # what amp means on this backend (aotlm.core.precision): on CPU with the kernels, bf16 / f16
-    # matrices with f32 activations, embedding, norms and (unless kv_cache_dtype says) KV cache
-    prec = precision.resolve(amp, quant, kernels_on, kv_cache_dtype)  # unknown names: the engine's errors
+    # amp on this backend (aotlm.core.precision; unknown names: the engine's errors)
+    prec = precision.resolve(amp, quant, kernels_on, kv_cache_dtype)
     kernels_on = kernels.enabled() if kernels_on is None else kernels_on
     stages = pipeline.split_layers(cfg.n_layers, pp)
     n_micro = pipeline.micro_batches(batch_size, pp, micro_batches) if pp > 1 else 1
@@ -199,10 +203,8 @@ def memory_plan(
             padded = store.pad_vocab(leaf, padded, per, tp)
             spec = sharding.param_spec(leaf, len(padded), rule)
             axes = tuple(spec) + (None,) * (len(padded) - len(spec))
-            if per == 1 and leaf[-1] in SCALE_OF and axes[0] == sharding.TP and padded[0] % tp:
-                # Q4_K blocks split over the mesh: f16 scales per group of 32 (models.packing.prepare)
-                lshape = padded = (padded[0] * 8, 2, *padded[2:])
-                per = 2
+            if _kform_split(leaf, padded, per, axes[0] == sharding.TP, tp):  # f16 scales per 32 instead
+                lshape, padded, per = (padded[0] * 8, 2, *padded[2:]), (padded[0] * 8, 2, *padded[2:]), 2
             local = [n // tp if ax == sharding.TP else n for n, ax in zip(padded, axes, strict=True)]
             w_total += int(_prod(lshape) * per)
             owner = ("lm_head",) if leaf[-1] in ("embed_q", "embed_q_scale") else path  # the logits' copy

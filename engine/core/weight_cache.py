@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 
 from aotlm.models.checkpoint.gguf import SOURCE_FILE
@@ -84,7 +85,7 @@ def load(name: str, place: Callable[[tuple, np.ndarray], object]) -> dict | None
     params: dict = {}
     for entry in bar(leaves, "loading cached weights", unit="tensor"):
         try:
-            arr = np.load(d / entry["file"], mmap_mode="r", allow_pickle=False)  # mapped, not read
+            arr = _typed(np.load(d / entry["file"], mmap_mode="r", allow_pickle=False), entry["dtype"])
             if list(arr.shape) != entry["shape"] or str(arr.dtype) != entry["dtype"]:
                 raise ValueError(f"{entry['file']} holds {arr.dtype} {arr.shape}, not the manifest's")
             path = tuple(int(p) if p.isdigit() else p for p in entry["path"])  # layer indices
@@ -127,7 +128,7 @@ class Writer:
         file = f"{len(self._leaves):05d}.npy"
         try:
             np.save(self._dir / file, np.ascontiguousarray(arr), allow_pickle=False)
-            mapped = np.load(self._dir / file, mmap_mode="r", allow_pickle=False)
+            mapped = _typed(np.load(self._dir / file, mmap_mode="r", allow_pickle=False), str(arr.dtype))
         except Exception as e:  # any failure: nothing more is written, the entry is not published
             self._failed = e
             return arr
@@ -190,6 +191,15 @@ def evict(base: Path | None = None) -> None:
             break
         shutil.rmtree(d, ignore_errors=True)
         total -= size
+
+
+def _typed(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """A mapped ``.npy`` array as ``dtype``: numpy writes bfloat16 as raw 2-byte records
+    (``|V2``), read back as that view of the same bytes; any other mismatch is left for the caller."""
+    if str(arr.dtype) == dtype or arr.dtype.kind != "V":
+        return arr
+    want = np.dtype(jnp.dtype(dtype))
+    return arr.view(want) if want.itemsize == arr.dtype.itemsize else arr
 
 
 def _unusable(d: Path, e: Exception) -> None:
