@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 
 from aotlm import kernels
-from aotlm.models import lowp, packing, quant4
+from aotlm.models import lowp, packing, quant4, quant8
 
 NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
 
@@ -326,11 +326,14 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     ``act`` (an ``activation`` name) is applied to the result: by the kernel itself, with the bias,
     where ``kernels.gemm_fuses`` says it can (one pass over the output instead of XLA's two).
     """
-    if quant4.is_int4(w, scale):  # 4-bit groups (aotlm.models.quant4): the kernel or the dequantized matrix
+    four = quant4.is_int4(w, scale)
+    if four or quant8.is_int8_groups(w, scale):  # group-scaled codes (quant4, quant8): kernel or dequantized
         kact = "gelu_tanh" if act in GELU_TANH else act
-        if kernels.q4_fuses(x, name, kact):  # bias and activation in the kernel's output pass
-            return quant4.dense4(x, w, scale, axes, name, b, kact).astype(x.dtype)
-        y = quant4.dense4(x, w, scale, axes, name)
+        dense_g = quant4.dense4 if four else quant8.dense8
+        packed = four or packing.packed_k(name, w.ndim) is not None
+        if packed and kernels.q4_fuses(x, name, kact):  # bias and activation in the kernel's output pass
+            return dense_g(x, w, scale, axes, name, b, kact).astype(x.dtype)
+        y = dense_g(x, w, scale, axes, name)
         y = y if b is None else y + b
         return (y if act is None else activation(act, y)).astype(x.dtype)
     pk = packing.packed_k(name, w.ndim)

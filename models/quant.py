@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from aotlm.models import quant4
+from aotlm.models import quant4, quant8
 from aotlm.models.axes import CONTRACT_AXES, Path
 from aotlm.models.checkpoint import transposed
 from aotlm.models.lookup import GroupedRows
@@ -211,13 +211,19 @@ class Int8Matrix:
         return self.q.ndim
 
 
-def int8_from_rows(chunks: Iterable[np.ndarray], shape: tuple[int, int]) -> Int8Matrix:
+def int8_from_rows(chunks: Iterable[np.ndarray], shape: tuple[int, int], groups: bool = False) -> Int8Matrix:
     """A ``[out, in]`` float matrix given a few rows at a time, rounded as ``quantize_int8`` rounds its
     transpose (the same numbers: each output channel is one row here) and then transposed as int8, so
-    only one chunk is ever float32."""
-    q, scale, at = np.empty(shape, np.int8), np.empty(shape[0], np.float32), 0
+    only one chunk is ever float32. ``groups``: as ``quant8.quantize_groups`` rounds the transpose
+    (a scale per 32 inputs: ``[in / 32, 1, out]`` f16)."""
+    q, at = np.empty(shape, np.int8), 0
+    g = shape[1] // quant8.GROUP
+    scale = np.empty((g, 1, shape[0]), np.float16) if groups else np.empty(shape[0], np.float32)
     for rows in chunks:
-        q[at : at + len(rows)], scale[at : at + len(rows)] = quantize_int8(rows, (1,))
+        if groups:
+            q[at : at + len(rows)], scale[..., at : at + len(rows)] = quant8.quantize_groups(rows, (1,))
+        else:
+            q[at : at + len(rows)], scale[at : at + len(rows)] = quantize_int8(rows, (1,))
         at += len(rows)
     if at != shape[0]:
         raise ValueError(f"{at} rows given for a matrix of {shape[0]}")
@@ -260,6 +266,7 @@ Q4_BLOCK_TYPES = (
     "Q4_1",
     "Q4_K",
 )  # GGUF 4-bit blocks of 32 input rows: int4 groups hold them as stored
+Q8_BLOCK_TYPES = ("Q8_0",)  # GGUF int8 blocks of 32 input rows: int8 groups hold them as stored (quant8)
 
 
 class ParamRewriter:
@@ -316,6 +323,16 @@ class ParamRewriter:
         if self.fuses(path) or (name == "lm_head" and not q.lm_head):
             return False
         return not q.int4 or (self.gguf_blocks and src not in Q4_BLOCK_TYPES)  # int4: a file's other types
+
+    def int8_groups(self, path: Path, shape: tuple, src: str | None) -> bool:
+        """Is matrix ``path`` of a GGUF file's ``src`` blocks stored as int8 groups (``quant8``: Q8_0 as
+        stored) where this storage would round it per output channel? Not under W8A8 (int8 x per row)."""
+        q, name = self.quant, path[-1]
+        if src not in Q8_BLOCK_TYPES or q is None or q.w8a8 or q.quant_dtype in FLOAT_DTYPES:
+            return False
+        if name not in PACK_CONTRACT or name == "embed_q" or (name == "lm_head" and not q.lm_head):
+            return False
+        return quant8.packable(shape, PACK_CONTRACT[name], vocab=name == "lm_head")
 
     def rewrite(self, path: Path, arr, src: str | None = None) -> list[tuple[Path, np.ndarray]]:
         """``arr``: a float array, or a GGUF file's 4-bit ``quant4.Codes`` (``keeps_codes``); ``src``: the
@@ -385,7 +402,10 @@ class ParamRewriter:
         as_stored = not self.gguf_blocks or src in Q4_BLOCK_TYPES
         if self.quant.int4 and name in PACK_CONTRACT and as_stored:
             return self._int4(path, arr, PACK_CONTRACT[name]) or [(path, arr)]
-        q, scale = quantize_int8(arr, CONTRACT_AXES[name])
+        if self.int8_groups(path, arr.shape, src):  # a file's Q8_0 blocks: their own codes and scales
+            q, scale = quant8.quantize_groups(arr, PACK_CONTRACT[name])
+        else:
+            q, scale = quantize_int8(arr, CONTRACT_AXES[name])
         return [(path, q), ((*path[:-1], f"{name}_scale"), scale)]
 
     def _int4(self, path: Path, arr, contract: tuple[int, ...]) -> list[tuple[Path, np.ndarray]]:

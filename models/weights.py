@@ -219,7 +219,9 @@ def _streamed(r: Row, reader, name: str, src: str | None, rewriter) -> tuple | N
         got = reader.lookup(name)
     elif len(r.targets) == 1 and r.fn is linear_t and rewriter.rounds_rows(r.targets[0], src):
         chunks = reader.row_chunks(name) if hasattr(reader, "row_chunks") else None
-        got = int8_from_rows(chunks, reader.shape(name)) if chunks is not None else None
+        if chunks is not None:  # a file's Q8_0 blocks: int8 groups as stored (quant8)
+            groups = rewriter.int8_groups(r.targets[0], reader.shape(name)[::-1], src)
+            got = int8_from_rows(chunks, reader.shape(name), groups)
     return None if got is None else (got,)
 
 

@@ -389,6 +389,7 @@ COVERED = {
     "aotlm.models.llama": "tests/core/test_model.py: test_llama_gqa_conformance, llama3 rope_scaling",
     "aotlm.models.lookup": "tests/checkpoint/test_gguf_lookup.py: rows rebuilt from a file's codes",
     "aotlm.models.kscales": "tests/kernels/test_q4.py: Q4_K's own scales, kernel and XLA path",
+    "aotlm.models.quant8": "tests/kernels/test_group8.py: Q8_0's groups found again, kernel and XLA path",
     "aotlm.models.mixtral": "tests/families/test_conformance_llama_style.py: Mixtral against transformers",
     "aotlm.models.moe": "tests/families/test_conformance_llama_style.py: Mixtral's top-2 experts vs HF",
     "aotlm.models.mpt": "tests/families/test_conformance_gpt_style.py: MPT (ALiBi slopes, clip_qkv) vs HF",

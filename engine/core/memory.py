@@ -9,9 +9,10 @@ biases of row-parallel layers, position embeddings; attention weights under
 executables are not counted (small next to weights + cache for inference).
 
 Weights are counted as the loader stores them (``stored_leaves``): int8 matrices at 1 byte plus an f32
-scale per output channel, 4-bit groups (``aotlm.models.quant4``) at half a byte plus an f16 scale (and
-minimum) per group, bf16 / f16 storage at 2 bytes, the copy of the embedding a tied lm_head gets when
-quantized, and the vocab padding of the kernels' panel layout; the rest in the compute dtype.
+scale per output channel (a GGUF file's Q8_0 blocks: an f16 scale per 32 rows, ``aotlm.models.quant8``),
+4-bit groups (``aotlm.models.quant4``) at half a byte plus an f16 scale (and minimum) per group, bf16 /
+f16 storage at 2 bytes, the copy of the embedding a tied lm_head gets when quantized, and the vocab
+padding of the kernels' panel layout; the rest in the compute dtype.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from aotlm import kernels
 from aotlm.core import buckets as bk
 from aotlm.core import pipeline, precision, sharding
 from aotlm.core.spec import DEFAULT_N_POSITIONS
-from aotlm.models import family_for, kscales, quant4
+from aotlm.models import family_for, kscales, quant4, quant8
 from aotlm.models.arch import ArchConfig
 from aotlm.models.axes import CONTRACT_AXES
 from aotlm.models.checkpoint import gguf, load_hf_config
@@ -101,9 +102,10 @@ class Storage:
 
     def __init__(
         self, q: QuantizationConfig | None, compute: int, kernels_on: bool, gguf_blocks: bool, lookup=None,
-        q4k: bool = False,
+        q4k: bool = False, q8: bool = False,
     ):  # fmt: skip
         self.q, self.compute, self.gguf_blocks = q, compute, gguf_blocks
+        self.q8 = q8  # a GGUF file's matrices are Q8_0 blocks: int8 groups as stored (models.quant8)
         self.q4k = q4k and gguf_blocks  # the file's 4-bit blocks are Q4_K: their own scales (models.kscales)
         self.lookup = lookup  # bytes per weight of a GGUF embedding kept as its codes (aotlm.models.lookup)
         int4 = q is not None and q.int4
@@ -139,6 +141,10 @@ class Storage:
                 groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
                 return [(path, shape, 0.5), (scale, groups, 2)]
         channels = tuple(n for i, n in enumerate(shape) if i not in contract)
+        if self.q8 and not q.w8a8 and name in PACK_CONTRACT and name != "embed_q":
+            if quant8.packable(shape, contract, vocab):  # as ParamRewriter.int8_groups decides
+                k = _prod(shape[c] for c in contract)
+                return [(path, shape, 1), (scale, (k // quant8.GROUP, 1, *channels), 2)]
         return [(path, shape, 1), (scale, channels, 4)]
 
     def pad_vocab(self, leaf: tuple, shape: tuple, per: float, tp: int) -> tuple:
@@ -172,6 +178,7 @@ def memory_plan(
     gguf_blocks: bool = False,
     gguf_lookup: float | None = None,
     gguf_q4k: bool = False,
+    gguf_q8: bool = False,
 ) -> dict:
     """Bytes per device of the weights and the KV cache for one configuration.
 
@@ -181,8 +188,8 @@ def memory_plan(
     (None follows amp). ``quant``: the weight storage (``"int8"``, a ``QuantizationConfig``, ...);
     ``kernels_on`` (default: this backend's), ``gguf_blocks`` (a GGUF file's Q4 blocks) as the loader has;
     ``gguf_lookup``: bytes per weight of a GGUF embedding kept as codes (``gguf.lookup_bytes``);
-    ``gguf_q4k``: its 4-bit blocks are all Q4_K (kept with their scales: ``models.kscales``).
-    """
+    ``gguf_q4k`` / ``gguf_q8``: its 4-bit blocks are all Q4_K (``models.kscales``) / its matrices Q8_0
+    (``models.quant8``), kept with their own scales."""
     # amp on this backend (aotlm.core.precision; unknown names: the engine's errors)
     prec = precision.resolve(amp, quant, kernels_on, kv_cache_dtype)
     kernels_on = kernels.enabled() if kernels_on is None else kernels_on
@@ -192,9 +199,8 @@ def memory_plan(
     rule = sharding.rules(strategy, tp)
     shapes = dict(param_shapes) if param_shapes is not None else estimate_param_shapes(cfg)
     tied = ("lm_head",) not in shapes
-    store = Storage(
-        prec.quant, jnp.dtype(prec.compute).itemsize, kernels_on, gguf_blocks, gguf_lookup, gguf_q4k
-    )
+    itemsize = jnp.dtype(prec.compute).itemsize
+    store = Storage(prec.quant, itemsize, kernels_on, gguf_blocks, gguf_lookup, gguf_q4k, gguf_q8)
     w_total, w_stage = 0, [0] * pp  # per stage: the bytes on each of its devices
     for path, shape in shapes.items():
         leaves = store.leaves(path, tuple(shape), tied)
@@ -295,6 +301,7 @@ def plan_for_checkpoint(
     plan = memory_plan(
         cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches, kv_cache_dtype,
         quant, gguf_blocks=bool(q4), gguf_lookup=gguf.lookup_bytes(path), gguf_q4k=q4 == ["Q4_K"],
+        gguf_q8=gguf.q8_file(path),
     )  # fmt: skip
     if pp_degree == 1:
         plan["graphs"] = bk.graph_keys(ctx, tg)

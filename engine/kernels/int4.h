@@ -313,22 +313,31 @@ ffi::Error wmm_q4(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::An
   const DataType xt = x.element_type();
   if (y->element_type() != xt || (xt != DataType::F32 && xt != DataType::BF16 && xt != DataType::F16))
     return ffi::Error::InvalidArgument("aotlm_wmm_q4: x and y must both be f32, bf16 or f16");
+  const bool int8 = w.element_type() == DataType::S8;  // int8 codes in groups (group8.h)
   aotlm_q4::W4 w4;
-  if (const std::string e = q4_operands(w, sm, K, N, group, &w4); !e.empty())
+  aotlm_g8::W8 w8;
+  if (const std::string e = int8 ? g8_operands(w, sm, K, N, group, &w8) : q4_operands(w, sm, K, N, group, &w4);
+      !e.empty())
     return ffi::Error::InvalidArgument("aotlm_wmm_q4: " + e);
+  const int64_t Np = int8 ? w8.Np : w4.Np;
   const float* b = nullptr;
   if (!scale_of(bias, N, &b)) return ffi::Error::InvalidArgument("aotlm_wmm_q4: bias must be f32 [N] or empty");
   if (act < aotlm_ep::ACT_NONE || act > aotlm_ep::ACT_RELU)
     return ffi::Error::InvalidArgument("aotlm_wmm_q4: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
   std::vector<float> bp;  // bias zero padded to Np (the output pass reads whole panels)
-  if (b) bp.assign(w4.Np, 0.f), std::memcpy(bp.data(), b, N * sizeof(float));
+  if (b) bp.assign(Np, 0.f), std::memcpy(bp.data(), b, N * sizeof(float));
   const int8_t* lv = nullptr;
   if (!aotlm_lr::live_of(live, M, &lv))
     return ffi::Error::InvalidArgument("aotlm_wmm_q4: live rows must be int8 [M] or empty");
   std::vector<float> tmp;
   const float* bb = b ? bp.data() : nullptr;
   aotlm_lr::live_rows(x_f32(x, M * K, tmp), lv, M, K, N, bb, act, Out{y->untyped_data(), xt},
-                      [&](const float* xr, int64_t Mr, const Out& o) { aotlm_q4::run(xr, w4, bb, act, Mr, K, N, o); });
+                      [&](const float* xr, int64_t Mr, const Out& o) {
+                        if (int8)
+                          aotlm_g8::run(xr, w8, bb, act, Mr, N, o);
+                        else
+                          aotlm_q4::run(xr, w4, bb, act, Mr, K, N, o);
+                      });
   return ffi::Error::Success();
 }
 
@@ -339,6 +348,13 @@ ffi::Error unpack_q4(ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::AnyBuffer after, 
   const DataType yt = y->element_type();
   if (yd.size() != 2 || (yt != DataType::F32 && yt != DataType::BF16 && yt != DataType::F16))
     return ffi::Error::InvalidArgument("aotlm_unpack_q4: y must be 2-D f32, bf16 or f16");
+  if (w.element_type() == DataType::S8) {  // int8 codes in groups (group8.h)
+    aotlm_g8::W8 w8;
+    if (const std::string e = g8_operands(w, sm, yd[0], yd[1], group, &w8); !e.empty())
+      return ffi::Error::InvalidArgument("aotlm_unpack_q4: " + e);
+    aotlm_g8::run_unpack(w8, yd[1], Out{y->untyped_data(), yt});
+    return ffi::Error::Success();
+  }
   aotlm_q4::W4 w4;
   if (const std::string e = q4_operands(w, sm, yd[0], yd[1], group, &w4); !e.empty())
     return ffi::Error::InvalidArgument("aotlm_unpack_q4: " + e);

@@ -1,5 +1,7 @@
-"""4-bit group-wise weights on the kernels (``int4.h``): products and dequantized matrices of packed
-4-bit codes with their f16 scales / minimums (``aotlm.models.quant4``), per shard under tensor parallelism.
+"""Group-scaled weights on the kernels: products and dequantized matrices of packed 4-bit codes
+(``int4.h``, ``aotlm.models.quant4``) or int8 codes in the int8 panel layout (``group8.h``: a GGUF
+file's Q8_0 blocks, ``aotlm.models.quant8``) with their f16 scales / minimums per group of rows, per
+shard under tensor parallelism. The leaf's dtype says which: uint8 4-bit, int8 8-bit.
 """
 
 from __future__ import annotations
@@ -50,11 +52,19 @@ def q4_group(k: int, sm) -> int:
     return k // groups
 
 
+def logical_dims(w, packed_k: int) -> tuple[tuple, tuple]:
+    """``(Kd, Nd)`` of a packed group-scaled leaf (or a local shard of one): 4-bit codes (uint8, 8 rows a
+    64-byte block) or int8 codes (the int8 panels, pairs of rows)."""
+    if jnp.dtype(w.dtype) == jnp.int8:
+        return layout.logical_dims(w.shape, packed_k)
+    return layout.q4_logical_dims(w.shape, packed_k)
+
+
 def _q4_call(x, w, sm, axes: int, packed_k: int, b=None, act: str | None = None):
     """The kernel on local arrays: ``x [..., *K] @ W`` for packed 4-bit ``w`` (``packed_k`` contracted
     dims) and its scales ``sm [G, S, *N]``; ``b`` / ``act`` applied in the output pass."""
     kernels.ensure_registered()
-    kd, nd = layout.q4_logical_dims(w.shape, packed_k)
+    kd, nd = logical_dims(w, packed_k)
     k, n = math.prod(kd), math.prod(nd)
     lead = x.shape[: x.ndim - axes]
     bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
@@ -96,7 +106,7 @@ def unpack_q4(w, sm, dtype, packed_k: int, name: str | None = None, after=None, 
 
     def local(wl, sl, d):
         kernels.ensure_registered()
-        kd, nd = layout.q4_logical_dims(wl.shape, packed_k)
+        kd, nd = logical_dims(wl, packed_k)
         k, n = math.prod(kd), math.prod(nd)
         out = jax.ShapeDtypeStruct((k, n), dtype)
         y = jax.ffi.ffi_call("aotlm_unpack_q4", out)(wl, sl, d, group=np.int32(q4_group(k, sl)))

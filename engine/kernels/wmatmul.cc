@@ -3,7 +3,7 @@
 //   aotlm_wmm_nn:  y[M,N] = x[M,K] @ W[K,N]      (dense weights, row-major [in, out])
 //   aotlm_wmm_nt:  y[M,N] = x[M,K] @ W[N,K]^T    (embedding rows: tied lm_head)
 //   aotlm_wmm_pk:  y[M,N] = x[M,K] @ W[K,N]      (int8 / bf16 / f16 / f32 W in the panel layout, packed.h)
-//   aotlm_wmm_q4:  y[M,N] = x[M,K] @ W[K,N]      (4-bit W in groups along K, int4.h)
+//   aotlm_wmm_q4:  y[M,N] = x[M,K] @ W[K,N]      (4-bit W in groups along K, int4.h; int8 W in groups, group8.h)
 //
 // W is bf16, f16, f32 or int8 (then times a per-output-channel f32 scale); x and y are f32,
 // bf16 or f16 (y has x's dtype); products accumulate in f32. Why: XLA:CPU converts a whole
@@ -285,6 +285,7 @@ ffi::Error convert(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyB
   return ffi::Error::Success();
 }
 #include "prefill.h"  // prefill handlers: the GEMMs and attention on XLA's threads
+#include "group8.h"   // int8 weights with group scales (GGUF Q8_0 kept as stored)
 #include "int4.h"     // 4-bit group-quantized weights (decode and prefill rows)
 #include "dattn.h"    // decode attention handlers: the dots (bdot.h) and the fused step (q.k, softmax, p.v)
 }  // namespace

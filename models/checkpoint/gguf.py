@@ -38,7 +38,7 @@ from aotlm.models.checkpoint.formats import CheckpointError
 from aotlm.models.checkpoint.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, rope_factors
 from aotlm.models.checkpoint.gguf_meta import build_config, build_tokenizer, read_metadata
 from aotlm.models.checkpoint.gguf_weights import GGUFWeights, note_source, source_of
-from aotlm.models.quant import Q4_BLOCK_TYPES
+from aotlm.models.quant import Q4_BLOCK_TYPES, Q8_BLOCK_TYPES
 
 __all__ = ["convert", "default_quant", "is_gguf", "cache_root", "open_weights", "SOURCE_FILE", "stats"]
 
@@ -245,6 +245,8 @@ def default_quant(checkpoint: str | os.PathLike) -> str | None:
     if quant is not None:
         types = "/".join(t for t in source.get("matrix_types", []) if t != "F32")
         how = {"int8": "dequantized", "int4": "4-bit blocks kept, others int8"}.get(quant, "kept")
+        if quant == "int8" and q8_file(checkpoint):  # their codes and scales stay (models.quant8)
+            how = "kept as int8 groups of 32"
         logger.warning(
             "%s: %s weights %s; stored as %s (quant='none' / --quant none keeps f32)",
             Path(source.get("path", "")).name, types, how, quant,
@@ -263,6 +265,18 @@ def q4_types(checkpoint: str | os.PathLike) -> list[str]:
     except ValueError:
         return []
     return [t for t in Q4_TYPES if t in types]
+
+
+def q8_file(checkpoint: str | os.PathLike) -> bool:
+    """Are a converted GGUF model's quantized matrices all Q8_0 blocks (kept as int8 groups of 32:
+    ``aotlm.models.quant8``)? False for any other checkpoint."""
+    f = Path(checkpoint) / SOURCE_FILE
+    try:
+        types = json.loads(f.read_text()).get("matrix_types", []) if f.is_file() else []
+    except ValueError:
+        return False
+    quantized = {t for t in types if t in QUANT_TYPES}
+    return bool(quantized) and quantized <= set(Q8_BLOCK_TYPES)
 
 
 def lookup_bytes(checkpoint: str | os.PathLike) -> float | None:

@@ -168,7 +168,8 @@ def test_int8_default_and_int4_as_stored(files, compile_dir, caplog):
         np.testing.assert_allclose(rows, table[prompts[0]], rtol=0, atol=2e-7 * np.abs(table).max())
         lines = [r.getMessage() for r in caplog.records if r.name == "aotlm.models.checkpoint.gguf"]
         keep = "(quant='none' / --quant none keeps f32)"
-        assert lines == [f"{path.name}: {qtype} weights dequantized; stored as int8 {keep}"]
+        how = "kept as int8 groups of 32" if qtype == "Q8_0" else "dequantized"
+        assert lines == [f"{path.name}: {qtype} weights {how}; stored as int8 {keep}"]
         as4 = AutoModelForSampling.from_pretrained(
             str(path), compile_cache=compile_dir, quant="int4", **SHAPES
         )

@@ -66,7 +66,8 @@ def cases(tmp_path_factory):
     from gguf import GGMLQuantizationType as T
     from gguf_builders import tiny_config, write_gguf
 
-    for name, tied, qtype in (("untied", False, T.Q4_K), ("tied", True, T.Q6_K)):
+    # and untied in Q8_0 (its matrices kept as int8 groups of 32 with f16 scales: models.quant8)
+    for name, tied, qtype in (("untied", False, T.Q4_K), ("tied", True, T.Q6_K), ("untied8", False, T.Q8_0)):
         cfg = tiny_config("llama")
         cfg.tie_word_embeddings = tied
         hf = make_checkpoint(root / f"gguf-{name}", cfg)
@@ -81,7 +82,7 @@ def cases(tmp_path_factory):
 
 
 def test_plan_weight_bytes_equal_the_stored_params(cases):
-    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 3 * 3
+    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 3 * 4
     assert {c["plan"]["weights"] for c in cases if c["ckpt"].endswith(".gguf")} == {"int8", "int4-g32-asym"}
     for c in cases:
         name = f"{c['ckpt']} tp={c['tp']} pp={c['pp']} quant={c['quant']}"

@@ -139,6 +139,7 @@ VARIANT_TESTS = [
     "tests/kernels/test_kernels.py::test_packed_int8_rows_equal_the_exact_product_of_int16_rounded_x",
     "tests/kernels/test_q4.py::test_kernel_matches_numpy_on_odd_shapes",
     "tests/kernels/test_q4.py::test_prefill_rows_get_the_bits_of_decode_rows",
+    "tests/kernels/test_group8.py::test_kernel_matches_numpy_on_odd_shapes",
     "tests/kernels/test_prefill_kernels.py::test_causal_attention_matches_numpy",
     "tests/kernels/test_prefill_kernels.py::test_row_kernels_apply_bias_and_activation",
     "tests/kernels/test_kernels.py::test_kernel_matches_numpy_on_odd_shapes",
@@ -159,7 +160,7 @@ def test_each_level_matches_numpy(level):
         pytest.skip(f"this CPU lacks {' '.join(isa.lacking(level))} (the {level} kernels)")
     if level == kernels.isa_level():
         pytest.skip(f"{level} is this process's level: the kernel tests run it in process")
-    sel = VARIANT_TESTS if level == "avx2" else VARIANT_TESTS[:9]  # avx512: GEMMs, packed rows, 4-bit
+    sel = VARIANT_TESTS if level == "avx2" else VARIANT_TESTS[:10]  # avx512: GEMMs, packed rows, groups
     cmd = [
         sys.executable,
         "-m",

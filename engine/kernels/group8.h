@@ -1,0 +1,210 @@
+// int8 weights with a scale (and minimum) per group of rows along K -- a GGUF file's Q8_0 blocks kept as
+// stored (models/quant8.py) -- included by wmatmul.cc after int4.h; aotlm_wmm_q4 / aotlm_unpack_q4 take
+// them when W is int8:
+//
+//   y[M,N] = act(x[M,K] @ W[K,N] (+ bias)),  W[k,n] = s[g,n] * q[k,n] (+ m[g,n]),  g = k / group
+//
+// q: int8 in packed.h's panel layout ([Np / 16][K / 2][16][2]: per panel of 16 columns, each pair of rows
+// interleaved per column); s, m: f16 [G][S][Np] (S = 1: symmetric, 2: scale then minimum). K is a
+// multiple of the group (a multiple of 2).
+//
+// Math: each row of x is rounded to int16 once (int8.h's quantize_rows: scale max|x| / 32767, a relative
+// error <= 1.5e-5 of the row's largest value -- not to int8 per group as the 4-bit kernel does, so the
+// product stays within f32-like error of the file's own weights), int16 x int8 products summed exactly in
+// int32 per group (vpdpwssd / vpmaddwd; |sum| <= group * 32767 * 128 < 2^31 for groups up to 256), then
+//   f += float(sum) * s[g] (+ m[g] * sum_k xq[k]),   y = sx * f.
+#pragma once
+
+namespace aotlm_g8 {
+constexpr int64_t P = 16;      // columns per panel
+constexpr int64_t PFB = 1024;  // prefetch distance in the panel stream (bytes)
+constexpr int64_t ROWS = 64;   // rows of x per pass over a panel range
+
+struct W8 {
+  const int8_t* q;     // panels [Np / 16][K / 2][32]
+  const uint16_t* sm;  // f16 [G][S][Np]
+  int64_t K, Np, group, S;
+};
+
+inline float scale_of(const W8& w, int64_t g, int64_t s, int64_t n) {
+  return f16_to_f32(w.sm[(g * w.S + s) * w.Np + n]);
+}
+
+#if defined(__AVX512BW__)
+constexpr int MR_MAX = 8;
+// MR rows of xq [MR, ld_x] x panel p -> out[m * ld + 0..15]; xsum [MR][G] (minimums only).
+template <int MR>
+inline void panel_rows(const int16_t* xq, int64_t ldx, const int32_t* xsum, const W8& w, int64_t p, float* out,
+                       int64_t ld) {
+  constexpr int A = MR == 1 ? 4 : MR == 2 ? 2 : 1;  // few rows: pairs in separate sums (the add latency)
+  const int8_t* panel = w.q + p * (w.K / 2) * 2 * P;
+  const int64_t G = w.K / w.group, gp = w.group / 2;  // gp: pairs per group (a multiple of 4)
+  __m512 f[MR];
+  for (int m = 0; m < MR; ++m) f[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i acc[MR][A];
+    for (int m = 0; m < MR; ++m)
+      for (int a = 0; a < A; ++a) acc[m][a] = _mm512_setzero_si512();
+    const auto step = [&](int64_t j, int a) {
+      const __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + j * 2 * P)));
+      for (int m = 0; m < MR; ++m) {
+        int32_t x2;
+        std::memcpy(&x2, xq + m * ldx + 2 * j, 4);
+        acc[m][a] = aotlm_pk::madd_add512(acc[m][a], wv, _mm512_set1_epi32(x2));
+      }
+    };
+    for (int64_t j = g * gp; j < (g + 1) * gp; j += 4) {  // four pairs = two 64-byte lines
+      _mm_prefetch(reinterpret_cast<const char*>(panel + j * 2 * P + PFB), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(panel + j * 2 * P + 64 + PFB), _MM_HINT_T0);
+      for (int i = 0; i < 4; ++i) step(j + i, i % A);
+    }
+    const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
+    _mm_prefetch(reinterpret_cast<const char*>(sg + 4 * w.S * w.Np), _MM_HINT_T0);  // scales: strided
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
+    for (int m = 0; m < MR; ++m) {
+      __m512i a = acc[m][0];
+      for (int i = 1; i < A; ++i) a = _mm512_add_epi32(a, acc[m][i]);
+      f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), s, f[m]);
+    }
+    if (w.S == 2) {
+      const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + w.Np)));
+      for (int m = 0; m < MR; ++m) f[m] = _mm512_fmadd_ps(_mm512_set1_ps(float(xsum[m * G + g])), mn, f[m]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + m * ld, f[m]);
+}
+#else
+constexpr int MR_MAX = 4;
+// AVX2: columns 0-7 and 8-15 of each pair of rows as two vectors (packed.h's w16).
+template <int MR>
+inline void panel_rows(const int16_t* xq, int64_t ldx, const int32_t* xsum, const W8& w, int64_t p, float* out,
+                       int64_t ld) {
+  const int8_t* panel = w.q + p * (w.K / 2) * 2 * P;
+  const int64_t G = w.K / w.group, gp = w.group / 2;
+  __m256 f[MR][2];
+  for (int m = 0; m < MR; ++m) f[m][0] = f[m][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m256i acc[MR][2];
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
+    for (int64_t j = g * gp; j < (g + 1) * gp; ++j) {
+      const int8_t* r = panel + j * 2 * P;
+      if ((j & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
+      const __m256i w0 = aotlm_pk::w16(r), w1 = aotlm_pk::w16(r + 16);
+      for (int m = 0; m < MR; ++m) {
+        const __m256i xb = aotlm_i8::pair_at(xq + m * ldx + 2 * j);
+        acc[m][0] = aotlm_i8::madd_add(acc[m][0], w0, xb);
+        acc[m][1] = aotlm_i8::madd_add(acc[m][1], w1, xb);
+      }
+    }
+    const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
+    for (int v = 0; v < 2; ++v) {
+      const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * v)));
+      const __m256 mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + w.Np + 8 * v)))
+                                 : _mm256_setzero_ps();
+      for (int m = 0; m < MR; ++m) {
+        f[m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][v]), s, f[m][v]);
+        if (w.S == 2) f[m][v] = _mm256_fmadd_ps(_mm256_set1_ps(float(xsum[m * G + g])), mn, f[m][v]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + m * ld + 8 * v, f[m][v]);
+}
+#endif
+
+// M rows (<= ROWS) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c].
+inline void rows(const int16_t* xq, int64_t ldx, const int32_t* xsum, int64_t M, const W8& w, int64_t p0, int64_t p1,
+                 float* buf, int64_t ld) {
+  const int64_t G = w.K / w.group;
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t m0 = 0; m0 < M;) {
+      const int64_t left = M - m0;
+      const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
+      const int16_t* x = xq + m0 * ldx;
+      const int32_t* xs = xsum + m0 * G;
+      float* o = buf + m0 * ld + (p - p0) * P;
+      switch (mr) {
+        case 1: panel_rows<1>(x, ldx, xs, w, p, o, ld); break;
+        case 2: panel_rows<2>(x, ldx, xs, w, p, o, ld); break;
+        case 3: panel_rows<3>(x, ldx, xs, w, p, o, ld); break;
+#if defined(__AVX512BW__)
+        case 4: panel_rows<4>(x, ldx, xs, w, p, o, ld); break;
+        case 5: panel_rows<5>(x, ldx, xs, w, p, o, ld); break;
+        case 6: panel_rows<6>(x, ldx, xs, w, p, o, ld); break;
+        case 7: panel_rows<7>(x, ldx, xs, w, p, o, ld); break;
+        default: panel_rows<8>(x, ldx, xs, w, p, o, ld); break;
+#else
+        default: panel_rows<4>(x, ldx, xs, w, p, o, ld); break;
+#endif
+      }
+      m0 += mr;
+    }
+}
+
+// y [M, N] = act(x [M, K] @ W (+ bias)); bias: f32 [Np] (zero padded) or null.
+inline void run(const float* x, const W8& w, const float* bias, int32_t act, int64_t M, int64_t N, const Out& out) {
+  const int64_t K = w.K, ldx = (K + 16) / 16 * 16, G = K / w.group;
+  std::vector<int16_t> xq(M * ldx);
+  std::vector<float> sx(M);
+  aotlm_i8::quantize_rows(x, M, K, ldx, xq.data(), sx.data());
+  std::vector<int32_t> xsum(w.S == 2 ? M * G : 0);
+  for (int64_t m = 0; m < M && w.S == 2; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      int32_t t = 0;
+      for (int64_t k = g * w.group; k < (g + 1) * w.group; ++k) t += xq[m * ldx + k];
+      xsum[m * G + g] = t;
+    }
+  aotlm_pk::panel_ranges(w.Np / P, M == 1 ? 1 : 4, [&](int64_t p0, int64_t p1) {
+    const int64_t ld = (p1 - p0) * P, n0 = p0 * P, width = std::min(ld, N - n0);
+    thread_local std::vector<float> buf;
+    buf.resize(std::min(M, ROWS) * ld);
+    for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
+      const int64_t mc = std::min(ROWS, M - m0);
+      rows(xq.data() + m0 * ldx, ldx, xsum.data() + (w.S == 2 ? m0 * G : 0), mc, w, p0, p1, buf.data(), ld);
+      for (int64_t m = 0; m < mc; ++m) {
+        float* r = buf.data() + m * ld;
+        const __m256 s = _mm256_set1_ps(sx[m0 + m]);
+        for (int64_t j = 0; j < ld; j += 8)
+          _mm256_storeu_ps(r + j, aotlm_ep::finish(_mm256_loadu_ps(r + j), s, bias ? bias + n0 + j : nullptr, act));
+        out.put((m0 + m) * N + n0, r, int(width));
+      }
+    }
+  });
+}
+
+// Whole W -> y [K, N] f32 / bf16 / f16 (the dequantized matrix, for tests and XLA's dot).
+inline void run_unpack(const W8& w, int64_t N, const Out& out) {
+  aotlm_pk::panel_ranges(w.Np / P, 4, [&](int64_t p0, int64_t p1) {
+    const int64_t ld = (p1 - p0) * P, n0 = p0 * P, width = std::min(ld, N - n0);
+    std::vector<float> row(ld);
+    for (int64_t k = 0; k < w.K; ++k) {
+      const int64_t g = k / w.group;
+      for (int64_t p = p0; p < p1; ++p) {
+        const int8_t* r = w.q + (p * (w.K / 2) + k / 2) * 2 * P + (k & 1);
+        for (int64_t c = 0; c < P; ++c) {
+          const int64_t n = p * P + c;
+          const float mn = w.S == 2 ? scale_of(w, g, 1, n) : 0.f;
+          row[(p - p0) * P + c] = scale_of(w, g, 0, n) * float(r[2 * c]) + mn;
+        }
+      }
+      out.put(k * N + n0, row.data(), int(width));
+    }
+  });
+}
+
+}  // namespace aotlm_g8
+
+// The operands of an int8 W in groups for y [.., K] x [.., N]: w holds Np * K bytes (Np: N up to 16), sm
+// f16 [G][S][Np] with S = 1 or 2, G = K / group. Returns "" or the problem.
+std::string g8_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64_t K, int64_t N, int32_t group,
+                        aotlm_g8::W8* out) {
+  if (group < 8 || group > 256 || group % 8 || K % group)
+    return "int8 groups must be a multiple of 8 rows, <= 256, and divide K";
+  const int64_t Np = (N + 15) / 16 * 16, G = K / group;
+  if (int64_t(w.element_count()) != K * Np) return "int8 w must hold Np * K bytes (Np: N rounded up to 16)";
+  if (sm.element_type() != DataType::F16 || (int64_t(sm.element_count()) != G * Np && int64_t(sm.element_count()) != 2 * G * Np))
+    return "scales of int8 groups must be f16 [G, 1 or 2, Np] (G = K / group)";
+  *out = {static_cast<const int8_t*>(w.untyped_data()), static_cast<const uint16_t*>(sm.untyped_data()), K, Np, group,
+          int64_t(sm.element_count()) / (G * Np)};
+  return "";
+}
