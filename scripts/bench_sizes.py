@@ -28,14 +28,15 @@ Per file, every measurement in a child process (peak RSS: that process's ``ru_ma
 Load s = from_pretrained + compile / Llama(), imports excluded. Prefill ms: one prompt of random ids of
 each --prompt length, batch 1 (aotlm ``forward``, llama.cpp ``eval``). Decode tok/s = B x (new - 1) /
 (generate time - the time of the same call making 1 token; llama.cpp: its prefill), prompt = the first
---prompt length: aotlm ``sample(min_new_tokens=new)`` (``forward`` would be no baseline: it returns the
-logits of every position, at batch 8 x 128 an lm_head pass of seconds at 8B),
-llama.cpp one ``eval`` per token at batch 1 and ``bench_peers.llama_cpp_runner`` (its batched API)
-above; medians of --runs after a warm-up. "B1 % bw": bytes per token (the file's tensor bytes, less the
-token embedding when the lm_head is separate) x B1 tok/s / the read bandwidth ``bench.read_bandwidth``
-measured just before the row's batch-1 process ("bw GB/s"; "load": the 1-minute load average then, as
-other processes load a shared machine, llama.cpp's spinning threads suffer most). Compare rows of one run.
-"""
+--prompt length at batch 1, --batch-prompt (16) above (B x 128 prompt tokens, ~50 s of prefill at 8B in
+both calls, drowned the difference in their noise): aotlm ``sample(min_new_tokens=new)`` (``forward``
+would be no baseline: it returns the logits of every position, at batch 8 x 128 an lm_head pass of
+seconds at 8B), llama.cpp one ``eval`` per token at batch 1 and ``bench_peers.llama_cpp_runner`` (its
+batched API) above; medians of --runs after a warm-up. "B1 % bw": bytes per token (the file's tensor
+bytes, less the token embedding when the lm_head is separate) x B1 tok/s / the read bandwidth
+``bench.read_bandwidth`` measured just before the row's batch-1 process ("bw GB/s"; "load": the 1-minute
+load average then, as other processes load a shared machine, llama.cpp's spinning threads suffer most).
+Compare rows of one run."""
 
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="decode batches (1 always)")
     ap.add_argument("--prompt", type=int, nargs="+", default=[128, 512], help="prefill lengths")
     ap.add_argument("--new", type=int, default=32, help="greedy tokens generated")
+    ap.add_argument("--batch-prompt", type=int, default=16, help="prompt length of the batched decode rows")
     ap.add_argument("--runs", type=int, default=3, help="timed runs (medians)")
     ap.add_argument("--work", default="/tmp/aotlm-bench-sizes", help="files made here once, reused")
     ap.add_argument("--engines", nargs="+", choices=["aotlm", "llama"], default=["aotlm", "llama"])
@@ -357,7 +359,7 @@ def bench_engine(engine: str, quant: str | None, gguf: Path, args, base: dict) -
     row |= {k: v for k, v in warm.items() if k.startswith(("prefill", "decode"))}
     errors = [r["error"] for r in (cold, warm) if "error" in r]
     for b in args.batch[1:] if not errors else []:
-        res = run_child(dict(spec, batch=b, measure=True), env, f"batch {b}")
+        res = run_child(dict(spec, batch=b, measure=True, prompts=[args.batch_prompt]), env, f"batch {b}")
         row[f"decode B{b} tok/s"], row[f"rss B{b} GB"] = res.get(f"decode B{b} tok/s"), res.get("rss GB")
         errors += [f"batch {b}: {res['error']}"] if "error" in res else []
     row["error"] = errors[0] if errors else None
@@ -448,6 +450,7 @@ def main() -> int:
         tps = r.get("decode B1 tok/s")
         r["B1 % bw"] = 100 * r["step GB"] * tps / r["bw GB/s"] if tps else None
     print(f"\nprompts {args.prompt}, {args.new} new tokens, greedy, decode prompt {args.prompt[0]}", end=", ")
+    print(f"batched decode prompt {args.batch_prompt}", end=", ")
     print(f"median of {args.runs}; n_positions {n_pos}")
     report(rows, args)
     if args.json:
