@@ -211,17 +211,21 @@ class Int8Matrix:
         return self.q.ndim
 
 
-def int8_from_rows(chunks: Iterable[np.ndarray], shape: tuple[int, int], groups: bool = False) -> Int8Matrix:
+def int8_from_rows(
+    chunks: Iterable[np.ndarray], shape: tuple[int, int], groups: str | None = None
+) -> Int8Matrix:
     """A ``[out, in]`` float matrix given a few rows at a time, rounded as ``quantize_int8`` rounds its
     transpose (the same numbers: each output channel is one row here) and then transposed as int8, so
-    only one chunk is ever float32. ``groups``: as ``quant8.quantize_groups`` rounds the transpose
-    (a scale per 32 inputs: ``[in / 32, 1, out]`` f16)."""
+    only one chunk is ever float32. ``groups`` (a GGUF block type of ``quant8.TYPES``): as
+    ``quant8.quantize_groups`` rounds the transpose (f16 scales ``[in / 32, S, out]``)."""
     q, at = np.empty(shape, np.int8), 0
-    g = shape[1] // quant8.GROUP
-    scale = np.empty((g, 1, shape[0]), np.float16) if groups else np.empty(shape[0], np.float32)
+    kind = quant8.TYPES.get(groups) if groups else None
+    g = (shape[1] // quant8.GROUP, 1 + kind[1], shape[0]) if kind else None
+    scale = np.empty(g, np.float16) if kind else np.empty(shape[0], np.float32)
     for rows in chunks:
-        if groups:
-            q[at : at + len(rows)], scale[..., at : at + len(rows)] = quant8.quantize_groups(rows, (1,))
+        if kind:
+            part = slice(at, at + len(rows))
+            q[part], scale[..., part] = quant8.quantize_groups(rows, (1,), *kind)
         else:
             q[at : at + len(rows)], scale[at : at + len(rows)] = quantize_int8(rows, (1,))
         at += len(rows)
@@ -266,7 +270,7 @@ Q4_BLOCK_TYPES = (
     "Q4_1",
     "Q4_K",
 )  # GGUF 4-bit blocks of 32 input rows: int4 groups hold them as stored
-Q8_BLOCK_TYPES = ("Q8_0",)  # GGUF int8 blocks of 32 input rows: int8 groups hold them as stored (quant8)
+Q8_BLOCK_TYPES = tuple(quant8.TYPES)  # GGUF blocks of 32 input rows held as stored by int8 groups (quant8)
 
 
 class ParamRewriter:
@@ -402,8 +406,8 @@ class ParamRewriter:
         as_stored = not self.gguf_blocks or src in Q4_BLOCK_TYPES
         if self.quant.int4 and name in PACK_CONTRACT and as_stored:
             return self._int4(path, arr, PACK_CONTRACT[name]) or [(path, arr)]
-        if self.int8_groups(path, arr.shape, src):  # a file's Q8_0 blocks: their own codes and scales
-            q, scale = quant8.quantize_groups(arr, PACK_CONTRACT[name])
+        if self.int8_groups(path, arr.shape, src):  # a file's Q8_0 / Q5_* blocks: their own codes, scales
+            q, scale = quant8.quantize_groups(arr, PACK_CONTRACT[name], *quant8.TYPES[src])
         else:
             q, scale = quantize_int8(arr, CONTRACT_AXES[name])
         return [(path, q), ((*path[:-1], f"{name}_scale"), scale)]

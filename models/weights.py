@@ -219,9 +219,13 @@ def _streamed(r: Row, reader, name: str, src: str | None, rewriter) -> tuple | N
         got = reader.lookup(name)
     elif len(r.targets) == 1 and r.fn is linear_t and rewriter.rounds_rows(r.targets[0], src):
         chunks = reader.row_chunks(name) if hasattr(reader, "row_chunks") else None
-        if chunks is not None:  # a file's Q8_0 blocks: int8 groups as stored (quant8)
+        if chunks is not None:  # a file's Q8_0 / Q5_* blocks: int8 groups as stored (quant8)
             groups = rewriter.int8_groups(r.targets[0], reader.shape(name)[::-1], src)
-            got = int8_from_rows(chunks, reader.shape(name), groups)
+            blocks = reader.q8_blocks(name) if groups and hasattr(reader, "q8_blocks") else None
+            if blocks is not None:  # Q8_0: the codes and scales themselves, transposed
+                got = Int8Matrix(transposed(blocks[0]), transposed(blocks[1])[:, None])
+            else:
+                got = int8_from_rows(chunks, reader.shape(name), src if groups else None)
     return None if got is None else (got,)
 
 

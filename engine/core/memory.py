@@ -102,10 +102,10 @@ class Storage:
 
     def __init__(
         self, q: QuantizationConfig | None, compute: int, kernels_on: bool, gguf_blocks: bool, lookup=None,
-        q4k: bool = False, q8: bool = False,
+        q4k: bool = False, q8: int = 0,
     ):  # fmt: skip
         self.q, self.compute, self.gguf_blocks = q, compute, gguf_blocks
-        self.q8 = q8  # a GGUF file's matrices are Q8_0 blocks: int8 groups as stored (models.quant8)
+        self.q8 = q8  # a GGUF file's matrices are Q8_0 / Q5_* blocks: int8 groups with q8 scales a group
         self.q4k = q4k and gguf_blocks  # the file's 4-bit blocks are Q4_K: their own scales (models.kscales)
         self.lookup = lookup  # bytes per weight of a GGUF embedding kept as its codes (aotlm.models.lookup)
         int4 = q is not None and q.int4
@@ -144,7 +144,7 @@ class Storage:
         if self.q8 and not q.w8a8 and name in PACK_CONTRACT and name != "embed_q":
             if quant8.packable(shape, contract, vocab):  # as ParamRewriter.int8_groups decides
                 k = _prod(shape[c] for c in contract)
-                return [(path, shape, 1), (scale, (k // quant8.GROUP, 1, *channels), 2)]
+                return [(path, shape, 1), (scale, (k // quant8.GROUP, self.q8, *channels), 2)]
         return [(path, shape, 1), (scale, channels, 4)]
 
     def pad_vocab(self, leaf: tuple, shape: tuple, per: float, tp: int) -> tuple:
@@ -178,7 +178,7 @@ def memory_plan(
     gguf_blocks: bool = False,
     gguf_lookup: float | None = None,
     gguf_q4k: bool = False,
-    gguf_q8: bool = False,
+    gguf_q8: int = 0,
 ) -> dict:
     """Bytes per device of the weights and the KV cache for one configuration.
 
@@ -188,8 +188,8 @@ def memory_plan(
     (None follows amp). ``quant``: the weight storage (``"int8"``, a ``QuantizationConfig``, ...);
     ``kernels_on`` (default: this backend's), ``gguf_blocks`` (a GGUF file's Q4 blocks) as the loader has;
     ``gguf_lookup``: bytes per weight of a GGUF embedding kept as codes (``gguf.lookup_bytes``);
-    ``gguf_q4k`` / ``gguf_q8``: its 4-bit blocks are all Q4_K (``models.kscales``) / its matrices Q8_0
-    (``models.quant8``), kept with their own scales."""
+    ``gguf_q4k`` / ``gguf_q8``: its 4-bit blocks are all Q4_K (``models.kscales``) / its matrices of one
+    type int8 groups keep (``models.quant8``; the scales per group: ``gguf.q8_file``)."""
     # amp on this backend (aotlm.core.precision; unknown names: the engine's errors)
     prec = precision.resolve(amp, quant, kernels_on, kv_cache_dtype)
     kernels_on = kernels.enabled() if kernels_on is None else kernels_on

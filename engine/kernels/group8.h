@@ -8,11 +8,12 @@
 // interleaved per column); s, m: f16 [G][S][Np] (S = 1: symmetric, 2: scale then minimum). K is a
 // multiple of the group (a multiple of 2).
 //
-// Math: each row of x is rounded to int16 once (int8.h's quantize_rows: scale max|x| / 32767, a relative
-// error <= 1.5e-5 of the row's largest value -- not to int8 per group as the 4-bit kernel does, so the
-// product stays within f32-like error of the file's own weights), int16 x int8 products summed exactly in
-// int32 per group (vpdpwssd / vpmaddwd; |sum| <= group * 32767 * 128 < 2^31 for groups up to 256), then
-//   f += float(sum) * s[g] (+ m[g] * sum_k xq[k]),   y = sx * f.
+// Math: each row of x is rounded to int16 per group (scale sx = max|x| / 32767 over the group's rows, an
+// error <= 1.5e-5 of the group's largest value -- not to int8 as the 4-bit kernel does, so the product
+// stays within f32-like error of the file's own weights; per group, not per row: a row's outliers then
+// cost the other groups nothing), int16 x int8 products summed exactly in int32 per group (vpdpwssd /
+// vpmaddwd; |sum| <= group * 32767 * 128 < 2^31 for groups up to 256), then
+//   y += float(sum) * (s[g] * sx[g]) (+ m[g] * sx[g] * sum_k xq[k]).
 #pragma once
 
 namespace aotlm_g8 {
@@ -32,10 +33,11 @@ inline float scale_of(const W8& w, int64_t g, int64_t s, int64_t n) {
 
 #if defined(__AVX512BW__)
 constexpr int MR_MAX = 8;
-// MR rows of xq [MR, ld_x] x panel p -> out[m * ld + 0..15]; xsum [MR][G] (minimums only).
+// MR rows of xq [MR, ld_x] x panel p -> out[m * ld + 0..15]; sx, xs [MR][G]: x's scales, and sx * sum(xq)
+// per group (minimums only).
 template <int MR>
-inline void panel_rows(const int16_t* xq, int64_t ldx, const int32_t* xsum, const W8& w, int64_t p, float* out,
-                       int64_t ld) {
+inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const float* xs, const W8& w, int64_t p,
+                       float* out, int64_t ld) {
   constexpr int A = MR == 1 ? 4 : MR == 2 ? 2 : 1;  // few rows: pairs in separate sums (the add latency)
   const int8_t* panel = w.q + p * (w.K / 2) * 2 * P;
   const int64_t G = w.K / w.group, gp = w.group / 2;  // gp: pairs per group (a multiple of 4)
@@ -64,11 +66,11 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const int32_t* xsum, cons
     for (int m = 0; m < MR; ++m) {
       __m512i a = acc[m][0];
       for (int i = 1; i < A; ++i) a = _mm512_add_epi32(a, acc[m][i]);
-      f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), s, f[m]);
+      f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s, _mm512_set1_ps(sx[m * G + g])), f[m]);
     }
     if (w.S == 2) {
       const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + w.Np)));
-      for (int m = 0; m < MR; ++m) f[m] = _mm512_fmadd_ps(_mm512_set1_ps(float(xsum[m * G + g])), mn, f[m]);
+      for (int m = 0; m < MR; ++m) f[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * G + g]), mn, f[m]);
     }
   }
   for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + m * ld, f[m]);
@@ -77,8 +79,8 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const int32_t* xsum, cons
 constexpr int MR_MAX = 4;
 // AVX2: columns 0-7 and 8-15 of each pair of rows as two vectors (packed.h's w16).
 template <int MR>
-inline void panel_rows(const int16_t* xq, int64_t ldx, const int32_t* xsum, const W8& w, int64_t p, float* out,
-                       int64_t ld) {
+inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const float* xs, const W8& w, int64_t p,
+                       float* out, int64_t ld) {
   const int8_t* panel = w.q + p * (w.K / 2) * 2 * P;
   const int64_t G = w.K / w.group, gp = w.group / 2;
   __m256 f[MR][2];
@@ -102,8 +104,8 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const int32_t* xsum, cons
       const __m256 mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + w.Np + 8 * v)))
                                  : _mm256_setzero_ps();
       for (int m = 0; m < MR; ++m) {
-        f[m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][v]), s, f[m][v]);
-        if (w.S == 2) f[m][v] = _mm256_fmadd_ps(_mm256_set1_ps(float(xsum[m * G + g])), mn, f[m][v]);
+        f[m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][v]), _mm256_mul_ps(s, _mm256_set1_ps(sx[m * G + g])), f[m][v]);
+        if (w.S == 2) f[m][v] = _mm256_fmadd_ps(_mm256_set1_ps(xs[m * G + g]), mn, f[m][v]);
       }
     }
   }
@@ -113,59 +115,75 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const int32_t* xsum, cons
 #endif
 
 // M rows (<= ROWS) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c].
-inline void rows(const int16_t* xq, int64_t ldx, const int32_t* xsum, int64_t M, const W8& w, int64_t p0, int64_t p1,
-                 float* buf, int64_t ld) {
+inline void rows(const int16_t* xq, int64_t ldx, const float* sx, const float* xs, int64_t M, const W8& w, int64_t p0,
+                 int64_t p1, float* buf, int64_t ld) {
   const int64_t G = w.K / w.group;
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t m0 = 0; m0 < M;) {
       const int64_t left = M - m0;
       const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
       const int16_t* x = xq + m0 * ldx;
-      const int32_t* xs = xsum + m0 * G;
+      const float *s = sx + m0 * G, *t = xs + m0 * G;
       float* o = buf + m0 * ld + (p - p0) * P;
       switch (mr) {
-        case 1: panel_rows<1>(x, ldx, xs, w, p, o, ld); break;
-        case 2: panel_rows<2>(x, ldx, xs, w, p, o, ld); break;
-        case 3: panel_rows<3>(x, ldx, xs, w, p, o, ld); break;
+        case 1: panel_rows<1>(x, ldx, s, t, w, p, o, ld); break;
+        case 2: panel_rows<2>(x, ldx, s, t, w, p, o, ld); break;
+        case 3: panel_rows<3>(x, ldx, s, t, w, p, o, ld); break;
 #if defined(__AVX512BW__)
-        case 4: panel_rows<4>(x, ldx, xs, w, p, o, ld); break;
-        case 5: panel_rows<5>(x, ldx, xs, w, p, o, ld); break;
-        case 6: panel_rows<6>(x, ldx, xs, w, p, o, ld); break;
-        case 7: panel_rows<7>(x, ldx, xs, w, p, o, ld); break;
-        default: panel_rows<8>(x, ldx, xs, w, p, o, ld); break;
+        case 4: panel_rows<4>(x, ldx, s, t, w, p, o, ld); break;
+        case 5: panel_rows<5>(x, ldx, s, t, w, p, o, ld); break;
+        case 6: panel_rows<6>(x, ldx, s, t, w, p, o, ld); break;
+        case 7: panel_rows<7>(x, ldx, s, t, w, p, o, ld); break;
+        default: panel_rows<8>(x, ldx, s, t, w, p, o, ld); break;
 #else
-        default: panel_rows<4>(x, ldx, xs, w, p, o, ld); break;
+        default: panel_rows<4>(x, ldx, s, t, w, p, o, ld); break;
 #endif
       }
       m0 += mr;
     }
 }
 
+// x [M, K] -> xq [M, ldx] int16, per row and group: sx (the scale) and xs = sx * sum(xq).
+inline void quantize_x(const float* x, int64_t M, const W8& w, int64_t ldx, int16_t* xq, float* sx, float* xs) {
+  const int64_t G = w.K / w.group;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* r = x + m * w.K + g * w.group;
+      int16_t* q = xq + m * ldx + g * w.group;
+      bool finite = true;
+      const float amax = aotlm_i8::abs_max(r, w.group, finite);
+      const float s = amax > 0.f && finite ? amax / 32767.f : 1.f;
+      int32_t sum = 0;
+      if (finite) {
+        aotlm_i8::round_i16(r, w.group, 1.f / s, q);
+        for (int64_t k = 0; k < w.group; ++k) sum += q[k];
+      } else {
+        std::fill(q, q + w.group, int16_t(0));
+      }
+      sx[m * G + g] = finite ? s : std::numeric_limits<float>::quiet_NaN();  // inf/NaN in: NaN out
+      xs[m * G + g] = sx[m * G + g] * float(sum);
+    }
+}
+
 // y [M, N] = act(x [M, K] @ W (+ bias)); bias: f32 [Np] (zero padded) or null.
 inline void run(const float* x, const W8& w, const float* bias, int32_t act, int64_t M, int64_t N, const Out& out) {
-  const int64_t K = w.K, ldx = (K + 16) / 16 * 16, G = K / w.group;
+  const int64_t ldx = w.K, G = w.K / w.group;
   std::vector<int16_t> xq(M * ldx);
-  std::vector<float> sx(M);
-  aotlm_i8::quantize_rows(x, M, K, ldx, xq.data(), sx.data());
-  std::vector<int32_t> xsum(w.S == 2 ? M * G : 0);
-  for (int64_t m = 0; m < M && w.S == 2; ++m)
-    for (int64_t g = 0; g < G; ++g) {
-      int32_t t = 0;
-      for (int64_t k = g * w.group; k < (g + 1) * w.group; ++k) t += xq[m * ldx + k];
-      xsum[m * G + g] = t;
-    }
+  std::vector<float> sx(M * G), xs(M * G);
+  quantize_x(x, M, w, ldx, xq.data(), sx.data(), xs.data());
   aotlm_pk::panel_ranges(w.Np / P, M == 1 ? 1 : 4, [&](int64_t p0, int64_t p1) {
     const int64_t ld = (p1 - p0) * P, n0 = p0 * P, width = std::min(ld, N - n0);
     thread_local std::vector<float> buf;
     buf.resize(std::min(M, ROWS) * ld);
     for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
       const int64_t mc = std::min(ROWS, M - m0);
-      rows(xq.data() + m0 * ldx, ldx, xsum.data() + (w.S == 2 ? m0 * G : 0), mc, w, p0, p1, buf.data(), ld);
+      rows(xq.data() + m0 * ldx, ldx, sx.data() + m0 * G, xs.data() + m0 * G, mc, w, p0, p1, buf.data(), ld);
       for (int64_t m = 0; m < mc; ++m) {
         float* r = buf.data() + m * ld;
-        const __m256 s = _mm256_set1_ps(sx[m0 + m]);
-        for (int64_t j = 0; j < ld; j += 8)
-          _mm256_storeu_ps(r + j, aotlm_ep::finish(_mm256_loadu_ps(r + j), s, bias ? bias + n0 + j : nullptr, act));
+        if (bias || act)
+          for (int64_t j = 0; j < ld; j += 8)
+            _mm256_storeu_ps(r + j, aotlm_ep::finish(_mm256_loadu_ps(r + j), _mm256_set1_ps(1.f),
+                                                     bias ? bias + n0 + j : nullptr, act));
         out.put((m0 + m) * N + n0, r, int(width));
       }
     }

@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from aotlm.models import quant8
 from aotlm.models.checkpoint import gguf_lookup
 from aotlm.models.checkpoint.formats import CheckpointError
 from aotlm.models.checkpoint.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, rope_factors
@@ -247,6 +248,9 @@ def default_quant(checkpoint: str | os.PathLike) -> str | None:
         how = {"int8": "dequantized", "int4": "4-bit blocks kept, others int8"}.get(quant, "kept")
         if quant == "int8" and q8_file(checkpoint):  # their codes and scales stay (models.quant8)
             how = "kept as int8 groups of 32"
+        elif quant == "int8" and set(Q8_BLOCK_TYPES) & set(source.get("matrix_types", [])):
+            kept = "/".join(t for t in Q8_BLOCK_TYPES if t in source["matrix_types"])
+            how = f"dequantized ({kept} kept as int8 groups of 32)"
         logger.warning(
             "%s: %s weights %s; stored as %s (quant='none' / --quant none keeps f32)",
             Path(source.get("path", "")).name, types, how, quant,
@@ -267,16 +271,19 @@ def q4_types(checkpoint: str | os.PathLike) -> list[str]:
     return [t for t in Q4_TYPES if t in types]
 
 
-def q8_file(checkpoint: str | os.PathLike) -> bool:
-    """Are a converted GGUF model's quantized matrices all Q8_0 blocks (kept as int8 groups of 32:
-    ``aotlm.models.quant8``)? False for any other checkpoint."""
+def q8_file(checkpoint: str | os.PathLike) -> int:
+    """Scales per group (1, or 2 with minimums: Q5_1) where a converted GGUF model's quantized matrices
+    all have one type that int8 groups keep as stored (Q8_0, Q5_0, Q5_1: ``aotlm.models.quant8``); 0
+    for any other checkpoint."""
     f = Path(checkpoint) / SOURCE_FILE
     try:
         types = json.loads(f.read_text()).get("matrix_types", []) if f.is_file() else []
     except ValueError:
-        return False
+        return 0
     quantized = {t for t in types if t in QUANT_TYPES}
-    return bool(quantized) and quantized <= set(Q8_BLOCK_TYPES)
+    if len(quantized) != 1 or not quantized <= set(Q8_BLOCK_TYPES):
+        return 0
+    return 1 + quant8.TYPES[quantized.pop()][1]
 
 
 def lookup_bytes(checkpoint: str | os.PathLike) -> float | None:

@@ -147,6 +147,19 @@ class GGUFWeights:
         with self._stored(t) as raw:
             return groups(self.plan, t, self._meta, raw, fn)
 
+    def q8_blocks(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """A Q8_0 matrix stored as HF stores it (no layout change) as its blocks hold it: codes int8
+        ``[out, in]`` and f16 scales ``[out, in / 32]`` (no float32 on the way); None for any other."""
+        t = self._by_hf.get(name)
+        if t is None or t.qtype != "Q8_0" or len(t.shape) != 2:
+            return None
+        if transform(self.plan.arch_name, t.gguf, self._meta) is not None:
+            return None
+        with self._stored(t) as raw:
+            blocks = np.asarray(raw).reshape(-1, 34)  # f16 d, then 32 int8 codes
+            d = blocks[:, :2].copy().view(np.float16).reshape(t.shape[0], -1)
+            return np.ascontiguousarray(blocks[:, 2:]).view(np.int8).reshape(t.shape), d
+
     def shape(self, name: str) -> tuple[int, ...]:
         """Tensor ``name``'s shape in its HF layout."""
         return self._by_hf[name].shape

@@ -187,6 +187,10 @@ class MergedReader:
         """The base file's rows a few at a time (``GGUFWeights.row_chunks``), None for a merged weight."""
         return self._stored("row_chunks", name, rows)
 
+    def q8_blocks(self, name: str):
+        """The base file's Q8_0 codes and scales (``GGUFWeights.q8_blocks``), None for a merged weight."""
+        return self._stored("q8_blocks", name)
+
     def shape(self, name: str) -> tuple[int, ...]:
         return self._reader.shape(name)
 

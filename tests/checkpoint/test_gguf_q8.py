@@ -1,7 +1,7 @@
-"""A GGUF file's Q8_0 blocks kept as stored (``aotlm.models.quant8``): every matrix holds the file's own
-codes and scales (its values bit for bit), and the default storage's logits stay within 1e-4 of the
-largest logit of transformers' float32 load of the same file, greedy tokens equal; the XLA path (kernels
-off) gives the same tokens."""
+"""A GGUF file's Q8_0 / Q5_0 / Q5_1 blocks kept as stored (``aotlm.models.quant8``): every matrix holds
+the file's own codes and scales (its values bit for bit), and the default storage's logits stay within
+1e-4 of the largest logit of transformers' float32 load of the same file, greedy tokens equal; the XLA
+path (kernels off) gives the same tokens."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ KW = dict(batch_size=1, n_positions=32, context_length_estimate=16, compile_cach
 
 
 @pytest.fixture(scope="module")
-def q8_file(tmp_path_factory):
-    """The tiny untied Llama as a Q8_0 GGUF (a fresh conversion cache, no weight cache)."""
+def files(tmp_path_factory):
+    """``files(type)``: the tiny untied Llama as a GGUF of that type (a fresh conversion cache, no weight
+    cache)."""
     from conformance import make_checkpoint
 
     root = tmp_path_factory.mktemp("q8_gguf")
@@ -31,7 +32,14 @@ def q8_file(tmp_path_factory):
     mp.setenv("AOTLM_GGUF_CACHE", str(root / "cache"))
     mp.setenv("AOTLM_WEIGHT_CACHE", "0")  # read the file, not an earlier load's leaves
     ckpt = make_checkpoint(root / "hf-llama", tiny_config("llama"), scale=3.0)
-    yield write_gguf(ckpt, "llama", T.Q8_0, root / "llama-Q8_0.gguf")
+    made: dict = {}
+
+    def get(qtype: str):
+        if qtype not in made:
+            made[qtype] = write_gguf(ckpt, "llama", getattr(T, qtype), root / f"llama-{qtype}.gguf")
+        return made[qtype]
+
+    yield get
     mp.undo()
 
 
@@ -41,21 +49,31 @@ def logical(m, leaf: str, layer: int | None = 0) -> np.ndarray:
     return np.asarray(packing.unpack(w, leaf) if packing.is_packed(leaf, w.ndim) else w)
 
 
-def test_q8_0_matrices_keep_their_blocks(q8_file, monkeypatch):
-    """Default storage: every matrix (the lm_head too) is int8 codes with an f16 scale per 32 rows, equal
-    to the file's values bit for bit; the lm_head is rounded a chunk of rows at a time (no float32 copy)."""
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_1"])
+def test_matrices_keep_their_blocks(files, monkeypatch, qtype):
+    """Default storage: every matrix (the lm_head too) is int8 codes with an f16 scale (Q5_1: and
+    minimum) per 32 rows, equal to the file's values bit for bit; the lm_head and MLP matrices are never
+    read whole as float32 (Q8_0: its codes straight from the blocks; Q5_*: a chunk of rows at a time)."""
+    q8_file = files(qtype)
     ref = AutoModelForSampling.from_pretrained(q8_file, quant="none", **KW)
-    chunked, chunks = [], GGUFWeights.row_chunks
-    spy = lambda self, n, *a: chunked.append(n) or chunks(self, n, *a)  # noqa: E731
-    monkeypatch.setattr(GGUFWeights, "row_chunks", spy)
+    read, floats, direct, q8_blocks = [], GGUFWeights.get, [], GGUFWeights.q8_blocks
+
+    def spy(self, name):
+        got = q8_blocks(self, name)
+        direct.extend([name] if got is not None else [])
+        return got
+
+    monkeypatch.setattr(GGUFWeights, "get", lambda self, n: read.append(n) or floats(self, n))
+    monkeypatch.setattr(GGUFWeights, "q8_blocks", spy)
     m = AutoModelForSampling.from_pretrained(q8_file, **KW)
-    assert "output.weight" in chunked or "lm_head.weight" in chunked
+    assert read and not [n for n in read if n.endswith(("lm_head.weight", "mlp.down_proj.weight"))]
+    assert ("lm_head.weight" in direct) == (qtype == "Q8_0"), direct
     leaves = [(leaf, 0) for leaf in MATRICES] + [("lm_head", None)]
     for leaf, layer in leaves:
         src = m.params["layers"][0] if layer is not None else m.params
         w, sm = src[leaf], src[f"{leaf}_scale"]
         want = logical(ref, leaf, layer)
-        assert w.dtype == np.int8 and sm.dtype == np.float16 and sm.shape[1] == 1, leaf
+        assert w.dtype == np.int8 and sm.dtype == np.float16 and sm.shape[1] == 1 + (qtype == "Q5_1"), leaf
         got = np.asarray(quant8.dequantize(jnp.asarray(w), jnp.asarray(sm), leaf))
         np.testing.assert_array_equal(got[..., : want.shape[-1]], want, err_msg=leaf)  # vocab padding
 
@@ -69,11 +87,15 @@ def _hf(path):
 NO_KERNELS = pytest.mark.skipif(not kernels.enabled(), reason="CPU kernels unavailable")
 
 
-@pytest.mark.parametrize("on", [pytest.param(True, marks=NO_KERNELS), False])
-def test_q8_0_logits_match_transformers(q8_file, monkeypatch, on):
+@pytest.mark.parametrize(
+    ("qtype", "on"),
+    [pytest.param(t, True, marks=NO_KERNELS) for t in ("Q8_0", "Q5_0", "Q5_1")] + [("Q8_0", False)],
+)
+def test_logits_match_transformers(files, monkeypatch, qtype, on):
     """Logits of 4 prompts within 1e-4 of the largest (x rounded to int16 per row is the only error left;
-    per-channel int8 had re-rounded every weight), 8 greedy tokens equal to transformers'; with the
-    kernels and on XLA's path."""
+    per-channel int8 had re-rounded every weight: 2.3% for Q8_0), 8 greedy tokens equal to transformers';
+    with the kernels and on XLA's path."""
+    q8_file = files(qtype)
     monkeypatch.setenv("AOTLM_KERNELS", "1" if on else "0")
     ref = _hf(q8_file)
     m = AutoModelForSampling.from_pretrained(q8_file, **KW)

@@ -28,10 +28,11 @@ def blocks(rng, k: int, n: int, minimum: bool = False):
 
 
 def round_x(x: np.ndarray) -> np.ndarray:
-    """NumPy reference of the kernel's activations: int16 per row, scale max|x| / 32767."""
-    s = np.abs(x).max(-1, keepdims=True) / np.float32(32767)
+    """NumPy reference of the kernel's activations: int16 per row and group of 32, scale max|x| / 32767."""
+    xg = x.reshape(x.shape[0], -1, 32)
+    s = np.abs(xg).max(-1, keepdims=True) / np.float32(32767)
     inv = np.divide(np.float32(1), s, out=np.zeros_like(s), where=s > 0)
-    return np.rint(x * inv) * s
+    return (np.rint(xg * inv) * s).reshape(x.shape)
 
 
 def kernel(x, w, sm, n: int):
@@ -44,7 +45,8 @@ def kernel(x, w, sm, n: int):
 
 def test_groups_find_a_q8_0_blocks_codes_and_scale():
     """Dequantized Q8_0 values (``d * q``, largest |q| 127) round back to the same codes and ``d`` bit for
-    bit; along the contracted dims of a 3-D leaf too; arbitrary floats within half a step."""
+    bit; along the contracted dims of a 3-D leaf too; gguf-py's Q5_0 / Q5_1 blocks give their values back
+    bit for bit (Q5_1 with its minimums); arbitrary floats within half a step."""
     rng = np.random.default_rng(0)
     q, s, w = blocks(rng, 96, 48)
     q[::32] = 127  # llama.cpp's quantizer: each block's largest value is code +-127
@@ -56,6 +58,18 @@ def test_groups_find_a_q8_0_blocks_codes_and_scale():
     codes3, sm3 = quant8.quantize_groups(heads, (2,))
     np.testing.assert_array_equal(codes3, np.moveaxis(q.reshape(96, 3, 16), 0, 2))
     assert sm3.shape == (3, 1, 3, 16)
+    for qtype in ("Q5_0", "Q5_1"):  # gguf-py's own blocks of these types, dequantized
+        from gguf import GGMLQuantizationType as T
+        from gguf.quants import dequantize, quantize
+
+        x = (rng.standard_normal((48, 96)) * rng.uniform(0.1, 3, (48, 1))).astype(np.float32)
+        vals = dequantize(quantize(x, T[qtype]), T[qtype])  # [out, in]: groups along in
+        codes, sm = quant8.quantize_groups(vals, (1,), *quant8.TYPES[qtype])
+        assert sm.shape == (3, 1 + quant8.TYPES[qtype][1], 48), qtype
+        back = codes.reshape(48, 3, 32) * sm[:, :1].astype(np.float32).transpose(2, 0, 1)
+        if qtype == "Q5_1":
+            back = back + sm[:, 1:].astype(np.float32).transpose(2, 0, 1)
+        np.testing.assert_array_equal(back.reshape(48, 96), vals, err_msg=qtype)
     x = rng.standard_normal((64, 16)).astype(np.float32)
     c, s2 = quant8.quantize_groups(x, (0,))
     step = np.repeat(s2[:, 0].astype(np.float32), 32, axis=0)
@@ -100,6 +114,21 @@ def test_prefill_rows_get_the_bits_of_decode_rows_and_unpack_is_exact():
     np.testing.assert_array_equal(np.asarray(quant8.dequantize(wp, smj, "w_up")), w)
     y = np.asarray(quant8.dense8(x, jnp.asarray(q), smj, 1, "w_up"))  # row-major leaf: XLA's path
     np.testing.assert_allclose(y, whole, rtol=0, atol=1e-5 * np.abs(whole).max())
+
+
+@needs_kernels
+def test_rows_with_inf_or_nan_give_nan_only_in_their_own_outputs():
+    """x rounded per group (8 lanes and a scalar tail): a row holding inf / NaN comes out all NaN, the
+    other rows as without it; a group of zeros costs its row nothing."""
+    q, sm, w = blocks(np.random.default_rng(4), 96, 32)
+    wp, smj = jnp.asarray(packing.pack(q, (0,))), jnp.asarray(sm)
+    x = np.random.default_rng(5).standard_normal((4, 96)).astype(np.float32)
+    x[3, 32:64] = 0.0
+    clean = np.asarray(kernel(jnp.asarray(x), wp, smj, 32))
+    np.testing.assert_allclose(clean[3], round_x(x)[3] @ w, rtol=1e-6, atol=1e-6)
+    x[1, 95], x[2, 5] = np.inf, np.nan
+    got = np.asarray(kernel(jnp.asarray(x), wp, smj, 32))
+    assert np.isnan(got[1:3]).all() and np.array_equal(got[[0, 3]], clean[[0, 3]])
 
 
 @needs_kernels
