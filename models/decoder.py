@@ -230,7 +230,7 @@ def logits(cfg: ArchConfig, params, h):
         out = quant4.dense4(hf, w, scale, 1, name)
     elif quant8.is_int8_groups(w, scale):  # a GGUF file's Q8_0 lm_head as stored (aotlm.models.quant8)
         out = quant8.dense8(hf, w, scale, 1, name)
-    elif kernels.supported(hf, w, 1, name):
+    elif kernels.supported(hf, w, 1, name, pk):
         out = kernels.matmul(hf, w, scale, name=name, nt=tied, packed_k=pk, a8=a8)
     elif not tied and graph_a8:  # W8A8 without the kernels: the graph rounds h
         out = lowp.w8a8(hf, w, scale, 1, name, pk)

@@ -319,7 +319,8 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     Weights with few rows of x (decode) go to the CPU kernels (``aotlm.kernels``), which read the
     stored bytes instead of converting the whole matrix; ``name`` (the weight's leaf name) gives
     them its sharding under tensor parallelism. More rows (prefill): on CPU packed weights (int8 /
-    bf16 / f16 / f32 in the panel layout) take the GEMM kernel (``gemm.h``), which beat XLA's dot.
+    bf16 / f16 / f32 in the panel layout) take the GEMM kernel (``gemm.h``), which beat XLA's dot;
+    packed int8 on a CPU with AVX512-VNNI keeps the row kernel (``kernels.row_limit``), faster still.
     Under ``lowp.activations`` prefill rounds x first, on any backend: to int8 per row with int8
     weights (W8A8, ``lowp.w8a8``), to bf16 with bf16 weights (``lowp.bf16a``); W8A8 decode rows too
     (the row kernel rounds them itself, ``kernels.w8a8_rows``; under tensor parallelism they stay f32).
@@ -348,11 +349,11 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
             y = y if b is None else y + b
             y = y if act is None else activation(act, y)
         return y.astype(x.dtype)
-    fusable = pk and kernels.supported(x, w, axes, name) or _prefill_gemm(x, w, axes, name, pk)
+    fusable = pk and kernels.supported(x, w, axes, name, pk) or _prefill_gemm(x, w, axes, name, pk)
     if fusable and kernels.gemm_fuses(x, w, axes, name, pk, kact):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, b=b, act=kact, a8=a8)
         return y.astype(x.dtype)
-    if kernels.supported(x, w, axes, name):
+    if kernels.supported(x, w, axes, name, pk):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, a8=a8)
     elif _prefill_gemm(x, w, axes, name, pk):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk)

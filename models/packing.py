@@ -214,7 +214,8 @@ def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:
         arr = kscales.to_groups(arr)  # Q4_K blocks of 256 split over the mesh: f16 scales per 32 instead
     if q4_scales and spec and spec[0] is not None and arr.shape[0] % tp:  # groups split over the mesh
         raise ValueError(
-            f"{name}: {arr.shape[0]} groups of 4-bit weights do not split over tp={tp}; use a smaller "
-            "group size (quant='int4' is groups of 32), another tp_degree or quant='int8'"
+            f"{name}: {arr.shape[0]} groups of weights do not split over tp={tp}; use another tp_degree, "
+            "a smaller group size (quant='int4' is groups of 32) or per-channel scales (4-bit: quant='int8'; "
+            "a GGUF file's Q8_0 / Q5_* blocks: quant='w8a8')"
         )
     return pack_if(name, arr, tuple(s is not None for s in spec), tp)

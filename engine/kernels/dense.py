@@ -19,19 +19,29 @@ from aotlm.kernels.context import GEMM_ACTS, X_DTYPES, current, logical_ndim, on
 W_DTYPES = (jnp.int8, jnp.bfloat16, jnp.float16, jnp.float32)
 
 
-def supported(x, w, axes: int = 1, name: str | None = None) -> bool:
-    """Static check (shapes/dtypes only): can ``matmul`` take this product?"""
+def supported(x, w, axes: int = 1, name: str | None = None, packed_k: int | None = None) -> bool:
+    """Static check (shapes/dtypes only): can ``matmul`` take this product (``packed_k``: as ``matmul``'s)?"""
     rows = math.prod(x.shape[: x.ndim - axes])
     dtypes = jnp.dtype(w.dtype) in W_DTYPES and jnp.dtype(x.dtype) in X_DTYPES
-    return dtypes and 1 <= rows <= row_limit(w) and kernels.enabled() and (one_device() or name is not None)
+    ok = 1 <= rows <= row_limit(w, packed_k)
+    return dtypes and ok and kernels.enabled() and (one_device() or name is not None)
 
 
-def row_limit(w) -> int:
+# CPU levels whose int8 row kernel sums on vpdpwssd: there it beat the int8 GEMM (panels widened to f32)
+# at prefill sizes too, 1.6-2.6x at 128-512 rows x 2048-14336 (Xeon family 6 model 207, one process).
+VNNI_LEVELS = ("avx512vnni", "avx512bf16", "amx")
+
+
+def row_limit(w, packed_k: int | None = None) -> int:
     """Most rows the row kernels take for this weight: ``ROW_KERNEL_ROWS`` for int8 / bf16 / f16
     (GPT-2-small, 64 rows, same process: int8 87 vs 98 ms on the GEMM, bf16 106 vs 149 ms on XLA's
     dot of the converted matrix; batch-32 int8 decode 1.39x), ``MAX_ROWS`` for f32, whose row kernel
-    lost to XLA's GEMM there (195 vs 106 ms; even at 32 rows)."""
-    return kernels.MAX_ROWS if jnp.dtype(w.dtype) == jnp.float32 else kernels.ROW_KERNEL_ROWS
+    lost to XLA's GEMM there (195 vs 106 ms; even at 32 rows); any number for packed int8 weights on a
+    ``VNNI_LEVELS`` CPU (x rounded to int16 per row, as in decode)."""
+    wd = jnp.dtype(w.dtype)
+    if wd == jnp.int8 and packed_k and kernels.enabled() and kernels.isa_level() in VNNI_LEVELS:
+        return 1 << 30
+    return kernels.MAX_ROWS if wd == jnp.float32 else kernels.ROW_KERNEL_ROWS
 
 
 def gemm_supported(x, w, axes: int = 1, name: str | None = None, packed_k: int | None = None) -> bool:
@@ -41,7 +51,7 @@ def gemm_supported(x, w, axes: int = 1, name: str | None = None, packed_k: int |
     (``quant="bf16a"``) with a packed bf16 one."""
     rows = math.prod(x.shape[: x.ndim - axes])
     xd, wd = jnp.dtype(x.dtype), jnp.dtype(w.dtype)
-    least = kernels.MAX_ROWS if xd == jnp.int8 else row_limit(w)  # W8A8 from 17 rows
+    least = kernels.MAX_ROWS if xd == jnp.int8 else row_limit(w, packed_k)  # W8A8 from 17 rows
     if rows <= least or not kernels.enabled() or not (one_device() or name is not None):
         return False
     if packed_k:
@@ -61,7 +71,7 @@ def w8a8_fused(x, w, axes: int, name: str | None, packed_k: int | None) -> bool:
 def w8a8_rows(x, w, axes: int, name: str | None, packed_k: int | None) -> bool:
     """Static: can the row kernel round this f32 ``x`` (decode rows) to int8 itself (``matmul(a8=True)``)?"""
     ok = bool(packed_k) and jnp.dtype(x.dtype) == jnp.float32 and jnp.dtype(w.dtype) == jnp.int8
-    return ok and supported(x, w, axes, name) and one_device()  # one device, as w8a8_fused
+    return ok and supported(x, w, axes, name) and one_device()  # one device, as w8a8_fused (decode rows)
 
 
 def gemm_fuses(x, w, axes: int, name: str | None, packed_k: int | None, act: str | None) -> bool:
@@ -71,7 +81,7 @@ def gemm_fuses(x, w, axes: int, name: str | None, packed_k: int | None, act: str
     output (GPT-2-small's gelu: 1.5 ms per layer of a batch-8 prefill, 77 us of a batch-8 decode step)."""
     if (act is not None and act not in GEMM_ACTS) or not one_device():
         return False
-    if packed_k and supported(x, w, axes, name):
+    if packed_k and supported(x, w, axes, name, packed_k):
         return True
     return gemm_supported(x, w, axes, name, packed_k) and jnp.dtype(x.dtype) in (jnp.float32, jnp.bfloat16)
 
@@ -101,7 +111,7 @@ def _call(
     s = scale.reshape(-1) if scale is not None else jnp.zeros((0,), jnp.float32)
     bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
     act_id, a8_id = np.int32(GEMM_ACTS[act] if act else 0), np.int32(a8)
-    if (x2.shape[0] > row_limit(w) or sx is not None or quant_x) and not nt:
+    if (x2.shape[0] > row_limit(w, packed_k) or sx is not None or quant_x) and not nt:
         if packed_k:
             tail = layout.logical_dims(w.shape, packed_k)[1]
             out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), jnp.float32)
@@ -118,7 +128,9 @@ def _call(
     if packed_k:
         tail = layout.logical_dims(w.shape, packed_k)[1]
         out = jax.ShapeDtypeStruct((x2.shape[0], math.prod(tail)), x.dtype)
-        y = jax.ffi.ffi_call("aotlm_wmm_pk", out)(x2, w, s.astype(jnp.float32), bias, act=act_id, a8=a8_id)
+        live = padding.live_rows(lead if one_device() else ())  # prefill rows (int8 row kernel): live ones
+        s32 = s.astype(jnp.float32)
+        y = jax.ffi.ffi_call("aotlm_wmm_pk", out)(x2, w, s32, bias, live, act=act_id, a8=a8_id)
         return y.reshape(*lead, *tail)
     if nt:
         target, w2, tail = "aotlm_wmm_nt", w, (w.shape[0],)

@@ -240,7 +240,7 @@ std::string packed_shapes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, cons
 // (+ bias)); bias f32 [N] or empty, act as for aotlm_gemm_pk (epilogue.h); a8 != 0 (int8 W): x rounded to
 // int8 per row first (W8A8 decode rows, packed.h's run_s8).
 ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi::AnyBuffer bias,
-                  ffi::Result<ffi::AnyBuffer> y, int32_t act, int32_t a8) {
+                  ffi::AnyBuffer live, ffi::Result<ffi::AnyBuffer> y, int32_t act, int32_t a8) {
   int64_t M, K, N;
   if (const std::string e = packed_shapes(x, w, *y, &M, &K, &N); !e.empty())
     return ffi::Error::InvalidArgument("aotlm_wmm_pk: " + e);
@@ -255,9 +255,14 @@ ffi::Error wmm_pk(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer scale, ffi:
   if (!scale_of(bias, N, &b)) return ffi::Error::InvalidArgument("aotlm_wmm_pk: bias must be f32 [N] or empty");
   if (act < aotlm_ep::ACT_NONE || act > aotlm_ep::ACT_RELU)
     return ffi::Error::InvalidArgument("aotlm_wmm_pk: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
+  const int8_t* lv = nullptr;  // prefill rows of a padded prompt: only the live ones multiplied (live.h)
+  if (!aotlm_lr::live_of(live, M, &lv))
+    return ffi::Error::InvalidArgument("aotlm_wmm_pk: live rows must be int8 [M] or empty");
   std::vector<float> tmp;
-  aotlm_pk::run(w.element_type(), x_f32(x, M * K, tmp), w.untyped_data(), s, b, act, M, K, N,
-                Out{y->untyped_data(), xt}, a8 != 0);
+  aotlm_lr::live_rows(x_f32(x, M * K, tmp), lv, M, K, N, b, act, Out{y->untyped_data(), xt},
+                      [&](const float* xr, int64_t Mr, const Out& o) {
+                        aotlm_pk::run(w.element_type(), xr, w.untyped_data(), s, b, act, Mr, K, N, o, a8 != 0);
+                      });
   return ffi::Error::Success();
 }
 
@@ -296,6 +301,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmUnpack, unpack,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmPK, wmm_pk,
                               ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

@@ -264,7 +264,7 @@ def test_tensor_parallel_shards_in_subprocess(ckpt_dir):
     assert out["1"]["tokens"] == out["2"]["tokens"]
     a, b = np.asarray(out["1"]["logits"]), np.asarray(out["2"]["logits"])
     assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
-    assert "groups of 4-bit weights do not split over tp=2" in out["refusal"]
+    assert "groups of weights do not split over tp=2" in out["refusal"]
 
 
 @needs_kernels
