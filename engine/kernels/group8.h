@@ -125,20 +125,7 @@ inline void rows(const int16_t* xq, int64_t ldx, const float* sx, const float* x
       const int16_t* x = xq + m0 * ldx;
       const float *s = sx + m0 * G, *t = xs + m0 * G;
       float* o = buf + m0 * ld + (p - p0) * P;
-      switch (mr) {
-        case 1: panel_rows<1>(x, ldx, s, t, w, p, o, ld); break;
-        case 2: panel_rows<2>(x, ldx, s, t, w, p, o, ld); break;
-        case 3: panel_rows<3>(x, ldx, s, t, w, p, o, ld); break;
-#if defined(__AVX512BW__)
-        case 4: panel_rows<4>(x, ldx, s, t, w, p, o, ld); break;
-        case 5: panel_rows<5>(x, ldx, s, t, w, p, o, ld); break;
-        case 6: panel_rows<6>(x, ldx, s, t, w, p, o, ld); break;
-        case 7: panel_rows<7>(x, ldx, s, t, w, p, o, ld); break;
-        default: panel_rows<8>(x, ldx, s, t, w, p, o, ld); break;
-#else
-        default: panel_rows<4>(x, ldx, s, t, w, p, o, ld); break;
-#endif
-      }
+      with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, ldx, s, t, w, p, o, ld); });
       m0 += mr;
     }
 }
@@ -171,22 +158,8 @@ inline void run(const float* x, const W8& w, const float* bias, int32_t act, int
   std::vector<int16_t> xq(M * ldx);
   std::vector<float> sx(M * G), xs(M * G);
   quantize_x(x, M, w, ldx, xq.data(), sx.data(), xs.data());
-  aotlm_pk::panel_ranges(w.Np / P, M == 1 ? 1 : 4, [&](int64_t p0, int64_t p1) {
-    const int64_t ld = (p1 - p0) * P, n0 = p0 * P, width = std::min(ld, N - n0);
-    thread_local std::vector<float> buf;
-    buf.resize(std::min(M, ROWS) * ld);
-    for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
-      const int64_t mc = std::min(ROWS, M - m0);
-      rows(xq.data() + m0 * ldx, ldx, sx.data() + m0 * G, xs.data() + m0 * G, mc, w, p0, p1, buf.data(), ld);
-      for (int64_t m = 0; m < mc; ++m) {
-        float* r = buf.data() + m * ld;
-        if (bias || act)
-          for (int64_t j = 0; j < ld; j += 8)
-            _mm256_storeu_ps(r + j, aotlm_ep::finish(_mm256_loadu_ps(r + j), _mm256_set1_ps(1.f),
-                                                     bias ? bias + n0 + j : nullptr, act));
-        out.put((m0 + m) * N + n0, r, int(width));
-      }
-    }
+  drive_rows(M, N, w.Np, ROWS, bias, act, out, [&](int64_t m0, int64_t mc, int64_t p0, int64_t p1, float* buf, int64_t ld) {
+    rows(xq.data() + m0 * ldx, ldx, sx.data() + m0 * G, xs.data() + m0 * G, mc, w, p0, p1, buf, ld);
   });
 }
 

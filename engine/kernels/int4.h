@@ -214,20 +214,7 @@ inline void rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, 
       const int8_t* x = xq + m0 * w.Kp;
       const float *s = sx + m0 * G, *t = xs + m0 * G;
       float* o = buf + m0 * ld + (p - p0) * P;
-      switch (mr) {
-        case 1: panel_rows<1>(x, s, t, G, w, p, o, ld); break;
-#if defined(__AVX512F__)
-        case 2: panel_rows<2>(x, s, t, G, w, p, o, ld); break;
-        case 3: panel_rows<3>(x, s, t, G, w, p, o, ld); break;
-        case 4: panel_rows<4>(x, s, t, G, w, p, o, ld); break;
-        case 5: panel_rows<5>(x, s, t, G, w, p, o, ld); break;
-        case 6: panel_rows<6>(x, s, t, G, w, p, o, ld); break;
-        case 7: panel_rows<7>(x, s, t, G, w, p, o, ld); break;
-        default: panel_rows<8>(x, s, t, G, w, p, o, ld); break;
-#else
-        default: panel_rows<2>(x, s, t, G, w, p, o, ld); break;
-#endif
-      }
+      with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, s, t, G, w, p, o, ld); });
       m0 += mr;
     }
 }
@@ -239,22 +226,8 @@ inline void run(const float* x, const W4& w, const float* bias, int32_t act, int
   std::vector<int8_t> xq(M * w.Kp);
   std::vector<float> sx(M * G), xs(M * G);
   quantize_x(x, M, K, w, xq.data(), sx.data(), xs.data());
-  aotlm_pk::panel_ranges(w.Np / P, M == 1 ? 1 : 4, [&](int64_t p0, int64_t p1) {
-    const int64_t ld = (p1 - p0) * P, n0 = p0 * P, width = std::min(ld, N - n0);
-    thread_local std::vector<float> buf;
-    buf.resize(std::min(M, ROWS) * ld);
-    for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
-      const int64_t mc = std::min(ROWS, M - m0);
-      rows(xq.data() + m0 * w.Kp, sx.data() + m0 * G, xs.data() + m0 * G, G, mc, w, p0, p1, buf.data(), ld);
-      for (int64_t m = 0; m < mc; ++m) {
-        float* r = buf.data() + m * ld;
-        if (bias || act)
-          for (int64_t j = 0; j < ld; j += 8)
-            _mm256_storeu_ps(r + j, aotlm_ep::finish(_mm256_loadu_ps(r + j), _mm256_set1_ps(1.f),
-                                                     bias ? bias + n0 + j : nullptr, act));
-        out.put((m0 + m) * N + n0, r, int(width));
-      }
-    }
+  drive_rows(M, N, w.Np, ROWS, bias, act, out, [&](int64_t m0, int64_t mc, int64_t p0, int64_t p1, float* buf, int64_t ld) {
+    rows(xq.data() + m0 * w.Kp, sx.data() + m0 * G, xs.data() + m0 * G, G, mc, w, p0, p1, buf, ld);
   });
 }
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as T
-from gguf_builders import tiny_config, write_gguf
+from gguf_builders import tiny_llama_files
 
 from aotlm import AutoModelForSampling
 from aotlm.models import packing, quant4
@@ -18,20 +17,10 @@ MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory):
     """``gguf_file(type)``: the tiny Llama GGUF in that type (a fresh conversion cache)."""
-    from conformance import make_checkpoint
-
     root = tmp_path_factory.mktemp("int4_gguf")
     mp = pytest.MonkeyPatch()
     mp.setenv("AOTLM_GGUF_CACHE", str(root / "cache"))
-    ckpt = make_checkpoint(root / "hf-llama", tiny_config("llama"), scale=3.0)
-    made: dict = {}
-
-    def get(qtype: str):
-        if qtype not in made:
-            made[qtype] = write_gguf(ckpt, "llama", getattr(T, qtype), root / f"llama-{qtype}.gguf")
-        return made[qtype]
-
-    yield get
+    yield tiny_llama_files(root)
     mp.undo()
 
 

