@@ -220,14 +220,14 @@ def int8_from_rows(
     ``quant8.quantize_groups`` rounds the transpose (f16 scales ``[in / 32, S, out]``)."""
     q, at = np.empty(shape, np.int8), 0
     kind = quant8.TYPES.get(groups) if groups else None
-    g = (shape[1] // quant8.GROUP, 1 + kind[1], shape[0]) if kind else None
-    scale = np.empty(g, np.float16) if kind else np.empty(shape[0], np.float32)
+    if kind:  # scales [in / 32, S, out]: each chunk's rows are the last axis
+        scale = np.empty((shape[1] // quant8.GROUP, 1 + kind[1], shape[0]), np.float16)
+        round_rows = lambda rows: quant8.quantize_groups(rows, (1,), *kind)  # noqa: E731
+    else:
+        scale, round_rows = np.empty(shape[0], np.float32), lambda rows: quantize_int8(rows, (1,))
     for rows in chunks:
-        if kind:
-            part = slice(at, at + len(rows))
-            q[part], scale[..., part] = quant8.quantize_groups(rows, (1,), *kind)
-        else:
-            q[at : at + len(rows)], scale[at : at + len(rows)] = quantize_int8(rows, (1,))
+        part = slice(at, at + len(rows))
+        q[part], scale[..., part] = round_rows(rows)
         at += len(rows)
     if at != shape[0]:
         raise ValueError(f"{at} rows given for a matrix of {shape[0]}")
