@@ -79,6 +79,27 @@ inline void quantize_x(const float* x, int64_t M, int64_t K, const W4& w, int8_t
     }
 }
 
+// The scales as the panels read them. In the leaf a panel's groups are Np apart: one cache line (on a
+// page of its own for wide N) per group and per K-form row, read between the code stream's lines. From
+// COPY_ROWS rows of x on, each thread first copies the scales of CH panels into a panel-major buffer --
+// the leaf's rows read as contiguous pieces -- and the panels read theirs from there (f16 [G][S][16], or
+// the K form's uint8 [G / 8][20][16]); fewer rows read them in place (the copy, a pass of its own, costs
+// them more than it saves).
+constexpr int64_t CH = 32;        // panels per copy
+constexpr int64_t COPY_ROWS = 8;  // rows of x from which the scales are copied
+inline int64_t scale_rows(const W4& w) { return w.k8 ? w.Kp / 256 * 20 : w.Kp / w.group * w.S; }
+inline int64_t scale_elem(const W4& w) { return w.k8 ? 1 : 2; }
+
+// The scales of panels [c0, c1) -> buf [(c1 - c0) * scale_rows * 16 * scale_elem bytes].
+inline void gather_scales(const W4& w, int64_t c0, int64_t c1, uint8_t* buf) {
+  const int64_t rows = scale_rows(w), e = scale_elem(w), pb = rows * P * e;
+  const uint8_t* src = w.k8 ? w.k8 : reinterpret_cast<const uint8_t*>(w.sm);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = src + (r * w.Np + c0 * P) * e;
+    for (int64_t p = 0; p < c1 - c0; ++p) std::memcpy(buf + p * pb + r * P * e, row + p * P * e, P * e);
+  }
+}
+
 inline int32_t x4(const int8_t* p) {  // 4 int8 of x as one int32 (broadcast to every lane)
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -98,7 +119,7 @@ inline __m512i dot4(__m512i acc, __m512i u, __m512i s) {  // acc + sum of 4 u8 x
 // MR rows of xq [MR, Kp] x panel p -> out[m * ld + 0..15].
 template <int MR>
 inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, const W4& w, int64_t p,
-                       float* out, int64_t ld) {
+                       const uint8_t* ps, int64_t rs, float* out, int64_t ld) {
   constexpr int A = MR == 1 ? 2 : 1;  // one row: low and high nibbles in separate sums (latency)
   const uint8_t* panel = w.q + p * (w.Kp / B) * 64;
   const __m512i lo4 = _mm512_set1_epi8(15);
@@ -123,18 +144,17 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
     }
     __m512 s, mn;
     if (w.k8) {
-      const uint8_t* b = w.k8 + (g / 8) * 20 * w.Np + p * P;
+      const uint8_t* b = ps + (g / 8) * 20 * rs;
       if (g % 8 == 0)
-        kd = _mm512_cvtph_ps(f16_planes(b + 16 * w.Np, b + 17 * w.Np)),
-        kn = _mm512_cvtph_ps(f16_planes(b + 18 * w.Np, b + 19 * w.Np));
+        kd = _mm512_cvtph_ps(f16_planes(b + 16 * rs, b + 17 * rs)), kn = _mm512_cvtph_ps(f16_planes(b + 18 * rs, b + 19 * rs));
       const auto u8 = [&](int row) {
-        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + row * w.Np))));
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + row * rs))));
       };
       s = _mm512_mul_ps(kd, u8(int(g % 8))), mn = _mm512_mul_ps(kn, u8(int(8 + g % 8)));
     } else {
-      const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
+      const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * rs;
       s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
-      mn = w.S == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + w.Np)))
+      mn = w.S == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + rs)))
                     : _mm512_mul_ps(s, _mm512_set1_ps(-8.f));
     }
     for (int m = 0; m < MR; ++m) {
@@ -154,7 +174,7 @@ inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 // AVX2: the same on two vectors of 8 columns (bytes 0-31 of a block: columns 0-7).
 template <int MR>
 inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, const W4& w, int64_t p,
-                       float* out, int64_t ld) {
+                       const uint8_t* ps, int64_t rs, float* out, int64_t ld) {
   const uint8_t* panel = w.q + p * (w.Kp / B) * 64;
   const __m256i lo4 = _mm256_set1_epi8(15);
   __m256 f[MR][2];
@@ -178,18 +198,18 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
     for (int v = 0; v < 2; ++v) {
       __m256 s, mn;
       if (w.k8) {
-        const uint8_t* b = w.k8 + (g / 8) * 20 * w.Np + p * P;
-        const __m256i d = f16_planes(b + 16 * w.Np, b + 17 * w.Np), nd = f16_planes(b + 18 * w.Np, b + 19 * w.Np);
+        const uint8_t* b = ps + (g / 8) * 20 * rs;
+        const __m256i d = f16_planes(b + 16 * rs, b + 17 * rs), nd = f16_planes(b + 18 * rs, b + 19 * rs);
         const auto u8 = [&](int row) {
-          return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + row * w.Np + 8 * v))));
+          return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + row * rs + 8 * v))));
         };
         s = _mm256_mul_ps(_mm256_cvtph_ps(v ? _mm256_extracti128_si256(d, 1) : _mm256_castsi256_si128(d)), u8(int(g % 8)));
         mn = _mm256_mul_ps(_mm256_cvtph_ps(v ? _mm256_extracti128_si256(nd, 1) : _mm256_castsi256_si128(nd)),
                            u8(int(8 + g % 8)));
       } else {
-        const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
+        const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * rs;
         s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * v)));
-        mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + w.Np + 8 * v)))
+        mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + rs + 8 * v)))
                       : _mm256_mul_ps(s, _mm256_set1_ps(-8.f));
       }
       for (int m = 0; m < MR; ++m) {
@@ -207,16 +227,29 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
 // M rows (<= ROWS) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c].
 inline void rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, int64_t M, const W4& w, int64_t p0,
                  int64_t p1, float* buf, int64_t ld) {
-  for (int64_t p = p0; p < p1; ++p)
-    for (int64_t m0 = 0; m0 < M;) {
-      const int64_t left = M - m0;
-      const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
-      const int8_t* x = xq + m0 * w.Kp;
-      const float *s = sx + m0 * G, *t = xs + m0 * G;
-      float* o = buf + m0 * ld + (p - p0) * P;
-      with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, s, t, G, w, p, o, ld); });
-      m0 += mr;
+  // A few rows read the scales in place (the copy costs them more than it saves); 8 or more copy them.
+  const bool copy = M >= COPY_ROWS;
+  const int64_t pb = scale_rows(w) * P * scale_elem(w), e = scale_elem(w);
+  const uint8_t* leaf = w.k8 ? w.k8 : reinterpret_cast<const uint8_t*>(w.sm);
+  thread_local std::vector<uint8_t> sbuf;
+  if (copy) sbuf.resize(std::min(CH, p1 - p0) * pb);
+  for (int64_t c0 = p0; c0 < p1; c0 += CH) {
+    const int64_t c1 = std::min(p1, c0 + CH);
+    if (copy) gather_scales(w, c0, c1, sbuf.data());
+    for (int64_t p = c0; p < c1; ++p) {
+      const uint8_t* ps = copy ? sbuf.data() + (p - c0) * pb : leaf + p * P * e;
+      const int64_t rs = copy ? P : w.Np;
+      for (int64_t m0 = 0; m0 < M;) {
+        const int64_t left = M - m0;
+        const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
+        const int8_t* x = xq + m0 * w.Kp;
+        const float *s = sx + m0 * G, *t = xs + m0 * G;
+        float* o = buf + m0 * ld + (p - p0) * P;
+        with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, s, t, G, w, p, ps, rs, o, ld); });
+        m0 += mr;
+      }
     }
+  }
 }
 
 // y [M, N] = act(x [M, K] @ W (+ bias)); bias: f32 [Np] (zero padded) or null.

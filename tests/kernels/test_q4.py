@@ -79,6 +79,7 @@ def check_odd_shapes(seed: int = 0) -> float:
     rng, worst = np.random.default_rng(seed), 0.0
     cases = [(100, 37, 32, False), (72, 16, 32, True), (200, 50, 64, True), (130, 129, 128, False)]
     cases += [(8, 5, 32, True), (512, 37, "K", True), (256, 50, "K", True)]  # K: Q4_K's own scales
+    cases += [(32, 5125, 32, True), (256, 5125, "K", True)]  # 8+ rows copy the scales, 32 panels at a time
     for k, n, group, asym in cases:
         w, sm, deq = quantized_k(rng, k, n) if group == "K" else quantized(rng, k, n, group, asym)
         group = 32 if group == "K" else group
@@ -138,17 +139,22 @@ def test_kernel_matches_numpy_on_odd_shapes():
 
 @needs_kernels
 def test_prefill_rows_get_the_bits_of_decode_rows():
-    """A call of more than 16 rows (prefill) gives every row exactly what calls of at most 16 rows
+    """A call of more than 16 rows (prefill) gives every row exactly what calls of at most 7 rows
     (decode) give it: exact int32 group sums and the same f32 flush per group, so how many rows share
-    a call never changes a token."""
+    a call never changes a token (also where 8+ rows read the scales from a copy and fewer in place)."""
     rng = np.random.default_rng(5)
-    for k, n, group, asym in [(100, 37, 32, False), (200, 50, 64, True), (130, 129, 128, False)]:
+    for k, n, group, asym in [
+        (100, 37, 32, False),
+        (200, 50, 64, True),
+        (130, 129, 128, False),
+        (32, 5125, 32, True),
+    ]:
         w, sm, _ = quantized(rng, k, n, group, asym)
         w, sm = jnp.asarray(w), jnp.asarray(sm)
         for m in (17, 40, 100):
             x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
             whole = np.asarray(kernel(x, w, sm, n, group))
-            parts = [kernel(x[i : i + 16], w, sm, n, group) for i in range(0, m, 16)]
+            parts = [kernel(x[i : i + 7], w, sm, n, group) for i in range(0, m, 7)]
             np.testing.assert_array_equal(whole, np.concatenate(parts), err_msg=str((k, n, group, asym, m)))
 
 
