@@ -37,7 +37,7 @@ constexpr int MR_MAX = 8;
 // per group (minimums only).
 template <int MR>
 inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const float* xs, const W8& w, int64_t p,
-                       float* out, int64_t ld) {
+                       const uint16_t* ps, int64_t rs, float* out, int64_t ld) {
   constexpr int A = MR == 1 ? 4 : MR == 2 ? 2 : 1;  // few rows: pairs in separate sums (the add latency)
   const int8_t* panel = w.q + p * (w.K / 2) * 2 * P;
   const int64_t G = w.K / w.group, gp = w.group / 2;  // gp: pairs per group (a multiple of 4)
@@ -60,8 +60,8 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const fl
       _mm_prefetch(reinterpret_cast<const char*>(panel + j * 2 * P + 64 + PFB), _MM_HINT_T0);
       for (int i = 0; i < 4; ++i) step(j + i, i % A);
     }
-    const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
-    _mm_prefetch(reinterpret_cast<const char*>(sg + 4 * w.S * w.Np), _MM_HINT_T0);  // scales: strided
+    const uint16_t* sg = ps + g * w.S * rs;
+    _mm_prefetch(reinterpret_cast<const char*>(sg + 4 * w.S * rs), _MM_HINT_T0);  // scales: strided in place
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
     for (int m = 0; m < MR; ++m) {
       __m512i a = acc[m][0];
@@ -69,7 +69,7 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const fl
       f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s, _mm512_set1_ps(sx[m * G + g])), f[m]);
     }
     if (w.S == 2) {
-      const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + w.Np)));
+      const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + rs)));
       for (int m = 0; m < MR; ++m) f[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * G + g]), mn, f[m]);
     }
   }
@@ -80,7 +80,7 @@ constexpr int MR_MAX = 4;
 // AVX2: columns 0-7 and 8-15 of each pair of rows as two vectors (packed.h's w16).
 template <int MR>
 inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const float* xs, const W8& w, int64_t p,
-                       float* out, int64_t ld) {
+                       const uint16_t* ps, int64_t rs, float* out, int64_t ld) {
   const int8_t* panel = w.q + p * (w.K / 2) * 2 * P;
   const int64_t G = w.K / w.group, gp = w.group / 2;
   __m256 f[MR][2];
@@ -98,10 +98,10 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const fl
         acc[m][1] = aotlm_i8::madd_add(acc[m][1], w1, xb);
       }
     }
-    const uint16_t* sg = w.sm + g * w.S * w.Np + p * P;
+    const uint16_t* sg = ps + g * w.S * rs;
     for (int v = 0; v < 2; ++v) {
       const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * v)));
-      const __m256 mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + w.Np + 8 * v)))
+      const __m256 mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + rs + 8 * v)))
                                  : _mm256_setzero_ps();
       for (int m = 0; m < MR; ++m) {
         f[m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][v]), _mm256_mul_ps(s, _mm256_set1_ps(sx[m * G + g])), f[m][v]);
@@ -118,16 +118,21 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const fl
 inline void rows(const int16_t* xq, int64_t ldx, const float* sx, const float* xs, int64_t M, const W8& w, int64_t p0,
                  int64_t p1, float* buf, int64_t ld) {
   const int64_t G = w.K / w.group;
-  for (int64_t p = p0; p < p1; ++p)
+  const auto* leaf = reinterpret_cast<const uint8_t*>(w.sm);
+  // Copied only with minimums (two lines per group): Q8_0's one line per 512 code bytes gains nothing.
+  const bool copy = w.S == 2 && M >= SCALE_COPY_ROWS;
+  with_scales(leaf, G * w.S, w.Np, 2, copy, p0, p1, [&](int64_t p, const uint8_t* ps, int64_t rs) {
     for (int64_t m0 = 0; m0 < M;) {
       const int64_t left = M - m0;
       const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
       const int16_t* x = xq + m0 * ldx;
       const float *s = sx + m0 * G, *t = xs + m0 * G;
       float* o = buf + m0 * ld + (p - p0) * P;
-      with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, ldx, s, t, w, p, o, ld); });
+      const auto* sc = reinterpret_cast<const uint16_t*>(ps);
+      with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, ldx, s, t, w, p, sc, rs, o, ld); });
       m0 += mr;
     }
+  });
 }
 
 // x [M, K] -> xq [M, ldx] int16, per row and group: sx (the scale) and xs = sx * sum(xq).

@@ -79,27 +79,6 @@ inline void quantize_x(const float* x, int64_t M, int64_t K, const W4& w, int8_t
     }
 }
 
-// The scales as the panels read them. In the leaf a panel's groups are Np apart: one cache line (on a
-// page of its own for wide N) per group and per K-form row, read between the code stream's lines. From
-// COPY_ROWS rows of x on, each thread first copies the scales of CH panels into a panel-major buffer --
-// the leaf's rows read as contiguous pieces -- and the panels read theirs from there (f16 [G][S][16], or
-// the K form's uint8 [G / 8][20][16]); fewer rows read them in place (the copy, a pass of its own, costs
-// them more than it saves).
-constexpr int64_t CH = 32;        // panels per copy
-constexpr int64_t COPY_ROWS = 8;  // rows of x from which the scales are copied
-inline int64_t scale_rows(const W4& w) { return w.k8 ? w.Kp / 256 * 20 : w.Kp / w.group * w.S; }
-inline int64_t scale_elem(const W4& w) { return w.k8 ? 1 : 2; }
-
-// The scales of panels [c0, c1) -> buf [(c1 - c0) * scale_rows * 16 * scale_elem bytes].
-inline void gather_scales(const W4& w, int64_t c0, int64_t c1, uint8_t* buf) {
-  const int64_t rows = scale_rows(w), e = scale_elem(w), pb = rows * P * e;
-  const uint8_t* src = w.k8 ? w.k8 : reinterpret_cast<const uint8_t*>(w.sm);
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* row = src + (r * w.Np + c0 * P) * e;
-    for (int64_t p = 0; p < c1 - c0; ++p) std::memcpy(buf + p * pb + r * P * e, row + p * P * e, P * e);
-  }
-}
-
 inline int32_t x4(const int8_t* p) {  // 4 int8 of x as one int32 (broadcast to every lane)
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -227,29 +206,20 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
 // M rows (<= ROWS) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c].
 inline void rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, int64_t M, const W4& w, int64_t p0,
                  int64_t p1, float* buf, int64_t ld) {
-  // A few rows read the scales in place (the copy costs them more than it saves); 8 or more copy them.
-  const bool copy = M >= COPY_ROWS;
-  const int64_t pb = scale_rows(w) * P * scale_elem(w), e = scale_elem(w);
-  const uint8_t* leaf = w.k8 ? w.k8 : reinterpret_cast<const uint8_t*>(w.sm);
-  thread_local std::vector<uint8_t> sbuf;
-  if (copy) sbuf.resize(std::min(CH, p1 - p0) * pb);
-  for (int64_t c0 = p0; c0 < p1; c0 += CH) {
-    const int64_t c1 = std::min(p1, c0 + CH);
-    if (copy) gather_scales(w, c0, c1, sbuf.data());
-    for (int64_t p = c0; p < c1; ++p) {
-      const uint8_t* ps = copy ? sbuf.data() + (p - c0) * pb : leaf + p * P * e;
-      const int64_t rs = copy ? P : w.Np;
-      for (int64_t m0 = 0; m0 < M;) {
-        const int64_t left = M - m0;
-        const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
-        const int8_t* x = xq + m0 * w.Kp;
-        const float *s = sx + m0 * G, *t = xs + m0 * G;
-        float* o = buf + m0 * ld + (p - p0) * P;
-        with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, s, t, G, w, p, ps, rs, o, ld); });
-        m0 += mr;
-      }
+  const bool kf = w.k8 != nullptr;  // scales: the K form's uint8 rows, or f16 [G][S]
+  const uint8_t* leaf = kf ? w.k8 : reinterpret_cast<const uint8_t*>(w.sm);
+  const int64_t srows = kf ? w.Kp / 256 * 20 : G * w.S, e = kf ? 1 : 2;
+  with_scales(leaf, srows, w.Np, e, M >= SCALE_COPY_ROWS, p0, p1, [&](int64_t p, const uint8_t* ps, int64_t rs) {
+    for (int64_t m0 = 0; m0 < M;) {
+      const int64_t left = M - m0;
+      const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
+      const int8_t* x = xq + m0 * w.Kp;
+      const float *s = sx + m0 * G, *t = xs + m0 * G;
+      float* o = buf + m0 * ld + (p - p0) * P;
+      with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, s, t, G, w, p, ps, rs, o, ld); });
+      m0 += mr;
     }
-  }
+  });
 }
 
 // y [M, N] = act(x [M, K] @ W (+ bias)); bias: f32 [Np] (zero padded) or null.

@@ -80,7 +80,8 @@ def check_odd_shapes(seed: int = 0) -> float:
     """Largest relative error of the kernel against NumPy (x rounded as the kernel rounds it) over rows
     1..100, symmetric and with minimums (also run in a child process per ISA level)."""
     rng, worst = np.random.default_rng(seed), 0.0
-    for k, n, minimum in [(64, 37, False), (96, 16, True), (256, 50, False), (160, 129, True)]:
+    cases = [(64, 37, False), (96, 16, True), (256, 50, False), (160, 129, True)]
+    for k, n, minimum in cases + [(32, 5125, True)]:  # 8+ rows copy the scales, 32 panels at a time
         q, sm, w = blocks(rng, k, n, minimum)
         np_ = -(-n // 16) * 16
         qp, smp = np.zeros((k, np_), np.int8), np.zeros((*sm.shape[:2], np_), np.float16)
@@ -102,14 +103,16 @@ def test_kernel_matches_numpy_on_odd_shapes():
 @needs_kernels
 def test_prefill_rows_get_the_bits_of_decode_rows_and_unpack_is_exact():
     """Exact int32 group sums and the same f32 order per group: a row's result does not depend on how
-    many rows share the call; ``aotlm_unpack_q4`` and XLA's ``dequantize`` give the matrix exactly."""
+    many rows share the call (8+ rows read the scales from a copy, fewer in place); ``aotlm_unpack_q4``
+    and XLA's ``dequantize`` give the matrix exactly."""
     rng = np.random.default_rng(5)
-    q, sm, w = blocks(rng, 128, 48, minimum=True)
-    wp, smj = jnp.asarray(packing.pack(q, (0,))), jnp.asarray(sm)
-    x = jnp.asarray(rng.standard_normal((70, 128)).astype(np.float32))
-    whole = np.asarray(kernel(x, wp, smj, 48))
-    parts = [kernel(x[i : i + 16], wp, smj, 48) for i in range(0, 70, 16)]
-    np.testing.assert_array_equal(whole, np.concatenate(parts))
+    for n in (48, 5136):
+        q, sm, w = blocks(rng, 128, n, minimum=True)
+        wp, smj = jnp.asarray(packing.pack(q, (0,))), jnp.asarray(sm)
+        x = jnp.asarray(rng.standard_normal((70, 128)).astype(np.float32))
+        whole = np.asarray(kernel(x, wp, smj, n))
+        parts = [kernel(x[i : i + 7], wp, smj, n) for i in range(0, 70, 7)]
+        np.testing.assert_array_equal(whole, np.concatenate(parts))
     np.testing.assert_array_equal(np.asarray(kernels.unpack_q4(wp, smj, jnp.float32, 1)), w)
     np.testing.assert_array_equal(np.asarray(quant8.dequantize(wp, smj, "w_up")), w)
     y = np.asarray(quant8.dense8(x, jnp.asarray(q), smj, 1, "w_up"))  # row-major leaf: XLA's path
