@@ -1,6 +1,9 @@
-// A row count known at run time as a template argument (included by wmatmul.cc before the row kernels that
-// use it): with_rows<MAX>(mr, fn) calls fn(std::integral_constant<int, mr>{}) for mr in 1..MAX, so a
-// kernel's register tile of mr rows of x is one instantiation each and one call picks it.
+// What the group-scaled row kernels (int4.h, group8.h) share, included by wmatmul.cc before them: the
+// register tile's row count as a template argument (with_rows), the driver over panel ranges and chunks
+// of rows (drive_rows) and the scales' panel-major copy (with_scales).
+//
+// with_rows<MAX>(mr, fn) calls fn(std::integral_constant<int, mr>{}) for mr in 1..MAX, so a kernel's
+// register tile of mr rows of x is one instantiation each and one call picks it.
 #pragma once
 #include <type_traits>
 
