@@ -27,8 +27,23 @@ if "AOTLM_WEIGHT_CACHE" not in os.environ:
 
 from conformance import make_checkpoint  # noqa: E402
 
+# The suite writes a few GB under the temporary directory (checkpoints, converted weights, compiled graphs);
+# on a fuller disk its writes fail from some fixture on and every later test errors: refuse at the start.
+MIN_FREE_GB = 5.0
+
 _AOTLM_LOG = logging.getLogger("aotlm")
 _PRISTINE_LOG = (list(_AOTLM_LOG.handlers), _AOTLM_LOG.propagate, _AOTLM_LOG.level)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):  # xdist workers: the controller has checked
+        return
+    tmp = tempfile.gettempdir()
+    free = shutil.disk_usage(tmp).free / 1e9
+    if free < MIN_FREE_GB:
+        raise pytest.UsageError(
+            f"{free:.1f} GB free under {tmp}, the tests need {MIN_FREE_GB:g}: free disk space or set TMPDIR"
+        )
 
 
 @pytest.fixture(autouse=True)
