@@ -10,8 +10,9 @@ Leaf ``<name>_scale``: uint8 ``[K / 256, 20, *Nd]`` (the f16 form is ``[K / 32, 
 tells them apart). Per block of 256 contracted rows and output column: rows 0-7 ``sc`` of its 8
 groups, rows 8-15 ``mb``, rows 16 / 17 the low / high byte of ``d``, rows 18 / 19 those of ``-dmin``
 (f16). Its block axis is sharded like the weight's first contracted dim (a shard keeps whole blocks).
-The kernel ``aotlm_wmm_q4`` reads it as it is (``aotlm/kernels/int4.h``); XLA's path through
-:func:`parts`.
+Stored panel-major beside the packed codes (``packing.pack_scales``: ``[*Nd[:-1], Nd[-1] // 16, K / 256,
+20, 16]``), which the kernel ``aotlm_wmm_q4`` reads (``aotlm/kernels/int4.h``); XLA's path through
+:func:`parts` of the logical leaf.
 """
 
 from __future__ import annotations

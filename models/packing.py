@@ -69,22 +69,45 @@ def is_packed(name: str | None, ndim: int) -> bool:
     return name in PACK_CONTRACT and ndim == len(LOGICAL_AXES[name]) + 2
 
 
-# scale leaf -> its weight, for the 4-bit scales ``[G, S, *Nd]`` (``aotlm.models.quant4``)
+# scale leaf -> its weight, for the group scales ``[G, S, *Nd]`` (4-bit: ``aotlm.models.quant4``, int8 groups:
+# ``aotlm.models.quant8``), stored panel-major (``pack_scales``) beside a packed weight
 SCALE_OF = {**{s: n for s, n in QUANT_SCALES.items() if n in PACK_CONTRACT}, "embed_q_scale": "embed_q"}
+
+
+def pack_scales(sm: np.ndarray) -> np.ndarray:
+    """Group scales ``[G, S, *Nd]`` (f16, or a Q4_K matrix's uint8 ``[K / 256, 20, *Nd]``) -> panel-major
+    ``[*Nd[:-1], Nd[-1] // 16, G, S, 16]``: each panel's scales one contiguous stream, read beside its
+    codes (``aotlm/kernels/int4.h``, ``group8.h``); in ``[G, S, *Nd]`` a panel's groups are a cache line
+    each, ``Nd`` apart. Every logical dim is kept, so a tensor-parallel shard is the packed form of the
+    logical shard, as the weights' panels."""
+    g, s, nd = sm.shape[0], sm.shape[1], sm.shape[2:]
+    a = sm.reshape(g, s, *nd[:-1], nd[-1] // PANEL, PANEL)
+    nn = len(nd)
+    return np.ascontiguousarray(a.transpose(*range(2, 2 + nn), 0, 1, 2 + nn))
+
+
+def unpack_scales(sm, nn: int):
+    """``pack_scales``'s inverse (jnp or numpy) for ``nn`` output dims; a logical leaf as it is."""
+    if sm.ndim != nn + 3:
+        return sm
+    lead, g, s = sm.shape[:nn], sm.shape[nn], sm.shape[nn + 1]
+    a = sm.transpose(nn, nn + 1, *range(nn), nn + 2)
+    return a.reshape(g, s, *lead[:-1], lead[-1] * PANEL)
 
 
 def logical_axes(path: Path, ndim: int) -> tuple[str | None, ...]:
     """Logical axes of a parameter (norm scales and other small leaves: replicated); a leaf in
-    the kernels' packed int8 layout (this module) has two more dims, and so has a 4-bit weight's
-    scale leaf ``[G, S, *Nd]`` (its group axis: the weight's first contracted axis)."""
+    the kernels' packed int8 layout (this module) has two more dims, and so has a group-scaled weight's
+    scale leaf ``[G, S, *Nd]`` (its group axis: the weight's first contracted axis), three packed."""
     axes = LOGICAL_AXES.get(path[-1], (None,) * ndim)
     if len(axes) + 2 == ndim and is_packed(path[-1], ndim):
         return packed_axes(path[-1], axes)
-    if len(axes) + 2 == ndim and path[-1] in SCALE_OF:
+    if len(axes) + 2 <= ndim <= len(axes) + 3 and path[-1] in SCALE_OF:
         w = SCALE_OF[path[-1]]
         group_axis = LOGICAL_AXES[w][PACK_CONTRACT[w][0]]
         # "mlp" is zero-padded for tp (core.sharding), which would add groups the rows do not have
-        return ("mlp_groups" if group_axis == "mlp" else group_axis, None, *axes)
+        groups = "mlp_groups" if group_axis == "mlp" else group_axis
+        return (groups, None, *axes) if len(axes) + 2 == ndim else (*axes, groups, None, None)  # pack_scales
     if len(axes) != ndim:
         raise ValueError(f"parameter {path} has {ndim} dims but its logical axes are {axes}")
     return axes
@@ -218,4 +241,9 @@ def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:
             "a smaller group size (quant='int4' is groups of 32) or per-channel scales (4-bit: quant='int8'; "
             "a GGUF file's Q8_0 / Q5_* blocks: quant='w8a8')"
         )
+    if q4_scales:  # panel-major where its weight is packed: whole panels of 16 columns on each device
+        nd = arr.shape[2:]
+        panels = (*nd[:-1], nd[-1] // PANEL)
+        split = any(s is not None and n % tp for s, n in zip(spec[2:], panels, strict=False))
+        return arr if nd[-1] % PANEL or split else pack_scales(arr)
     return pack_if(name, arr, tuple(s is not None for s in spec), tp)

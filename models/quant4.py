@@ -24,10 +24,11 @@ rows ``t`` (low nibble) and ``t + 4`` (high) of column ``c`` (``packing.pack_q4`
 columns as ``models.packing``'s, so every logical dim is kept and a tensor-parallel shard is the
 packed form of the logical shard. The scales
 ``<name>_scale`` are f16 ``[G, S, *Nd]`` (``S`` = 1, or 2: scale then minimum; a Q4_K matrix's: uint8
-``[K / 256, 20, *Nd]``, ``kscales``); their group axis is
-sharded like the weight's first contracted dim. The loader emits the codes one per byte in the
-logical layout (so the mesh's padding / kv-head repeats apply to them unchanged); ``packing.prepare``
-packs them always (with or without the kernels).
+``[K / 256, 20, *Nd]``, ``kscales``), stored panel-major ``[*Nd[:-1], Nd[-1] // 16, G, S, 16]``
+(``packing.pack_scales``); their group axis is
+sharded like the weight's first contracted dim. The loader emits the codes one per byte and the scales
+in the logical layout (so the mesh's padding / kv-head repeats apply to them unchanged);
+``packing.prepare`` packs both always (with or without the kernels).
 
 Which matrices: the ``PACK_CONTRACT`` ones (q/k/v/o, MLP, fused forms, an untied lm_head) and the tied
 lm_head's copy ``embed_q [V, D]`` (groups along D), whose shape allows the layout (``packable``);
@@ -294,7 +295,8 @@ def dequantize(w, sm, name: str):
     q = codes(w, name)
     kd, nd = logical_dims(name, w.shape)
     k, n = math.prod(kd), math.prod(nd)
-    g = k // kernels.q4_group(k, sm)  # a clear error if the groups do not tile K
+    sm = packing.unpack_scales(sm, len(nd))
+    g = k // kernels.q4_group(k, sm, len(nd))  # a clear error if the groups do not tile K
     if kscales.is_kform(sm):  # a Q4_K matrix's own scales
         s, m = (a.reshape(g, 1, n) for a in kscales.parts(sm))
     else:
@@ -319,6 +321,6 @@ def dense4(x, w, sm, axes: int, name: str, b=None, act: str | None = None):
     if kernels.q4_supported(x, name):
         return kernels.matmul_q4(x, w, sm, axes, name, packed_k=pk, nt=nt, b=b, act=act)
     wl = dequantize(w, sm, name)
-    g = kernels.q4_group(math.prod(wl.shape[:axes]), sm)
+    g = kernels.q4_group(math.prod(wl.shape[:axes]), sm, wl.ndim - axes)
     y = jnp.tensordot(round_x(x, g, axes), wl, axes=axes, preferred_element_type=jnp.float32)
     return y.astype(x.dtype)

@@ -11,7 +11,8 @@ checks that they give the values back bit for bit), at 8.5 bits a weight (9 with
 Leaves: the weight ``<name>`` as int8 codes, in the int8 panel layout the kernels read
 (``models.packing``, ``aotlm/kernels/group8.h``) or row-major where a shape does not pack; its scales
 ``<name>_scale`` f16 ``[G, S, *Nd]`` (``G = K / 32``, S = 2 with minimums; ``quant4``'s scale-leaf
-layout, so sharding and padding treat them alike). The dtypes tell them apart from per-channel int8
+layout, so sharding and padding treat them alike), panel-major beside a packed weight
+(``packing.pack_scales``). The dtypes tell them apart from per-channel int8
 (f32 scales ``[*Nd]``) and from 4-bit codes (uint8).
 
 The math: each row of x is rounded to int16 per group of 32 (scale ``max|x| / 32767``, an error <=
@@ -106,6 +107,7 @@ def dequantize(w, sm, name: str):
     logical = packing.unpack(w, name) if packing.is_packed(name, w.ndim) else w
     nk = len(packing.PACK_CONTRACT[name])
     kd, nd = logical.shape[:nk], logical.shape[nk:]
+    sm = packing.unpack_scales(sm, len(nd))
     g = sm.shape[0]
     q = logical.astype(jnp.float32).reshape(g, -1, *nd)
     y = q * sm[:, :1].astype(jnp.float32)

@@ -5,7 +5,8 @@
 //   y[M,N] = act(x[M,K] @ W[K,N] (+ bias)),  W[k,n] = s[g,n] * q[k,n] (+ m[g,n]),  g = k / group
 //
 // q: int8 in packed.h's panel layout ([Np / 16][K / 2][16][2]: per panel of 16 columns, each pair of rows
-// interleaved per column); s, m: f16 [G][S][Np] (S = 1: symmetric, 2: scale then minimum). K is a
+// interleaved per column); s, m: f16 [Np / 16][G][S][16] (S = 1: symmetric, 2: scale then minimum;
+// panel-major as int4.h's). K is a
 // multiple of the group (a multiple of 2).
 //
 // Math: each row of x is rounded to int16 per group (scale sx = max|x| / 32767 over the group's rows, an
@@ -23,12 +24,13 @@ constexpr int64_t ROWS = 64;   // rows of x per pass over a panel range
 
 struct W8 {
   const int8_t* q;     // panels [Np / 16][K / 2][32]
-  const uint16_t* sm;  // f16 [G][S][Np]
+  const uint16_t* sm;  // f16 [Np / 16][G][S][16]
   int64_t K, Np, group, S;
+  const uint16_t* scales(int64_t p) const { return sm + p * (K / group) * S * P; }  // panel p's [G][S][16]
 };
 
 inline float scale_of(const W8& w, int64_t g, int64_t s, int64_t n) {
-  return f16_to_f32(w.sm[(g * w.S + s) * w.Np + n]);
+  return f16_to_f32(w.scales(n / P)[(g * w.S + s) * P + n % P]);
 }
 
 #if defined(__AVX512BW__)
@@ -37,9 +39,10 @@ constexpr int MR_MAX = 8;
 // per group (minimums only).
 template <int MR>
 inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const float* xs, const W8& w, int64_t p,
-                       const uint16_t* ps, int64_t rs, float* out, int64_t ld) {
+                       float* out, int64_t ld) {
   constexpr int A = MR == 1 ? 4 : MR == 2 ? 2 : 1;  // few rows: pairs in separate sums (the add latency)
   const int8_t* panel = w.q + p * (w.K / 2) * 2 * P;
+  const uint16_t* ps = w.scales(p);
   const int64_t G = w.K / w.group, gp = w.group / 2;  // gp: pairs per group (a multiple of 4)
   __m512 f[MR];
   for (int m = 0; m < MR; ++m) f[m] = _mm512_setzero_ps();
@@ -60,8 +63,8 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const fl
       _mm_prefetch(reinterpret_cast<const char*>(panel + j * 2 * P + 64 + PFB), _MM_HINT_T0);
       for (int i = 0; i < 4; ++i) step(j + i, i % A);
     }
-    const uint16_t* sg = ps + g * w.S * rs;
-    _mm_prefetch(reinterpret_cast<const char*>(sg + 4 * w.S * rs), _MM_HINT_T0);  // scales: strided in place
+    const uint16_t* sg = ps + g * w.S * P;
+    _mm_prefetch(reinterpret_cast<const char*>(sg + 4 * w.S * P), _MM_HINT_T0);  // scales: a few groups ahead
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
     for (int m = 0; m < MR; ++m) {
       __m512i a = acc[m][0];
@@ -69,7 +72,7 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const fl
       f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s, _mm512_set1_ps(sx[m * G + g])), f[m]);
     }
     if (w.S == 2) {
-      const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + rs)));
+      const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + P)));
       for (int m = 0; m < MR; ++m) f[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * G + g]), mn, f[m]);
     }
   }
@@ -80,8 +83,9 @@ constexpr int MR_MAX = 4;
 // AVX2: columns 0-7 and 8-15 of each pair of rows as two vectors (packed.h's w16).
 template <int MR>
 inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const float* xs, const W8& w, int64_t p,
-                       const uint16_t* ps, int64_t rs, float* out, int64_t ld) {
+                       float* out, int64_t ld) {
   const int8_t* panel = w.q + p * (w.K / 2) * 2 * P;
+  const uint16_t* ps = w.scales(p);
   const int64_t G = w.K / w.group, gp = w.group / 2;
   __m256 f[MR][2];
   for (int m = 0; m < MR; ++m) f[m][0] = f[m][1] = _mm256_setzero_ps();
@@ -98,10 +102,10 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const fl
         acc[m][1] = aotlm_i8::madd_add(acc[m][1], w1, xb);
       }
     }
-    const uint16_t* sg = ps + g * w.S * rs;
+    const uint16_t* sg = ps + g * w.S * P;
     for (int v = 0; v < 2; ++v) {
       const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * v)));
-      const __m256 mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + rs + 8 * v)))
+      const __m256 mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + P + 8 * v)))
                                  : _mm256_setzero_ps();
       for (int m = 0; m < MR; ++m) {
         f[m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][v]), _mm256_mul_ps(s, _mm256_set1_ps(sx[m * G + g])), f[m][v]);
@@ -118,21 +122,16 @@ inline void panel_rows(const int16_t* xq, int64_t ldx, const float* sx, const fl
 inline void rows(const int16_t* xq, int64_t ldx, const float* sx, const float* xs, int64_t M, const W8& w, int64_t p0,
                  int64_t p1, float* buf, int64_t ld) {
   const int64_t G = w.K / w.group;
-  const auto* leaf = reinterpret_cast<const uint8_t*>(w.sm);
-  // Copied only with minimums (two lines per group): Q8_0's one line per 512 code bytes gains nothing.
-  const bool copy = w.S == 2 && M >= SCALE_COPY_ROWS;
-  with_scales(leaf, G * w.S, w.Np, 2, copy, p0, p1, [&](int64_t p, const uint8_t* ps, int64_t rs) {
+  for (int64_t p = p0; p < p1; ++p)
     for (int64_t m0 = 0; m0 < M;) {
       const int64_t left = M - m0;
       const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
       const int16_t* x = xq + m0 * ldx;
       const float *s = sx + m0 * G, *t = xs + m0 * G;
       float* o = buf + m0 * ld + (p - p0) * P;
-      const auto* sc = reinterpret_cast<const uint16_t*>(ps);
-      with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, ldx, s, t, w, p, sc, rs, o, ld); });
+      with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, ldx, s, t, w, p, o, ld); });
       m0 += mr;
     }
-  });
 }
 
 // x [M, K] -> xq [M, ldx] int16, per row and group: sx (the scale) and xs = sx * sum(xq).
@@ -191,7 +190,7 @@ inline void run_unpack(const W8& w, int64_t N, const Out& out) {
 }  // namespace aotlm_g8
 
 // The operands of an int8 W in groups for y [.., K] x [.., N]: w holds Np * K bytes (Np: N up to 16), sm
-// f16 [G][S][Np] with S = 1 or 2, G = K / group. Returns "" or the problem.
+// f16 [Np / 16][G][S][16] with S = 1 or 2, G = K / group. Returns "" or the problem.
 std::string g8_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64_t K, int64_t N, int32_t group,
                         aotlm_g8::W8* out) {
   if (group < 8 || group > 256 || group % 8 || K % group)
@@ -199,7 +198,7 @@ std::string g8_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64
   const int64_t Np = (N + 15) / 16 * 16, G = K / group;
   if (int64_t(w.element_count()) != K * Np) return "int8 w must hold Np * K bytes (Np: N rounded up to 16)";
   if (sm.element_type() != DataType::F16 || (int64_t(sm.element_count()) != G * Np && int64_t(sm.element_count()) != 2 * G * Np))
-    return "scales of int8 groups must be f16 [G, 1 or 2, Np] (G = K / group)";
+    return "scales of int8 groups must be f16 [Np / 16, G, 1 or 2, 16] (G = K / group)";
   *out = {static_cast<const int8_t*>(w.untyped_data()), static_cast<const uint16_t*>(sm.untyped_data()), K, Np, group,
           int64_t(sm.element_count()) / (G * Np)};
   return "";

@@ -3,17 +3,20 @@
 //   aotlm_wmm_q4:  y[M,N] = act(x[M,K] @ W[K,N] (+ bias)),  W[k,n] = s[g,n] * q[k,n] + m[g,n],  g = k / group
 //
 // q is 0..15; symmetric groups have no m and mean m = -8 s (Q4_0's w = d (q - 8)), asymmetric ones
-// store it (Q4_1, Q4_K: w = d q + m). Scales and minimums are f16 [G][S][Np] (S = 1 or 2: scale,
-// then minimum), G = Kp / group. Layout of q: panels of 16 columns (as packed.h's), each a stream of
+// store it (Q4_1, Q4_K: w = d q + m). Scales and minimums are f16 [Np / 16][G][S][16] (S = 1 or 2:
+// scale, then minimum; G = Kp / group): panel-major, each panel's a stream of its own beside its codes
+// (models/packing.py pack_scales; in [G][S][Np] a panel read its scales a cache line Np apart per group,
+// between its code stream's lines). Layout of q: panels of 16 columns (as packed.h's), each a stream of
 // Kp / 8 blocks of 64 bytes; byte 4c + t of block j holds column c's q[8j + t] (low nibble) and
 // q[8j + 4 + t] (high nibble), so ``v & 15`` and ``(v >> 4) & 15`` are each 16 lanes of 4 consecutive
 // rows of one column: the operands of vpdpbusd (Kp = K up to the group, Np = N up to 16; padded
 // rows multiply zeros, padded columns are not written).
 //
 // A GGUF Q4_K matrix keeps its own scales instead (the "K form", models/kscales.py): sm is uint8
-// [G / 8][20][Np] -- per 256 rows, 8 rows of 6-bit sub-scales sc, 8 of sub-minimums mb, then the low and
-// high bytes of the f16 super-scale d and of the f16 -dmin -- and a group's s = d * sc, m = -dmin * mb
-// (each exact in f32, as gguf-py computes them): 0.625 bits a weight instead of 1.
+// [Np / 16][G / 8][20][16] -- per panel and 256 rows, 8 rows of 6-bit sub-scales sc, 8 of sub-minimums
+// mb, then the low and high bytes of the f16 super-scale d and of the f16 -dmin -- and a group's
+// s = d * sc, m = -dmin * mb (each exact in f32, as gguf-py computes them): 0.625 bits a weight
+// instead of 1.
 //
 // Math, as llama.cpp multiplies its Q4 blocks: each row of x is rounded to int8 per group (scale
 // sx = max|x| / 127 over the group's K rows), the 4-bit codes times the int8 x summed in int32
@@ -34,21 +37,28 @@ constexpr int64_t ROWS = 64;  // rows of x per pass over a panel range (bounds t
 
 struct W4 {
   const uint8_t* q;    // panels [Np / 16][Kp / 8][64]
-  const uint16_t* sm;  // f16 [G][S][Np], or null in the K form
-  const uint8_t* k8;   // the K form: uint8 [G / 8][20][Np], else null
+  const uint16_t* sm;  // f16 [Np / 16][G][S][16] (panel-major), or null in the K form
+  const uint8_t* k8;   // the K form: uint8 [Np / 16][G / 8][20][16], else null
   int64_t Kp, Np, group, S;
+  // Panel p's scales: rows of 16 columns (G * S f16 ones, or the K form's Kp / 256 * 20 bytes), read as
+  // one stream beside the panel's codes.
+  const uint8_t* scales(int64_t p) const {
+    return k8 ? k8 + p * (Kp / 256) * 20 * P : reinterpret_cast<const uint8_t*>(sm + p * (Kp / group) * S * P);
+  }
 };
 
 // Scale and minimum of group g, column n (scalar: run_unpack).
 inline void scale_min(const W4& w, int64_t g, int64_t n, float& s, float& mn) {
+  const uint8_t* ps = w.scales(n / P);
+  const int64_t c = n % P;
   if (w.k8) {
-    const uint8_t* b = w.k8 + (g / 8) * 20 * w.Np + n;
-    const auto f16 = [&](int row) { return f16_to_f32(uint16_t(b[row * w.Np] | (b[(row + 1) * w.Np] << 8))); };
-    s = f16(16) * float(b[(g % 8) * w.Np]), mn = f16(18) * float(b[(8 + g % 8) * w.Np]);
+    const uint8_t* b = ps + (g / 8) * 20 * P + c;
+    const auto f16 = [&](int row) { return f16_to_f32(uint16_t(b[row * P] | (b[(row + 1) * P] << 8))); };
+    s = f16(16) * float(b[(g % 8) * P]), mn = f16(18) * float(b[(8 + g % 8) * P]);
     return;
   }
-  const uint16_t* sg = w.sm + g * w.S * w.Np + n;
-  s = f16_to_f32(sg[0]), mn = w.S == 2 ? f16_to_f32(sg[w.Np]) : -8.f * s;
+  const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * P + c;
+  s = f16_to_f32(sg[0]), mn = w.S == 2 ? f16_to_f32(sg[P]) : -8.f * s;
 }
 
 // 16 f16 values stored as two byte planes (low bytes at lo, high at hi) -> 16 u16 lanes.
@@ -98,9 +108,9 @@ inline __m512i dot4(__m512i acc, __m512i u, __m512i s) {  // acc + sum of 4 u8 x
 // MR rows of xq [MR, Kp] x panel p -> out[m * ld + 0..15].
 template <int MR>
 inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, const W4& w, int64_t p,
-                       const uint8_t* ps, int64_t rs, float* out, int64_t ld) {
+                       float* out, int64_t ld) {
   constexpr int A = MR == 1 ? 2 : 1;  // one row: low and high nibbles in separate sums (latency)
-  const uint8_t* panel = w.q + p * (w.Kp / B) * 64;
+  const uint8_t* panel = w.q + p * (w.Kp / B) * 64, *ps = w.scales(p);
   const __m512i lo4 = _mm512_set1_epi8(15);
   __m512 f[MR];
   for (int m = 0; m < MR; ++m) f[m] = _mm512_setzero_ps();
@@ -123,17 +133,17 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
     }
     __m512 s, mn;
     if (w.k8) {
-      const uint8_t* b = ps + (g / 8) * 20 * rs;
+      const uint8_t* b = ps + (g / 8) * 20 * P;
       if (g % 8 == 0)
-        kd = _mm512_cvtph_ps(f16_planes(b + 16 * rs, b + 17 * rs)), kn = _mm512_cvtph_ps(f16_planes(b + 18 * rs, b + 19 * rs));
+        kd = _mm512_cvtph_ps(f16_planes(b + 16 * P, b + 17 * P)), kn = _mm512_cvtph_ps(f16_planes(b + 18 * P, b + 19 * P));
       const auto u8 = [&](int row) {
-        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + row * rs))));
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + row * P))));
       };
       s = _mm512_mul_ps(kd, u8(int(g % 8))), mn = _mm512_mul_ps(kn, u8(int(8 + g % 8)));
     } else {
-      const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * rs;
+      const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * P;
       s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
-      mn = w.S == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + rs)))
+      mn = w.S == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + P)))
                     : _mm512_mul_ps(s, _mm512_set1_ps(-8.f));
     }
     for (int m = 0; m < MR; ++m) {
@@ -153,8 +163,8 @@ inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 // AVX2: the same on two vectors of 8 columns (bytes 0-31 of a block: columns 0-7).
 template <int MR>
 inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, const W4& w, int64_t p,
-                       const uint8_t* ps, int64_t rs, float* out, int64_t ld) {
-  const uint8_t* panel = w.q + p * (w.Kp / B) * 64;
+                       float* out, int64_t ld) {
+  const uint8_t* panel = w.q + p * (w.Kp / B) * 64, *ps = w.scales(p);
   const __m256i lo4 = _mm256_set1_epi8(15);
   __m256 f[MR][2];
   for (int m = 0; m < MR; ++m) f[m][0] = f[m][1] = _mm256_setzero_ps();
@@ -177,18 +187,18 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
     for (int v = 0; v < 2; ++v) {
       __m256 s, mn;
       if (w.k8) {
-        const uint8_t* b = ps + (g / 8) * 20 * rs;
-        const __m256i d = f16_planes(b + 16 * rs, b + 17 * rs), nd = f16_planes(b + 18 * rs, b + 19 * rs);
+        const uint8_t* b = ps + (g / 8) * 20 * P;
+        const __m256i d = f16_planes(b + 16 * P, b + 17 * P), nd = f16_planes(b + 18 * P, b + 19 * P);
         const auto u8 = [&](int row) {
-          return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + row * rs + 8 * v))));
+          return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + row * P + 8 * v))));
         };
         s = _mm256_mul_ps(_mm256_cvtph_ps(v ? _mm256_extracti128_si256(d, 1) : _mm256_castsi256_si128(d)), u8(int(g % 8)));
         mn = _mm256_mul_ps(_mm256_cvtph_ps(v ? _mm256_extracti128_si256(nd, 1) : _mm256_castsi256_si128(nd)),
                            u8(int(8 + g % 8)));
       } else {
-        const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * rs;
+        const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * P;
         s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * v)));
-        mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + rs + 8 * v)))
+        mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + P + 8 * v)))
                       : _mm256_mul_ps(s, _mm256_set1_ps(-8.f));
       }
       for (int m = 0; m < MR; ++m) {
@@ -206,20 +216,16 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
 // M rows (<= ROWS) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c].
 inline void rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, int64_t M, const W4& w, int64_t p0,
                  int64_t p1, float* buf, int64_t ld) {
-  const bool kf = w.k8 != nullptr;  // scales: the K form's uint8 rows, or f16 [G][S]
-  const uint8_t* leaf = kf ? w.k8 : reinterpret_cast<const uint8_t*>(w.sm);
-  const int64_t srows = kf ? w.Kp / 256 * 20 : G * w.S, e = kf ? 1 : 2;
-  with_scales(leaf, srows, w.Np, e, M >= SCALE_COPY_ROWS, p0, p1, [&](int64_t p, const uint8_t* ps, int64_t rs) {
+  for (int64_t p = p0; p < p1; ++p)
     for (int64_t m0 = 0; m0 < M;) {
       const int64_t left = M - m0;
       const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
       const int8_t* x = xq + m0 * w.Kp;
       const float *s = sx + m0 * G, *t = xs + m0 * G;
       float* o = buf + m0 * ld + (p - p0) * P;
-      with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, s, t, G, w, p, ps, rs, o, ld); });
+      with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, s, t, G, w, p, o, ld); });
       m0 += mr;
     }
-  });
 }
 
 // y [M, N] = act(x [M, K] @ W (+ bias)); bias: f32 [Np] (zero padded) or null.
@@ -258,7 +264,7 @@ inline void run_unpack(const W4& w, int64_t K, int64_t N, const Out& out) {
 
 // ------------------------------------------------------------------ handlers
 // The operands of a 4-bit W for y [.., K] x [.., N]: Kp (K up to the group) and Np (N up to 16) from
-// ``group``; w holds Np * Kp / 2 bytes, sm f16 [G][S][Np] with S = 1 or 2. Returns "" or the problem.
+// ``group``; w holds Np * Kp / 2 bytes, sm f16 [Np / 16][G][S][16] with S = 1 or 2. Returns "" or the problem.
 std::string q4_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64_t K, int64_t N, int32_t group,
                         aotlm_q4::W4* out) {
   if (group < aotlm_q4::B || group % aotlm_q4::B) return "group must be a multiple of 8";
@@ -268,12 +274,12 @@ std::string q4_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64
   const auto* q = static_cast<const uint8_t*>(w.untyped_data());
   if (sm.element_type() == DataType::U8) {  // the K form
     if (group != 32 || Kp % 256 || int64_t(sm.element_count()) != Kp / 256 * 20 * Np)
-      return "K-form scales must be uint8 [K / 256, 20, Np] with groups of 32";
+      return "K-form scales must be uint8 [Np / 16, K / 256, 20, 16] with groups of 32";
     *out = {q, nullptr, static_cast<const uint8_t*>(sm.untyped_data()), Kp, Np, group, 2};
     return "";
   }
   if (sm.element_type() != DataType::F16 || (int64_t(sm.element_count()) != G * Np && int64_t(sm.element_count()) != 2 * G * Np))
-    return "scales must be f16 [G, 1 or 2, Np] (G = Kp / group) or uint8 [K / 256, 20, Np]";
+    return "scales must be f16 [Np / 16, G, 1 or 2, 16] (G = Kp / group) or uint8 [Np / 16, K / 256, 20, 16]";
   *out = {q, static_cast<const uint16_t*>(sm.untyped_data()), nullptr, Kp, Np, group, int64_t(sm.element_count()) / (G * Np)};
   return "";
 }

@@ -27,3 +27,9 @@ def q4_logical_dims(shape: tuple, nk: int) -> tuple[tuple, tuple]:
     nd = (*shape[: nn - 1], shape[nn - 1] * PANEL)
     kd = (*shape[nn : nn + nk - 1], shape[nn + nk - 1] * Q4_ROWS)
     return kd, nd
+
+
+def scale_groups(shape: tuple, nn: int) -> int:
+    """The groups (first dim) of a group-scale leaf with ``nn`` output dims: ``[G, S, *Nd]``, or
+    panel-major ``[*Nd[:-1], Nd[-1] // 16, G, S, 16]`` (``aotlm.models.packing.pack_scales``)."""
+    return shape[nn] if len(shape) == nn + 3 else shape[0]

@@ -32,18 +32,19 @@ def q4_fuses(x, name: str | None, act: str | None) -> bool:
     return (act is None or act in GEMM_ACTS) and one_device() and q4_supported(x, name)
 
 
-def q4_group(k: int, sm) -> int:
-    """The group size of a 4-bit weight with ``k`` contracted rows and scales ``sm [G, S, ...]`` (f16),
-    or a GGUF Q4_K matrix's own ``[K / 256, 20, ...]`` (uint8, ``aotlm.models.kscales``: groups of 32);
-    a clear error when the groups do not tile ``k`` (e.g. a tensor-parallel shard split inside a group)."""
+def q4_group(k: int, sm, nn: int) -> int:
+    """The group size of a 4-bit weight with ``k`` contracted rows, ``nn`` output dims and scales ``sm
+    [G, S, *Nd]`` (f16), or a GGUF Q4_K matrix's own ``[K / 256, 20, *Nd]`` (uint8, ``aotlm.models.kscales``:
+    groups of 32), either panel-major (``layout.scale_groups``); a clear error when the groups do not tile
+    ``k`` (e.g. a tensor-parallel shard split inside a group)."""
+    groups = layout.scale_groups(sm.shape, nn)
     if jnp.dtype(sm.dtype) == jnp.uint8:
-        if sm.shape[0] == 0 or k != 256 * sm.shape[0]:
+        if groups == 0 or k != 256 * groups:
             raise ValueError(
-                f"a Q4_K weight with {k} contracted rows has {sm.shape[0]} blocks of 256: a shard or padding "
+                f"a Q4_K weight with {k} contracted rows has {groups} blocks of 256: a shard or padding "
                 "split a block; use a tp_degree that keeps 256 rows together (or tp_degree=1)"
             )
         return 32
-    groups = sm.shape[0]
     if groups == 0 or k % groups or k // groups not in layout.Q4_GROUPS:
         raise ValueError(
             f"a 4-bit weight with {k} contracted rows has {groups} groups of scales: a shard or padding "
@@ -60,16 +61,27 @@ def logical_dims(w, packed_k: int) -> tuple[tuple, tuple]:
     return layout.q4_logical_dims(w.shape, packed_k)
 
 
+def _panel_major(sm, nn: int) -> None:
+    """The kernels read scales panel-major (``aotlm.models.packing.pack_scales``): a clear error otherwise."""
+    if sm.ndim != nn + 3 or sm.shape[-1] != layout.PANEL:
+        raise ValueError(
+            f"group scales of shape {sm.shape} are not panel-major [..N / 16, G, S, 16]: "
+            "pack them with aotlm.models.packing.pack_scales"
+        )
+
+
 def _q4_call(x, w, sm, axes: int, packed_k: int, b=None, act: str | None = None):
     """The kernel on local arrays: ``x [..., *K] @ W`` for packed 4-bit ``w`` (``packed_k`` contracted
-    dims) and its scales ``sm [G, S, *N]``; ``b`` / ``act`` applied in the output pass."""
+    dims) and its panel-major scales ``sm [..N / 16, G, S, 16]``; ``b`` / ``act`` applied in the output
+    pass."""
     kernels.ensure_registered()
     kd, nd = logical_dims(w, packed_k)
     k, n = math.prod(kd), math.prod(nd)
     lead = x.shape[: x.ndim - axes]
     bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
     out = jax.ShapeDtypeStruct((math.prod(lead), n), x.dtype)
-    g, act_id = np.int32(q4_group(k, sm)), np.int32(GEMM_ACTS[act] if act else 0)
+    _panel_major(sm, len(nd))
+    g, act_id = np.int32(q4_group(k, sm, len(nd))), np.int32(GEMM_ACTS[act] if act else 0)
     live = padding.live_rows(lead if one_device() else ())
     y = jax.ffi.ffi_call("aotlm_wmm_q4", out)(x.reshape(-1, k), w, sm, bias, live, group=g, act=act_id)
     return y.reshape(*lead, *nd)
@@ -89,7 +101,7 @@ def matmul_q4(x, w, sm, axes: int = 1, name: str | None = None, packed_k: int = 
     contract, outs = (wspec[1:], wspec[:1]) if nt else (wspec[:axes], wspec[axes:])
     lead = (None,) * (x.ndim - axes)
     summed = tuple(a for a in contract if a is not None)
-    sm_spec = P(summed[0] if summed else None, None, *outs)
+    sm_spec = P(*outs, summed[0] if summed else None, None, None)  # panel-major
 
     def local(xl, wl, sl):
         y = _q4_call(xl, wl, sl, axes, packed_k)
@@ -109,7 +121,8 @@ def unpack_q4(w, sm, dtype, packed_k: int, name: str | None = None, after=None, 
         kd, nd = logical_dims(wl, packed_k)
         k, n = math.prod(kd), math.prod(nd)
         out = jax.ShapeDtypeStruct((k, n), dtype)
-        y = jax.ffi.ffi_call("aotlm_unpack_q4", out)(wl, sl, d, group=np.int32(q4_group(k, sl)))
+        _panel_major(sl, len(nd))
+        y = jax.ffi.ffi_call("aotlm_unpack_q4", out)(wl, sl, d, group=np.int32(q4_group(k, sl, len(nd))))
         return y.reshape(*kd, *nd)
 
     if one_device():
@@ -118,5 +131,5 @@ def unpack_q4(w, sm, dtype, packed_k: int, name: str | None = None, after=None, 
     wspec = weight_spec(name, logical_ndim(packed_k, w), spec_of)
     kspec, nspec = (wspec[1:], wspec[:1]) if nt else (wspec[:packed_k], wspec[packed_k:])
     ksum = tuple(a for a in kspec if a is not None)
-    specs = (P(*weight_spec(name, w.ndim, spec_of)), P(ksum[0] if ksum else None, None, *nspec), P())
+    specs = (P(*weight_spec(name, w.ndim, spec_of)), P(*nspec, ksum[0] if ksum else None, None, None), P())
     return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P(*kspec, *nspec))(w, sm, dep)

@@ -1,6 +1,6 @@
 // What the group-scaled row kernels (int4.h, group8.h) share, included by wmatmul.cc before them: the
-// register tile's row count as a template argument (with_rows), the driver over panel ranges and chunks
-// of rows (drive_rows) and the scales' panel-major copy (with_scales).
+// register tile's row count as a template argument (with_rows) and the driver over panel ranges and
+// chunks of rows (drive_rows).
 //
 // with_rows<MAX>(mr, fn) calls fn(std::integral_constant<int, mr>{}) for mr in 1..MAX, so a kernel's
 // register tile of mr rows of x is one instantiation each and one call picks it.
@@ -42,34 +42,4 @@ inline void drive_rows(int64_t M, int64_t N, int64_t Np, int64_t chunk, const fl
       }
     }
   });
-}
-
-// The scales of the group-scaled row kernels as the panels read them. In a scale leaf ([rows][Np] of
-// ``e``-byte elements: int4.h's f16 [G][S][Np] or K form [G / 8][20][Np], group8.h's f16 [G][S][Np]) a
-// panel's groups are Np apart: one cache line (on a page of its own for wide N) per group, read between
-// the code stream's lines. With ``copy`` each thread first copies the scales of SCALE_COPY_PANELS panels
-// into a panel-major buffer -- the leaf's rows read as contiguous pieces -- and the panels read theirs
-// from there; without it they read them in place. The callers copy from SCALE_COPY_ROWS rows of x on:
-// for fewer the copy, a pass of its own, costs more than it saves. panel(p, ps, rs): panel p's scales
-// at ps, rs elements from one leaf row to the next (Np in place, 16 in the copy).
-constexpr int64_t SCALE_COPY_ROWS = 8, SCALE_COPY_PANELS = 32;
-template <class Panel>
-inline void with_scales(const uint8_t* leaf, int64_t rows, int64_t Np, int64_t e, bool copy, int64_t p0, int64_t p1,
-                        const Panel& panel) {
-  constexpr int64_t P = 16;
-  if (!copy) {
-    for (int64_t p = p0; p < p1; ++p) panel(p, leaf + p * P * e, Np);
-    return;
-  }
-  const int64_t pb = rows * P * e;  // bytes of one panel's scales
-  thread_local std::vector<uint8_t> buf;
-  buf.resize(std::min(SCALE_COPY_PANELS, p1 - p0) * pb);
-  for (int64_t c0 = p0; c0 < p1; c0 += SCALE_COPY_PANELS) {
-    const int64_t c1 = std::min(p1, c0 + SCALE_COPY_PANELS);
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint8_t* row = leaf + (r * Np + c0 * P) * e;
-      for (int64_t p = 0; p < c1 - c0; ++p) std::memcpy(buf.data() + p * pb + r * P * e, row + p * P * e, P * e);
-    }
-    for (int64_t p = c0; p < c1; ++p) panel(p, buf.data() + (p - c0) * pb, P);
-  }
 }

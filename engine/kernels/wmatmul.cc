@@ -290,7 +290,7 @@ ffi::Error convert(ffi::AnyBuffer w, ffi::AnyBuffer after, ffi::Result<ffi::AnyB
   return ffi::Error::Success();
 }
 #include "prefill.h"  // prefill handlers: the GEMMs and attention on XLA's threads
-#include "tiles.h"    // the group-scaled row kernels' tiles, driver and scale copy
+#include "tiles.h"    // the group-scaled row kernels' tiles and driver
 #include "group8.h"   // int8 weights with group scales (GGUF Q8_0 kept as stored)
 #include "int4.h"     // 4-bit group-quantized weights (decode and prefill rows)
 #include "dattn.h"    // decode attention handlers: the dots (bdot.h) and the fused step (q.k, softmax, p.v)

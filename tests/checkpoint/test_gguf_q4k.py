@@ -60,7 +60,7 @@ def test_explicit_group_size_is_kept_and_requantizes(gguf_file):
     m = AutoModelForSampling.from_pretrained(
         gguf_file("Q4_0"), quant="int4-g64", batch_size=1, n_positions=32, compile_cache=False
     )
-    assert m.params["layers"][0]["wq_scale"].shape[0] * 64 == 256
+    assert m.params["layers"][0]["wq_scale"].shape[-3] * 64 == 256  # [H, Dh / 16, G, 1, 16]
 
 
 GGUF_OF = dict(
@@ -120,7 +120,7 @@ def test_q4k_codes_kept(gguf_file, monkeypatch):
         np.testing.assert_array_equal(stored, codes, err_msg=leaf)
         want = logical(ref, leaf).reshape(codes.shape[::-1]).T  # the file's values
         np.testing.assert_array_equal(codes * scale + minimum, want, err_msg=leaf)
-        assert sm.dtype == np.uint8 and sm.shape[:2] == (codes.shape[1] // 256, 20), leaf  # the K form
+        assert sm.dtype == np.uint8 and sm.shape[-3:-1] == (codes.shape[1] // 256, 20), leaf  # the K form
         deq = np.asarray(quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), leaf)).reshape(want.T.shape).T
         np.testing.assert_array_equal(deq, want, err_msg=leaf)
     assert zero_groups > 0  # random 6-bit scales: some are 0, whose codes only the blocks tell

@@ -62,7 +62,7 @@ def test_matrices_keep_their_blocks(files, monkeypatch, qtype):
         src = m.params["layers"][0] if layer is not None else m.params
         w, sm = src[leaf], src[f"{leaf}_scale"]
         want = logical(ref, leaf, layer)
-        assert w.dtype == np.int8 and sm.dtype == np.float16 and sm.shape[1] == 1 + (qtype == "Q5_1"), leaf
+        assert w.dtype == np.int8 and sm.dtype == np.float16 and sm.shape[-2] == 1 + (qtype == "Q5_1"), leaf
         got = np.asarray(quant8.dequantize(jnp.asarray(w), jnp.asarray(sm), leaf))
         np.testing.assert_array_equal(got[..., : want.shape[-1]], want, err_msg=leaf)  # vocab padding
 

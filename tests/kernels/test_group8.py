@@ -81,7 +81,7 @@ def check_odd_shapes(seed: int = 0) -> float:
     1..100, symmetric and with minimums (also run in a child process per ISA level)."""
     rng, worst = np.random.default_rng(seed), 0.0
     cases = [(64, 37, False), (96, 16, True), (256, 50, False), (160, 129, True)]
-    for k, n, minimum in cases + [(32, 5125, True)]:  # 8+ rows copy the scales, 32 panels at a time
+    for k, n, minimum in cases + [(32, 5125, True)]:  # wide N: long panel ranges per thread
         q, sm, w = blocks(rng, k, n, minimum)
         np_ = -(-n // 16) * 16
         qp, smp = np.zeros((k, np_), np.int8), np.zeros((*sm.shape[:2], np_), np.float16)
@@ -90,7 +90,7 @@ def check_odd_shapes(seed: int = 0) -> float:
         for m in (1, 2, 3, 7, 9, 16, 17, 64, 100):
             x = rng.standard_normal((m, k)).astype(np.float32)
             ref = round_x(x).astype(np.float64) @ w.astype(np.float64)
-            y = np.asarray(kernel(jnp.asarray(x), wp, jnp.asarray(smp), n), np.float64)
+            y = np.asarray(kernel(jnp.asarray(x), wp, jnp.asarray(packing.pack_scales(smp)), n), np.float64)
             worst = max(worst, float(np.abs(y - ref).max() / np.abs(ref).max()))
     return worst
 
@@ -103,19 +103,18 @@ def test_kernel_matches_numpy_on_odd_shapes():
 @needs_kernels
 def test_prefill_rows_get_the_bits_of_decode_rows_and_unpack_is_exact():
     """Exact int32 group sums and the same f32 order per group: a row's result does not depend on how
-    many rows share the call (8+ rows read the scales from a copy, fewer in place); ``aotlm_unpack_q4``
-    and XLA's ``dequantize`` give the matrix exactly."""
+    many rows share the call; ``aotlm_unpack_q4`` and XLA's ``dequantize`` give the matrix exactly."""
     rng = np.random.default_rng(5)
     for n in (48, 5136):
         q, sm, w = blocks(rng, 128, n, minimum=True)
-        wp, smj = jnp.asarray(packing.pack(q, (0,))), jnp.asarray(sm)
+        wp, smj = jnp.asarray(packing.pack(q, (0,))), jnp.asarray(packing.pack_scales(sm))
         x = jnp.asarray(rng.standard_normal((70, 128)).astype(np.float32))
         whole = np.asarray(kernel(x, wp, smj, n))
         parts = [kernel(x[i : i + 7], wp, smj, n) for i in range(0, 70, 7)]
         np.testing.assert_array_equal(whole, np.concatenate(parts))
     np.testing.assert_array_equal(np.asarray(kernels.unpack_q4(wp, smj, jnp.float32, 1)), w)
     np.testing.assert_array_equal(np.asarray(quant8.dequantize(wp, smj, "w_up")), w)
-    y = np.asarray(quant8.dense8(x, jnp.asarray(q), smj, 1, "w_up"))  # row-major leaf: XLA's path
+    y = np.asarray(quant8.dense8(x, jnp.asarray(q), jnp.asarray(sm), 1, "w_up"))  # row-major leaf: XLA's path
     np.testing.assert_allclose(y, whole, rtol=0, atol=1e-5 * np.abs(whole).max())
 
 
@@ -124,7 +123,7 @@ def test_rows_with_inf_or_nan_give_nan_only_in_their_own_outputs():
     """x rounded per group (8 lanes and a scalar tail): a row holding inf / NaN comes out all NaN, the
     other rows as without it; a group of zeros costs its row nothing."""
     q, sm, w = blocks(np.random.default_rng(4), 96, 32)
-    wp, smj = jnp.asarray(packing.pack(q, (0,))), jnp.asarray(sm)
+    wp, smj = jnp.asarray(packing.pack(q, (0,))), jnp.asarray(packing.pack_scales(sm))
     x = np.random.default_rng(5).standard_normal((4, 96)).astype(np.float32)
     x[3, 32:64] = 0.0
     clean = np.asarray(kernel(jnp.asarray(x), wp, smj, 32))

@@ -25,7 +25,8 @@ needs_kernels = pytest.mark.skipif(not kernels.enabled(), reason="CPU kernels un
 
 
 def quantized(rng, k: int, n: int, group: int, asym: bool):
-    """Random W [k, n] padded to whole groups / panels -> (packed codes, scales, dequantized W [Kp, Np])."""
+    """Random W [k, n] padded to whole groups / panels -> (packed codes, panel-major scales, dequantized W
+    [Kp, Np])."""
     kp, np_ = -(-k // group) * group, -(-n // 16) * 16
     w = np.zeros((kp, np_), np.float32)
     w[:k, :n] = rng.standard_normal((k, n)) * rng.uniform(0.2, 2.0, (1, n))
@@ -33,12 +34,13 @@ def quantized(rng, k: int, n: int, group: int, asym: bool):
     s = sm[:, 0].astype(np.float32)[:, None, :]
     m = sm[:, 1].astype(np.float32)[:, None, :] if asym else -8.0 * s
     deq = (codes.reshape(kp // group, group, np_) * s + m).reshape(kp, np_)
-    return packing.pack_q4(codes, (0,)), sm, deq
+    return packing.pack_q4(codes, (0,)), packing.pack_scales(sm), deq
 
 
 def quantized_k(rng, k: int, n: int):
     """Random Q4_K-style W [k, n] (k: whole blocks of 256) in the K form (``models.kscales``): its
-    codes, uint8 scales and the dequantized W [k, Np], exactly as gguf-py computes Q4_K values."""
+    codes, uint8 scales (panel-major) and the dequantized W [k, Np], exactly as gguf-py computes Q4_K
+    values."""
     np_ = -(-n // 16) * 16
     codes = rng.integers(0, 16, (k, np_)).astype(np.uint8)
     sc, mb = (rng.integers(0, 64, (k // 32, np_)).astype(np.uint8) for _ in range(2))
@@ -48,7 +50,7 @@ def quantized_k(rng, k: int, n: int):
     deq = codes * np.repeat(s, 32, 0) + np.repeat(m, 32, 0)
     deq[:, n:] = 0.0  # padded columns: zero scales
     sc[:, n:], mb[:, n:] = 0, 0
-    return packing.pack_q4(codes, (0,)), kscales.pack(sc, mb, d, dmin), deq
+    return packing.pack_q4(codes, (0,)), packing.pack_scales(kscales.pack(sc, mb, d, dmin)), deq
 
 
 def round_x(x: np.ndarray, group: int) -> np.ndarray:
@@ -79,7 +81,7 @@ def check_odd_shapes(seed: int = 0) -> float:
     rng, worst = np.random.default_rng(seed), 0.0
     cases = [(100, 37, 32, False), (72, 16, 32, True), (200, 50, 64, True), (130, 129, 128, False)]
     cases += [(8, 5, 32, True), (512, 37, "K", True), (256, 50, "K", True)]  # K: Q4_K's own scales
-    cases += [(32, 5125, 32, True), (256, 5125, "K", True)]  # 8+ rows copy the scales, 32 panels at a time
+    cases += [(32, 5125, 32, True), (256, 5125, "K", True)]  # wide N: long panel ranges per thread
     for k, n, group, asym in cases:
         w, sm, deq = quantized_k(rng, k, n) if group == "K" else quantized(rng, k, n, group, asym)
         group = 32 if group == "K" else group
@@ -131,6 +133,21 @@ def test_packed_layout_round_trips_through_the_xla_unpack():
     np.testing.assert_array_equal(back, codes.astype(np.float32))
 
 
+def test_scales_pack_panel_major_and_round_trip():
+    """``pack_scales``: ``[G, S, *Nd]`` -> ``[*Nd[:-1], Nd[-1] / 16, G, S, 16]`` (each panel's scales in a
+    row), its inverse for numpy and jnp, and the logical axes a packed leaf shards by (``wq``: Nd = [H,
+    Dh])."""
+    sm = np.random.default_rng(6).standard_normal((4, 2, 3, 32)).astype(np.float16)
+    packed = packing.pack_scales(sm)
+    assert packed.shape == (3, 2, 4, 2, 16)
+    np.testing.assert_array_equal(packed[1, 1, 2, 0], sm[2, 0, 1, 16:])
+    np.testing.assert_array_equal(packing.unpack_scales(packed, 2), sm)
+    np.testing.assert_array_equal(np.asarray(packing.unpack_scales(jnp.asarray(packed), 2)), sm)
+    assert packing.unpack_scales(sm, 2) is sm  # logical: as it is
+    logical = packing.logical_axes(("wq_scale",), sm.ndim)
+    assert packing.logical_axes(("wq_scale",), packed.ndim) == (*logical[2:], logical[0], None, None)
+
+
 # ------------------------------------------------------------------ kernel
 @needs_kernels
 def test_kernel_matches_numpy_on_odd_shapes():
@@ -141,7 +158,7 @@ def test_kernel_matches_numpy_on_odd_shapes():
 def test_prefill_rows_get_the_bits_of_decode_rows():
     """A call of more than 16 rows (prefill) gives every row exactly what calls of at most 7 rows
     (decode) give it: exact int32 group sums and the same f32 flush per group, so how many rows share
-    a call never changes a token (also where 8+ rows read the scales from a copy and fewer in place)."""
+    a call never changes a token."""
     rng = np.random.default_rng(5)
     for k, n, group, asym in [
         (100, 37, 32, False),
@@ -187,6 +204,7 @@ def test_q4k_scales_round_trip():
     w, sm, deq = quantized_k(np.random.default_rng(5), 512, 32)
     xla = np.asarray(quant4.dequantize(jnp.asarray(w.reshape(2, 64, 16, 4)), jnp.asarray(sm), "w_up"))
     np.testing.assert_array_equal(xla, deq)
+    sm = np.asarray(packing.unpack_scales(sm, 1))  # the logical [K / 256, 20, N]
     s, m = (np.asarray(a) for a in kscales.parts(jnp.asarray(sm)))
     f16 = kscales.to_groups(sm)
     assert f16.shape == (16, 2, 32) and f16.dtype == np.float16
@@ -197,7 +215,7 @@ def test_q4k_scales_round_trip():
             np.zeros((8, 4), np.uint8), np.zeros((8, 4), np.uint8), np.zeros((2, 4)), np.zeros((2, 4))
         )
     with pytest.raises(ValueError, match="split a block"):
-        kernels.q4_group(384, sm[:1])
+        kernels.q4_group(384, sm[:1], 1)
 
 
 # ------------------------------------------------------------------ models
@@ -225,7 +243,7 @@ def test_forced_fallback_gives_identical_greedy_tokens(ckpt_dir, monkeypatch, qu
 @needs_kernels
 def test_tied_lm_head_copy_is_int4_with_a_padded_vocab(gpt2_path, monkeypatch):
     lg, _, _, m = run_with_kernels(gpt2_path, monkeypatch, True, quant="int4")
-    assert m.params["embed_q"].dtype == np.uint8 and m.params["embed_q_scale"].shape == (2, 1, 112)
+    assert m.params["embed_q"].dtype == np.uint8 and m.params["embed_q_scale"].shape == (7, 2, 1, 16)
     assert m.params["embed_q_scale"].dtype == np.float16
     lg_off = run_with_kernels(gpt2_path, monkeypatch, False, quant="int4")[0]
     assert np.abs(lg - lg_off).max() <= 1e-4 * np.abs(lg_off).max()
