@@ -3,6 +3,12 @@ dequantized values equal to gguf-py's dequantization (which the float32 load of 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -155,3 +161,39 @@ def test_groups_moved_with_the_codes_equal_the_per_weight_ids(gguf_file, monkeyp
     assert fast["layers"][0]["wq"].dtype == np.uint8
     for (where, a), b in zip(jax.tree_util.tree_leaves_with_path(fast), jax.tree.leaves(slow), strict=True):
         assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), where
+
+
+TP_CHILD = """
+import json, sys
+import numpy as np
+from aotlm import AutoModelForSampling
+out = {}
+for q, (path, quant) in json.loads(sys.argv[1]).items():
+    for tp in (1, 2):
+        kw = dict(batch_size=1, n_positions=32, context_length_estimate=16, compile_cache=False, tp_degree=tp)
+        m = AutoModelForSampling.from_pretrained(path, **kw, **({"quant": quant} if quant else {}))
+        forms = sorted({str(v.dtype) for k, v in m.params["layers"][0].items()
+                        if k.startswith("w") and not k.endswith("_scale")})
+        out[f"{q}-{tp}"] = {"logits": np.asarray(m.forward([[1, 2, 3, 4, 5]])).tolist(), "forms": forms,
+                            "tokens": np.asarray(m.sample([[1, 2, 3, 4, 5]], max_new_tokens=8)).tolist()}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_blocks_as_stored_under_tensor_parallelism(gguf_file):
+    """tp=2 of a Q4_K file (Q4_K's own scales column-parallel; a row-parallel shard that splits a block of
+    256 takes the f16 form) and of a Q8_0 file (int8 groups), the scale leaves split by panels and by
+    groups: tp=1's greedy tokens, logits as close as the f16 form's rounding allows."""
+    files = {"Q4_K": (str(gguf_file("Q4_K")), "int4"), "Q8_0": (str(gguf_file("Q8_0")), None)}
+    support = Path(__file__).parents[1] / "support"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=str(support))
+    cmd = [sys.executable, "-c", TP_CHILD, json.dumps(files)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["Q4_K-1"]["forms"] == ["uint8"] and out["Q8_0-1"]["forms"] == ["int8"]
+    for q, tol in (("Q4_K", 2e-2), ("Q8_0", 1e-4)):
+        a, b = np.asarray(out[f"{q}-1"]["logits"]), np.asarray(out[f"{q}-2"]["logits"])
+        assert np.abs(a - b).max() <= tol * np.abs(a).max(), q
+        assert out[f"{q}-1"]["tokens"] == out[f"{q}-2"]["tokens"], q
