@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from aotlm import kernels
-from aotlm.core import artifacts, backend, graphs, inputs, sampling, scoring, sharding
+from aotlm.core import artifacts, backend, graphs, heap, inputs, sampling, scoring, sharding
 from aotlm.core import buckets as bk
 from aotlm.core.bucket_config import resolve as merge_bucket_config
 from aotlm.core.compile_cache import CompileCache
@@ -307,6 +307,7 @@ class CompiledModel(SpecAttributes, WeightLoading, AdapterHost):
                     pass
         for key in self.graph_keys():
             self.executable(key)
+        heap.release()  # what loading and compiling freed, out of the resident set
         return self
 
     @locked
