@@ -6,8 +6,7 @@
 //
 // q: int8 in packed.h's panel layout ([Np / 16][K / 2][16][2]: per panel of 16 columns, each pair of rows
 // interleaved per column); s, m: f16 [Np / 16][G][S][16] (S = 1: symmetric, 2: scale then minimum;
-// panel-major as int4.h's). K is a
-// multiple of the group (a multiple of 2).
+// panel-major as int4.h's). K is a multiple of the group (a multiple of 2).
 //
 // Math: each row of x is rounded to int16 per group (scale sx = max|x| / 32767 over the group's rows, an
 // error <= 1.5e-5 of the group's largest value -- not to int8 as the 4-bit kernel does, so the product

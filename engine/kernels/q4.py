@@ -61,13 +61,15 @@ def logical_dims(w, packed_k: int) -> tuple[tuple, tuple]:
     return layout.q4_logical_dims(w.shape, packed_k)
 
 
-def _panel_major(sm, nn: int) -> None:
-    """The kernels read scales panel-major (``aotlm.models.packing.pack_scales``): a clear error otherwise."""
+def _kernel_group(k: int, sm, nn: int) -> np.int32:
+    """``q4_group`` for a kernel call, whose scales must be panel-major
+    (``aotlm.models.packing.pack_scales``): a clear error otherwise."""
     if sm.ndim != nn + 3 or sm.shape[-1] != layout.PANEL:
         raise ValueError(
             f"group scales of shape {sm.shape} are not panel-major [..N / 16, G, S, 16]: "
             "pack them with aotlm.models.packing.pack_scales"
         )
+    return np.int32(q4_group(k, sm, nn))
 
 
 def _q4_call(x, w, sm, axes: int, packed_k: int, b=None, act: str | None = None):
@@ -80,8 +82,7 @@ def _q4_call(x, w, sm, axes: int, packed_k: int, b=None, act: str | None = None)
     lead = x.shape[: x.ndim - axes]
     bias = jnp.zeros((0,), jnp.float32) if b is None else b.reshape(-1).astype(jnp.float32)
     out = jax.ShapeDtypeStruct((math.prod(lead), n), x.dtype)
-    _panel_major(sm, len(nd))
-    g, act_id = np.int32(q4_group(k, sm, len(nd))), np.int32(GEMM_ACTS[act] if act else 0)
+    g, act_id = _kernel_group(k, sm, len(nd)), np.int32(GEMM_ACTS[act] if act else 0)
     live = padding.live_rows(lead if one_device() else ())
     y = jax.ffi.ffi_call("aotlm_wmm_q4", out)(x.reshape(-1, k), w, sm, bias, live, group=g, act=act_id)
     return y.reshape(*lead, *nd)
@@ -121,8 +122,7 @@ def unpack_q4(w, sm, dtype, packed_k: int, name: str | None = None, after=None, 
         kd, nd = logical_dims(wl, packed_k)
         k, n = math.prod(kd), math.prod(nd)
         out = jax.ShapeDtypeStruct((k, n), dtype)
-        _panel_major(sl, len(nd))
-        y = jax.ffi.ffi_call("aotlm_unpack_q4", out)(wl, sl, d, group=np.int32(q4_group(k, sl, len(nd))))
+        y = jax.ffi.ffi_call("aotlm_unpack_q4", out)(wl, sl, d, group=_kernel_group(k, sl, len(nd)))
         return y.reshape(*kd, *nd)
 
     if one_device():
