@@ -86,7 +86,8 @@ def test_warm_up_runs_every_serving_graph(served, monkeypatch):
     assert set(seen) == set(slot_graphs.graph_keys(model.ctx_buckets, model.tg_buckets, model.batch_size))
 
 
-def test_short_request_finishes_while_a_long_one_runs(engine):
+def test_short_request_finishes_while_a_long_one_runs(engine, monkeypatch):
+    slow_decode(monkeypatch)  # 54 steps of ~1 ms could all run before this thread submits the short
     long = engine.submit(prompt(4, 8), SamplingParams(max_tokens=55, temperature=0))
     first = next(iter(long))  # the long request is generating
     assert isinstance(first, Token)
