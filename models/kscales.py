@@ -68,5 +68,6 @@ def parts(leaf) -> tuple:
 
 
 def is_kform(sm) -> bool:
-    """Static: is a 4-bit scale leaf in this form (not ``quant4``'s f16 one)?"""
-    return jnp.dtype(sm.dtype) == jnp.uint8
+    """Static: is a logical 4-bit scale leaf in this form (not ``quant4``'s f16 one, nor Q6_K's
+    ``k6scales``)?"""
+    return jnp.dtype(sm.dtype) == jnp.uint8 and sm.shape[1] == ROWS

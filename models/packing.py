@@ -75,11 +75,11 @@ SCALE_OF = {**{s: n for s, n in QUANT_SCALES.items() if n in PACK_CONTRACT}, "em
 
 
 def pack_scales(sm: np.ndarray) -> np.ndarray:
-    """Group scales ``[G, S, *Nd]`` (f16, or a Q4_K matrix's uint8 ``[K / 256, 20, *Nd]``) -> panel-major
-    ``[*Nd[:-1], Nd[-1] // 16, G, S, 16]``: each panel's scales one contiguous stream, read beside its
-    codes (``aotlm/kernels/int4.h``, ``group8.h``); in ``[G, S, *Nd]`` a panel's groups are a cache line
-    each, ``Nd`` apart. Every logical dim is kept, so a tensor-parallel shard is the packed form of the
-    logical shard, as the weights' panels."""
+    """Group scales ``[G, S, *Nd]`` (f16, or a Q4_K / Q6_K matrix's uint8 ``[K / 256, 20 / 82, *Nd]``) ->
+    panel-major ``[*Nd[:-1], Nd[-1] // 16, G, S, 16]``: each panel's scales one contiguous stream, read
+    beside its codes (``aotlm/kernels/int4.h``, ``group8.h``); in ``[G, S, *Nd]`` a panel's groups are a
+    cache line each, ``Nd`` apart. Every logical dim is kept, so a tensor-parallel shard is the packed
+    form of the logical shard, as the weights' panels."""
     g, s, nd = sm.shape[0], sm.shape[1], sm.shape[2:]
     a = sm.reshape(g, s, *nd[:-1], nd[-1] // PANEL, PANEL)
     nn = len(nd)

@@ -270,6 +270,8 @@ Q4_BLOCK_TYPES = (
     "Q4_1",
     "Q4_K",
 )  # GGUF 4-bit blocks of 32 input rows: int4 groups hold them as stored
+# blocks int4 storage keeps as stored: the 4-bit ones and Q6_K's 6-bit codes (aotlm.models.k6scales)
+INT4_KEEPS = (*Q4_BLOCK_TYPES, "Q6_K")
 Q8_BLOCK_TYPES = tuple(quant8.TYPES)  # GGUF blocks of 32 input rows held as stored by int8 groups (quant8)
 
 
@@ -326,7 +328,7 @@ class ParamRewriter:
             return False
         if self.fuses(path) or (name == "lm_head" and not q.lm_head):
             return False
-        return not q.int4 or (self.gguf_blocks and src not in Q4_BLOCK_TYPES)  # int4: a file's other types
+        return not q.int4 or (self.gguf_blocks and src not in INT4_KEEPS)  # int4: a file's other types
 
     def int8_groups(self, path: Path, shape: tuple, src: str | None) -> bool:
         """Is matrix ``path`` of a GGUF file's ``src`` blocks stored as int8 groups (``quant8``: Q8_0 as
@@ -355,8 +357,9 @@ class ParamRewriter:
         )
         arrs, srcs = [held[p][0] for p in parts], {held[p][1] for p in parts}
         src = srcs.pop() if len(srcs) == 1 else "mixed"
-        if all(isinstance(a, quant4.Codes) for a in arrs):
-            return self._quantize((*path[:-1], fused), quant4.fuse_codes(arrs, fuse), src)
+        codes = quant4.fuse_codes(arrs, fuse) if all(isinstance(a, quant4.Codes) for a in arrs) else None
+        if codes is not None:  # (None: parts of 4- and 6-bit codes, a "mixed" source stored as int8)
+            return self._quantize((*path[:-1], fused), codes, src)
         return self._quantize((*path[:-1], fused), fuse([_floats(a) for a in arrs]), src)
 
     def float_dtype(self, name: str) -> np.dtype | None:
@@ -381,7 +384,7 @@ class ParamRewriter:
         if isinstance(arr, Int8Matrix):  # rounded by the loader (rounds_rows)
             return [(path, arr.q), ((*path[:-1], f"{name}_scale"), arr.scale)]
         if isinstance(arr, (quant4.Codes, quant4.Groups4)):
-            if self.quant.int4 and name in PACK_CONTRACT and src in Q4_BLOCK_TYPES:
+            if self.quant.int4 and name in PACK_CONTRACT and src in INT4_KEEPS:
                 return self._int4(path, arr, PACK_CONTRACT[name])
             arr = arr.values()
         floating = self.quant is not None and self.quant.quant_dtype in FLOAT_DTYPES  # bf16 / f16
@@ -401,9 +404,9 @@ class ParamRewriter:
             return [(path, arr)]
         if floating:
             return [(path, to_float(arr, self.quant.quant_dtype))]
-        # from a GGUF file with 4-bit blocks, only its 4-bit matrices take 4-bit codes (kept as stored);
-        # the others (Q6_K, Q8_0, Q5_*, F16, ...) int8, not rounded down to 4 bits
-        as_stored = not self.gguf_blocks or src in Q4_BLOCK_TYPES
+        # from a GGUF file with 4-bit blocks, only its 4-bit (and Q6_K) matrices take codes (kept as
+        # stored); the others (Q8_0, Q5_*, F16, ...) int8, not rounded down to 4 bits
+        as_stored = not self.gguf_blocks or src in INT4_KEEPS
         if self.quant.int4 and name in PACK_CONTRACT and as_stored:
             return self._int4(path, arr, PACK_CONTRACT[name]) or [(path, arr)]
         if self.int8_groups(path, arr.shape, src):  # a file's Q8_0 / Q5_* blocks: their own codes, scales
@@ -426,6 +429,9 @@ class ParamRewriter:
             kept = arr.stored(q.asymmetric) if contract == (0,) else None
         if kept is not None:
             return [(path, kept[0]), ((*path[:-1], f"{path[-1]}_scale"), kept[1])]
+        if getattr(arr, "bits", 4) == 6:  # Q6_K blocks a layout split: int8, not rounded down to 4 bits
+            q8, scale = quantize_int8(arr.values(), contract)
+            return [(path, q8), ((*path[:-1], f"{path[-1]}_scale"), scale)]
         exact = self.gguf_blocks and q.group_size == 32
         codes, sm = quant4.quantize_int4(_floats(arr), contract, q.group_size, q.asymmetric, exact)
         return [(path, codes), ((*path[:-1], f"{path[-1]}_scale"), sm)]

@@ -17,6 +17,8 @@ blocks (``Codes``, ``from_codes``: no dequantize and re-round). Q4_K's sub-block
 ``d * sc``, minimum ``-dmin * m``: f16 times 6 bits, exact in f32, not in f16) keep their codes and
 their own scales too, exactly (``aotlm.models.kscales``: a uint8 scale leaf); only where a layout
 split a block of 256 are the group's scale and minimum rounded to f16 instead: relative <= 2^-11 each.
+A file's Q6_K matrices keep their 6-bit codes and scales (groups of 16: ``aotlm.models.k6scales``, the
+codes' high bits in the scale leaf), else int8 (``models.quant``).
 
 Leaves: the weight ``<name>`` as uint8 codes in the kernels' panel layout (``aotlm/kernels/int4.h``):
 ``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 8, 16, 4]``, per block of 8 rows byte ``(c, t)`` holds
@@ -50,7 +52,7 @@ import numpy as np
 from aotlm import kernels
 from aotlm.kernels import layout
 from aotlm.kernels.layout import PANEL
-from aotlm.models import kscales, packing
+from aotlm.models import k6scales, kscales, packing
 
 GROUPS = layout.Q4_GROUPS
 
@@ -113,16 +115,24 @@ def quantize_int4(
 
 @dataclasses.dataclass(frozen=True)
 class Codes:
-    """A matrix as a GGUF file's 4-bit blocks hold it (Q4_0, Q4_1, Q4_K): ``packed`` (uint32, the
-    matrix's shape) is each weight's group id ``<< 4`` or'ed with its code, so a layout transform
-    (transpose, head reshape, split, q/k/v fusion) moves each weight's group with it and no scale
-    array is moved or repeated; ``scale`` / ``minimum`` (``[groups]`` float32, exact; ``minimum`` None
-    for Q4_0's ``d * (q - 8)``) are the groups' own. A weight is ``scale * q + minimum``."""
+    """A matrix as a GGUF file's 4-bit blocks hold it (Q4_0, Q4_1, Q4_K; Q6_K's 6-bit codes in groups of
+    16): ``packed`` (uint32, the matrix's shape) is each weight's group id ``<< bits`` or'ed with its
+    code, so a layout transform (transpose, head reshape, split, q/k/v fusion) moves each weight's group
+    with it and no scale array is moved or repeated; ``scale`` / ``minimum`` (``[groups]`` float32, exact;
+    ``minimum`` None for Q4_0's ``d * (q - 8)`` / Q6_K's ``d * sc * (q - 32)``) are the groups' own. A
+    weight is ``scale * q + minimum``."""
 
     packed: np.ndarray
     scale: np.ndarray
     minimum: np.ndarray | None
-    k: tuple | None = None  # Q4_K: per group sc, mb (uint8), per 8 groups d, dmin (f16): kscales' parts
+    # Q4_K: per group sc, mb (uint8), per 8 groups d, dmin (f16): kscales' parts; Q6_K: per group sc
+    # (int8), per 16 groups d (f16): k6scales'
+    k: tuple | None = None
+    bits: int = 4  # 4, or 6 (Q6_K)
+
+    @property
+    def group(self) -> int:
+        return 16 if self.bits == 6 else 32
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -134,15 +144,16 @@ class Codes:
 
     def moved(self, packed: np.ndarray) -> Codes:
         """The same groups with the weights moved (a layout transform's output of ``packed``)."""
-        return Codes(np.ascontiguousarray(packed), self.scale, self.minimum, self.k)
+        return Codes(np.ascontiguousarray(packed), self.scale, self.minimum, self.k, self.bits)
 
     def minimums(self) -> np.ndarray:
-        return -8.0 * self.scale if self.minimum is None else self.minimum
+        return -float(1 << (self.bits - 1)) * self.scale if self.minimum is None else self.minimum
 
     def values(self) -> np.ndarray:
         """The float32 weights (what gguf-py's dequantization gives) for a storage that re-rounds."""
-        gid = self.packed >> 4
-        return (self.packed & 15).astype(np.float32) * self.scale[gid] + self.minimums()[gid]
+        gid = self.packed >> self.bits
+        code = self.packed & np.uint32((1 << self.bits) - 1)
+        return code.astype(np.float32) * self.scale[gid] + self.minimums()[gid]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,12 +161,15 @@ class Groups4:
     """A matrix of a GGUF file's 4-bit blocks in aotlm's layout, its groups of 32 along axis 0 (the
     contracted one): ``codes`` (uint8 0..15, ``[K, *Nd]``) and per group ``scale`` / ``minimum``
     (float32 ``[K / 32, *Nd]``; ``minimum`` None for Q4_0's ``d * (q - 8)``); ``k``: a Q4_K matrix's
-    own ``(sc, mb [K / 32, *Nd], d, dmin [K / 256, *Nd])`` (``aotlm.models.kscales``)."""
+    own ``(sc, mb [K / 32, *Nd], d, dmin [K / 256, *Nd])`` (``aotlm.models.kscales``). ``bits`` 6: a
+    Q6_K matrix, codes 0..63 in groups of 16, ``k`` its ``(sc int8 [K / 16, *Nd], d [K / 256, *Nd])``
+    (``aotlm.models.k6scales``)."""
 
     codes: np.ndarray
     scale: np.ndarray
     minimum: np.ndarray | None
     k: tuple | None = None
+    bits: int = 4
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -170,25 +184,32 @@ class Groups4:
         gives None."""
         if not asymmetric and self.minimum is not None:
             return None
+        if self.bits == 6:  # Q6_K: its own form only (symmetric or not), whole blocks and panels
+            fits = self.codes.shape[0] % k6scales.BLOCK == 0 and self.codes.shape[-1] % PANEL == 0
+            return k6scales.pack(self.codes, *self.k) if fits else None
         if asymmetric and self.k is not None and self.codes.shape[0] % kscales.BLOCK == 0:
             return self.codes, kscales.pack(*self.k)
         parts = (self.scale, self.minimums()) if asymmetric else (self.scale,)
         return self.codes, np.stack(parts, axis=1).astype(np.float16)
 
     def minimums(self) -> np.ndarray:
-        return -8.0 * self.scale if self.minimum is None else self.minimum
+        return -float(1 << (self.bits - 1)) * self.scale if self.minimum is None else self.minimum
 
     def values(self) -> np.ndarray:
         """The float32 weights (for a storage that re-rounds them)."""
-        rep = lambda a: np.repeat(a, 32, axis=0)  # noqa: E731
+        rep = lambda a: np.repeat(a, 16 if self.bits == 6 else 32, axis=0)  # noqa: E731
         return self.codes.astype(np.float32) * rep(self.scale) + rep(self.minimums())
 
 
-def fuse_codes(parts: Sequence[Codes], fuse: Callable) -> Codes:
+def fuse_codes(parts: Sequence[Codes], fuse: Callable) -> Codes | None:
     """``fuse`` (a layout function of the parts' arrays: q/k/v heads, gate/up stacks) of ``parts``,
-    their group ids renumbered into one table."""
+    their group ids renumbered into one table; None for parts of different code widths."""
+    bits = {p.bits for p in parts}
+    if len(bits) != 1:
+        return None
+    b = bits.pop()
     offsets = np.cumsum([0, *(p.scale.size for p in parts[:-1])])
-    packed = fuse([p.packed + np.uint32(int(o) << 4) for p, o in zip(parts, offsets, strict=True)])
+    packed = fuse([p.packed + np.uint32(int(o) << b) for p, o in zip(parts, offsets, strict=True)])
     sym = all(p.minimum is None for p in parts)
     minimum = None if sym else np.concatenate([p.minimums() for p in parts])
     k = (
@@ -196,7 +217,7 @@ def fuse_codes(parts: Sequence[Codes], fuse: Callable) -> Codes:
         if any(p.k is None for p in parts)
         else tuple(np.concatenate(a) for a in zip(*(p.k for p in parts), strict=True))
     )
-    return Codes(np.ascontiguousarray(packed), np.concatenate([p.scale for p in parts]), minimum, k)
+    return Codes(np.ascontiguousarray(packed), np.concatenate([p.scale for p in parts]), minimum, k, b)
 
 
 def from_codes(c: Codes, contract: tuple[int, ...], asymmetric: bool) -> tuple[np.ndarray, np.ndarray] | None:
@@ -208,15 +229,18 @@ def from_codes(c: Codes, contract: tuple[int, ...], asymmetric: bool) -> tuple[n
     symmetric and the blocks have minimums."""
     if not asymmetric and c.minimum is not None:
         return None
-    g = _groups(c.packed, contract, 32)  # [G, 32, *Nd]
+    g = _groups(c.packed, contract, c.group)  # [G, group, *Nd]
     codes, gid = np.empty(g.shape, np.uint8), np.empty((g.shape[0], 1, *g.shape[2:]), np.uint32)
     step = max(1, (1 << 15) // max(1, g[0].size))  # groups per pass: its temporaries stay in cache
+    mask = (1 << c.bits) - 1
     for i in range(0, g.shape[0], step):
         x = g[i : i + step]
-        if (np.bitwise_xor(x, x[:, :1]) > 15).any():  # a group's weights carry two ids
+        if (np.bitwise_xor(x, x[:, :1]) > mask).any():  # a group's weights carry two ids
             return None
-        np.right_shift(x[:, :1], 4, out=gid[i : i + step])
-        np.bitwise_and(x, 15, out=codes[i : i + step], casting="unsafe")
+        np.right_shift(x[:, :1], c.bits, out=gid[i : i + step])
+        np.bitwise_and(x, mask, out=codes[i : i + step], casting="unsafe")
+    if c.bits == 6:  # Q6_K: its own form (k6scales), or None: the caller re-rounds the values
+        return _k6form(c, gid[:, 0], codes.reshape(-1, *codes.shape[2:]), contract)
     kept = _kform(c, gid[:, 0]) if asymmetric else None
     if kept is not None:
         return _ungroup(codes, c.shape, contract), kept
@@ -238,6 +262,22 @@ def _kform(c: Codes, gid: np.ndarray) -> np.ndarray | None:
     sc, mb, d, dmin = c.k
     blocks = first[:, 0] // 8
     return kscales.pack(sc[gid], mb[gid], d[blocks], dmin[blocks])
+
+
+def _k6form(c: Codes, gid: np.ndarray, codes: np.ndarray, contract: tuple[int, ...]) -> tuple | None:
+    """A Q6_K matrix's low codes (in ``c``'s layout) and own scales (``k6scales``) from its codes
+    ``[K, *Nd]`` (0..63) and groups ``gid [K / 16, *Nd]``, or None: a layout that did not keep each
+    block's 16 groups together and in order, or output dims not in whole panels."""
+    if gid.shape[0] % 16 or gid.shape[-1] % PANEL:
+        return None
+    g16 = gid.reshape(gid.shape[0] // 16, 16, *gid.shape[1:])
+    first = g16[:, :1]
+    steps = np.arange(16, dtype=gid.dtype).reshape(1, 16, *(1,) * (gid.ndim - 1))
+    if (first % 16).any() or (g16 != first + steps).any():
+        return None
+    sc, d = c.k
+    low, leaf = k6scales.pack(codes, sc[gid], d[first[:, 0] // 16])
+    return _ungroup(low, c.shape, contract), leaf
 
 
 def _codes(a: np.ndarray, s: np.ndarray, mn: np.ndarray | None) -> np.ndarray:
@@ -297,7 +337,11 @@ def dequantize(w, sm, name: str):
     k, n = math.prod(kd), math.prod(nd)
     sm = packing.unpack_scales(sm, len(nd))
     g = k // kernels.q4_group(k, sm, len(nd))  # a clear error if the groups do not tile K
-    if kscales.is_kform(sm):  # a Q4_K matrix's own scales
+    if k6scales.is_k6(sm):  # a Q6_K matrix's own scales and its codes' high bits
+        s, high = k6scales.parts(sm)
+        q, s = q + high.reshape(q.shape), s.reshape(g, 1, n)
+        m = -32.0 * s
+    elif kscales.is_kform(sm):  # a Q4_K matrix's own scales
         s, m = (a.reshape(g, 1, n) for a in kscales.parts(sm))
     else:
         s = sm[:, 0].astype(jnp.float32).reshape(g, 1, n)

@@ -18,6 +18,14 @@
 // s = d * sc, m = -dmin * mb (each exact in f32, as gguf-py computes them): 0.625 bits a weight
 // instead of 1.
 //
+// A GGUF Q6_K matrix (the "K6 form", models/k6scales.py): 6-bit codes q (0..63), w = d * sc * (q - 32)
+// per group of 16 rows (sc int8, d f16 per 256 rows). The code panels hold the low 4 bits as above; sm
+// is uint8 [Np / 16][K / 256][82][16]: rows 0-15 the groups' sc, 16 / 17 the low / high byte of d, then
+// the high 2 bits of the block's codes, 32 bytes per block j of 8 rows (rows 18 + 2j, 19 + 2j): byte i's
+// low nibble belongs to lane i of the block's 64, its high nibble to lane i + 32 (lane 4c + t: column
+// c, rows 8j + t in bits 0-1, 8j + 4 + t in bits 2-3), so two shifts and masks put them over the lanes
+// of ``v & 15`` and ``v >> 4``: 6.5625 bits a weight, as the file.
+//
 // Math, as llama.cpp multiplies its Q4 blocks: each row of x is rounded to int8 per group (scale
 // sx = max|x| / 127 over the group's K rows), the 4-bit codes times the int8 x summed in int32
 // (vpdpbusd: u8 x s8, 4 products per lane; without VNNI vpmaddubsw + vpmaddwd, which cannot
@@ -34,16 +42,18 @@ constexpr int64_t P = 16;     // columns per panel
 constexpr int64_t B = 8;      // rows per 64-byte block
 constexpr int64_t PFB = 1024;  // prefetch distance in the panel stream (bytes)
 constexpr int64_t ROWS = 64;  // rows of x per pass over a panel range (bounds the sums buffer)
+constexpr int64_t K4 = 20, K6 = 82;  // rows of 16 bytes per 256 rows of W: Q4_K's and Q6_K's own scales
 
 struct W4 {
   const uint8_t* q;    // panels [Np / 16][Kp / 8][64]
   const uint16_t* sm;  // f16 [Np / 16][G][S][16] (panel-major), or null in the K form
-  const uint8_t* k8;   // the K form: uint8 [Np / 16][G / 8][20][16], else null
+  const uint8_t* k8;   // a K form: uint8 [Np / 16][Kp / 256][KR][16], else null
   int64_t Kp, Np, group, S;
-  // Panel p's scales: rows of 16 columns (G * S f16 ones, or the K form's Kp / 256 * 20 bytes), read as
+  int64_t KR = 0;  // the K form's rows per 256: K4 (Q4_K) or K6 (Q6_K, 6-bit codes)
+  // Panel p's scales: rows of 16 columns (G * S f16 ones, or the K form's Kp / 256 * KR bytes), read as
   // one stream beside the panel's codes.
   const uint8_t* scales(int64_t p) const {
-    return k8 ? k8 + p * (Kp / 256) * 20 * P : reinterpret_cast<const uint8_t*>(sm + p * (Kp / group) * S * P);
+    return k8 ? k8 + p * (Kp / 256) * KR * P : reinterpret_cast<const uint8_t*>(sm + p * (Kp / group) * S * P);
   }
 };
 
@@ -52,9 +62,13 @@ inline void scale_min(const W4& w, int64_t g, int64_t n, float& s, float& mn) {
   const uint8_t* ps = w.scales(n / P);
   const int64_t c = n % P;
   if (w.k8) {
-    const uint8_t* b = ps + (g / 8) * 20 * P + c;
+    const int64_t per = 256 / w.group;  // groups per 256 rows
+    const uint8_t* b = ps + (g / per) * w.KR * P + c;
     const auto f16 = [&](int row) { return f16_to_f32(uint16_t(b[row * P] | (b[(row + 1) * P] << 8))); };
-    s = f16(16) * float(b[(g % 8) * P]), mn = f16(18) * float(b[(8 + g % 8) * P]);
+    if (w.KR == K6)
+      s = f16(16) * float(int8_t(b[(g % per) * P])), mn = -32.f * s;
+    else
+      s = f16(16) * float(b[(g % per) * P]), mn = f16(18) * float(b[(8 + g % per) * P]);
     return;
   }
   const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * P + c;
@@ -105,12 +119,21 @@ inline __m512i dot4(__m512i acc, __m512i u, __m512i s) {  // acc + sum of 4 u8 x
 #endif
 }
 
-// MR rows of xq [MR, Kp] x panel p -> out[m * ld + 0..15].
-template <int MR>
+// The K6 form's high bits of block j (its 32 bytes at h) added above the low codes lo / hi (int4.h top).
+inline void high2(const uint8_t* h, __m512i& lo, __m512i& hi) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h));
+  const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1);
+  lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(z, _mm512_set1_epi8(3)), 4));
+  hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(z, _mm512_set1_epi8(12)), 2));
+}
+
+// MR rows of xq [MR, Kp] x panel p -> out[m * ld + 0..15]; Q6: the K6 form (6-bit codes).
+template <int MR, bool Q6>
 inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, const W4& w, int64_t p,
                        float* out, int64_t ld) {
   constexpr int A = MR == 1 ? 2 : 1;  // one row: low and high nibbles in separate sums (latency)
   const uint8_t* panel = w.q + p * (w.Kp / B) * 64, *ps = w.scales(p);
+  const int64_t per = 256 / w.group;  // a K form's groups per 256 rows
   const __m512i lo4 = _mm512_set1_epi8(15);
   __m512 f[MR];
   for (int m = 0; m < MR; ++m) f[m] = _mm512_setzero_ps();
@@ -124,7 +147,8 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
       const uint8_t* r = panel + j * 64;
       _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
       const __m512i v = _mm512_loadu_si512(r);
-      const __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+      __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+      if constexpr (Q6) high2(ps + (j / 32) * K6 * P + (18 + 2 * (j % 32)) * P, lo, hi);
       for (int m = 0; m < MR; ++m) {
         const int8_t* x = xq + m * w.Kp + j * B;
         acc[m][0] = dot4(acc[m][0], lo, _mm512_set1_epi32(x4(x)));
@@ -133,13 +157,15 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
     }
     __m512 s, mn;
     if (w.k8) {
-      const uint8_t* b = ps + (g / 8) * 20 * P;
-      if (g % 8 == 0)
-        kd = _mm512_cvtph_ps(f16_planes(b + 16 * P, b + 17 * P)), kn = _mm512_cvtph_ps(f16_planes(b + 18 * P, b + 19 * P));
-      const auto u8 = [&](int row) {
-        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + row * P))));
+      const uint8_t* b = ps + (g / per) * w.KR * P;
+      if (g % per == 0) kd = _mm512_cvtph_ps(f16_planes(b + 16 * P, b + 17 * P));
+      if (g % per == 0 && !Q6) kn = _mm512_cvtph_ps(f16_planes(b + 18 * P, b + 19 * P));
+      const auto i8 = [&](int row) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + row * P));
+        return _mm512_cvtepi32_ps(Q6 ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
       };
-      s = _mm512_mul_ps(kd, u8(int(g % 8))), mn = _mm512_mul_ps(kn, u8(int(8 + g % 8)));
+      s = _mm512_mul_ps(kd, i8(int(g % per)));
+      mn = Q6 ? _mm512_mul_ps(s, _mm512_set1_ps(-32.f)) : _mm512_mul_ps(kn, i8(int(8 + g % per)));
     } else {
       const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * P;
       s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
@@ -160,11 +186,13 @@ inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
-// AVX2: the same on two vectors of 8 columns (bytes 0-31 of a block: columns 0-7).
-template <int MR>
+// AVX2: the same on two vectors of 8 columns (bytes 0-31 of a block: columns 0-7; the K6 form's high
+// bits: the low nibbles of its 32 bytes, then the high ones).
+template <int MR, bool Q6>
 inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, const W4& w, int64_t p,
                        float* out, int64_t ld) {
   const uint8_t* panel = w.q + p * (w.Kp / B) * 64, *ps = w.scales(p);
+  const int64_t per = 256 / w.group;
   const __m256i lo4 = _mm256_set1_epi8(15);
   __m256 f[MR][2];
   for (int m = 0; m < MR; ++m) f[m][0] = f[m][1] = _mm256_setzero_ps();
@@ -177,7 +205,13 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
       _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
       for (int v = 0; v < 2; ++v) {
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 32 * v));
-        const __m256i lo = _mm256_and_si256(b, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), lo4);
+        __m256i lo = _mm256_and_si256(b, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), lo4);
+        if constexpr (Q6) {
+          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps + (j / 32) * K6 * P + (18 + 2 * (j % 32)) * P));
+          const __m256i z = _mm256_and_si256(v ? _mm256_srli_epi16(h, 4) : h, lo4);
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(z, _mm256_set1_epi8(3)), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(z, _mm256_set1_epi8(12)), 2));
+        }
         for (int m = 0; m < MR; ++m) {
           const int8_t* x = xq + m * w.Kp + j * B;
           acc[m][v] = dot4(dot4(acc[m][v], lo, _mm256_set1_epi32(x4(x))), hi, _mm256_set1_epi32(x4(x + 4)));
@@ -187,14 +221,17 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
     for (int v = 0; v < 2; ++v) {
       __m256 s, mn;
       if (w.k8) {
-        const uint8_t* b = ps + (g / 8) * 20 * P;
-        const __m256i d = f16_planes(b + 16 * P, b + 17 * P), nd = f16_planes(b + 18 * P, b + 19 * P);
-        const auto u8 = [&](int row) {
-          return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + row * P + 8 * v))));
+        const uint8_t* b = ps + (g / per) * w.KR * P;
+        const auto half = [&](int row) {  // f16 planes at row, row + 1 -> this vector's 8 as f32
+          const __m256i d = f16_planes(b + row * P, b + (row + 1) * P);
+          return _mm256_cvtph_ps(v ? _mm256_extracti128_si256(d, 1) : _mm256_castsi256_si128(d));
         };
-        s = _mm256_mul_ps(_mm256_cvtph_ps(v ? _mm256_extracti128_si256(d, 1) : _mm256_castsi256_si128(d)), u8(int(g % 8)));
-        mn = _mm256_mul_ps(_mm256_cvtph_ps(v ? _mm256_extracti128_si256(nd, 1) : _mm256_castsi256_si128(nd)),
-                           u8(int(8 + g % 8)));
+        const auto i8 = [&](int row) {
+          const __m128i x8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + row * P + 8 * v));
+          return _mm256_cvtepi32_ps(Q6 ? _mm256_cvtepi8_epi32(x8) : _mm256_cvtepu8_epi32(x8));
+        };
+        s = _mm256_mul_ps(half(16), i8(int(g % per)));
+        mn = Q6 ? _mm256_mul_ps(s, _mm256_set1_ps(-32.f)) : _mm256_mul_ps(half(18), i8(int(8 + g % per)));
       } else {
         const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * P;
         s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * v)));
@@ -223,7 +260,12 @@ inline void rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, 
       const int8_t* x = xq + m0 * w.Kp;
       const float *s = sx + m0 * G, *t = xs + m0 * G;
       float* o = buf + m0 * ld + (p - p0) * P;
-      with_rows<MR_MAX>(mr, [&](auto r) { panel_rows<decltype(r)::value>(x, s, t, G, w, p, o, ld); });
+      with_rows<MR_MAX>(mr, [&](auto r) {
+        if (w.KR == K6)
+          panel_rows<decltype(r)::value, true>(x, s, t, G, w, p, o, ld);
+        else
+          panel_rows<decltype(r)::value, false>(x, s, t, G, w, p, o, ld);
+      });
       m0 += mr;
     }
 }
@@ -246,13 +288,19 @@ inline void run_unpack(const W4& w, int64_t K, int64_t N, const Out& out) {
     const int64_t ld = (p1 - p0) * P, n0 = p0 * P, width = std::min(ld, N - n0);
     std::vector<float> row(ld);
     for (int64_t k = 0; k < K; ++k) {
-      const int64_t g = k / w.group, sh = 4 * ((k % B) / 4), t = k % 4;
+      const int64_t g = k / w.group, half = (k % B) / 4, t = k % 4;
       for (int64_t p = p0; p < p1; ++p) {
         const uint8_t* r = w.q + (p * (w.Kp / B) + k / B) * 64;
         for (int64_t c = 0; c < P; ++c) {
           float s, mn;
           scale_min(w, g, p * P + c, s, mn);
-          row[(p - p0) * P + c] = s * float((r[4 * c + t] >> sh) & 15) + mn;
+          int q = (r[4 * c + t] >> (4 * half)) & 15;
+          if (w.KR == K6) {  // lane 4c + t: byte (4c + t) % 32 of the block's plane, nibble (4c + t) / 32
+            const int64_t lane = 4 * c + t, j = (k % 256) / B;
+            const uint8_t h = w.scales(p)[((k / 256) * K6 + 18 + 2 * j) * P + lane % 32];
+            q |= ((h >> (4 * (lane / 32) + 2 * half)) & 3) << 4;
+          }
+          row[(p - p0) * P + c] = s * float(q) + mn;
         }
       }
       out.put(k * N + n0, row.data(), int(width));
@@ -272,10 +320,12 @@ std::string q4_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64
   if (w.element_type() != DataType::U8 || int64_t(w.element_count()) != Kp * Np / 2)
     return "w must be uint8 with Np * Kp / 2 bytes (Kp: K rounded up to the group, Np: N up to 16)";
   const auto* q = static_cast<const uint8_t*>(w.untyped_data());
-  if (sm.element_type() == DataType::U8) {  // the K form
-    if (group != 32 || Kp % 256 || int64_t(sm.element_count()) != Kp / 256 * 20 * Np)
-      return "K-form scales must be uint8 [Np / 16, K / 256, 20, 16] with groups of 32";
-    *out = {q, nullptr, static_cast<const uint8_t*>(sm.untyped_data()), Kp, Np, group, 2};
+  if (sm.element_type() == DataType::U8) {  // a K form: Q4_K's (groups of 32) or Q6_K's (16)
+    const int64_t kr = group == 32 ? aotlm_q4::K4 : aotlm_q4::K6;
+    if ((group != 32 && group != 16) || Kp % 256 || int64_t(sm.element_count()) != Kp / 256 * kr * Np)
+      return "K-form scales must be uint8 [Np / 16, K / 256, 20, 16] with groups of 32 (Q4_K) or [.., 82, 16] with "
+             "groups of 16 (Q6_K)";
+    *out = {q, nullptr, static_cast<const uint8_t*>(sm.untyped_data()), Kp, Np, group, 2, kr};
     return "";
   }
   if (sm.element_type() != DataType::F16 || (int64_t(sm.element_count()) != G * Np && int64_t(sm.element_count()) != 2 * G * Np))

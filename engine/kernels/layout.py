@@ -11,6 +11,7 @@ from __future__ import annotations
 PANEL = 16  # output columns per panel (packed.h)
 Q4_ROWS = 8  # rows of W per 64-byte block of a 4-bit panel (int4.h): [.., Kd[-1] // 8, 16, 4] bytes
 Q4_GROUPS = (32, 64, 128)  # rows of W per scale (quant="int4"; GGUF's Q4 blocks: 32)
+K6_ROWS = 82  # rows per 256 of a Q6_K matrix's uint8 scale leaf (aotlm.models.k6scales; int4.h)
 
 
 def logical_dims(shape: tuple, nk: int) -> tuple[tuple, tuple]:
@@ -33,3 +34,9 @@ def scale_groups(shape: tuple, nn: int) -> int:
     """The groups (first dim) of a group-scale leaf with ``nn`` output dims: ``[G, S, *Nd]``, or
     panel-major ``[*Nd[:-1], Nd[-1] // 16, G, S, 16]`` (``aotlm.models.packing.pack_scales``)."""
     return shape[nn] if len(shape) == nn + 3 else shape[0]
+
+
+def scale_rows(shape: tuple, nn: int) -> int:
+    """The rows per group (``S``: 1 / 2, or a K form's 20 / 82 per 256) of a group-scale leaf, as
+    ``scale_groups`` reads it."""
+    return shape[nn + 1] if len(shape) == nn + 3 else shape[1]

@@ -34,17 +34,18 @@ def q4_fuses(x, name: str | None, act: str | None) -> bool:
 
 def q4_group(k: int, sm, nn: int) -> int:
     """The group size of a 4-bit weight with ``k`` contracted rows, ``nn`` output dims and scales ``sm
-    [G, S, *Nd]`` (f16), or a GGUF Q4_K matrix's own ``[K / 256, 20, *Nd]`` (uint8, ``aotlm.models.kscales``:
-    groups of 32), either panel-major (``layout.scale_groups``); a clear error when the groups do not tile
-    ``k`` (e.g. a tensor-parallel shard split inside a group)."""
+    [G, S, *Nd]`` (f16), or a GGUF Q4_K / Q6_K matrix's own ``[K / 256, 20 or 82, *Nd]`` (uint8,
+    ``aotlm.models.kscales`` / ``k6scales``: groups of 32 / 16), either panel-major
+    (``layout.scale_groups``); a clear error when the groups do not tile ``k`` (e.g. a tensor-parallel
+    shard split inside a group)."""
     groups = layout.scale_groups(sm.shape, nn)
     if jnp.dtype(sm.dtype) == jnp.uint8:
         if groups == 0 or k != 256 * groups:
             raise ValueError(
-                f"a Q4_K weight with {k} contracted rows has {groups} blocks of 256: a shard or padding "
-                "split a block; use a tp_degree that keeps 256 rows together (or tp_degree=1)"
+                f"a Q4_K / Q6_K weight with {k} contracted rows has {groups} blocks of 256: a shard or "
+                "padding split a block; use a tp_degree that keeps 256 rows together (or tp_degree=1)"
             )
-        return 32
+        return 16 if layout.scale_rows(sm.shape, nn) == layout.K6_ROWS else 32
     if groups == 0 or k % groups or k // groups not in layout.Q4_GROUPS:
         raise ValueError(
             f"a 4-bit weight with {k} contracted rows has {groups} groups of scales: a shard or padding "

@@ -245,7 +245,7 @@ def default_quant(checkpoint: str | os.PathLike) -> str | None:
     quant = source.get("default_quant")
     if quant is not None:
         types = "/".join(t for t in source.get("matrix_types", []) if t != "F32")
-        how = {"int8": "dequantized", "int4": "4-bit blocks kept, others int8"}.get(quant, "kept")
+        how = {"int8": "dequantized", "int4": "4-bit and Q6_K blocks kept, others int8"}.get(quant, "kept")
         if quant == "int8" and q8_file(checkpoint):  # their codes and scales stay (models.quant8)
             how = "kept as int8 groups of 32"
         elif quant == "int8" and set(Q8_BLOCK_TYPES) & set(source.get("matrix_types", [])):

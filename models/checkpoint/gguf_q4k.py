@@ -7,7 +7,9 @@ group's scale and minimum:
 * Q4_1: blocks of 32, f16 ``d`` and ``m``: ``d * q + m``;
 * Q4_K: super-blocks of 256 with 8 sub-blocks of 32, each a 6-bit scale ``sc`` and minimum ``m``
   under the block's f16 ``d`` and ``dmin``: ``(d * sc) * q - (dmin * m)`` (gguf-py computes it so, in
-  float32: exact in float32, not in float16).
+  float32: exact in float32, not in float16);
+* Q6_K (kept beside them by ``quant="int4"``): super-blocks of 256 with 16 groups of 16, each an int8
+  scale ``sc`` under the block's f16 ``d``, 6-bit codes: ``(d * sc) * (q - 32)``.
 
 :func:`codes` unpacks a tensor's bytes into ``quant4.Codes`` (each weight's group id and code in one
 uint32, the groups' scales and minimums beside) in the HF layout, and :class:`BlockCodes` hands a
@@ -23,15 +25,35 @@ from aotlm.models.checkpoint.gguf_file import Plan, Tensor
 from aotlm.models.checkpoint.gguf_names import transform, transposed
 from aotlm.models.quant4 import Codes, Groups4
 
-GROUP = 32  # every type's group: 32 weights along the input dim
+GROUP = 32  # every 4-bit type's group: 32 weights along the input dim (Q6_K: 16)
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
+CODE_BYTES = {**BLOCK_BYTES, "Q6_K": 210}  # the types read as codes (4-bit, and Q6_K's 6-bit)
+
+
+def group_of(qtype: str) -> int:
+    return 16 if qtype == "Q6_K" else GROUP
+
+
+def _q6k(rows: np.ndarray) -> tuple:
+    """Q6_K blocks ``[blocks, 210]`` -> ``(codes uint8 0..63 [n], scale f32 [n / 16], None, (sc int8 [n /
+    16], d f16 [n / 256]))``, in gguf-py's order of the weights."""
+    nb = rows.shape[0]
+    ql = rows[:, :128].reshape(nb, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    qh = rows[:, 128:192].reshape(nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    q = (ql & np.uint8(15)).reshape(nb, 8, 32) | ((qh & np.uint8(3)).reshape(nb, 8, 32) << np.uint8(4))
+    sc = rows[:, 192:208].copy().view(np.int8)  # [blocks, 16]
+    d = rows[:, 208:210].copy().view(np.float16)  # [blocks, 1]
+    scale = (d.astype(np.float32) * sc.astype(np.float32)).reshape(-1)
+    return q.reshape(-1), scale, None, (sc.reshape(-1), d.reshape(-1))
 
 
 def unpack(qtype: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple | None]:
     """``(codes uint8 [n], scale float32 [n / 32], minimum float32 [n / 32] or None, k)`` of a tensor's
     stored bytes in the file's order (``minimum`` None: Q4_0's ``d * (q - 8)``; ``k``: Q4_K's own
     ``(sc, mb uint8 [n / 32], d, dmin f16 [n / 256])`` for ``aotlm.models.kscales``, else None)."""
-    rows = np.asarray(raw).reshape(-1, BLOCK_BYTES[qtype])
+    rows = np.asarray(raw).reshape(-1, CODE_BYTES[qtype])
+    if qtype == "Q6_K":
+        return _q6k(rows)
     f16 = lambda at: rows[:, at : at + 2].copy().view(np.float16)  # noqa: E731  [blocks, 1]
     k = None
     if qtype == "Q4_K":
@@ -53,11 +75,12 @@ def unpack(qtype: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 def codes(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray) -> Codes:
     """4-bit tensor ``t`` (``raw``: its stored bytes) as ``Codes`` in its HF layout."""
     q, scale, minimum, k = unpack(t.qtype, raw)
-    ids = np.arange(scale.size, dtype=np.uint32)[:, None] << np.uint32(4)
+    bits = 6 if t.qtype == "Q6_K" else 4
+    ids = np.arange(scale.size, dtype=np.uint32)[:, None] << np.uint32(bits)
     logical = t.shape[::-1] if transposed(plan.arch_name, t.gguf) else t.shape  # [rows, K] as stored
-    packed = (ids | q.reshape(-1, GROUP)).reshape(logical)
+    packed = (ids | q.reshape(-1, group_of(t.qtype))).reshape(logical)
     fn = transform(plan.arch_name, t.gguf, meta)  # layout transforms only reach matrices
-    return Codes(np.ascontiguousarray(packed if fn is None else fn(packed)), scale, minimum, k)
+    return Codes(np.ascontiguousarray(packed if fn is None else fn(packed)), scale, minimum, k, bits)
 
 
 def groups(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray, fn) -> Groups4 | None:
@@ -74,10 +97,10 @@ def groups(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray, fn) -> Groups4 | 
     hf = lambda a: a.reshape(rows, -1) if fix is None else fix(a.reshape(rows, -1))  # noqa: E731
     codes, sc = fn(hf(q)), fn(hf(scale))
     mn = None if minimum is None else fn(hf(minimum))
-    if codes.shape[0] != k or sc.shape != (k // GROUP, *codes.shape[1:]):
+    if codes.shape[0] != k or sc.shape != (k // group_of(t.qtype), *codes.shape[1:]):
         return None
     ks = None if ks is None else tuple(np.ascontiguousarray(fn(hf(a))) for a in ks)
-    return Groups4(codes, sc, mn, ks)
+    return Groups4(codes, sc, mn, ks, 6 if t.qtype == "Q6_K" else 4)
 
 
 class BlockCodes:

@@ -34,7 +34,7 @@ from aotlm.models.checkpoint.formats import CheckpointError, drop_pages
 from aotlm.models.checkpoint.gguf_file import QUANT_TYPES, Plan, Tensor, inspect, tensor_array
 from aotlm.models.checkpoint.gguf_lookup import BLOCKS, grouped_rows
 from aotlm.models.checkpoint.gguf_names import transform
-from aotlm.models.checkpoint.gguf_q4k import BLOCK_BYTES, codes, groups
+from aotlm.models.checkpoint.gguf_q4k import CODE_BYTES, codes, groups
 from aotlm.models.lookup import GroupedRows
 from aotlm.models.quant4 import Codes, Groups4
 
@@ -130,19 +130,19 @@ class GGUFWeights:
         return arr
 
     def codes(self, name: str) -> Codes | None:
-        """A 4-bit matrix (Q4_0, Q4_1, Q4_K) as its codes and group scales (``gguf_q4k.codes``), in its
-        HF layout; None for any other tensor."""
+        """A 4-bit matrix (Q4_0, Q4_1, Q4_K) or a Q6_K one as its codes and group scales
+        (``gguf_q4k.codes``), in its HF layout; None for any other tensor."""
         t = self._by_hf.get(name)
-        if t is None or t.qtype not in BLOCK_BYTES or len(t.shape) != 2:
+        if t is None or t.qtype not in CODE_BYTES or len(t.shape) != 2:
             return None
         with self._stored(t) as raw:
             return codes(self.plan, t, self._meta, raw)
 
     def groups4(self, name: str, fn) -> Groups4 | None:
-        """A 4-bit matrix (Q4_0, Q4_1, Q4_K) moved by an out-only layout function ``fn`` as its codes and
-        group scales (``gguf_q4k.groups``); None for any other tensor or layout."""
+        """A 4-bit matrix (Q4_0, Q4_1, Q4_K) or a Q6_K one moved by an out-only layout function ``fn``
+        as its codes and group scales (``gguf_q4k.groups``); None for any other tensor or layout."""
         t = self._by_hf.get(name)
-        if t is None or t.qtype not in BLOCK_BYTES:
+        if t is None or t.qtype not in CODE_BYTES:
             return None
         with self._stored(t) as raw:
             return groups(self.plan, t, self._meta, raw, fn)

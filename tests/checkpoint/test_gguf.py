@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as T
 from gguf_builders import CHATML, VOCAB, smollm2_file, tiny_config, write_gguf
 
 from aotlm import AutoModelForSampling
-from aotlm.models import lookup
+from aotlm.models import lookup, packing, quant4
 from aotlm.models.checkpoint import CheckpointError, gguf
 from aotlm.models.checkpoint.resolve import resolve, validate_checkpoint
 from aotlm.text.tokens import load_tokenizer
@@ -187,11 +187,12 @@ def test_int8_default_and_int4_as_stored(files, compile_dir, caplog):
     print("\nerror vs transformers' f32 dequantization:", "; ".join(report))
 
 
-def test_int4_keeps_a_mixed_files_other_types_as_int8(tmp_path, compile_dir, monkeypatch):
+def test_int4_keeps_a_mixed_files_blocks_as_stored(tmp_path, compile_dir, monkeypatch):
     """A Q4_K_M-like file (Q4_K matrices, Q6_K ``ffn_down`` / ``attn_v``) under ``quant="int4"``: the Q4_K
-    matrices keep their codes, the Q6_K ones become int8 instead of being rounded down to 4 bits. That is
-    also the default for a file of ``AS_STORED_PARAMS`` (1B) parameters or more with 4-bit blocks (the
-    tiny file is made to count as one); smaller ones, and files without 4-bit blocks, default to int8."""
+    matrices keep their codes and scales (``kscales``), the Q6_K ones theirs (``k6scales``: 6-bit codes,
+    not rounded down to 4 bits): every stored matrix is the file's values bit for bit. That is also the
+    default for a file of ``AS_STORED_PARAMS`` (1B) parameters or more with 4-bit blocks (the tiny file
+    is made to count as one); smaller ones, and files without 4-bit blocks, default to int8."""
     big = gguf.AS_STORED_PARAMS
     assert gguf.storage_for({"Q4_K", "Q6_K", "F32"}, big) == "int4"
     assert gguf.storage_for({"Q4_0", "F32"}, big - 1) == gguf.storage_for({"Q8_0", "Q6_K"}, 8 * big) == "int8"
@@ -203,10 +204,16 @@ def test_int4_keeps_a_mixed_files_other_types_as_int8(tmp_path, compile_dir, mon
     path = write_gguf(ckpt, "llama", T.Q4_K, tmp_path / "q4_k_m.gguf", mix=mix)
     m = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, **SHAPES)
     assert m.quant.label == "int4-g32-asym"  # as quant="int4" gives for Q4_K blocks
-    layer = m.params["layers"][0]
-    assert {k: layer[k].dtype for k in ("wq", "w_gate", "wv", "w_down")} == {
-        "wq": np.uint8, "w_gate": np.uint8, "wv": np.int8, "w_down": np.int8,
-    }  # fmt: skip
+    kw = dict(compile_cache=compile_dir, **SHAPES)
+    floats = AutoModelForSampling.from_pretrained(str(path), quant="none", **kw)
+    for i, layer in enumerate(m.params["layers"]):
+        rows = {k: layer[f"{k}_scale"].shape[-2] for k in ("wq", "w_gate", "wv", "w_down")}
+        assert rows == {"wq": 20, "w_gate": 20, "wv": 82, "w_down": 82}  # Q4_K's / Q6_K's own scales
+        for k in rows:
+            w, sm, want = layer[k], layer[f"{k}_scale"], floats.params["layers"][i][k]
+            got = quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), k)
+            want = packing.unpack(want, k) if packing.is_packed(k, want.ndim) else want
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=f"layer {i} {k}")
     ref, ids = _hf(path), np.random.default_rng(6).integers(0, VOCAB, (1, 12))
     want = _hf_logits(ref, ids)
     assert np.abs(m.forward(ids) - want).max() <= 0.05 * np.abs(want).max()

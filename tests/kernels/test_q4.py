@@ -17,7 +17,7 @@ import pytest
 from builders import llama_config, peaked_checkpoint, run_with_kernels, save_checkpoint
 
 from aotlm import kernels
-from aotlm.models import kscales, packing, quant4
+from aotlm.models import k6scales, kscales, packing, quant4
 from aotlm.models.quant import INT4_NAMES, QuantizationConfig, quant_config
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -53,6 +53,21 @@ def quantized_k(rng, k: int, n: int):
     return packing.pack_q4(codes, (0,)), packing.pack_scales(kscales.pack(sc, mb, d, dmin)), deq
 
 
+def quantized_k6(rng, k: int, n: int):
+    """Random Q6_K-style W [k, n] (k: whole blocks of 256) in the K6 form (``models.k6scales``): its low
+    codes packed, its uint8 scale leaf (panel-major) and the dequantized W [k, Np], as gguf-py computes
+    Q6_K values."""
+    np_ = -(-n // 16) * 16
+    codes = rng.integers(0, 64, (k, np_)).astype(np.uint8)
+    sc = rng.integers(-128, 128, (k // 16, np_)).astype(np.int8)
+    d = (rng.standard_normal((k // 256, np_)) * 0.01).astype(np.float16)
+    sc[:, n:] = 0  # padded columns: zero scales
+    s = np.repeat(d.astype(np.float32), 16, 0) * sc.astype(np.float32)
+    deq = (codes.astype(np.float32) - 32) * np.repeat(s, 16, 0)
+    low, leaf = k6scales.pack(codes, sc, d)
+    return packing.pack_q4(low, (0,)), packing.pack_scales(leaf), deq
+
+
 def round_x(x: np.ndarray, group: int) -> np.ndarray:
     """NumPy reference of the kernel's activations: int8 per row and group, scale max|x| / 127."""
     m, k = x.shape
@@ -82,9 +97,11 @@ def check_odd_shapes(seed: int = 0) -> float:
     cases = [(100, 37, 32, False), (72, 16, 32, True), (200, 50, 64, True), (130, 129, 128, False)]
     cases += [(8, 5, 32, True), (512, 37, "K", True), (256, 50, "K", True)]  # K: Q4_K's own scales
     cases += [(32, 5125, 32, True), (256, 5125, "K", True)]  # wide N: long panel ranges per thread
+    cases += [(512, 37, "K6", False), (256, 5125, "K6", False)]  # Q6_K's 6-bit codes and own scales
+    made = {"K": quantized_k, "K6": quantized_k6}
     for k, n, group, asym in cases:
-        w, sm, deq = quantized_k(rng, k, n) if group == "K" else quantized(rng, k, n, group, asym)
-        group = 32 if group == "K" else group
+        w, sm, deq = made[group](rng, k, n) if group in made else quantized(rng, k, n, group, asym)
+        group = {"K": 32, "K6": 16}.get(group, group)
         for m in (1, 2, 3, 7, 9, 16, 17, 64, 100):
             x = rng.standard_normal((m, k)).astype(np.float32)
             ref = round_x(x, group).astype(np.float64) @ deq.astype(np.float64)
@@ -193,9 +210,12 @@ def test_unpack_kernel_gives_the_dequantized_matrix():
     w, sm, deq = quantized(np.random.default_rng(3), 96, 40, 32, True)
     y = kernels.unpack_q4(jnp.asarray(w.reshape(3, 12, 16, 4)), jnp.asarray(sm), jnp.float32, 1)
     np.testing.assert_array_equal(np.asarray(y), deq)
-    w, sm, deq = quantized_k(np.random.default_rng(4), 512, 40)  # Q4_K's own scales: exact too
-    y = kernels.unpack_q4(jnp.asarray(w.reshape(3, 64, 16, 4)), jnp.asarray(sm), jnp.float32, 1)
-    np.testing.assert_array_equal(np.asarray(y), deq)
+    for made in (quantized_k, quantized_k6):  # Q4_K's own scales, Q6_K's codes and scales: exact too
+        w, sm, deq = made(np.random.default_rng(4), 512, 40)
+        y = kernels.unpack_q4(jnp.asarray(w.reshape(3, 64, 16, 4)), jnp.asarray(sm), jnp.float32, 1)
+        np.testing.assert_array_equal(np.asarray(y), deq, err_msg=made.__name__)
+        xla = quant4.dequantize(jnp.asarray(w.reshape(3, 64, 16, 4)), jnp.asarray(sm), "w_up")  # XLA's path
+        np.testing.assert_array_equal(np.asarray(xla), deq, err_msg=made.__name__)
 
 
 def test_q4k_scales_round_trip():

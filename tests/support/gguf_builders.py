@@ -261,7 +261,8 @@ def smollm2_file() -> Path:
 
 def tiny_llama_files(root: Path):
     """``get(type)``: the tiny Llama (random, scale 3) as a GGUF of that GGML type name, written under
-    ``root`` once per type (module fixtures of the block-type tests)."""
+    ``root`` once per type (module fixtures of the block-type tests); ``"Q4_K_M"``: Q4_K with Q6_K
+    ``ffn_down`` / ``attn_v``, as llama.cpp's mix."""
     from conformance import make_checkpoint
 
     ckpt = make_checkpoint(root / "hf-llama", tiny_config("llama"), scale=3.0)
@@ -269,7 +270,9 @@ def tiny_llama_files(root: Path):
 
     def get(qtype: str) -> Path:
         if qtype not in made:
-            made[qtype] = write_gguf(ckpt, "llama", getattr(T, qtype), root / f"llama-{qtype}.gguf")
+            mix = {"ffn_down": T.Q6_K, "attn_v": T.Q6_K} if qtype == "Q4_K_M" else None
+            kind = T.Q4_K if qtype == "Q4_K_M" else getattr(T, qtype)
+            made[qtype] = write_gguf(ckpt, "llama", kind, root / f"llama-{qtype}.gguf", mix=mix)
         return made[qtype]
 
     return get
