@@ -13,13 +13,24 @@ groups, rows 8-15 ``mb``, rows 16 / 17 the low / high byte of ``d``, rows 18 / 1
 Stored panel-major beside the packed codes (``packing.pack_scales``: ``[*Nd[:-1], Nd[-1] // 16, K / 256,
 20, 16]``), which the kernel ``aotlm_wmm_q4`` reads (``aotlm/kernels/int4.h``); XLA's path through
 :func:`parts` of the logical leaf.
+
+Q5_K has Q4_K's scales and 5-bit codes: its leaf (:func:`pack5`) is ``[K / 256, 52, *Nd]``, the 20 rows
+above, then the codes' high bits (the weight leaf holds their low 4 bits): per block ``j`` of 8 rows, row
+``20 + j`` of a panel (16 output columns) is 16 bytes whose byte ``i`` holds lane ``i + 16 m`` of the
+block's 64 in bits ``2m`` (row ``8j + t``) and ``2m + 1`` (row ``8j + 4 + t``), lane ``4c + t`` being
+column ``c``: one 16-byte load, broadcast and shifted per 128-bit lane, puts them over the kernel's lanes.
+Those bytes mix the columns of a panel, so the output dims split only into whole panels.
 """
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from aotlm.kernels.layout import K5_ROWS, PANEL
 
 ROWS = 20  # sc x 8, mb x 8, d (2 bytes), -dmin (2 bytes)
 BLOCK = 256  # contracted rows per block
@@ -45,6 +56,33 @@ def pack(sc: np.ndarray, mb: np.ndarray, d: np.ndarray, dmin: np.ndarray) -> np.
     )
 
 
+def pack5(codes: np.ndarray, leaf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q5_K: 5-bit ``codes`` (0..31, ``[K, *Nd]``) and their scales' leaf (``pack``) -> ``(low 4 bits
+    uint8 [K, *Nd], leaf uint8 [K / 256, 52, *Nd]``)."""
+    k, nd, blocks = codes.shape[0], codes.shape[1:], leaf.shape[0]
+    if k != blocks * BLOCK or leaf.shape != (blocks, ROWS, *nd) or nd[-1] % PANEL:
+        raise ValueError(f"Q5_K codes {codes.shape} and scales {leaf.shape} do not fit")
+    n = math.prod(nd)
+    high = (np.asarray(codes, np.uint8) >> 4).reshape(blocks, 32, 2, 4, n // PANEL, PANEL)
+    two = high[:, :, 0] | (high[:, :, 1] << 1)  # [blocks, j, t, panel, c]: a lane's two rows
+    lanes = two.transpose(0, 1, 3, 4, 2).reshape(blocks, 32, n // PANEL, 4, 16)  # lane 16 m + i
+    plane = lanes[..., 0, :] | (lanes[..., 1, :] << 2) | (lanes[..., 2, :] << 4) | (lanes[..., 3, :] << 6)
+    out = np.concatenate([leaf, plane.reshape(blocks, 32, *nd)], axis=1)
+    return np.ascontiguousarray(codes & np.uint8(15)), np.ascontiguousarray(out)
+
+
+def high5(leaf):
+    """A Q5_K leaf (jnp) -> its codes' high bits times 16, float32 ``[K, *Nd]``."""
+    blocks, nd = leaf.shape[0], leaf.shape[2:]
+    n = math.prod(nd)
+    plane = leaf[:, ROWS:].reshape(blocks, 32, n // PANEL, 1, 16)
+    lanes = (plane >> (2 * jnp.arange(4, dtype=jnp.uint8)).reshape(1, 1, 1, 4, 1)) & 3
+    lanes = lanes.reshape(blocks, 32, n // PANEL, PANEL, 4)  # [blocks, j, panel, c, t]
+    two = jnp.stack([lanes & 1, lanes >> 1], axis=-1)  # [.., t, half]
+    high = two.transpose(0, 1, 5, 4, 2, 3).reshape(blocks * BLOCK, *nd)
+    return high.astype(jnp.float32) * 16.0
+
+
 def to_groups(leaf: np.ndarray) -> np.ndarray:
     """The leaf -> ``quant4``'s f16 form ``[K / 32, 2, *Nd]`` (scale, minimum each rounded to f16): for a
     tensor-parallel shard that would split a block of 256."""
@@ -68,6 +106,11 @@ def parts(leaf) -> tuple:
 
 
 def is_kform(sm) -> bool:
-    """Static: is a logical 4-bit scale leaf in this form (not ``quant4``'s f16 one, nor Q6_K's
+    """Static: is a logical 4-bit scale leaf in this form (not ``quant4``'s f16 one, nor Q5_K's or Q6_K's
     ``k6scales``)?"""
     return jnp.dtype(sm.dtype) == jnp.uint8 and sm.shape[1] == ROWS
+
+
+def is_k5(sm) -> bool:
+    """Static: is a logical scale leaf a Q5_K one (``pack5``)?"""
+    return jnp.dtype(sm.dtype) == jnp.uint8 and sm.shape[1] == K5_ROWS

@@ -235,6 +235,11 @@ def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:
     q4_scales = name in SCALE_OF and arr.ndim == len(LOGICAL_AXES[name]) + 2
     if q4_scales and kscales.is_kform(arr) and spec and spec[0] is not None and arr.shape[0] % tp:
         arr = kscales.to_groups(arr)  # Q4_K blocks of 256 split over the mesh: f16 scales per 32 instead
+    if q4_scales and arr.dtype == np.uint8 and spec and spec[0] is not None and arr.shape[0] % tp:
+        raise ValueError(
+            f"{name}: {arr.shape[0]} blocks of 256 rows (a GGUF file's Q5_K / Q6_K codes, whose high bits "
+            f"live in the blocks) do not split over tp={tp}; use another tp_degree or quant='int8'"
+        )
     if q4_scales and spec and spec[0] is not None and arr.shape[0] % tp:  # groups split over the mesh
         raise ValueError(
             f"{name}: {arr.shape[0]} groups of weights do not split over tp={tp}; use another tp_degree, "

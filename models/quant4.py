@@ -18,7 +18,8 @@ blocks (``Codes``, ``from_codes``: no dequantize and re-round). Q4_K's sub-block
 their own scales too, exactly (``aotlm.models.kscales``: a uint8 scale leaf); only where a layout
 split a block of 256 are the group's scale and minimum rounded to f16 instead: relative <= 2^-11 each.
 A file's Q6_K matrices keep their 6-bit codes and scales (groups of 16: ``aotlm.models.k6scales``, the
-codes' high bits in the scale leaf), else int8 (``models.quant``).
+codes' high bits in the scale leaf), Q5_K ones their 5-bit codes (Q4_K's scales, ``kscales.pack5``),
+else int8 (``models.quant``).
 
 Leaves: the weight ``<name>`` as uint8 codes in the kernels' panel layout (``aotlm/kernels/int4.h``):
 ``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 8, 16, 4]``, per block of 8 rows byte ``(c, t)`` holds
@@ -115,20 +116,20 @@ def quantize_int4(
 
 @dataclasses.dataclass(frozen=True)
 class Codes:
-    """A matrix as a GGUF file's 4-bit blocks hold it (Q4_0, Q4_1, Q4_K; Q6_K's 6-bit codes in groups of
-    16): ``packed`` (uint32, the matrix's shape) is each weight's group id ``<< bits`` or'ed with its
-    code, so a layout transform (transpose, head reshape, split, q/k/v fusion) moves each weight's group
-    with it and no scale array is moved or repeated; ``scale`` / ``minimum`` (``[groups]`` float32, exact;
-    ``minimum`` None for Q4_0's ``d * (q - 8)`` / Q6_K's ``d * sc * (q - 32)``) are the groups' own. A
-    weight is ``scale * q + minimum``."""
+    """A matrix as a GGUF file's 4-bit blocks hold it (Q4_0, Q4_1, Q4_K; Q5_K's 5-bit codes; Q6_K's 6-bit
+    ones in groups of 16): ``packed`` (uint32, the matrix's shape) is each weight's group id ``<< bits``
+    or'ed with its code, so a layout transform (transpose, head reshape, split, q/k/v fusion) moves each
+    weight's group with it and no scale array is moved or repeated; ``scale`` / ``minimum``
+    (``[groups]`` float32, exact; ``minimum`` None for Q4_0's ``d * (q - 8)`` / Q6_K's ``d * sc * (q -
+    32)``) are the groups' own. A weight is ``scale * q + minimum``."""
 
     packed: np.ndarray
     scale: np.ndarray
     minimum: np.ndarray | None
-    # Q4_K: per group sc, mb (uint8), per 8 groups d, dmin (f16): kscales' parts; Q6_K: per group sc
-    # (int8), per 16 groups d (f16): k6scales'
+    # Q4_K / Q5_K: per group sc, mb (uint8), per 8 groups d, dmin (f16): kscales' parts; Q6_K: per group
+    # sc (int8), per 16 groups d (f16): k6scales'
     k: tuple | None = None
-    bits: int = 4  # 4, or 6 (Q6_K)
+    bits: int = 4  # 4, 5 (Q5_K) or 6 (Q6_K)
 
     @property
     def group(self) -> int:
@@ -163,7 +164,7 @@ class Groups4:
     (float32 ``[K / 32, *Nd]``; ``minimum`` None for Q4_0's ``d * (q - 8)``); ``k``: a Q4_K matrix's
     own ``(sc, mb [K / 32, *Nd], d, dmin [K / 256, *Nd])`` (``aotlm.models.kscales``). ``bits`` 6: a
     Q6_K matrix, codes 0..63 in groups of 16, ``k`` its ``(sc int8 [K / 16, *Nd], d [K / 256, *Nd])``
-    (``aotlm.models.k6scales``)."""
+    (``aotlm.models.k6scales``); ``bits`` 5: Q5_K's codes 0..31 under Q4_K's scales."""
 
     codes: np.ndarray
     scale: np.ndarray
@@ -184,9 +185,11 @@ class Groups4:
         gives None."""
         if not asymmetric and self.minimum is not None:
             return None
+        fits = self.codes.shape[0] % k6scales.BLOCK == 0 and self.codes.shape[-1] % PANEL == 0
         if self.bits == 6:  # Q6_K: its own form only (symmetric or not), whole blocks and panels
-            fits = self.codes.shape[0] % k6scales.BLOCK == 0 and self.codes.shape[-1] % PANEL == 0
             return k6scales.pack(self.codes, *self.k) if fits else None
+        if self.bits == 5:  # Q5_K: Q4_K's scales and the codes' high bits
+            return kscales.pack5(self.codes, kscales.pack(*self.k)) if fits and asymmetric else None
         if asymmetric and self.k is not None and self.codes.shape[0] % kscales.BLOCK == 0:
             return self.codes, kscales.pack(*self.k)
         parts = (self.scale, self.minimums()) if asymmetric else (self.scale,)
@@ -242,6 +245,11 @@ def from_codes(c: Codes, contract: tuple[int, ...], asymmetric: bool) -> tuple[n
     if c.bits == 6:  # Q6_K: its own form (k6scales), or None: the caller re-rounds the values
         return _k6form(c, gid[:, 0], codes.reshape(-1, *codes.shape[2:]), contract)
     kept = _kform(c, gid[:, 0]) if asymmetric else None
+    if c.bits == 5:  # Q5_K: Q4_K's scales and the codes' high bits, or None as above
+        if kept is None or codes.shape[-1] % PANEL:
+            return None
+        low, leaf = kscales.pack5(codes.reshape(-1, *codes.shape[2:]), kept)
+        return _ungroup(low, c.shape, contract), leaf
     if kept is not None:
         return _ungroup(codes, c.shape, contract), kept
     s = c.scale[gid]
@@ -341,8 +349,9 @@ def dequantize(w, sm, name: str):
         s, high = k6scales.parts(sm)
         q, s = q + high.reshape(q.shape), s.reshape(g, 1, n)
         m = -32.0 * s
-    elif kscales.is_kform(sm):  # a Q4_K matrix's own scales
+    elif kscales.is_kform(sm) or kscales.is_k5(sm):  # a Q4_K / Q5_K matrix's own scales
         s, m = (a.reshape(g, 1, n) for a in kscales.parts(sm))
+        q = q + kscales.high5(sm).reshape(q.shape) if kscales.is_k5(sm) else q
     else:
         s = sm[:, 0].astype(jnp.float32).reshape(g, 1, n)
         m = sm[:, 1].astype(jnp.float32).reshape(g, 1, n) if sm.shape[1] == 2 else -8.0 * s

@@ -11,9 +11,10 @@ Files (made once under --work, each written to a temporary name and renamed): a 
 checkpoint of the shape (normals of std 0.02, norms 1, written tensor by tensor) with SmolLM2-135M's
 49,152-token tokenizer (from aotlm's converted ``smollm2``); llama.cpp's own ``convert_hf_to_gguf.py
 --outtype q8_0`` gives the Q8_0 file (the script from the llama-cpp-python sdist, fetched with ``pip
-download``, or $LLAMA_CPP_CONVERT) and ``llama_model_quantize`` the Q4_0 / Q4_K_M ones. Shapes: ``1b``
-Llama-3.2-1B (16 x 2048, ffn 8192, 32/8 heads of 64, tied), ``8b`` Llama-3.1-8B (32 x 4096, ffn 14336,
-32/8 heads of 128, untied), ``tiny`` (4 x 512) to try the pipeline; rope theta 500000 and, with
+download``, or $LLAMA_CPP_CONVERT) and ``llama_model_quantize`` the others (Q4_0, Q4_K_M; Q5_K_M, Q6_K
+on request). Shapes: ``1b`` Llama-3.2-1B (16 x 2048, ffn 8192, 32/8 heads of 64, tied), ``8b``
+Llama-3.1-8B (32 x 4096, ffn 14336, 32/8 heads of 128, untied), ``tiny`` (4 x 512) to try the
+pipeline; rope theta 500000 and, with
 ``--rope llama3`` (the default, as Llama 3.x ships), llama3 rope scaling, which puts a ``rope_freqs``
 tensor in the file (``--rope default``: none).
 
@@ -66,13 +67,14 @@ SHAPES = {
                num_key_value_heads=8, head_dim=128, tie_word_embeddings=False, rope_factor=8.0),
 }  # fmt: skip
 TYPES = ["Q4_0", "Q4_K_M", "Q8_0"]  # Q8_0: the converter's own output; the others llama.cpp's quantizer
+MORE_TYPES = ["Q5_K_M", "Q6_K"]  # on request (--types)
 TOK_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"]
 
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=["1b"])
-    ap.add_argument("--types", nargs="+", choices=TYPES, default=TYPES)
+    ap.add_argument("--types", nargs="+", choices=TYPES + MORE_TYPES, default=TYPES)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="decode batches (1 always)")
     ap.add_argument("--prompt", type=int, nargs="+", default=[128, 512], help="prefill lengths")
     ap.add_argument("--new", type=int, default=32, help="greedy tokens generated")

@@ -300,7 +300,7 @@ def plan_for_checkpoint(
     ctx = bk.context_buckets(context_length_estimate, tg)
     plan = memory_plan(
         cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches, kv_cache_dtype,
-        quant, gguf_blocks=bool(q4), gguf_lookup=gguf.lookup_bytes(path), gguf_q4k=q4 == ["Q4_K"],
+        quant, gguf_blocks=bool(q4), gguf_lookup=gguf.lookup_bytes(path), gguf_q4k="Q4_K" in q4,
         gguf_q8=gguf.q8_file(path),
     )  # fmt: skip
     if pp_degree == 1:

@@ -24,7 +24,9 @@
 // the high 2 bits of the block's codes, 32 bytes per block j of 8 rows (rows 18 + 2j, 19 + 2j): byte i's
 // low nibble belongs to lane i of the block's 64, its high nibble to lane i + 32 (lane 4c + t: column
 // c, rows 8j + t in bits 0-1, 8j + 4 + t in bits 2-3), so two shifts and masks put them over the lanes
-// of ``v & 15`` and ``v >> 4``: 6.5625 bits a weight, as the file.
+// of ``v & 15`` and ``v >> 4``: 6.5625 bits a weight, as the file. A Q5_K matrix (5-bit codes, Q4_K's
+// scales): sm is [Np / 16][K / 256][52][16], the K form's 20 rows, then the codes' high bits, 16 bytes per
+// block j (row 20 + j): byte i holds lane i + 16m in bits 2m (row 8j + t) and 2m + 1 (row 8j + 4 + t).
 //
 // Math, as llama.cpp multiplies its Q4 blocks: each row of x is rounded to int8 per group (scale
 // sx = max|x| / 127 over the group's K rows), the 4-bit codes times the int8 x summed in int32
@@ -42,14 +44,14 @@ constexpr int64_t P = 16;     // columns per panel
 constexpr int64_t B = 8;      // rows per 64-byte block
 constexpr int64_t PFB = 1024;  // prefetch distance in the panel stream (bytes)
 constexpr int64_t ROWS = 64;  // rows of x per pass over a panel range (bounds the sums buffer)
-constexpr int64_t K4 = 20, K6 = 82;  // rows of 16 bytes per 256 rows of W: Q4_K's and Q6_K's own scales
+constexpr int64_t K4 = 20, K5 = 52, K6 = 82;  // rows of 16 bytes per 256 rows of W: Q4_K's, Q5_K's, Q6_K's
 
 struct W4 {
   const uint8_t* q;    // panels [Np / 16][Kp / 8][64]
   const uint16_t* sm;  // f16 [Np / 16][G][S][16] (panel-major), or null in the K form
   const uint8_t* k8;   // a K form: uint8 [Np / 16][Kp / 256][KR][16], else null
   int64_t Kp, Np, group, S;
-  int64_t KR = 0;  // the K form's rows per 256: K4 (Q4_K) or K6 (Q6_K, 6-bit codes)
+  int64_t KR = 0;  // the K form's rows per 256: K4 (Q4_K), K5 (Q5_K, 5-bit codes) or K6 (Q6_K, 6-bit)
   // Panel p's scales: rows of 16 columns (G * S f16 ones, or the K form's Kp / 256 * KR bytes), read as
   // one stream beside the panel's codes.
   const uint8_t* scales(int64_t p) const {
@@ -127,8 +129,16 @@ inline void high2(const uint8_t* h, __m512i& lo, __m512i& hi) {
   hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(z, _mm512_set1_epi8(12)), 2));
 }
 
-// MR rows of xq [MR, Kp] x panel p -> out[m * ld + 0..15]; Q6: the K6 form (6-bit codes).
-template <int MR, bool Q6>
+// The Q5_K form's high bits of block j (its 16 bytes at h) added above the low codes lo / hi.
+inline void high1(const uint8_t* h, __m512i& lo, __m512i& hi) {
+  const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+  const __m512i z = _mm512_srlv_epi32(b, _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0));
+  lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(z, _mm512_set1_epi8(1)), 4));
+  hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(z, _mm512_set1_epi8(2)), 3));
+}
+
+// MR rows of xq [MR, Kp] x panel p -> out[m * ld + 0..15]; HB: the codes' high bits (0, 1: Q5_K's, 2: Q6_K's).
+template <int MR, int HB>
 inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, const W4& w, int64_t p,
                        float* out, int64_t ld) {
   constexpr int A = MR == 1 ? 2 : 1;  // one row: low and high nibbles in separate sums (latency)
@@ -148,7 +158,8 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
       _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
       const __m512i v = _mm512_loadu_si512(r);
       __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-      if constexpr (Q6) high2(ps + (j / 32) * K6 * P + (18 + 2 * (j % 32)) * P, lo, hi);
+      if constexpr (HB == 2) high2(ps + (j / 32) * K6 * P + (18 + 2 * (j % 32)) * P, lo, hi);
+      if constexpr (HB == 1) high1(ps + (j / 32) * K5 * P + (K4 + j % 32) * P, lo, hi);
       for (int m = 0; m < MR; ++m) {
         const int8_t* x = xq + m * w.Kp + j * B;
         acc[m][0] = dot4(acc[m][0], lo, _mm512_set1_epi32(x4(x)));
@@ -159,13 +170,13 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
     if (w.k8) {
       const uint8_t* b = ps + (g / per) * w.KR * P;
       if (g % per == 0) kd = _mm512_cvtph_ps(f16_planes(b + 16 * P, b + 17 * P));
-      if (g % per == 0 && !Q6) kn = _mm512_cvtph_ps(f16_planes(b + 18 * P, b + 19 * P));
+      if (g % per == 0 && HB != 2) kn = _mm512_cvtph_ps(f16_planes(b + 18 * P, b + 19 * P));
       const auto i8 = [&](int row) {
         const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + row * P));
-        return _mm512_cvtepi32_ps(Q6 ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
+        return _mm512_cvtepi32_ps(HB == 2 ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
       };
       s = _mm512_mul_ps(kd, i8(int(g % per)));
-      mn = Q6 ? _mm512_mul_ps(s, _mm512_set1_ps(-32.f)) : _mm512_mul_ps(kn, i8(int(8 + g % per)));
+      mn = HB == 2 ? _mm512_mul_ps(s, _mm512_set1_ps(-32.f)) : _mm512_mul_ps(kn, i8(int(8 + g % per)));
     } else {
       const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * P;
       s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
@@ -187,8 +198,8 @@ inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 }
 
 // AVX2: the same on two vectors of 8 columns (bytes 0-31 of a block: columns 0-7; the K6 form's high
-// bits: the low nibbles of its 32 bytes, then the high ones).
-template <int MR, bool Q6>
+// bits: the low nibbles of its 32 bytes, then the high ones; Q5_K's: shifts 0 / 2, then 4 / 6).
+template <int MR, int HB>
 inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, const W4& w, int64_t p,
                        float* out, int64_t ld) {
   const uint8_t* panel = w.q + p * (w.Kp / B) * 64, *ps = w.scales(p);
@@ -206,7 +217,14 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
       for (int v = 0; v < 2; ++v) {
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 32 * v));
         __m256i lo = _mm256_and_si256(b, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), lo4);
-        if constexpr (Q6) {
+        if constexpr (HB == 1) {
+          const __m256i h = _mm256_broadcastsi128_si256(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + (j / 32) * K5 * P + (K4 + j % 32) * P)));
+          const __m256i z = _mm256_srlv_epi32(h, v ? _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4) : _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0));
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(z, _mm256_set1_epi8(1)), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(z, _mm256_set1_epi8(2)), 3));
+        }
+        if constexpr (HB == 2) {
           const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps + (j / 32) * K6 * P + (18 + 2 * (j % 32)) * P));
           const __m256i z = _mm256_and_si256(v ? _mm256_srli_epi16(h, 4) : h, lo4);
           lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(z, _mm256_set1_epi8(3)), 4));
@@ -228,10 +246,10 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
         };
         const auto i8 = [&](int row) {
           const __m128i x8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + row * P + 8 * v));
-          return _mm256_cvtepi32_ps(Q6 ? _mm256_cvtepi8_epi32(x8) : _mm256_cvtepu8_epi32(x8));
+          return _mm256_cvtepi32_ps(HB == 2 ? _mm256_cvtepi8_epi32(x8) : _mm256_cvtepu8_epi32(x8));
         };
         s = _mm256_mul_ps(half(16), i8(int(g % per)));
-        mn = Q6 ? _mm256_mul_ps(s, _mm256_set1_ps(-32.f)) : _mm256_mul_ps(half(18), i8(int(8 + g % per)));
+        mn = HB == 2 ? _mm256_mul_ps(s, _mm256_set1_ps(-32.f)) : _mm256_mul_ps(half(18), i8(int(8 + g % per)));
       } else {
         const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * P;
         s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * v)));
@@ -262,9 +280,11 @@ inline void rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, 
       float* o = buf + m0 * ld + (p - p0) * P;
       with_rows<MR_MAX>(mr, [&](auto r) {
         if (w.KR == K6)
-          panel_rows<decltype(r)::value, true>(x, s, t, G, w, p, o, ld);
+          panel_rows<decltype(r)::value, 2>(x, s, t, G, w, p, o, ld);
+        else if (w.KR == K5)
+          panel_rows<decltype(r)::value, 1>(x, s, t, G, w, p, o, ld);
         else
-          panel_rows<decltype(r)::value, false>(x, s, t, G, w, p, o, ld);
+          panel_rows<decltype(r)::value, 0>(x, s, t, G, w, p, o, ld);
       });
       m0 += mr;
     }
@@ -299,6 +319,10 @@ inline void run_unpack(const W4& w, int64_t K, int64_t N, const Out& out) {
             const int64_t lane = 4 * c + t, j = (k % 256) / B;
             const uint8_t h = w.scales(p)[((k / 256) * K6 + 18 + 2 * j) * P + lane % 32];
             q |= ((h >> (4 * (lane / 32) + 2 * half)) & 3) << 4;
+          } else if (w.KR == K5) {  // lane 4c + t: byte (4c + t) % 16 of row 20 + j, bit 2 ((4c + t) / 16) + half
+            const int64_t lane = 4 * c + t, j = (k % 256) / B;
+            const uint8_t h = w.scales(p)[((k / 256) * K5 + K4 + j) * P + lane % 16];
+            q |= ((h >> (2 * (lane / 16) + half)) & 1) << 4;
           }
           row[(p - p0) * P + c] = s * float(q) + mn;
         }
@@ -320,11 +344,12 @@ std::string q4_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64
   if (w.element_type() != DataType::U8 || int64_t(w.element_count()) != Kp * Np / 2)
     return "w must be uint8 with Np * Kp / 2 bytes (Kp: K rounded up to the group, Np: N up to 16)";
   const auto* q = static_cast<const uint8_t*>(w.untyped_data());
-  if (sm.element_type() == DataType::U8) {  // a K form: Q4_K's (groups of 32) or Q6_K's (16)
-    const int64_t kr = group == 32 ? aotlm_q4::K4 : aotlm_q4::K6;
+  if (sm.element_type() == DataType::U8) {  // a K form: Q4_K's / Q5_K's (groups of 32) or Q6_K's (16)
+    const int64_t rows = Kp % 256 ? 0 : int64_t(sm.element_count()) / (Kp / 256 * Np);
+    const int64_t kr = group == 16 ? aotlm_q4::K6 : rows == aotlm_q4::K5 ? aotlm_q4::K5 : aotlm_q4::K4;
     if ((group != 32 && group != 16) || Kp % 256 || int64_t(sm.element_count()) != Kp / 256 * kr * Np)
-      return "K-form scales must be uint8 [Np / 16, K / 256, 20, 16] with groups of 32 (Q4_K) or [.., 82, 16] with "
-             "groups of 16 (Q6_K)";
+      return "K-form scales must be uint8 [Np / 16, K / 256, 20 or 52, 16] with groups of 32 (Q4_K, Q5_K) or "
+             "[.., 82, 16] with groups of 16 (Q6_K)";
     *out = {q, nullptr, static_cast<const uint8_t*>(sm.untyped_data()), Kp, Np, group, 2, kr};
     return "";
   }

@@ -11,6 +11,7 @@ from __future__ import annotations
 PANEL = 16  # output columns per panel (packed.h)
 Q4_ROWS = 8  # rows of W per 64-byte block of a 4-bit panel (int4.h): [.., Kd[-1] // 8, 16, 4] bytes
 Q4_GROUPS = (32, 64, 128)  # rows of W per scale (quant="int4"; GGUF's Q4 blocks: 32)
+K5_ROWS = 52  # rows per 256 of a Q5_K matrix's uint8 scale leaf (aotlm.models.kscales; int4.h)
 K6_ROWS = 82  # rows per 256 of a Q6_K matrix's uint8 scale leaf (aotlm.models.k6scales; int4.h)
 
 

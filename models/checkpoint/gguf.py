@@ -39,7 +39,7 @@ from aotlm.models.checkpoint.formats import CheckpointError
 from aotlm.models.checkpoint.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, rope_factors
 from aotlm.models.checkpoint.gguf_meta import build_config, build_tokenizer, read_metadata
 from aotlm.models.checkpoint.gguf_weights import GGUFWeights, note_source, source_of
-from aotlm.models.quant import Q4_BLOCK_TYPES, Q8_BLOCK_TYPES
+from aotlm.models.quant import INT4_KEEPS, Q8_BLOCK_TYPES
 
 __all__ = ["convert", "default_quant", "is_gguf", "cache_root", "open_weights", "SOURCE_FILE", "stats"]
 
@@ -217,11 +217,12 @@ def storage_for(matrix_types: set[str], parameters: int = 0) -> str | None:
     """The default weight storage for a file whose matrices have these GGUF types.
 
     Block-quantized (4- to 8-bit) -> ``"int8"`` (the dequantized weights re-rounded per output channel,
-    with float32 activations), except a model of ``AS_STORED_PARAMS`` or more with 4-bit blocks (Q4_0,
-    Q4_1, Q4_K): ``"int4"``, which keeps those blocks and stores the file's other types as int8; all
-    F16 -> ``"f16"``, all BF16 -> ``"bf16"`` (both exact), otherwise None (float32).
+    with float32 activations), except a model of ``AS_STORED_PARAMS`` or more with blocks that int4
+    storage keeps (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): ``"int4"``, which keeps them and stores the file's other
+    types as int8 (Q8_0 / Q5_0 / Q5_1 as int8 groups); all F16 -> ``"f16"``, all BF16 -> ``"bf16"``
+    (both exact), otherwise None (float32).
     """
-    if matrix_types & set(Q4_BLOCK_TYPES) and parameters >= AS_STORED_PARAMS:
+    if matrix_types & set(INT4_KEEPS) and parameters >= AS_STORED_PARAMS:
         return "int4"
     if matrix_types & set(QUANT_TYPES):
         return "int8"
@@ -245,7 +246,8 @@ def default_quant(checkpoint: str | os.PathLike) -> str | None:
     quant = source.get("default_quant")
     if quant is not None:
         types = "/".join(t for t in source.get("matrix_types", []) if t != "F32")
-        how = {"int8": "dequantized", "int4": "4-bit and Q6_K blocks kept, others int8"}.get(quant, "kept")
+        kept4 = "4-bit, Q5_K and Q6_K blocks kept, others int8"
+        how = {"int8": "dequantized", "int4": kept4}.get(quant, "kept")
         if quant == "int8" and q8_file(checkpoint):  # their codes and scales stay (models.quant8)
             how = "kept as int8 groups of 32"
         elif quant == "int8" and set(Q8_BLOCK_TYPES) & set(source.get("matrix_types", [])):
@@ -258,11 +260,12 @@ def default_quant(checkpoint: str | os.PathLike) -> str | None:
     return quant
 
 
-Q4_TYPES = Q4_BLOCK_TYPES  # 4-bit blocks of 32 rows along the input: quant="int4" groups
+Q4_TYPES = INT4_KEEPS  # blocks quant="int4" keeps: 4-bit ones in groups of 32, Q5_K's and Q6_K's codes
 
 
 def q4_types(checkpoint: str | os.PathLike) -> list[str]:
-    """The 4-bit block types among a converted GGUF model's matrices (empty for any other checkpoint)."""
+    """The block types among a converted GGUF model's matrices that ``quant="int4"`` keeps as stored
+    (``Q4_TYPES``; empty for any other checkpoint)."""
     f = Path(checkpoint) / SOURCE_FILE
     try:
         types = json.loads(f.read_text()).get("matrix_types", []) if f.is_file() else []
@@ -298,10 +301,10 @@ def lookup_bytes(checkpoint: str | os.PathLike) -> float | None:
 
 
 def int4_form(checkpoint: str | os.PathLike, quant):
-    """``quant="int4"`` for a GGUF model with Q4_1 / Q4_K blocks (a minimum per block) -> ``"int4-asym"``,
-    the form that holds them (``aotlm.models.quant4``); anything else unchanged."""
+    """``quant="int4"`` for a GGUF model with Q4_1 / Q4_K / Q5_K blocks (a minimum per block) ->
+    ``"int4-asym"``, the form that holds them (``aotlm.models.quant4``); anything else unchanged."""
     types = q4_types(checkpoint)
-    if quant != "int4" or not {"Q4_1", "Q4_K"} & set(types):
+    if quant != "int4" or not {"Q4_1", "Q4_K", "Q5_K"} & set(types):
         return quant
     logger.warning("%s blocks have a minimum each: quant='int4' stores them as 'int4-asym'", "/".join(types))
     return "int4-asym"

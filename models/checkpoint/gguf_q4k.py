@@ -8,6 +8,7 @@ group's scale and minimum:
 * Q4_K: super-blocks of 256 with 8 sub-blocks of 32, each a 6-bit scale ``sc`` and minimum ``m``
   under the block's f16 ``d`` and ``dmin``: ``(d * sc) * q - (dmin * m)`` (gguf-py computes it so, in
   float32: exact in float32, not in float16);
+* Q5_K (kept beside them by ``quant="int4"``): Q4_K's scales with 5-bit codes (a plane of high bits);
 * Q6_K (kept beside them by ``quant="int4"``): super-blocks of 256 with 16 groups of 16, each an int8
   scale ``sc`` under the block's f16 ``d``, 6-bit codes: ``(d * sc) * (q - 32)``.
 
@@ -27,7 +28,8 @@ from aotlm.models.quant4 import Codes, Groups4
 
 GROUP = 32  # every 4-bit type's group: 32 weights along the input dim (Q6_K: 16)
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
-CODE_BYTES = {**BLOCK_BYTES, "Q6_K": 210}  # the types read as codes (4-bit, and Q6_K's 6-bit)
+CODE_BYTES = {**BLOCK_BYTES, "Q5_K": 176, "Q6_K": 210}  # the types read as codes (4-, 5- and 6-bit)
+BITS = {"Q5_K": 5, "Q6_K": 6}  # code widths other than 4
 
 
 def group_of(qtype: str) -> int:
@@ -49,33 +51,37 @@ def _q6k(rows: np.ndarray) -> tuple:
 
 def unpack(qtype: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple | None]:
     """``(codes uint8 [n], scale float32 [n / 32], minimum float32 [n / 32] or None, k)`` of a tensor's
-    stored bytes in the file's order (``minimum`` None: Q4_0's ``d * (q - 8)``; ``k``: Q4_K's own
-    ``(sc, mb uint8 [n / 32], d, dmin f16 [n / 256])`` for ``aotlm.models.kscales``, else None)."""
+    stored bytes in the file's order (``minimum`` None: Q4_0's ``d * (q - 8)``; ``k``: Q4_K's / Q5_K's own
+    ``(sc, mb uint8 [n / 32], d, dmin f16 [n / 256])`` for ``aotlm.models.kscales``, else None; Q5_K's
+    codes 0..31, Q6_K's: ``_q6k``)."""
     rows = np.asarray(raw).reshape(-1, CODE_BYTES[qtype])
     if qtype == "Q6_K":
         return _q6k(rows)
     f16 = lambda at: rows[:, at : at + 2].copy().view(np.float16)  # noqa: E731  [blocks, 1]
     k = None
-    if qtype == "Q4_K":
+    if qtype in ("Q4_K", "Q5_K"):
         from gguf.quants import Q4_K  # local: optional dependency, present whenever a GGUF file is read
 
         sc, m = (a.astype(np.uint8) for a in Q4_K.get_scale_min(rows[:, 4:16]))  # [blocks, 8] 6-bit each
         k = (sc.reshape(-1), m.reshape(-1), f16(0).reshape(-1), f16(2).reshape(-1))
         scale = (f16(0).astype(np.float32) * sc).reshape(-1)
         minimum = -(f16(2).astype(np.float32) * m).reshape(-1)
-        qs = rows[:, 16:].reshape(-1, 4, 1, 32)  # 4 x 32 bytes: sub-blocks 2j (low nibbles), 2j+1 (high)
+        qs = rows[:, 16 + 32 * (qtype == "Q5_K") :].reshape(-1, 4, 1, 32)  # sub-blocks 2j (low nibbles), 2j+1
     else:
         scale = f16(0).astype(np.float32).reshape(-1)
         minimum = f16(2).astype(np.float32).reshape(-1) if qtype == "Q4_1" else None
         qs = rows[:, 2 + 2 * (qtype == "Q4_1") :].reshape(-1, 1, 1, 16)  # weights j (low), j + 16 (high)
     codes = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=2)
+    if qtype == "Q5_K":  # bit j of byte i of the 32 after the scales: weight i of sub-block j's high bit
+        qh = rows[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+        codes = codes.reshape(-1, 8, 32) | ((qh & np.uint8(1)) << np.uint8(4))
     return codes.reshape(-1), scale, minimum, k
 
 
 def codes(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray) -> Codes:
     """4-bit tensor ``t`` (``raw``: its stored bytes) as ``Codes`` in its HF layout."""
     q, scale, minimum, k = unpack(t.qtype, raw)
-    bits = 6 if t.qtype == "Q6_K" else 4
+    bits = BITS.get(t.qtype, 4)
     ids = np.arange(scale.size, dtype=np.uint32)[:, None] << np.uint32(bits)
     logical = t.shape[::-1] if transposed(plan.arch_name, t.gguf) else t.shape  # [rows, K] as stored
     packed = (ids | q.reshape(-1, group_of(t.qtype))).reshape(logical)
@@ -100,7 +106,7 @@ def groups(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray, fn) -> Groups4 | 
     if codes.shape[0] != k or sc.shape != (k // group_of(t.qtype), *codes.shape[1:]):
         return None
     ks = None if ks is None else tuple(np.ascontiguousarray(fn(hf(a))) for a in ks)
-    return Groups4(codes, sc, mn, ks, 6 if t.qtype == "Q6_K" else 4)
+    return Groups4(codes, sc, mn, ks, BITS.get(t.qtype, 4))
 
 
 class BlockCodes:

@@ -187,28 +187,32 @@ def test_int8_default_and_int4_as_stored(files, compile_dir, caplog):
     print("\nerror vs transformers' f32 dequantization:", "; ".join(report))
 
 
-def test_int4_keeps_a_mixed_files_blocks_as_stored(tmp_path, compile_dir, monkeypatch):
-    """A Q4_K_M-like file (Q4_K matrices, Q6_K ``ffn_down`` / ``attn_v``) under ``quant="int4"``: the Q4_K
-    matrices keep their codes and scales (``kscales``), the Q6_K ones theirs (``k6scales``: 6-bit codes,
-    not rounded down to 4 bits): every stored matrix is the file's values bit for bit. That is also the
-    default for a file of ``AS_STORED_PARAMS`` (1B) parameters or more with 4-bit blocks (the tiny file
-    is made to count as one); smaller ones, and files without 4-bit blocks, default to int8."""
+@pytest.mark.parametrize("base", ["Q4_K", "Q5_K"])
+def test_int4_keeps_a_mixed_files_blocks_as_stored(tmp_path, compile_dir, monkeypatch, base):
+    """A Q4_K_M- / Q5_K_M-like file (Q4_K / Q5_K matrices, Q6_K ``ffn_down`` / ``attn_v``) under
+    ``quant="int4"``: the Q4_K matrices keep their codes and scales (``kscales``), the Q5_K ones their
+    5-bit codes too (``kscales.pack5``), the Q6_K ones theirs (``k6scales``), none rounded down to 4 bits:
+    every stored matrix is the file's values bit for bit. That is also the default for a file of
+    ``AS_STORED_PARAMS`` (1B) parameters or more with such blocks (the tiny file is made to count as
+    one); smaller ones, and files without them, default to int8."""
     big = gguf.AS_STORED_PARAMS
     assert gguf.storage_for({"Q4_K", "Q6_K", "F32"}, big) == "int4"
-    assert gguf.storage_for({"Q4_0", "F32"}, big - 1) == gguf.storage_for({"Q8_0", "Q6_K"}, 8 * big) == "int8"
+    assert gguf.storage_for({"Q4_0", "F32"}, big - 1) == gguf.storage_for({"Q8_0", "Q5_0"}, 8 * big) == "int8"
+    assert gguf.storage_for({"Q5_K", "Q6_K"}, big) == gguf.storage_for({"Q6_K", "Q8_0"}, big) == "int4"
     assert gguf.storage_for({"F16"}, big) == "f16" and gguf.storage_for({"BF16"}, big) == "bf16"
     monkeypatch.setenv("AOTLM_GGUF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(gguf, "AS_STORED_PARAMS", 1)
     ckpt = make_checkpoint(tmp_path / "hf", tiny_config("llama"), scale=3.0)
     mix = {"ffn_down": T.Q6_K, "attn_v": T.Q6_K}
-    path = write_gguf(ckpt, "llama", T.Q4_K, tmp_path / "q4_k_m.gguf", mix=mix)
+    path = write_gguf(ckpt, "llama", getattr(T, base), tmp_path / f"{base}_m.gguf", mix=mix)
     m = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, **SHAPES)
     assert m.quant.label == "int4-g32-asym"  # as quant="int4" gives for Q4_K blocks
     kw = dict(compile_cache=compile_dir, **SHAPES)
     floats = AutoModelForSampling.from_pretrained(str(path), quant="none", **kw)
     for i, layer in enumerate(m.params["layers"]):
         rows = {k: layer[f"{k}_scale"].shape[-2] for k in ("wq", "w_gate", "wv", "w_down")}
-        assert rows == {"wq": 20, "w_gate": 20, "wv": 82, "w_down": 82}  # Q4_K's / Q6_K's own scales
+        own = 20 if base == "Q4_K" else 52  # Q4_K's scales (Q5_K's: and the codes' high bits)
+        assert rows == {"wq": own, "w_gate": own, "wv": 82, "w_down": 82}  # Q6_K's: 82
         for k in rows:
             w, sm, want = layer[k], layer[f"{k}_scale"], floats.params["layers"][i][k]
             got = quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), k)

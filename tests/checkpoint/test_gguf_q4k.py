@@ -137,7 +137,8 @@ def test_q4k_codes_kept(gguf_file, monkeypatch):
 
 @pytest.mark.parametrize(
     ("qtype", "quant"),
-    [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q4_K", "int4"), ("Q4_0", "int4-asym"), ("Q4_K_M", "int4")],
+    [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q4_K", "int4"), ("Q4_0", "int4-asym"), ("Q4_K_M", "int4")]
+    + [("Q5_K_M", "int4")],
 )
 def test_groups_moved_with_the_codes_equal_the_per_weight_ids(gguf_file, monkeypatch, qtype, quant):
     """Where a matrix's layout change moves only its output axis (``linear_t``, ``heads_in``: every
@@ -184,10 +185,10 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_blocks_as_stored_under_tensor_parallelism(gguf_file):
     """tp=2 of a Q4_K file (Q4_K's own scales column-parallel; a row-parallel shard that splits a block of
-    256 takes the f16 form), of a Q4_K_M one (Q6_K's 6-bit codes and scales, ``k6scales``, split by
-    panels and by blocks) and of a Q8_0 file (int8 groups), the scale leaves split by panels and by
+    256 takes the f16 form), of Q4_K_M / Q5_K_M ones (Q6_K's 6-bit codes and scales, ``k6scales``, and
+    Q5_K's 5-bit codes, split by panels and by blocks) and of a Q8_0 file (int8 groups), the scale leaves split by panels and by
     groups: tp=1's greedy tokens, logits as close as the f16 form's rounding allows."""
-    files = {q: (str(gguf_file(q)), "int4") for q in ("Q4_K", "Q4_K_M")}
+    files = {q: (str(gguf_file(q)), "int4") for q in ("Q4_K", "Q4_K_M", "Q5_K_M")}
     files["Q8_0"] = (str(gguf_file("Q8_0")), None)
     support = Path(__file__).parents[1] / "support"
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=str(support))
@@ -196,7 +197,7 @@ def test_blocks_as_stored_under_tensor_parallelism(gguf_file):
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["Q4_K-1"]["forms"] == ["uint8"] and out["Q8_0-1"]["forms"] == ["int8"]
-    for q, tol in (("Q4_K", 2e-2), ("Q4_K_M", 2e-2), ("Q8_0", 1e-4)):
+    for q, tol in (("Q4_K", 2e-2), ("Q4_K_M", 2e-2), ("Q5_K_M", 2e-2), ("Q8_0", 1e-4)):
         a, b = np.asarray(out[f"{q}-1"]["logits"]), np.asarray(out[f"{q}-2"]["logits"])
         assert np.abs(a - b).max() <= tol * np.abs(a).max(), q
         assert out[f"{q}-1"]["tokens"] == out[f"{q}-2"]["tokens"], q

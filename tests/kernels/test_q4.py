@@ -53,6 +53,20 @@ def quantized_k(rng, k: int, n: int):
     return packing.pack_q4(codes, (0,)), packing.pack_scales(kscales.pack(sc, mb, d, dmin)), deq
 
 
+def quantized_k5(rng, k: int, n: int):
+    """Random Q5_K-style W [k, n]: ``quantized_k``'s scales with 5-bit codes (``kscales.pack5``)."""
+    np_ = -(-n // 16) * 16
+    codes = rng.integers(0, 32, (k, np_)).astype(np.uint8)
+    sc, mb = (rng.integers(0, 64, (k // 32, np_)).astype(np.uint8) for _ in range(2))
+    d, dmin = ((rng.standard_normal((k // 256, np_)) * 0.01).astype(np.float16) for _ in range(2))
+    sc[:, n:], mb[:, n:] = 0, 0
+    s = np.repeat(d.astype(np.float32), 8, 0) * sc
+    m = -(np.repeat(dmin.astype(np.float32), 8, 0) * mb)
+    deq = codes * np.repeat(s, 32, 0) + np.repeat(m, 32, 0)
+    low, leaf = kscales.pack5(codes, kscales.pack(sc, mb, d, dmin))
+    return packing.pack_q4(low, (0,)), packing.pack_scales(leaf), deq
+
+
 def quantized_k6(rng, k: int, n: int):
     """Random Q6_K-style W [k, n] (k: whole blocks of 256) in the K6 form (``models.k6scales``): its low
     codes packed, its uint8 scale leaf (panel-major) and the dequantized W [k, Np], as gguf-py computes
@@ -98,10 +112,11 @@ def check_odd_shapes(seed: int = 0) -> float:
     cases += [(8, 5, 32, True), (512, 37, "K", True), (256, 50, "K", True)]  # K: Q4_K's own scales
     cases += [(32, 5125, 32, True), (256, 5125, "K", True)]  # wide N: long panel ranges per thread
     cases += [(512, 37, "K6", False), (256, 5125, "K6", False)]  # Q6_K's 6-bit codes and own scales
-    made = {"K": quantized_k, "K6": quantized_k6}
+    cases += [(512, 37, "K5", True), (256, 5125, "K5", True)]  # Q5_K's 5-bit codes, Q4_K's scales
+    made = {"K": quantized_k, "K5": quantized_k5, "K6": quantized_k6}
     for k, n, group, asym in cases:
         w, sm, deq = made[group](rng, k, n) if group in made else quantized(rng, k, n, group, asym)
-        group = {"K": 32, "K6": 16}.get(group, group)
+        group = {"K": 32, "K5": 32, "K6": 16}.get(group, group)
         for m in (1, 2, 3, 7, 9, 16, 17, 64, 100):
             x = rng.standard_normal((m, k)).astype(np.float32)
             ref = round_x(x, group).astype(np.float64) @ deq.astype(np.float64)
@@ -210,7 +225,7 @@ def test_unpack_kernel_gives_the_dequantized_matrix():
     w, sm, deq = quantized(np.random.default_rng(3), 96, 40, 32, True)
     y = kernels.unpack_q4(jnp.asarray(w.reshape(3, 12, 16, 4)), jnp.asarray(sm), jnp.float32, 1)
     np.testing.assert_array_equal(np.asarray(y), deq)
-    for made in (quantized_k, quantized_k6):  # Q4_K's own scales, Q6_K's codes and scales: exact too
+    for made in (quantized_k, quantized_k5, quantized_k6):  # Q4_K / Q5_K / Q6_K's own: exact too
         w, sm, deq = made(np.random.default_rng(4), 512, 40)
         y = kernels.unpack_q4(jnp.asarray(w.reshape(3, 64, 16, 4)), jnp.asarray(sm), jnp.float32, 1)
         np.testing.assert_array_equal(np.asarray(y), deq, err_msg=made.__name__)

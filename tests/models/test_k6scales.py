@@ -1,5 +1,6 @@
-"""A GGUF Q6_K matrix kept as stored (``aotlm.models.k6scales``): the file's codes and scales read from its
-blocks give gguf-py's values, and the K6 leaf gives back each weight's 6-bit code and its group's scale."""
+"""GGUF Q6_K and Q5_K matrices kept as stored (``aotlm.models.k6scales``, ``kscales.pack5``): the file's
+codes and scales read from its blocks give gguf-py's values, and the leaves give back each weight's code
+and its group's scale."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aotlm.models import k6scales, packing
+from aotlm.models import k6scales, kscales, packing
 from aotlm.models.checkpoint import gguf_q4k
 
 gguf = pytest.importorskip("gguf")
@@ -32,6 +33,28 @@ def test_blocks_unpack_to_gguf_values():
     np.testing.assert_array_equal(scale, np.repeat(d.astype(np.float32), 16) * sc)
 
 
+def test_q5k_blocks_unpack_to_gguf_values():
+    """``gguf_q4k.unpack`` of Q5_K: codes 0..31 under Q4_K's scales equal gguf-py's values bit for bit."""
+    rng = np.random.default_rng(2)
+    raw = rng.integers(0, 256, (8, 176), dtype=np.uint8)
+    raw[:, 0:4] = np.frombuffer(np.array([0.01, 0.02], np.float16).tobytes(), np.uint8)
+    q, scale, minimum, k = gguf_q4k.unpack("Q5_K", raw)
+    assert q.max() == 31 and len(k) == 4
+    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_K).reshape(-1)
+    np.testing.assert_array_equal(q * np.repeat(scale, 32) + np.repeat(minimum, 32), want)
+
+
+def test_q5k_leaf_round_trips_the_high_bits():
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 32, (512, 2, 32)).astype(np.uint8)
+    leaf = kscales.pack(*(rng.integers(0, 64, (16, 2, 32)) for _ in range(2)), *np.ones((2, 2, 2, 32)))
+    low, leaf5 = kscales.pack5(codes, leaf)
+    assert low.max() <= 15 and leaf5.shape == (2, 52, 2, 32) and kscales.is_k5(leaf5)
+    assert not kscales.is_kform(leaf5) and not kscales.is_k5(leaf)
+    np.testing.assert_array_equal(np.asarray(kscales.high5(jnp.asarray(leaf5))).astype(np.uint8) + low, codes)
+    np.testing.assert_array_equal(leaf5[:, :20], leaf)
+
+
 @pytest.mark.parametrize("nd", [(48,), (3, 32)])
 def test_leaf_round_trips_codes_and_scales(nd):
     """``pack`` then ``parts`` (XLA's reading) give each weight's high bits and each group's ``d * sc``;
@@ -50,3 +73,13 @@ def test_leaf_round_trips_codes_and_scales(nd):
     np.testing.assert_array_equal(packing.unpack_scales(packing.pack_scales(leaf), len(nd)), leaf)
     with pytest.raises(ValueError, match="do not fit"):
         k6scales.pack(codes[..., :8], sc[..., :8], d[..., :8])
+
+
+def test_a_shard_that_splits_a_block_is_refused():
+    """A row-parallel shard of a Q6_K matrix must keep whole blocks of 256 (the codes' high bits live in
+    them): one line saying so, not a wrong split."""
+    rng = np.random.default_rng(4)
+    codes = rng.integers(0, 64, (256, 32)).astype(np.uint8)
+    _, leaf = k6scales.pack(codes, np.ones((16, 32), np.int8), np.ones((1, 32), np.float16))
+    with pytest.raises(ValueError, match="blocks of 256 rows .* do not split over tp=2"):
+        packing.prepare("w_down_scale", leaf, ("mlp", None, None), 2)

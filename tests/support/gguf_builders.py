@@ -89,7 +89,7 @@ def encode(a: np.ndarray, qtype: T, rng: np.random.Generator) -> tuple[np.ndarra
         return a.astype(np.float32), T.F32
     if qtype == T.F16:
         return a.astype(np.float16), T.F16
-    if qtype in (T.Q4_K, T.Q6_K):
+    if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
         return random_k_blocks(a, qtype, rng), qtype
     return gguf.quants.quantize(a.astype(np.float32), qtype), qtype
 
@@ -261,8 +261,8 @@ def smollm2_file() -> Path:
 
 def tiny_llama_files(root: Path):
     """``get(type)``: the tiny Llama (random, scale 3) as a GGUF of that GGML type name, written under
-    ``root`` once per type (module fixtures of the block-type tests); ``"Q4_K_M"``: Q4_K with Q6_K
-    ``ffn_down`` / ``attn_v``, as llama.cpp's mix."""
+    ``root`` once per type (module fixtures of the block-type tests); ``"Q4_K_M"`` / ``"Q5_K_M"``: Q4_K /
+    Q5_K with Q6_K ``ffn_down`` / ``attn_v``, as llama.cpp's mixes."""
     from conformance import make_checkpoint
 
     ckpt = make_checkpoint(root / "hf-llama", tiny_config("llama"), scale=3.0)
@@ -270,8 +270,11 @@ def tiny_llama_files(root: Path):
 
     def get(qtype: str) -> Path:
         if qtype not in made:
-            mix = {"ffn_down": T.Q6_K, "attn_v": T.Q6_K} if qtype == "Q4_K_M" else None
-            kind = T.Q4_K if qtype == "Q4_K_M" else getattr(T, qtype)
+            mixed = qtype.endswith("_K_M")
+            mix = {"ffn_down": T.Q6_K, "attn_v": T.Q6_K} if mixed else None
+            if qtype == "Q5_K_M":  # tp=2 would split the tiny wo's one block of 256 rows (refused for Q5_K)
+                mix["attn_output"] = T.Q8_0
+            kind = getattr(T, qtype.removesuffix("_M"))
             made[qtype] = write_gguf(ckpt, "llama", kind, root / f"llama-{qtype}.gguf", mix=mix)
         return made[qtype]
 
