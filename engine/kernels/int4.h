@@ -84,8 +84,9 @@ inline __m256i f16_planes(const uint8_t* lo, const uint8_t* hi) {
   return _mm256_set_m128i(_mm_unpackhi_epi8(l, h), _mm_unpacklo_epi8(l, h));
 }
 
-// x [M, K] -> xq [M, Kp] int8 (zero padded), per row and group: sx (the scale) and xs = sx * sum(xq).
-inline void quantize_x(const float* x, int64_t M, int64_t K, const W4& w, int8_t* xq, float* sx, float* xs) {
+// x [M, K] -> xq [M, Kp] int8 (zero padded), per row and group: sx (the scale), xi = sum(xq) and xs = sx * xi.
+inline void quantize_x(const float* x, int64_t M, int64_t K, const W4& w, int8_t* xq, float* sx, float* xs,
+                       int32_t* xi) {
   const int64_t G = w.Kp / w.group;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
@@ -101,7 +102,7 @@ inline void quantize_x(const float* x, int64_t M, int64_t K, const W4& w, int8_t
         std::fill(q + k0, q + k1, int8_t(0));
       for (int64_t k = std::max(k0, K); k < k0 + w.group; ++k) q[k] = 0;
       sx[m * G + g] = finite ? s : std::numeric_limits<float>::quiet_NaN();  // inf/NaN in: NaN out
-      xs[m * G + g] = sx[m * G + g] * float(sum);
+      xs[m * G + g] = sx[m * G + g] * float(sum), xi[m * G + g] = sum;
     }
 }
 
@@ -122,25 +123,27 @@ inline __m512i dot4(__m512i acc, __m512i u, __m512i s) {  // acc + sum of 4 u8 x
 }
 
 // The K6 form's high bits of block j (its 32 bytes at h) added above the low codes lo / hi (int4.h top).
+inline void or_bits(__m512i& q, __m512i v, char mask) {  // q |= v & mask (per byte), one vpternlogd
+  q = _mm512_ternarylogic_epi32(q, v, _mm512_set1_epi8(mask), 0xF8);
+}
+
 inline void high2(const uint8_t* h, __m512i& lo, __m512i& hi) {
   const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h));
   const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1);
-  lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(z, _mm512_set1_epi8(3)), 4));
-  hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(z, _mm512_set1_epi8(12)), 2));
+  or_bits(lo, _mm512_slli_epi16(z, 4), 0x30), or_bits(hi, _mm512_slli_epi16(z, 2), 0x30);
 }
 
 // The Q5_K form's high bits of block j (its 16 bytes at h) added above the low codes lo / hi.
 inline void high1(const uint8_t* h, __m512i& lo, __m512i& hi) {
   const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
   const __m512i z = _mm512_srlv_epi32(b, _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0));
-  lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(z, _mm512_set1_epi8(1)), 4));
-  hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(z, _mm512_set1_epi8(2)), 3));
+  or_bits(lo, _mm512_slli_epi16(z, 4), 0x10), or_bits(hi, _mm512_slli_epi16(z, 3), 0x10);
 }
 
 // MR rows of xq [MR, Kp] x panel p -> out[m * ld + 0..15]; HB: the codes' high bits (0, 1: Q5_K's, 2: Q6_K's).
 template <int MR, int HB>
-inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, const W4& w, int64_t p,
-                       float* out, int64_t ld) {
+inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const int32_t* xi, int64_t G, const W4& w,
+                       int64_t p, float* out, int64_t ld) {
   constexpr int A = MR == 1 ? 2 : 1;  // one row: low and high nibbles in separate sums (latency)
   const uint8_t* panel = w.q + p * (w.Kp / B) * 64, *ps = w.scales(p);
   const int64_t per = 256 / w.group;  // a K form's groups per 256 rows
@@ -150,9 +153,9 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
   __m512 kd = _mm512_setzero_ps(), kn = kd;  // the K form's super-scale and -dmin (every 8 groups)
   const int64_t gb = w.group / B;  // blocks per group
   for (int64_t g = 0; g < G; ++g) {
-    __m512i acc[MR][A];
+    __m512i acc[MR][A];  // Q6_K: the sums start at -32 sum(xq), its codes' offset, exact in int32
     for (int m = 0; m < MR; ++m)
-      for (int a = 0; a < A; ++a) acc[m][a] = _mm512_setzero_si512();
+      for (int a = 0; a < A; ++a) acc[m][a] = _mm512_set1_epi32(HB == 2 && a == 0 ? -32 * xi[m * G + g] : 0);
     for (int64_t j = g * gb; j < (g + 1) * gb; ++j) {
       const uint8_t* r = panel + j * 64;
       _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
@@ -186,7 +189,7 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
     for (int m = 0; m < MR; ++m) {
       const __m512i a = A == 2 ? _mm512_add_epi32(acc[m][0], acc[m][A - 1]) : acc[m][0];
       f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s, _mm512_set1_ps(sx[m * G + g])), f[m]);
-      f[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * G + g]), mn, f[m]);
+      if constexpr (HB != 2) f[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * G + g]), mn, f[m]);
     }
   }
   for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + m * ld, f[m]);
@@ -200,8 +203,8 @@ inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 // AVX2: the same on two vectors of 8 columns (bytes 0-31 of a block: columns 0-7; the K6 form's high
 // bits: the low nibbles of its 32 bytes, then the high ones; Q5_K's: shifts 0 / 2, then 4 / 6).
 template <int MR, int HB>
-inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, const W4& w, int64_t p,
-                       float* out, int64_t ld) {
+inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const int32_t* xi, int64_t G, const W4& w,
+                       int64_t p, float* out, int64_t ld) {
   const uint8_t* panel = w.q + p * (w.Kp / B) * 64, *ps = w.scales(p);
   const int64_t per = 256 / w.group;
   const __m256i lo4 = _mm256_set1_epi8(15);
@@ -210,7 +213,7 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
   const int64_t gb = w.group / B;
   for (int64_t g = 0; g < G; ++g) {
     __m256i acc[MR][2];
-    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_set1_epi32(HB == 2 ? -32 * xi[m * G + g] : 0);
     for (int64_t j = g * gb; j < (g + 1) * gb; ++j) {
       const uint8_t* r = panel + j * 64;
       _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
@@ -259,7 +262,7 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
       for (int m = 0; m < MR; ++m) {
         const __m256 sc = _mm256_mul_ps(s, _mm256_set1_ps(sx[m * G + g]));
         f[m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][v]), sc, f[m][v]);
-        f[m][v] = _mm256_fmadd_ps(_mm256_set1_ps(xs[m * G + g]), mn, f[m][v]);
+        if constexpr (HB != 2) f[m][v] = _mm256_fmadd_ps(_mm256_set1_ps(xs[m * G + g]), mn, f[m][v]);
       }
     }
   }
@@ -269,7 +272,7 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, int64
 #endif
 
 // M rows (<= ROWS) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c].
-inline void rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, int64_t M, const W4& w, int64_t p0,
+inline void rows(const int8_t* xq, const float* sx, const float* xs, const int32_t* xi, int64_t G, int64_t M, const W4& w, int64_t p0,
                  int64_t p1, float* buf, int64_t ld) {
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t m0 = 0; m0 < M;) {
@@ -277,14 +280,15 @@ inline void rows(const int8_t* xq, const float* sx, const float* xs, int64_t G, 
       const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
       const int8_t* x = xq + m0 * w.Kp;
       const float *s = sx + m0 * G, *t = xs + m0 * G;
+      const int32_t* u = xi + m0 * G;
       float* o = buf + m0 * ld + (p - p0) * P;
       with_rows<MR_MAX>(mr, [&](auto r) {
         if (w.KR == K6)
-          panel_rows<decltype(r)::value, 2>(x, s, t, G, w, p, o, ld);
+          panel_rows<decltype(r)::value, 2>(x, s, t, u, G, w, p, o, ld);
         else if (w.KR == K5)
-          panel_rows<decltype(r)::value, 1>(x, s, t, G, w, p, o, ld);
+          panel_rows<decltype(r)::value, 1>(x, s, t, u, G, w, p, o, ld);
         else
-          panel_rows<decltype(r)::value, 0>(x, s, t, G, w, p, o, ld);
+          panel_rows<decltype(r)::value, 0>(x, s, t, u, G, w, p, o, ld);
       });
       m0 += mr;
     }
@@ -296,9 +300,10 @@ inline void run(const float* x, const W4& w, const float* bias, int32_t act, int
   const int64_t G = w.Kp / w.group;
   std::vector<int8_t> xq(M * w.Kp);
   std::vector<float> sx(M * G), xs(M * G);
-  quantize_x(x, M, K, w, xq.data(), sx.data(), xs.data());
+  std::vector<int32_t> xi(M * G);
+  quantize_x(x, M, K, w, xq.data(), sx.data(), xs.data(), xi.data());
   drive_rows(M, N, w.Np, ROWS, bias, act, out, [&](int64_t m0, int64_t mc, int64_t p0, int64_t p1, float* buf, int64_t ld) {
-    rows(xq.data() + m0 * w.Kp, sx.data() + m0 * G, xs.data() + m0 * G, G, mc, w, p0, p1, buf, ld);
+    rows(xq.data() + m0 * w.Kp, sx.data() + m0 * G, xs.data() + m0 * G, xi.data() + m0 * G, G, mc, w, p0, p1, buf, ld);
   });
 }
 

@@ -186,8 +186,9 @@ print(json.dumps(out))
 def test_blocks_as_stored_under_tensor_parallelism(gguf_file):
     """tp=2 of a Q4_K file (Q4_K's own scales column-parallel; a row-parallel shard that splits a block of
     256 takes the f16 form), of Q4_K_M / Q5_K_M ones (Q6_K's 6-bit codes and scales, ``k6scales``, and
-    Q5_K's 5-bit codes, split by panels and by blocks) and of a Q8_0 file (int8 groups), the scale leaves split by panels and by
-    groups: tp=1's greedy tokens, logits as close as the f16 form's rounding allows."""
+    Q5_K's 5-bit codes, split by panels and by blocks) and of a Q8_0 file (int8 groups), the scale leaves
+    split by panels and by groups: tp=1's greedy tokens, logits as close as the f16 form's rounding
+    allows."""
     files = {q: (str(gguf_file(q)), "int4") for q in ("Q4_K", "Q4_K_M", "Q5_K_M")}
     files["Q8_0"] = (str(gguf_file("Q8_0")), None)
     support = Path(__file__).parents[1] / "support"
