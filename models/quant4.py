@@ -114,6 +114,11 @@ def quantize_int4(
     return _ungroup(q, w.shape, contract), sm
 
 
+def group_of(bits: int) -> int:
+    """Rows per group of a GGUF file's codes of ``bits`` (Q6_K's 6-bit ones: 16, the others 32)."""
+    return 16 if bits == 6 else 32
+
+
 @dataclasses.dataclass(frozen=True)
 class Codes:
     """A matrix as a GGUF file's 4-bit blocks hold it (Q4_0, Q4_1, Q4_K; Q5_K's 5-bit codes; Q6_K's 6-bit
@@ -133,7 +138,7 @@ class Codes:
 
     @property
     def group(self) -> int:
-        return 16 if self.bits == 6 else 32
+        return group_of(self.bits)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -173,6 +178,10 @@ class Groups4:
     bits: int = 4
 
     @property
+    def group(self) -> int:
+        return group_of(self.bits)
+
+    @property
     def shape(self) -> tuple[int, ...]:
         return self.codes.shape
 
@@ -200,7 +209,7 @@ class Groups4:
 
     def values(self) -> np.ndarray:
         """The float32 weights (for a storage that re-rounds them)."""
-        rep = lambda a: np.repeat(a, 16 if self.bits == 6 else 32, axis=0)  # noqa: E731
+        rep = lambda a: np.repeat(a, self.group, axis=0)  # noqa: E731
         return self.codes.astype(np.float32) * rep(self.scale) + rep(self.minimums())
 
 
@@ -257,18 +266,26 @@ def from_codes(c: Codes, contract: tuple[int, ...], asymmetric: bool) -> tuple[n
     return _ungroup(codes, c.shape, contract), sm.astype(np.float16)
 
 
+def _blocks(gid: np.ndarray, per: int) -> np.ndarray | None:
+    """The block of 256 rows of each run of ``per`` groups in ``gid [G, *Nd]`` (group ids) -> ``[G / per,
+    *Nd]``, or None: a layout that did not keep each block's groups together and in order."""
+    if gid.shape[0] % per:
+        return None
+    runs = gid.reshape(gid.shape[0] // per, per, *gid.shape[1:])
+    first = runs[:, :1]
+    steps = np.arange(per, dtype=gid.dtype).reshape(1, per, *(1,) * (gid.ndim - 1))
+    if (first % per).any() or (runs != first + steps).any():
+        return None
+    return first[:, 0] // per
+
+
 def _kform(c: Codes, gid: np.ndarray) -> np.ndarray | None:
     """A Q4_K matrix's own scales (``kscales``) for its groups ``gid [G, *Nd]`` (group ids), or None: not
     Q4_K, or a layout that did not keep each block's 8 groups together and in order."""
-    if c.k is None or gid.shape[0] % 8:
-        return None
-    g8 = gid.reshape(gid.shape[0] // 8, 8, *gid.shape[1:])
-    first = g8[:, :1]
-    steps = np.arange(8, dtype=gid.dtype).reshape(1, 8, *(1,) * (gid.ndim - 1))
-    if (first % 8).any() or (g8 != first + steps).any():
+    blocks = None if c.k is None else _blocks(gid, 8)
+    if blocks is None:
         return None
     sc, mb, d, dmin = c.k
-    blocks = first[:, 0] // 8
     return kscales.pack(sc[gid], mb[gid], d[blocks], dmin[blocks])
 
 
@@ -276,15 +293,11 @@ def _k6form(c: Codes, gid: np.ndarray, codes: np.ndarray, contract: tuple[int, .
     """A Q6_K matrix's low codes (in ``c``'s layout) and own scales (``k6scales``) from its codes
     ``[K, *Nd]`` (0..63) and groups ``gid [K / 16, *Nd]``, or None: a layout that did not keep each
     block's 16 groups together and in order, or output dims not in whole panels."""
-    if gid.shape[0] % 16 or gid.shape[-1] % PANEL:
-        return None
-    g16 = gid.reshape(gid.shape[0] // 16, 16, *gid.shape[1:])
-    first = g16[:, :1]
-    steps = np.arange(16, dtype=gid.dtype).reshape(1, 16, *(1,) * (gid.ndim - 1))
-    if (first % 16).any() or (g16 != first + steps).any():
+    blocks = None if gid.shape[-1] % PANEL else _blocks(gid, 16)
+    if blocks is None:
         return None
     sc, d = c.k
-    low, leaf = k6scales.pack(codes, sc[gid], d[first[:, 0] // 16])
+    low, leaf = k6scales.pack(codes, sc[gid], d[blocks])
     return _ungroup(low, c.shape, contract), leaf
 
 

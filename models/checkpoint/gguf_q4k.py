@@ -24,16 +24,11 @@ import numpy as np
 
 from aotlm.models.checkpoint.gguf_file import Plan, Tensor
 from aotlm.models.checkpoint.gguf_names import transform, transposed
-from aotlm.models.quant4 import Codes, Groups4
+from aotlm.models.quant4 import Codes, Groups4, group_of
 
-GROUP = 32  # every 4-bit type's group: 32 weights along the input dim (Q6_K: 16)
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
 CODE_BYTES = {**BLOCK_BYTES, "Q5_K": 176, "Q6_K": 210}  # the types read as codes (4-, 5- and 6-bit)
 BITS = {"Q5_K": 5, "Q6_K": 6}  # code widths other than 4
-
-
-def group_of(qtype: str) -> int:
-    return 16 if qtype == "Q6_K" else GROUP
 
 
 def _q6k(rows: np.ndarray) -> tuple:
@@ -84,7 +79,7 @@ def codes(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray) -> Codes:
     bits = BITS.get(t.qtype, 4)
     ids = np.arange(scale.size, dtype=np.uint32)[:, None] << np.uint32(bits)
     logical = t.shape[::-1] if transposed(plan.arch_name, t.gguf) else t.shape  # [rows, K] as stored
-    packed = (ids | q.reshape(-1, group_of(t.qtype))).reshape(logical)
+    packed = (ids | q.reshape(-1, group_of(bits))).reshape(logical)
     fn = transform(plan.arch_name, t.gguf, meta)  # layout transforms only reach matrices
     return Codes(np.ascontiguousarray(packed if fn is None else fn(packed)), scale, minimum, k, bits)
 
@@ -103,7 +98,7 @@ def groups(plan: Plan, t: Tensor, meta: dict, raw: np.ndarray, fn) -> Groups4 | 
     hf = lambda a: a.reshape(rows, -1) if fix is None else fix(a.reshape(rows, -1))  # noqa: E731
     codes, sc = fn(hf(q)), fn(hf(scale))
     mn = None if minimum is None else fn(hf(minimum))
-    if codes.shape[0] != k or sc.shape != (k // group_of(t.qtype), *codes.shape[1:]):
+    if codes.shape[0] != k or sc.shape != (k // group_of(BITS.get(t.qtype, 4)), *codes.shape[1:]):
         return None
     ks = None if ks is None else tuple(np.ascontiguousarray(fn(hf(a))) for a in ks)
     return Groups4(codes, sc, mn, ks, BITS.get(t.qtype, 4))
