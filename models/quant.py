@@ -320,6 +320,13 @@ class ParamRewriter:
         """Does a loader row fill only the embedding, as stored (so a file's grouped codes can stay)?"""
         return self.lookup and row.targets == (("embed",),) and row.is_copy
 
+    def keeps_head(self, row, src: str | None) -> bool:
+        """Does a loader row fill a tied embedding whose logits' copy (``embed_q``) may keep the file's
+        ``src`` blocks (int4 of a GGUF file's blocks; the caller passes them as ``rewrite(head=)``)?"""
+        return (
+            self.blocks is not None and self.embed_view and src in INT4_KEEPS and row.targets == (("embed",),)
+        )
+
     def rounds_rows(self, path: Path, src: str | None) -> bool:
         """Is matrix ``path`` (a ``Linear`` weight whose contracted axis is its HF rows' own) stored as
         int8, unfused, so a loader may hand it over already rounded (``Int8Matrix``)?"""
@@ -340,12 +347,13 @@ class ParamRewriter:
             return False
         return quant8.packable(shape, PACK_CONTRACT[name], vocab=name == "lm_head")
 
-    def rewrite(self, path: Path, arr, src: str | None = None) -> list[tuple[Path, np.ndarray]]:
+    def rewrite(self, path: Path, arr, src: str | None = None, head=None) -> list[tuple[Path, np.ndarray]]:
         """``arr``: a float array, or a GGUF file's 4-bit ``quant4.Codes`` (``keeps_codes``); ``src``: the
-        GGUF block type the tensor was stored in (a fused weight: 4-bit if every part is)."""
+        GGUF block type the tensor was stored in (a fused weight: 4-bit if every part is); ``head``: a
+        tied embedding's blocks as ``quant4.Groups4`` ``[D, V]`` (``keeps_head``) for ``embed_q``."""
         fused = _PART_OF.get(path[-1]) if self.fuse_qkv else None
         if fused is None:
-            return self._quantize(path, arr, src)
+            return self._quantize(path, arr, src, head)
         parts, axis = FUSED[fused]
         held = self._held.setdefault((*path[:-1], fused), {})
         held[path[-1]] = (arr, src)
@@ -379,7 +387,7 @@ class ParamRewriter:
         self._held.clear()
         return out
 
-    def _quantize(self, path: Path, arr, src=None) -> list[tuple[Path, np.ndarray]]:
+    def _quantize(self, path: Path, arr, src=None, head=None) -> list[tuple[Path, np.ndarray]]:
         name = path[-1]
         if isinstance(arr, Int8Matrix):  # rounded by the loader (rounds_rows)
             return [(path, arr.q), ((*path[:-1], f"{name}_scale"), arr.scale)]
@@ -390,6 +398,9 @@ class ParamRewriter:
         floating = self.quant is not None and self.quant.quant_dtype in FLOAT_DTYPES  # bf16 / f16
         lookup = arr.leaves(path) if isinstance(arr, GroupedRows) else [(path, arr)]
         if name == "embed" and self.quant is not None and self.quant.lm_head and self.embed_view:
+            kept = None if head is None else head.lm_head(self.quant.asymmetric)
+            if kept is not None:  # the file's own blocks (a tied Q6_K embedding: 0.82 bytes a weight)
+                return [*lookup, ((*path[:-1], "embed_q"), kept[0]), ((*path[:-1], "embed_q_scale"), kept[1])]
             arr = arr.values() if isinstance(arr, GroupedRows) else arr  # the logits' copy from floats
             if floating:  # the logits' view: bf16 / f16 rows, unit scales (the lookup keeps its dtype)
                 q, scale = to_float(arr, self.quant.quant_dtype), np.ones(arr.shape[0], np.float32)

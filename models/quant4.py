@@ -204,6 +204,15 @@ class Groups4:
         parts = (self.scale, self.minimums()) if asymmetric else (self.scale,)
         return self.codes, np.stack(parts, axis=1).astype(np.float16)
 
+    def lm_head(self, asymmetric: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """A tied embedding's blocks (here ``[D, V]``, groups along D) as the logits' copy ``embed_q``:
+        ``(codes [V', D], scales)`` in ``stored``'s form, the vocab zero-padded to whole panels of 16
+        (zero scales: those logits are 0 and sliced off); None where ``stored`` gives None."""
+        k = None if self.k is None else tuple(map(_panels, self.k))
+        g = Groups4(_panels(self.codes), _panels(self.scale), _panels(self.minimum), k, self.bits)
+        kept = g.stored(asymmetric)
+        return None if kept is None else (np.ascontiguousarray(kept[0].T), kept[1])
+
     def minimums(self) -> np.ndarray:
         return -float(1 << (self.bits - 1)) * self.scale if self.minimum is None else self.minimum
 
@@ -211,6 +220,11 @@ class Groups4:
         """The float32 weights (for a storage that re-rounds them)."""
         rep = lambda a: np.repeat(a, self.group, axis=0)  # noqa: E731
         return self.codes.astype(np.float32) * rep(self.scale) + rep(self.minimums())
+
+
+def _panels(a: np.ndarray | None) -> np.ndarray | None:
+    """``a`` with its last (output) axis zero-padded to whole panels of 16."""
+    return None if a is None else np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, -a.shape[-1] % PANEL)])
 
 
 def fuse_codes(parts: Sequence[Codes], fuse: Callable) -> Codes | None:

@@ -193,7 +193,8 @@ def load_params(
         for path, arr in zip(r.targets, outs, strict=True):
             arr = arr if isinstance(arr, (Codes, Groups4, GroupedRows, Int8Matrix)) else np.asarray(arr)
             check_shape(path, arr, cfg, name, reader.path)
-            for p, a in rewriter.rewrite(path, arr, src) if rewriter is not None else [(path, arr)]:
+            head = _head_blocks(r, reader, name, src, rewriter)
+            for p, a in rewriter.rewrite(path, arr, src, head) if rewriter is not None else [(path, arr)]:
                 put(p, a)
     for p, a in rewriter.finish() if rewriter is not None else []:
         put(p, a)
@@ -208,6 +209,14 @@ def _groups4(r: Row, reader, name: str, extra: list[str], rewriter) -> tuple | N
         return None
     got = reader.groups4(name, r.fn) if hasattr(reader, "groups4") else None
     return None if got is None else (got,)
+
+
+def _head_blocks(r: Row, reader, name: str, src: str | None, rewriter):
+    """A tied embedding's blocks moved to ``[D, V]`` (``quant4.Groups4``) for the logits' copy, where the
+    rewriter keeps them (``ParamRewriter.keeps_head``); else None."""
+    if rewriter is None or not rewriter.keeps_head(r, src) or not hasattr(reader, "groups4"):
+        return None
+    return reader.groups4(name, linear_t)
 
 
 def _streamed(r: Row, reader, name: str, src: str | None, rewriter) -> tuple | None:

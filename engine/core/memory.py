@@ -25,14 +25,16 @@ from aotlm import kernels
 from aotlm.core import buckets as bk
 from aotlm.core import pipeline, precision, sharding
 from aotlm.core.spec import DEFAULT_N_POSITIONS
+from aotlm.kernels import layout
 from aotlm.models import family_for, kscales, quant4, quant8
 from aotlm.models.arch import ArchConfig
 from aotlm.models.axes import CONTRACT_AXES
 from aotlm.models.checkpoint import gguf, load_hf_config
 from aotlm.models.packing import PACK_CONTRACT, PANEL, SCALE_OF, VOCAB_LEAVES
-from aotlm.models.quant import FLOAT_DTYPES, QuantizationConfig
+from aotlm.models.quant import FLOAT_DTYPES, INT4_KEEPS, QuantizationConfig
 
 GIB = 2**30
+K_ROWS = {"Q4_K": kscales.ROWS, "Q5_K": layout.K5_ROWS, "Q6_K": layout.K6_ROWS}  # scale leaf rows per 256
 
 
 class MemoryPlanError(ValueError):
@@ -102,11 +104,14 @@ class Storage:
 
     def __init__(
         self, q: QuantizationConfig | None, compute: int, kernels_on: bool, gguf_blocks: bool, lookup=None,
-        q4k: bool = False, q8: int = 0,
+        q4k: bool | str = False, q8: int = 0, head: str | None = None,
     ):  # fmt: skip
         self.q, self.compute, self.gguf_blocks = q, compute, gguf_blocks
+        self.head = head  # a GGUF file's tied embedding's block type (its logits' copy may keep them)
         self.q8 = q8  # a GGUF file's matrices are Q8_0 / Q5_* blocks: int8 groups with q8 scales a group
-        self.q4k = q4k and gguf_blocks  # the file's 4-bit blocks are Q4_K: their own scales (models.kscales)
+        # the file's K-quant matrices (True: Q4_K): their own scales (models.kscales / k6scales), whose
+        # rows a mix (Q4_K_M: Q4_K and Q6_K) counts as its first type's
+        self.q4k = ("Q4_K" if q4k is True else q4k or None) if gguf_blocks else None
         self.lookup = lookup  # bytes per weight of a GGUF embedding kept as its codes (aotlm.models.lookup)
         int4 = q is not None and q.int4
         self.view = q is not None and kernels_on  # the embedding copy for a tied lm_head
@@ -131,13 +136,17 @@ class Storage:
             per_row = [(scale, (shape[0],), 4)] if name == "embed_q" else []  # unit scales
             return [(path, shape, 2), *per_row]
         vocab = name in ("embed_q", "lm_head")
+        kept = self._head(path, shape) if name == "embed_q" and self.gguf_blocks else None
+        if kept:
+            return kept
         if q.int4 and name in PACK_CONTRACT and (name != "embed_q" or not self.gguf_blocks):
             contract = PACK_CONTRACT[name]
             if quant4.packable(shape, contract, q.group_size, vocab):
                 k = _prod(shape[c] for c in contract)
                 nd = tuple(n for i, n in enumerate(shape) if i not in contract)
-                if self.q4k and q.asymmetric and q.group_size == 32 and k % kscales.BLOCK == 0:
-                    return [(path, shape, 0.5), (scale, (k // kscales.BLOCK, kscales.ROWS, *nd), 1)]
+                rows = K_ROWS.get(self.q4k) if q.group_size == 32 and k % kscales.BLOCK == 0 else None
+                if rows and self.blocks_kept(self.q4k):
+                    return [(path, shape, 0.5), (scale, (k // kscales.BLOCK, rows, *nd), 1)]
                 groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
                 return [(path, shape, 0.5), (scale, groups, 2)]
         channels = tuple(n for i, n in enumerate(shape) if i not in contract)
@@ -146,6 +155,26 @@ class Storage:
                 k = _prod(shape[c] for c in contract)
                 return [(path, shape, 1), (scale, (k // quant8.GROUP, self.q8, *channels), 2)]
         return [(path, shape, 1), (scale, channels, 4)]
+
+    def _head(self, path: tuple, shape: tuple) -> list[tuple[tuple, tuple, float]] | None:
+        """``embed_q [V, D]`` as the tied embedding's own blocks (``ParamRewriter.keeps_head``, the forms
+        of ``quant4.Groups4.stored``), or None (an int8 copy)."""
+        q, typ, (_, d) = self.q, self.head, shape
+        if not (q.int4 and q.group_size == 32 and self.blocks_kept(typ)):
+            return None
+        whole = d % kscales.BLOCK == 0
+        rows = K_ROWS.get(typ)
+        if typ in ("Q6_K", "Q5_K") and not whole:
+            return None
+        if rows and whole:
+            scale = ((d // kscales.BLOCK, rows, shape[0]), 1)
+        else:  # Q4_0 / Q4_1: f16 scales (and minimums) per 32
+            scale = ((d // 32, 2 if q.asymmetric else 1, shape[0]), 2)
+        return [(path, shape, 0.5), ((*path[:-1], "embed_q_scale"), *scale)]
+
+    def blocks_kept(self, typ: str | None) -> bool:
+        """Are blocks of ``typ`` kept under this storage (those with a minimum need an asymmetric one)?"""
+        return typ in INT4_KEEPS and (self.q.asymmetric or typ in ("Q4_0", "Q6_K"))
 
     def pad_vocab(self, leaf: tuple, shape: tuple, per: float, tp: int) -> tuple:
         """``shape`` with the vocab padded to whole panels per device (``packing.prepare``)."""
@@ -177,8 +206,9 @@ def memory_plan(
     kernels_on: bool | None = None,
     gguf_blocks: bool = False,
     gguf_lookup: float | None = None,
-    gguf_q4k: bool = False,
+    gguf_q4k: bool | str = False,
     gguf_q8: int = 0,
+    gguf_head: str | None = None,
 ) -> dict:
     """Bytes per device of the weights and the KV cache for one configuration.
 
@@ -188,8 +218,10 @@ def memory_plan(
     (None follows amp). ``quant``: the weight storage (``"int8"``, a ``QuantizationConfig``, ...);
     ``kernels_on`` (default: this backend's), ``gguf_blocks`` (a GGUF file's Q4 blocks) as the loader has;
     ``gguf_lookup``: bytes per weight of a GGUF embedding kept as codes (``gguf.lookup_bytes``);
-    ``gguf_q4k`` / ``gguf_q8``: its 4-bit blocks are all Q4_K (``models.kscales``) / its matrices of one
-    type int8 groups keep (``models.quant8``; the scales per group: ``gguf.q8_file``)."""
+    ``gguf_q4k``: its K-quant blocks are Q4_K (True), or their type (``gguf.k_type``); ``gguf_q8``: its
+    matrices of one type int8 groups keep (``models.quant8``; the scales per group: ``gguf.q8_file``);
+    ``gguf_head``: the block type of its embedding (``gguf.embedding_type``), which a tied lm_head's copy
+    keeps under int4."""
     # amp on this backend (aotlm.core.precision; unknown names: the engine's errors)
     prec = precision.resolve(amp, quant, kernels_on, kv_cache_dtype)
     kernels_on = kernels.enabled() if kernels_on is None else kernels_on
@@ -200,7 +232,7 @@ def memory_plan(
     shapes = dict(param_shapes) if param_shapes is not None else estimate_param_shapes(cfg)
     tied = ("lm_head",) not in shapes
     itemsize = jnp.dtype(prec.compute).itemsize
-    store = Storage(prec.quant, itemsize, kernels_on, gguf_blocks, gguf_lookup, gguf_q4k, gguf_q8)
+    store = Storage(prec.quant, itemsize, kernels_on, gguf_blocks, gguf_lookup, gguf_q4k, gguf_q8, gguf_head)
     w_total, w_stage = 0, [0] * pp  # per stage: the bytes on each of its devices
     for path, shape in shapes.items():
         leaves = store.leaves(path, tuple(shape), tied)
@@ -300,8 +332,8 @@ def plan_for_checkpoint(
     ctx = bk.context_buckets(context_length_estimate, tg)
     plan = memory_plan(
         cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches, kv_cache_dtype,
-        quant, gguf_blocks=bool(q4), gguf_lookup=gguf.lookup_bytes(path), gguf_q4k="Q4_K" in q4,
-        gguf_q8=gguf.q8_file(path),
+        quant, gguf_blocks=bool(q4), gguf_lookup=gguf.lookup_bytes(path), gguf_q4k=gguf.k_type(path),
+        gguf_q8=gguf.q8_file(path), gguf_head=gguf.embedding_type(path),
     )  # fmt: skip
     if pp_degree == 1:
         plan["graphs"] = bk.graph_keys(ctx, tg)

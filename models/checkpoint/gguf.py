@@ -274,6 +274,13 @@ def q4_types(checkpoint: str | os.PathLike) -> list[str]:
     return [t for t in Q4_TYPES if t in types]
 
 
+def k_type(checkpoint: str | os.PathLike) -> str | None:
+    """The K-quant type among a converted GGUF model's matrices (Q4_K, else Q5_K, else Q6_K: a Q4_K_M
+    file's Q6_K matrices count as Q4_K ones); None for any other checkpoint."""
+    types = q4_types(checkpoint)
+    return next((t for t in ("Q4_K", "Q5_K", "Q6_K") if t in types), None)
+
+
 def q8_file(checkpoint: str | os.PathLike) -> int:
     """Scales per group (1, or 2 with minimums: Q5_1) where a converted GGUF model's quantized matrices
     all have one type that int8 groups keep as stored (Q8_0, Q5_0, Q5_1: ``aotlm.models.quant8``); 0
@@ -292,12 +299,17 @@ def q8_file(checkpoint: str | os.PathLike) -> int:
 def lookup_bytes(checkpoint: str | os.PathLike) -> float | None:
     """Bytes per weight of a converted GGUF model's embedding where the lookup keeps its codes (int8
     codes, float32 group scales and offsets: ``aotlm.models.lookup``); None for any other checkpoint."""
+    return gguf_lookup.bytes_per_weight(embedding_type(checkpoint))
+
+
+def embedding_type(checkpoint: str | os.PathLike) -> str | None:
+    """The block type of a converted GGUF model's token embedding (``"Q6_K"``, ...); None for any other
+    checkpoint."""
     f = Path(checkpoint) / SOURCE_FILE
     try:
-        typ = json.loads(f.read_text()).get("embedding_type") if f.is_file() else None
+        return json.loads(f.read_text()).get("embedding_type") if f.is_file() else None
     except ValueError:
         return None
-    return gguf_lookup.bytes_per_weight(typ)
 
 
 def int4_form(checkpoint: str | os.PathLike, quant):

@@ -34,7 +34,9 @@ def measure(ckpts: list[str]) -> list[dict]:
         for tp, pp in ((1, 1), (2, 1), (1, 2)):
             gguf_file = ckpt.endswith(".gguf")  # its default storage: int8, the lookup from its blocks
             # and Q4_K's own blocks under int4 (models.kscales; a tp shard splitting a block: f16 scales)
-            gguf_q = (None, "int4") if ckpt.endswith("Q4_K.gguf") else (None,)
+            # and Q6_K's (the tied lm_head's copy too: the embedding's blocks; tp=2 would split wo's block)
+            keeps = ckpt.endswith("Q4_K.gguf") or (ckpt.endswith("Q6_K.gguf") and tp == 1)
+            gguf_q = (None, "int4") if keeps else (None,)
             for q in gguf_q if gguf_file else QUANTS if pp == 1 else ("none", "int8", "int4"):
                 kw = dict(quant=q, tp_degree=tp, pp_degree=pp, batch_size=1, n_positions=32)
                 m = AutoModelForSampling.from_pretrained(ckpt, compile_cache=False, **kw)
@@ -62,7 +64,8 @@ def cases(tmp_path_factory):
         for name, tied in (("tied", True), ("untied", False))
     ]
     # GGUF files (default storage: int8 matrices, the embedding kept as its blocks' codes for the lookup),
-    # untied in Q4_K and tied in Q6_K (group 16, no offsets: the tied lm_head gets its own int8 copy)
+    # untied in Q4_K and tied in Q6_K (group 16, no offsets: the tied lm_head gets its own int8 copy, or
+    # under int4 the embedding's blocks)
     from gguf import GGMLQuantizationType as T
     from gguf_builders import tiny_config, write_gguf
 
@@ -82,8 +85,9 @@ def cases(tmp_path_factory):
 
 
 def test_plan_weight_bytes_equal_the_stored_params(cases):
-    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 3 * 4
-    assert {c["plan"]["weights"] for c in cases if c["ckpt"].endswith(".gguf")} == {"int8", "int4-g32-asym"}
+    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 3 * 4 + 2
+    gguf_forms = {c["plan"]["weights"] for c in cases if c["ckpt"].endswith(".gguf")}
+    assert gguf_forms == {"int8", "int4-g32", "int4-g32-asym"}
     for c in cases:
         name = f"{c['ckpt']} tp={c['tp']} pp={c['pp']} quant={c['quant']}"
         real = [c["real"][d] for d in sorted(c["real"], key=int)]  # device i: stage i (tp=1) / shard i
