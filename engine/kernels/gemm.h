@@ -65,24 +65,25 @@ inline void i8_finish(float* r, float sx, const float* scale, const float* bias,
   out.put(off, r, int(ld));
 }
 
-// The blocking of the GEMMs on packed x (W8A8, bf16 x): threads take panel ranges; per range, MCG groups of
-// `rows` packed rows at a time (their packed x ~192 KB, in L2; `group_bytes` each), and every panel passes
-// under each group of the block: prep(p) readies panel p, tile(g, p, c, ld, mr) writes group g's sums for
-// panel p at c (row stride ld, mr rows), then done(m, r, n0, ld) takes each finished row m's sums r.
-template <class Prep, class Tile, class Done>
+// The blocking of the GEMMs on packed x (W8A8, bf16 x): threads take ranges of units of U panels; per range,
+// MCG groups of `rows` packed rows at a time (their packed x ~192 KB, in L2; `group_bytes` each), and every
+// unit passes under each group of the block: prep(u) readies unit u (panels uU .. uU + U - 1, the last unit
+// possibly fewer), tile(g, u, c, ld, mr) writes group g's sums for its panels at c (row stride ld, mr rows),
+// then done(m, r, n0, ld) takes each finished row m's sums r.
+template <int U = 1, class Prep, class Tile, class Done>
 inline void blocked(int64_t M, int64_t Np, int64_t rows, int64_t group_bytes, const Prep& prep, const Tile& tile,
                     const Done& done) {
   const int64_t G = (M + rows - 1) / rows, MCG = std::max<int64_t>(1, (192 << 10) / group_bytes);
-  aotlm_pk::panel_ranges(Np, 4, [&](int64_t p0, int64_t p1) {
-    const int64_t ld = (p1 - p0) * NR, n0 = p0 * NR;
+  aotlm_pk::panel_ranges((Np + U - 1) / U, 4, [&](int64_t u0, int64_t u1) {
+    const int64_t p0 = u0 * U, ld = (std::min(Np, u1 * U) - p0) * NR, n0 = p0 * NR;
     thread_local std::vector<float> buf;
     buf.resize(size_t(rows * MCG * ld));
     for (int64_t g0 = 0; g0 < G; g0 += MCG) {
       const int64_t g1 = std::min(G, g0 + MCG), m0 = g0 * rows, last = std::min(M, g1 * rows);
-      for (int64_t p = p0; p < p1; ++p) {
-        prep(p);
+      for (int64_t u = u0; u < u1; ++u) {
+        prep(u);
         for (int64_t g = g0; g < g1; ++g)
-          tile(g, p, buf.data() + (g - g0) * rows * ld + (p - p0) * NR, ld, std::min(rows, M - g * rows));
+          tile(g, u, buf.data() + (g - g0) * rows * ld + (u * U - p0) * NR, ld, std::min(rows, M - g * rows));
       }
       for (int64_t m = m0; m < last; ++m) done(m, buf.data() + (m - m0) * ld, n0, ld);
     }
