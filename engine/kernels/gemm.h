@@ -58,11 +58,13 @@ using aotlm_ep::finish;
 inline void i8_finish(float* r, float sx, const float* scale, const float* bias, int32_t act, int64_t n0, int64_t ld,
                       const Out& out, int64_t off) {
   const __m256 sv = _mm256_set1_ps(sx);
+  const bool direct = out.dt == DataType::F32 && !out.rows;  // f32 out in place: written once, no copy
+  float* dst = direct ? static_cast<float*>(out.y) + off : r;
   for (int64_t j = 0; j < ld; j += 8) {
     const __m256 sc = scale ? _mm256_loadu_ps(scale + n0 + j) : _mm256_set1_ps(1.f);
-    _mm256_storeu_ps(r + j, finish(_mm256_mul_ps(_mm256_loadu_ps(r + j), sv), sc, bias ? bias + n0 + j : nullptr, act));
+    _mm256_storeu_ps(dst + j, finish(_mm256_mul_ps(_mm256_loadu_ps(r + j), sv), sc, bias ? bias + n0 + j : nullptr, act));
   }
-  out.put(off, r, int(ld));
+  if (!direct) out.put(off, r, int(ld));
 }
 
 // The blocking of the GEMMs on packed x (W8A8, bf16 x): threads take ranges of units of U panels; per range,
@@ -70,10 +72,18 @@ inline void i8_finish(float* r, float sx, const float* scale, const float* bias,
 // unit passes under each group of the block: prep(u) readies unit u (panels uU .. uU + U - 1, the last unit
 // possibly fewer), tile(g, u, c, ld, mr) writes group g's sums for its panels at c (row stride ld, mr rows),
 // then done(m, r, n0, ld) takes each finished row m's sums r.
+// Packed x per pass: half a core's L2 (the rest holds the panel and the sums; 192 KB where the size is
+// unknown): the fewer passes, the fewer times each panel is regrouped (scripts/README.md, bench_gemm).
+inline int64_t x_budget() {
+  static const int64_t b = std::max<int64_t>(192 << 10, sysconf(_SC_LEVEL2_CACHE_SIZE) / 2);
+  return b;
+}
+
 template <int U = 1, class Prep, class Tile, class Done>
 inline void blocked(int64_t M, int64_t Np, int64_t rows, int64_t group_bytes, const Prep& prep, const Tile& tile,
                     const Done& done) {
-  const int64_t G = (M + rows - 1) / rows, MCG = std::max<int64_t>(1, (192 << 10) / group_bytes);
+  const int64_t G = (M + rows - 1) / rows, cap = std::max<int64_t>(1, x_budget() / group_bytes);
+  const int64_t MCG = (G + (G + cap - 1) / cap - 1) / ((G + cap - 1) / cap);  // passes of even size
   aotlm_pk::panel_ranges((Np + U - 1) / U, 4, [&](int64_t u0, int64_t u1) {
     const int64_t p0 = u0 * U, ld = (std::min(Np, u1 * U) - p0) * NR, n0 = p0 * NR;
     thread_local std::vector<float> buf;
