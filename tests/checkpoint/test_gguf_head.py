@@ -58,4 +58,3 @@ def test_tied_lm_head_keeps_the_files_blocks(tied_file, qtype, embedding, rows):
     assert lg.shape == lg_ref.shape and np.abs(lg - lg_ref).max() <= 0.05 * np.abs(lg_ref).max()
     greedy = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False)
     np.testing.assert_array_equal(m.sample(ids, **greedy), ref.sample(ids, **greedy))
-
