@@ -14,10 +14,9 @@ no family needs code of its own: they act on the generic leaf names every family
   copy of the embedding, ``embed_q [V, D]`` + ``embed_q_scale [V]`` (per vocab row): the logits
   matmul reads every embedding row per token (31% of GPT-2-small's bytes), the lookup only B rows.
   It costs 1/4 (f32) or 1/2 (bf16) of the embedding's memory; an untied model drops it.
-* ``QuantizationConfig(quant_dtype="bf16" | "f16")``: the same matrices stored as bfloat16 /
-  float16, no scales (the tied lm_head's copy ``embed_q`` in that dtype, unit scales). This is
-  also how ``amp="bf16"`` / ``"f16"`` store weights on CPU with the kernels
-  (``aotlm.core.precision``).
+* ``QuantizationConfig(quant_dtype="bf16" | "f16")``: the same matrices stored as bfloat16 / float16,
+  no scales (``embed_q`` in that dtype, unit scales), as ``amp="bf16"`` / ``"f16"`` store weights on CPU
+  with the kernels (``aotlm.core.precision``).
 * ``fuse_qkv``: ``wq/wk/wv`` become one ``wqkv [D, K, G+2, Dh]`` (per kv head: its ``G = H/K``
   query heads, then its k and v), so one matmul per layer computes q, k and v; the kv-heads axis
   is the sharded one, so every device keeps its query heads with the k/v they read. Gate and up
@@ -321,11 +320,9 @@ class ParamRewriter:
         return self.lookup and row.targets == (("embed",),) and row.is_copy
 
     def keeps_head(self, row, src: str | None) -> bool:
-        """Does a loader row fill a tied embedding whose logits' copy (``embed_q``) may keep the file's
-        ``src`` blocks (int4 of a GGUF file's blocks; the caller passes them as ``rewrite(head=)``)?"""
-        return (
-            self.blocks is not None and self.embed_view and src in INT4_KEEPS and row.targets == (("embed",),)
-        )
+        """May a tied embedding's logits' copy keep the file's ``src`` blocks (``rewrite(head=)``)?"""
+        kept = self.blocks is not None and self.embed_view and src in INT4_KEEPS
+        return kept and row.targets == (("embed",),)
 
     def rounds_rows(self, path: Path, src: str | None) -> bool:
         """Is matrix ``path`` (a ``Linear`` weight whose contracted axis is its HF rows' own) stored as
@@ -348,9 +345,8 @@ class ParamRewriter:
         return quant8.packable(shape, PACK_CONTRACT[name], vocab=name == "lm_head")
 
     def rewrite(self, path: Path, arr, src: str | None = None, head=None) -> list[tuple[Path, np.ndarray]]:
-        """``arr``: a float array, or a GGUF file's 4-bit ``quant4.Codes`` (``keeps_codes``); ``src``: the
-        GGUF block type the tensor was stored in (a fused weight: 4-bit if every part is); ``head``: a
-        tied embedding's blocks as ``quant4.Groups4`` ``[D, V]`` (``keeps_head``) for ``embed_q``."""
+        """``arr``: a float array, or a GGUF file's 4-bit ``quant4.Codes`` (``keeps_codes``); ``src``: its
+        GGUF block type (fused: 4-bit if all parts are); ``head``: a tied table's blocks (``keeps_head``)."""
         fused = _PART_OF.get(path[-1]) if self.fuse_qkv else None
         if fused is None:
             return self._quantize(path, arr, src, head)

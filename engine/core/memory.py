@@ -216,12 +216,8 @@ def memory_plan(
     default: ``estimate_param_shapes(cfg)``. ``gqa=None`` picks the strategy the engine would
     pick (invalid tp / gqa raise the engine's errors). ``kv_cache_dtype``: the model's option
     (None follows amp). ``quant``: the weight storage (``"int8"``, a ``QuantizationConfig``, ...);
-    ``kernels_on`` (default: this backend's), ``gguf_blocks`` (a GGUF file's Q4 blocks) as the loader has;
-    ``gguf_lookup``: bytes per weight of a GGUF embedding kept as codes (``gguf.lookup_bytes``);
-    ``gguf_q4k``: its K-quant blocks are Q4_K (True), or their type (``gguf.k_type``); ``gguf_q8``: its
-    matrices of one type int8 groups keep (``models.quant8``; the scales per group: ``gguf.q8_file``);
-    ``gguf_head``: the block type of its embedding (``gguf.embedding_type``), which a tied lm_head's copy
-    keeps under int4."""
+    ``kernels_on`` (default: this backend's); ``gguf_*``: a converted GGUF file's facts as the loader has
+    them (``gguf.q4_types``, ``lookup_bytes``, ``k_type``, ``q8_file``, ``embedding_type``: ``Storage``)."""
     # amp on this backend (aotlm.core.precision; unknown names: the engine's errors)
     prec = precision.resolve(amp, quant, kernels_on, kv_cache_dtype)
     kernels_on = kernels.enabled() if kernels_on is None else kernels_on
