@@ -68,7 +68,7 @@ inline void i8_finish(float* r, float sx, const float* scale, const float* bias,
 }
 
 // The blocking of the GEMMs on packed x (W8A8, bf16 x): threads take ranges of units of U panels; per range,
-// MCG groups of `rows` packed rows at a time (their packed x ~192 KB, in L2; `group_bytes` each), and every
+// MCG groups of `rows` packed rows at a time (their packed x within x_budget, in L2; `group_bytes` each), and every
 // unit passes under each group of the block: prep(u) readies unit u (panels uU .. uU + U - 1, the last unit
 // possibly fewer), tile(g, u, c, ld, mr) writes group g's sums for its panels at c (row stride ld, mr rows),
 // then done(m, r, n0, ld) takes each finished row m's sums r.
@@ -83,7 +83,7 @@ template <int U = 1, class Prep, class Tile, class Done>
 inline void blocked(int64_t M, int64_t Np, int64_t rows, int64_t group_bytes, const Prep& prep, const Tile& tile,
                     const Done& done) {
   const int64_t G = (M + rows - 1) / rows, cap = std::max<int64_t>(1, x_budget() / group_bytes);
-  const int64_t MCG = (G + (G + cap - 1) / cap - 1) / ((G + cap - 1) / cap);  // passes of even size
+  const int64_t passes = (G + cap - 1) / cap, MCG = (G + passes - 1) / passes;  // passes of even size
   aotlm_pk::panel_ranges((Np + U - 1) / U, 4, [&](int64_t u0, int64_t u1) {
     const int64_t p0 = u0 * U, ld = (std::min(Np, u1 * U) - p0) * NR, n0 = p0 * NR;
     thread_local std::vector<float> buf;
