@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from aotlm import kernels
 from aotlm.models import packing
 
-KINDS = (None, "s8", "bf16")
+KINDS = (None, "s8", "bf16", "f32")  # "f32": 4-bit weights' x in three int8 parts (quant4.dense4), every row
 _opts = threading.local()
 
 

@@ -69,14 +69,14 @@ class QuantizationConfig:
     dtype (the amp's, or f32 where the CPU kernels take amp as weight storage). ``lm_head``: also
     quantize an untied lm_head (a tied one is the embedding, which is never quantized).
     ``activations`` (aotlm's, not transformers-neuronx's): ``"s8"`` with int8 weights (``quant="w8a8"``)
-    also rounds prefill's activations to int8 per row (dynamic scale ``max|x| / 127``, computed in
-    the graph) and sums int8 x int8 products in int32 (W8A8); ``"bf16"`` with bf16 weights
-    (``quant="bf16a"``) rounds them to bf16 (``aotlm.models.lowp``; ``vdpbf16ps`` on CPUs with
-    AVX512-BF16). Decode keeps float activations, where reading the weights, not the arithmetic, is
-    the cost.
+    also rounds prefill's activations to int8 per row (dynamic scale ``max|x| / 127``, in the graph)
+    and sums int8 x int8 products in int32 (W8A8); ``"bf16"`` with bf16 weights (``quant="bf16a"``)
+    rounds them to bf16 (``aotlm.models.lowp``; ``vdpbf16ps`` with AVX512-BF16). Decode keeps float
+    activations, where reading the weights, not the arithmetic, is the cost.
     ``quant_dtype="int4"`` (aotlm's): 4-bit codes in groups of ``group_size`` (32, 64, 128) input rows with
-    f16 scales, ``asymmetric`` adding a per-group minimum (``aotlm.models.quant4``).
-    """
+    f16 scales, ``asymmetric`` adding a per-group minimum (``aotlm.models.quant4``); activations rounded
+    to int8 per group as llama.cpp's, or with ``activations="f32"`` (``quant="int4-f32a"``) held as f32
+    holds them in three int8 parts (3x the integer products; logits as float32's)."""
 
     quant_dtype: str = "s8"
     lm_head: bool = True
@@ -98,11 +98,11 @@ class QuantizationConfig:
         if self.group_size not in quant4.GROUPS:
             raise ValueError(f"group_size={self.group_size!r} is not supported; use one of {quant4.GROUPS}")
         int8 = self.quant_dtype in ("s8", "int8")
-        ok = {None: True, "s8": int8, "bf16": self.quant_dtype == "bf16"}
+        ok = {None: True, "s8": int8, "bf16": self.quant_dtype == "bf16", "f32": self.int4}
         if not ok.get(self.activations, False):
             raise ValueError(
-                f"activations={self.activations!r} is not supported; use None, 's8' with int8 weights "
-                "or 'bf16' with bf16 weights"
+                f"activations={self.activations!r} is not supported; use None, 's8' with int8 weights, "
+                "'bf16' with bf16 weights or 'f32' with int4 weights"
             )
 
     @property
@@ -124,7 +124,7 @@ class QuantizationConfig:
     def label(self) -> str:
         """The storage in one word, e.g. ``int8``, ``bf16``, ``int4-g32``, ``int4-g64-asym``."""
         if self.int4:
-            return f"int4-g{self.group_size}" + ("-asym" if self.asymmetric else "")
+            return f"int4-g{self.group_size}" + "-asym" * self.asymmetric + F32A * (self.activations == "f32")
         return {"s8": "int8"}.get(self.quant_dtype, self.quant_dtype)
 
 
@@ -140,31 +140,31 @@ def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig |
         return quant
     if isinstance(quant, str) and quant in QUANT_DTYPES:
         return QuantizationConfig(quant_dtype=quant)
-    if quant == "w8a8":
-        return QuantizationConfig(quant_dtype="s8", activations="s8")
-    if quant == "bf16a":
-        return QuantizationConfig(quant_dtype="bf16", activations="bf16")
+    named = {"w8a8": ("s8", "s8"), "bf16a": ("bf16", "bf16")}
+    if quant in named:
+        return QuantizationConfig(quant_dtype=named[quant][0], activations=named[quant][1])
     if isinstance(quant, str) and quant in INT4_NAMES:
         return INT4_NAMES[quant]
     raise ValueError(
         f"quant={quant!r} is not supported; use None, 'none', 'int8', 'w8a8', 'bf16', 'bf16a', 'f16', 'int4' "
-        "('int4-g64', 'int4-g128', '-asym' for a per-group minimum) or a QuantizationConfig"
+        "('int4-g64', 'int4-g128', '-asym' for a per-group minimum, '-f32a' for f32-precise activations) "
+        "or a QuantizationConfig"
     )
 
 
 # "int4", "int4-g64", "int4-asym", "int4-g128-asym", ... -> config ("int4" alone: groups of 32, symmetric;
-# "int4-g32" says so explicitly, also for a GGUF file whose Q4_1 blocks "int4" would keep as "int4-asym")
+# "int4-g32" says so explicitly, also for a GGUF file whose Q4_1 blocks "int4" would keep as "int4-asym");
+# "-f32a" at the end: the same storage, activations held as f32 holds them (activations="f32")
+F32A = "-f32a"
 INT4_NAMES = {
-    f"int4{suffix}{'-asym' if a else ''}": QuantizationConfig("int4", group_size=g, asymmetric=a)
+    f"int4{suffix}{'-asym' * a}{F32A * bool(x)}": QuantizationConfig(
+        "int4", group_size=g, asymmetric=a, activations=x
+    )
     for g in quant4.GROUPS
     for suffix in (("", "-g32") if g == 32 else (f"-g{g}",))
     for a in (False, True)
+    for x in (None, "f32")
 }
-
-
-def to_bf16(w: np.ndarray) -> np.ndarray:
-    """Round to nearest even bfloat16 (``ml_dtypes``, as ``jnp.asarray(w, jnp.bfloat16)``)."""
-    return to_float(w, "bf16")
 
 
 def to_float(w: np.ndarray, dtype: str) -> np.ndarray:

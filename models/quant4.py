@@ -53,7 +53,7 @@ import numpy as np
 from aotlm import kernels
 from aotlm.kernels import layout
 from aotlm.kernels.layout import PANEL
-from aotlm.models import k6scales, kscales, packing
+from aotlm.models import k6scales, kscales, lowp, packing
 
 GROUPS = layout.Q4_GROUPS
 
@@ -354,6 +354,11 @@ def codes(w, name: str):
     return jnp.transpose(a, order).reshape(*kd, *nd).astype(jnp.float32)
 
 
+# int8 parts of x per group: one (llama.cpp's rounding), or three under activations "f32" (quant="int4-f32a"):
+# the second and third round what the parts before left, so x is held within max|x| / (127 * 254^2)
+X_PARTS = (1, 3)
+
+
 def round_x(x, group: int, axes: int):
     """``x`` rounded to int8 per row and group of ``group`` contracted entries (scale ``max|x| / 127``)
     and back to f32: what the kernel multiplies (``aotlm/kernels/int4.h``)."""
@@ -397,10 +402,16 @@ def dense4(x, w, sm, axes: int, name: str, b=None, act: str | None = None):
     pk = packing.packed_k(name, w.ndim)
     if pk is None:
         raise ValueError(f"4-bit leaf {name} of shape {w.shape} is not in the panel layout")
-    nt = name == "embed_q"
+    nt, parts = name == "embed_q", X_PARTS[lowp.kind() == "f32"]
     if kernels.q4_supported(x, name):
-        return kernels.matmul_q4(x, w, sm, axes, name, packed_k=pk, nt=nt, b=b, act=act)
+        return kernels.matmul_q4(x, w, sm, axes, name, packed_k=pk, nt=nt, b=b, act=act, parts=parts)
     wl = dequantize(w, sm, name)
     g = kernels.q4_group(math.prod(wl.shape[:axes]), sm, wl.ndim - axes)
-    y = jnp.tensordot(round_x(x, g, axes), wl, axes=axes, preferred_element_type=jnp.float32)
+    xr = round_x(x, g, axes)
+    left, part = x.astype(jnp.float32), xr
+    for _ in range(parts - 1):  # each part rounds what the parts before left (as the kernel does)
+        left = left - part
+        part = round_x(left, g, axes)
+        xr = xr + part
+    y = jnp.tensordot(xr, wl, axes=axes, preferred_element_type=jnp.float32)
     return y.astype(x.dtype)

@@ -84,26 +84,39 @@ inline __m256i f16_planes(const uint8_t* lo, const uint8_t* hi) {
   return _mm256_set_m128i(_mm_unpackhi_epi8(l, h), _mm_unpacklo_epi8(l, h));
 }
 
-// x [M, K] -> xq [M, Kp] int8 (zero padded), per row and group: sx (the scale), xi = sum(xq) and xs = sx * xi.
+// x [M, K] -> xq [M * R, Kp] int8 (zero padded), per row and group: sx (the scale), xi = sum(xq) and xs =
+// sx * xi. R parts (1..3): row m * R + h rounds what rows m * R .. + h - 1 left of x's row m (x - sx * xq,
+// each product rounded to f32: XLA's numbers), so R parts hold x within max|x| / (127 * 254^(R - 1))
+// per group: 3 parts, f32-like.
 inline void quantize_x(const float* x, int64_t M, int64_t K, const W4& w, int8_t* xq, float* sx, float* xs,
-                       int32_t* xi) {
+                       int32_t* xi, int64_t R = 1) {
   const int64_t G = w.Kp / w.group;
+  std::vector<float> res(R > 1 ? w.group : 0);
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t k0 = g * w.group, k1 = std::min(K, k0 + w.group);
-      bool finite = true;
-      const float amax = aotlm_i8::abs_max(x + m * K + k0, k1 - k0, finite);
-      const float s = amax / 127.f, inv = amax > 0.f && finite ? 1.f / s : 0.f;
-      int8_t* q = xq + m * w.Kp;
-      int32_t sum = 0;  // a row with inf / NaN: its q are 0 (its sums come out NaN through sx)
-      if (finite)
-        sum = aotlm_i8::round_i8(x + m * K + k0, k1 - k0, inv, q + k0);
-      else
-        std::fill(q + k0, q + k1, int8_t(0));
-      for (int64_t k = std::max(k0, K); k < k0 + w.group; ++k) q[k] = 0;
-      sx[m * G + g] = finite ? s : std::numeric_limits<float>::quiet_NaN();  // inf/NaN in: NaN out
-      xs[m * G + g] = sx[m * G + g] * float(sum), xi[m * G + g] = sum;
-    }
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t h = 0; h < R; ++h) {
+        const int64_t k0 = g * w.group, k1 = std::min(K, k0 + w.group), r = m * R + h;
+        const float* xr = h ? res.data() : x + m * K + k0;
+        int8_t* q = xq + r * w.Kp;
+        if (h) {  // what the part before left (a non-finite row's: zeros)
+          const float sp = sx[(r - 1) * G + g], *prev = h == 1 ? x + m * K + k0 : res.data();
+          for (int64_t k = k0; k < k1; ++k) {
+            volatile float p = sp * float(q[k - w.Kp]);  // volatile: never contracted into one fma
+            res[k - k0] = std::isfinite(sp) ? prev[k - k0] - p : 0.f;
+          }
+        }
+        bool finite = true;
+        const float amax = aotlm_i8::abs_max(xr, k1 - k0, finite);
+        const float s = amax / 127.f, inv = amax > 0.f && finite ? 1.f / s : 0.f;
+        int32_t sum = 0;  // a row with inf / NaN: its q are 0 (its sums come out NaN through sx)
+        if (finite)
+          sum = aotlm_i8::round_i8(xr, k1 - k0, inv, q + k0);
+        else
+          std::fill(q + k0, q + k1, int8_t(0));
+        for (int64_t k = std::max(k0, K); k < k0 + w.group; ++k) q[k] = 0;
+        sx[r * G + g] = finite ? s : std::numeric_limits<float>::quiet_NaN();  // inf/NaN in: NaN out
+        xs[r * G + g] = sx[r * G + g] * float(sum), xi[r * G + g] = sum;
+      }
 }
 
 inline int32_t x4(const int8_t* p) {  // 4 int8 of x as one int32 (broadcast to every lane)
@@ -294,16 +307,27 @@ inline void rows(const int8_t* xq, const float* sx, const float* xs, const int32
     }
 }
 
-// y [M, N] = act(x [M, K] @ W (+ bias)); bias: f32 [Np] (zero padded) or null.
+// y [M, N] = act(x [M, K] @ W (+ bias)); bias: f32 [Np] (zero padded) or null; R: parts of x (quantize_x),
+// each multiplied, their products summed in order.
 inline void run(const float* x, const W4& w, const float* bias, int32_t act, int64_t M, int64_t K, int64_t N,
-                const Out& out) {
+                const Out& out, int64_t R = 1) {
   const int64_t G = w.Kp / w.group;
-  std::vector<int8_t> xq(M * w.Kp);
-  std::vector<float> sx(M * G), xs(M * G);
-  std::vector<int32_t> xi(M * G);
-  quantize_x(x, M, K, w, xq.data(), sx.data(), xs.data(), xi.data());
-  drive_rows(M, N, w.Np, ROWS, bias, act, out, [&](int64_t m0, int64_t mc, int64_t p0, int64_t p1, float* buf, int64_t ld) {
-    rows(xq.data() + m0 * w.Kp, sx.data() + m0 * G, xs.data() + m0 * G, xi.data() + m0 * G, G, mc, w, p0, p1, buf, ld);
+  std::vector<int8_t> xq(R * M * w.Kp);
+  std::vector<float> sx(R * M * G), xs(R * M * G);
+  std::vector<int32_t> xi(R * M * G);
+  quantize_x(x, M, K, w, xq.data(), sx.data(), xs.data(), xi.data(), R);
+  drive_rows(M, N, w.Np, ROWS / R, bias, act, out, [&](int64_t m0, int64_t mc, int64_t p0, int64_t p1, float* buf, int64_t ld) {
+    const int64_t r0 = R * m0;
+    thread_local std::vector<float> parts;
+    parts.resize(R > 1 ? R * mc * ld : 0);
+    float* o = R > 1 ? parts.data() : buf;
+    rows(xq.data() + r0 * w.Kp, sx.data() + r0 * G, xs.data() + r0 * G, xi.data() + r0 * G, G, R * mc, w, p0, p1, o, ld);
+    for (int64_t m = 0; R > 1 && m < mc; ++m)
+      for (int64_t j = 0; j < ld; ++j) {
+        float v = o[m * R * ld + j];
+        for (int64_t h = 1; h < R; ++h) v += o[(m * R + h) * ld + j];
+        buf[m * ld + j] = v;
+      }
   });
 }
 
@@ -367,7 +391,7 @@ std::string q4_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64
 // x [M, K] (f32 / bf16 / f16) -> y [M, N] of x's dtype; bias f32 [N] or empty; act as aotlm_wmm_pk's; live
 // int8 [M] (the rows to multiply, live.h) or empty.
 ffi::Error wmm_q4(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::AnyBuffer bias, ffi::AnyBuffer live,
-                  ffi::Result<ffi::AnyBuffer> y, int32_t group, int32_t act) {
+                  ffi::Result<ffi::AnyBuffer> y, int32_t group, int32_t act, int32_t parts) {
   auto xd = x.dimensions(), yd = y->dimensions();
   if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
     return ffi::Error::InvalidArgument("aotlm_wmm_q4: x [M, K] and y [M, N] must be 2-D with equal M");
@@ -384,8 +408,8 @@ ffi::Error wmm_q4(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::An
   const int64_t Np = int8 ? w8.Np : w4.Np;
   const float* b = nullptr;
   if (!scale_of(bias, N, &b)) return ffi::Error::InvalidArgument("aotlm_wmm_q4: bias must be f32 [N] or empty");
-  if (act < aotlm_ep::ACT_NONE || act > aotlm_ep::ACT_RELU)
-    return ffi::Error::InvalidArgument("aotlm_wmm_q4: act must be 0 (none), 1 (gelu tanh) or 2 (relu)");
+  if (act < aotlm_ep::ACT_NONE || act > aotlm_ep::ACT_RELU || parts < 1 || parts > 3)
+    return ffi::Error::InvalidArgument("aotlm_wmm_q4: act must be 0 (none), 1 (gelu tanh) or 2 (relu), parts 1-3");
   std::vector<float> bp;  // bias zero padded to Np (the output pass reads whole panels)
   if (b) bp.assign(Np, 0.f), std::memcpy(bp.data(), b, N * sizeof(float));
   const int8_t* lv = nullptr;
@@ -398,7 +422,7 @@ ffi::Error wmm_q4(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::An
                         if (int8)
                           aotlm_g8::run(xr, w8, bb, act, Mr, N, o);
                         else
-                          aotlm_q4::run(xr, w4, bb, act, Mr, K, N, o);
+                          aotlm_q4::run(xr, w4, bb, act, Mr, K, N, o, parts);
                       });
   return ffi::Error::Success();
 }

@@ -73,10 +73,10 @@ def _kernel_group(k: int, sm, nn: int) -> np.int32:
     return np.int32(q4_group(k, sm, nn))
 
 
-def _q4_call(x, w, sm, axes: int, packed_k: int, b=None, act: str | None = None):
+def _q4_call(x, w, sm, axes: int, packed_k: int, b=None, act: str | None = None, parts: int = 1):
     """The kernel on local arrays: ``x [..., *K] @ W`` for packed 4-bit ``w`` (``packed_k`` contracted
     dims) and its panel-major scales ``sm [..N / 16, G, S, 16]``; ``b`` / ``act`` applied in the output
-    pass."""
+    pass; ``parts``: of x (``matmul_q4``)."""
     kernels.ensure_registered()
     kd, nd = logical_dims(w, packed_k)
     k, n = math.prod(kd), math.prod(nd)
@@ -85,19 +85,23 @@ def _q4_call(x, w, sm, axes: int, packed_k: int, b=None, act: str | None = None)
     out = jax.ShapeDtypeStruct((math.prod(lead), n), x.dtype)
     g, act_id = _kernel_group(k, sm, len(nd)), np.int32(GEMM_ACTS[act] if act else 0)
     live = padding.live_rows(lead if one_device() else ())
-    y = jax.ffi.ffi_call("aotlm_wmm_q4", out)(x.reshape(-1, k), w, sm, bias, live, group=g, act=act_id)
+    y = jax.ffi.ffi_call("aotlm_wmm_q4", out)(
+        x.reshape(-1, k), w, sm, bias, live, group=g, act=act_id, parts=np.int32(parts)
+    )
     return y.reshape(*lead, *nd)
 
 
 def matmul_q4(x, w, sm, axes: int = 1, name: str | None = None, packed_k: int = 1, nt: bool = False, b=None,
-              act: str | None = None):  # fmt: skip
+              act: str | None = None, parts: int = 1):  # fmt: skip
     """``x [..., *K] @ W`` in ``x``'s dtype for a packed 4-bit weight ``w`` with scales (and minimums)
-    ``sm`` (``aotlm.models.quant4``), f32 accumulation. ``nt``: the logical leaf is ``[N, K]``
+    ``sm`` (``aotlm.models.quant4``), f32 accumulation. ``parts`` (4-bit ``w``; 1 to 3): each group of x
+    rounded to int8, then what that left, ``parts`` times, each part multiplied (``int4.h``: 3 parts
+    hold x as closely as f32 does, at 3x the integer products). ``nt``: the logical leaf is ``[N, K]``
     (a tied lm_head's rows), which says how its partition spec splits. ``b`` / ``act``: one device only
     (``GEMM_ACTS``). Under tensor parallelism: ``shard_map`` with the leaves' specs, ``psum`` over
     the mesh axes of the contracted dims."""
     if one_device():
-        return _q4_call(x, w, sm, axes, packed_k, b, act)
+        return _q4_call(x, w, sm, axes, packed_k, b, act, parts)
     mesh, spec_of = current()
     wspec = weight_spec(name, logical_ndim(packed_k, w), spec_of)
     contract, outs = (wspec[1:], wspec[:1]) if nt else (wspec[:axes], wspec[axes:])
@@ -106,7 +110,7 @@ def matmul_q4(x, w, sm, axes: int = 1, name: str | None = None, packed_k: int = 
     sm_spec = P(*outs, summed[0] if summed else None, None, None)  # panel-major
 
     def local(xl, wl, sl):
-        y = _q4_call(xl, wl, sl, axes, packed_k)
+        y = _q4_call(xl, wl, sl, axes, packed_k, parts=parts)
         return jax.lax.psum(y, summed) if summed else y
 
     specs = (P(*lead, *contract), P(*weight_spec(name, w.ndim, spec_of)), sm_spec)

@@ -319,7 +319,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmWmmQ4, wmm_q4,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int32_t>("group")
-                                  .Attr<int32_t>("act"));
+                                  .Attr<int32_t>("act")
+                                  .Attr<int32_t>("parts"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AotlmUnpackQ4, unpack_q4,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()

@@ -313,10 +313,12 @@ def embedding_type(checkpoint: str | os.PathLike) -> str | None:
 
 
 def int4_form(checkpoint: str | os.PathLike, quant):
-    """``quant="int4"`` for a GGUF model with Q4_1 / Q4_K / Q5_K blocks (a minimum per block) ->
-    ``"int4-asym"``, the form that holds them (``aotlm.models.quant4``); anything else unchanged."""
+    """``quant="int4"`` (``"int4-f32a"``) for a GGUF model with Q4_1 / Q4_K / Q5_K blocks (a minimum per
+    block) -> ``"int4-asym"`` (``"int4-asym-f32a"``), the form that holds them (``aotlm.models.quant4``);
+    anything else unchanged."""
     types = q4_types(checkpoint)
-    if quant != "int4" or not {"Q4_1", "Q4_K", "Q5_K"} & set(types):
+    if quant not in ("int4", "int4-f32a") or not {"Q4_1", "Q4_K", "Q5_K"} & set(types):
         return quant
-    logger.warning("%s blocks have a minimum each: quant='int4' stores them as 'int4-asym'", "/".join(types))
-    return "int4-asym"
+    asym = quant.replace("int4", "int4-asym")  # "-f32a" (f32-precise activations) kept
+    logger.warning("%s blocks have a minimum each: quant=%r stores them as %r", "/".join(types), quant, asym)
+    return asym

@@ -40,7 +40,9 @@ def kernel(x, w, sm, n: int):
     out = jax.ShapeDtypeStruct((x.shape[0], n), x.dtype)
     call = jax.ffi.ffi_call("aotlm_wmm_q4", out)
     none, every = jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.int8)
-    return jax.jit(lambda a, b, c: call(a, b, c, none, every, group=np.int32(32), act=np.int32(0)))(x, w, sm)
+    return jax.jit(
+        lambda a, b, c: call(a, b, c, none, every, group=np.int32(32), act=np.int32(0), parts=np.int32(1))
+    )(x, w, sm)
 
 
 def test_groups_find_a_q8_0_blocks_codes_and_scale():

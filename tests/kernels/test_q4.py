@@ -17,7 +17,7 @@ import pytest
 from builders import llama_config, peaked_checkpoint, run_with_kernels, save_checkpoint
 
 from aotlm import kernels
-from aotlm.models import k6scales, kscales, packing, quant4
+from aotlm.models import k6scales, kscales, lowp, packing, quant4
 from aotlm.models.quant import INT4_NAMES, QuantizationConfig, quant_config
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -94,19 +94,31 @@ def round_x(x: np.ndarray, group: int) -> np.ndarray:
     return (np.rint(xg * inv) * s).reshape(m, kp)
 
 
-def kernel(x, w, sm, n: int, group: int):
+def round_parts(x: np.ndarray, group: int, parts: int) -> np.ndarray:
+    """The kernel's activations in ``parts``: ``round_x``, plus what the parts before left rounded the same
+    way (each product ``s * q`` rounded to f32 first, as the kernel and XLA do)."""
+    xr = round_x(x, group)
+    left, part = np.pad(x, ((0, 0), (0, xr.shape[1] - x.shape[1]))), xr
+    for _ in range(parts - 1):
+        left = left - part
+        part = round_x(left, group)
+        xr = xr + part
+    return xr
+
+
+def kernel(x, w, sm, n: int, group: int, parts: int = 1):
     kernels.ensure_registered()
     out = jax.ShapeDtypeStruct((x.shape[0], n), x.dtype)
     call = jax.ffi.ffi_call("aotlm_wmm_q4", out)
     none, every = jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.int8)  # no bias; every row live
-    return jax.jit(lambda a, b, c: call(a, b, c, none, every, group=np.int32(group), act=np.int32(0)))(
-        x, w, sm
-    )
+    attrs = dict(group=np.int32(group), act=np.int32(0), parts=np.int32(parts))
+    return jax.jit(lambda a, b, c: call(a, b, c, none, every, **attrs))(x, w, sm)
 
 
 def check_odd_shapes(seed: int = 0) -> float:
     """Largest relative error of the kernel against NumPy over odd shapes, rows 1..100, every group
-    size, symmetric and asymmetric (also run in a child process per ISA level)."""
+    size, symmetric and asymmetric, x in one int8 part and in three (``parts``; also run in a child
+    process per ISA level)."""
     rng, worst = np.random.default_rng(seed), 0.0
     cases = [(100, 37, 32, False), (72, 16, 32, True), (200, 50, 64, True), (130, 129, 128, False)]
     cases += [(8, 5, 32, True), (512, 37, "K", True), (256, 50, "K", True)]  # K: Q4_K's own scales
@@ -117,10 +129,12 @@ def check_odd_shapes(seed: int = 0) -> float:
     for k, n, group, asym in cases:
         w, sm, deq = made[group](rng, k, n) if group in made else quantized(rng, k, n, group, asym)
         group = {"K": 32, "K5": 32, "K6": 16}.get(group, group)
-        for m in (1, 2, 3, 7, 9, 16, 17, 64, 100):
+        for m, parts in [(m, r) for m in (1, 2, 3, 7, 9, 16, 17, 64, 100) for r in (1, 3)]:
             x = rng.standard_normal((m, k)).astype(np.float32)
-            ref = round_x(x, group).astype(np.float64) @ deq.astype(np.float64)
-            y = np.asarray(kernel(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sm), n, group), np.float64)
+            ref = round_parts(x, group, parts).astype(np.float64) @ deq.astype(np.float64)
+            y = np.asarray(
+                kernel(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sm), n, group, parts), np.float64
+            )
             worst = max(worst, float(np.abs(y - ref[:, :n]).max() / np.abs(ref).max()))
     return worst
 
@@ -147,7 +161,11 @@ def test_round_to_nearest_within_half_a_step(group, asym):
 
 def test_config_names_and_refusals():
     assert quant_config("int4") == QuantizationConfig("int4", group_size=32, asymmetric=False)
-    assert quant_config("int4-g128-asym").label == "int4-g128-asym" and len(INT4_NAMES) == 8
+    assert quant_config("int4-g128-asym").label == "int4-g128-asym" and len(INT4_NAMES) == 16
+    assert quant_config("int4-asym-f32a") == QuantizationConfig("int4", asymmetric=True, activations="f32")
+    assert quant_config("int4-g64-f32a").label == "int4-g64-f32a"
+    with pytest.raises(ValueError, match="'f32' with int4"):
+        QuantizationConfig("s8", activations="f32")
     assert quant_config("int4-g32") == quant_config("int4")
     with pytest.raises(ValueError, match="group_size=48"):
         QuantizationConfig("int4", group_size=48)
@@ -200,11 +218,36 @@ def test_prefill_rows_get_the_bits_of_decode_rows():
     ]:
         w, sm, _ = quantized(rng, k, n, group, asym)
         w, sm = jnp.asarray(w), jnp.asarray(sm)
-        for m in (17, 40, 100):
+        for m, r in [(m, r) for m in (17, 40, 100) for r in (1, 2, 3)]:
             x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
-            whole = np.asarray(kernel(x, w, sm, n, group))
-            parts = [kernel(x[i : i + 7], w, sm, n, group) for i in range(0, m, 7)]
-            np.testing.assert_array_equal(whole, np.concatenate(parts), err_msg=str((k, n, group, asym, m)))
+            whole = np.asarray(kernel(x, w, sm, n, group, r))
+            parts = [kernel(x[i : i + 7], w, sm, n, group, r) for i in range(0, m, 7)]
+            err = str((k, n, group, asym, m, r))
+            np.testing.assert_array_equal(whole, np.concatenate(parts), err_msg=err)
+
+
+@needs_kernels
+def test_three_parts_of_x_give_f32_precision_on_the_kernel_and_xla(monkeypatch):
+    """x in three int8 parts (``quant="int4-f32a"``): the product within f32-like error of the exact one,
+    where x rounded to int8 once (llama.cpp's) is ~1000x further and two parts ~100x; so is XLA's path
+    (``dense4`` under ``lowp.activations("f32")``, kernels off; its scales ``max|x| * (1 / 127)`` can
+    flip a rounding against the kernel's)."""
+    rng = np.random.default_rng(8)
+    w, sm, deq = quantized(rng, 256, 96, 32, True)
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    exact = x.astype(np.float64) @ deq.astype(np.float64)
+    err = {}
+    for r in (1, 2, 3):
+        y = np.asarray(kernel(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sm), 96, 32, r), np.float64)
+        err[r] = np.abs(y - exact).max() / np.abs(exact).max()
+    assert err[3] < 2e-6 and err[2] > 10 * err[3] and err[1] > 50 * err[2], err
+    wl = jnp.asarray(w.reshape(6, 32, 16, 4))
+    with lowp.activations("f32"):
+        on = np.asarray(quant4.dense4(jnp.asarray(x), wl, jnp.asarray(sm), 1, "w_up"))
+        monkeypatch.setattr(kernels, "q4_supported", lambda *a: False)
+        off = np.asarray(quant4.dense4(jnp.asarray(x), wl, jnp.asarray(sm), 1, "w_up"))
+    assert np.abs(on - exact).max() < 2e-6 * np.abs(exact).max()
+    assert np.abs(off - exact).max() < 2e-6 * np.abs(exact).max()
 
 
 @needs_kernels
