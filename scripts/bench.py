@@ -255,9 +255,18 @@ def hf_engine(path, ids, args):
 
 def peer_engine(peer: str, path: Path, ids, args, f32_bytes: int):
     """(prefill, generate, weight bytes, KV bytes per step) of one peer; ``Skip`` when it cannot run."""
-    from bench_peers import Skip, converted_gguf, ctranslate2_runner, llama_cpp_runner, requantized_gguf
+    from bench_peers import (
+        Skip,
+        converted_gguf,
+        ctranslate2_runner,
+        hf_checkpoint,
+        llama_cpp_runner,
+        requantized_gguf,
+    )
 
     work = Path(args.work)
+    if not peer.startswith("llama-gguf"):  # a GGUF model's peers that read a checkpoint: its float32 weights
+        path = hf_checkpoint(path, work)
     if peer == "hf":
         return hf_engine(path, ids, args)
     kind, dt = peer.split("-", 1)

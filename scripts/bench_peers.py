@@ -105,6 +105,44 @@ def ctranslate2_runner(ckpt: Path, work: Path, quant: str, ids, new: int):
     return prefill, generate
 
 
+def hf_checkpoint(ckpt: Path, work: Path) -> Path:
+    """A checkpoint directory with its weights, for the peers that read one (transformers, CTranslate2's and
+    OpenVINO's converters): ``ckpt`` itself, or for a converted GGUF model (aotlm reads its weights from the
+    file: the directory has none) a float32 one written once by transformers' own GGUF loading into
+    ``WORK/hf-<name>`` (temp dir + rename), with aotlm's tokenizer files beside it."""
+    source = ckpt / "aotlm_gguf_source.json"
+    if not source.is_file() or any(ckpt.glob("*.safetensors")):
+        return ckpt
+    out = work / f"hf-{ckpt.name}"
+    if (out / "config.json").is_file():
+        return out
+    import shutil
+    import tempfile
+
+    import torch
+    import transformers
+
+    gguf = Path(json.loads(source.read_text())["path"])
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    from safetensors.torch import save_model
+
+    work.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=work))
+    try:  # save_pretrained refuses a model loaded from GGUF: the weights and a plain config instead
+        save_model(model, str(tmp / "model.safetensors"))
+        cfg = {k: v for k, v in model.config.to_dict().items() if k != "quantization_config"}
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+            if (ckpt / f).is_file():
+                shutil.copy(ckpt / f, tmp / f)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 # ------------------------------------------------------------------ OpenVINO GenAI
 def openvino_runner(ckpt: Path, work: Path, fmt: str, ids, new: int):
     """(prefill, generate, weight bytes, KV bytes per value): ``bench_openvino.openvino_runner``."""

@@ -72,8 +72,12 @@ inline void vnni_pack_x(const int8_t* x, int64_t M, int64_t K, int64_t K4, int8_
     for (int64_t r = 0; r < MRV; ++r) {
       const int64_t m = g * MRV + r, full = m < M ? K / 4 : 0;  // rows past M: all zeros
       const int8_t* src = x + std::min(m, M - 1) * K;
-      int32_t sum = 0;
-      for (int64_t k = 0; k < (m < M ? K : 0); ++k) sum += src[k];
+      __m512i acc = _mm512_setzero_si512();  // sum of the row: vpdpbusd of ones and 64 bytes at a time
+      for (int64_t k = 0; k < (m < M ? K : 0); k += 64) {
+        const __mmask64 in = K - k >= 64 ? ~__mmask64(0) : (__mmask64(1) << (K - k)) - 1;
+        acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi8(1), _mm512_maskz_loadu_epi8(in, src + k));
+      }
+      const int32_t sum = _mm512_reduce_add_epi32(acc);
       for (int64_t q = 0; q < full; ++q) std::memcpy(dst + (q * MRV + r) * 4, src + 4 * q, 4);
       for (int64_t q = full; q < K4; ++q) {  // an odd K / 2's last group (2 rows, 2 zeros); rows past M
         int8_t t[4] = {0, 0, 0, 0};
