@@ -140,8 +140,8 @@ def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig |
         return quant
     if isinstance(quant, str) and quant in QUANT_DTYPES:
         return QuantizationConfig(quant_dtype=quant)
-    named = {"w8a8": ("s8", "s8"), "bf16a": ("bf16", "bf16")}
-    if quant in named:
+    named = {"w8a8": ("s8", "s8"), "bf16a": ("bf16", "bf16")}  # weights, activations
+    if isinstance(quant, str) and quant in named:
         return QuantizationConfig(quant_dtype=named[quant][0], activations=named[quant][1])
     if isinstance(quant, str) and quant in INT4_NAMES:
         return INT4_NAMES[quant]

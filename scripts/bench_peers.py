@@ -121,13 +121,12 @@ def hf_checkpoint(ckpt: Path, work: Path) -> Path:
 
     import torch
     import transformers
+    from safetensors.torch import save_model
 
     gguf = Path(json.loads(source.read_text())["path"])
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     )
-    from safetensors.torch import save_model
-
     work.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=work))
     try:  # save_pretrained refuses a model loaded from GGUF: the weights and a plain config instead

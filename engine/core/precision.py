@@ -112,8 +112,8 @@ class Precision:
         weights = self.quant.label if self.quant is not None else self.amp
         name = lambda d: {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[jnp.dtype(d).name]
         low = self.quant.activations if self.quant is not None else None
-        low = {"s8": ", int8 matmul", "bf16": ", bf16 prefill", "f32": ", f32-exact int4 matmul"}.get(low, "")
-        acts = name(self.compute) + low
+        kind = {"s8": ", int8 matmul", "bf16": ", bf16 prefill", "f32": ", f32-exact int4 matmul"}
+        acts = name(self.compute) + kind.get(low, "")
         return f"amp={self.amp}: {weights} weights, {acts} activations, {name(self.kv)} KV"
 
 

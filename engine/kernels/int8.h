@@ -32,9 +32,10 @@ constexpr int64_t PF = 2;
 
 constexpr int64_t KB_PAIRS = 128;  // pairs of K rows between int32 -> f32 flushes
 
-// max |r[k]| for k < n, and whether every r[k] is finite; 8 lanes at a time, the tail scalar.
+// max |r[k]| for k < n, and whether every r[k] is finite; AVX-512: 2 x 16 lanes and a masked tail, else 8
+// lanes at a time and the tail scalar (a max is exact: the same value either way).
 inline float abs_max(const float* r, int64_t n, bool& finite) {
-#if defined(__AVX512F__)  // 2 x 16 lanes: two independent max chains, a masked tail
+#if defined(__AVX512F__)  // two independent max chains
   const __m512 big = _mm512_set1_ps(3.4028235e38f);
   __m512 m0 = _mm512_setzero_ps(), m1 = m0;
   __mmask16 bad = 0;
