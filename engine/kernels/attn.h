@@ -12,14 +12,19 @@
 // a mask select, a softmax, a layout copy and a second batched dot, all on whole [T, T] blocks
 // (~9 ms per layer at batch 8, ~10% of the prefill). Here one task is (row b, kv head, block of QB
 // query rows): K^T and V of the block's keys are packed into 16-column panels once and serve the
-// g query heads; scores and p @ v run on gemm.h's 6 x 16 FMA micro-kernel, so a whole head's
-// scores never leave L2.
+// g query heads; scores and p @ v run on gemm.h's 6 x 16 FMA micro-kernel (6 x 32 in 16-lane builds),
+// so a whole head's scores never leave L2.
 #pragma once
 
 namespace aotlm_at {
 using aotlm_gm::MR;
 using aotlm_gm::NR;
 constexpr int64_t QB = 48;  // query rows per task: 8 groups of 6
+#if defined(__AVX512F__)
+constexpr int64_t STEP = 2;  // 16-column panels per micro-kernel tile (gemm512.h's f32_micro_z2)
+#else
+constexpr int64_t STEP = 1;
+#endif
 
 struct Dims {
   int64_t B, T, H, Kh, Dh;
@@ -34,10 +39,47 @@ struct Src {
   int64_t qs, gs, ks, kgs;
 };
 
+#if defined(__AVX512F__)
+// softmax_row on 16 lanes, the row's tail under a mask: no scalar std::exp for the last n % 8 keys.
+inline float softmax_row_z(float* si, const uint8_t* mi, int64_t n, int64_t last, float scale) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  const auto lanes = [n](int64_t j) { return n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1); };
+  const auto vis = [&](int64_t j, __mmask16 in) {  // visible lanes: mask byte != 0
+    return _mm_mask_cmpneq_epi8_mask(in, _mm_maskz_loadu_epi8(in, mi + j), _mm_setzero_si128());
+  };
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 in = lanes(j);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, si + j), sc);
+    _mm512_mask_storeu_ps(si + j, in, x);
+    mx = _mm512_mask_max_ps(mx, vis(j, in), mx, x);
+  }
+  const float m = _mm512_reduce_max_ps(mx);
+  if (m == -INFINITY) {
+    std::fill(si, si + std::max(n, last), 0.f);
+    return 0.f;
+  }
+  __m512 sum = _mm512_setzero_ps();
+  const __m512 mv = _mm512_set1_ps(m);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 in = lanes(j);
+    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(in, si + j), mv);
+    const __m512 e = _mm512_maskz_mov_ps(vis(j, in), aotlm_gm::exp512(x));
+    sum = _mm512_add_ps(sum, e);
+    _mm512_mask_storeu_ps(si + j, in, e);
+  }
+  std::fill(si + n, si + std::max(n, last), 0.f);
+  return 1.f / _mm512_reduce_add_ps(sum);
+}
+#endif
+
 // Softmax of one row of scores si[0..n) (keys j <= i; mi: visibility bytes), in place: si[j] becomes
 // the unnormalised weight for j < last (0 past n and where hidden). Returns 1 / sum, or 0 when no
 // key is visible (a padding query: its output is zeros).
 inline float softmax_row(float* si, const uint8_t* mi, int64_t n, int64_t last, float scale) {
+#if defined(__AVX512F__)
+  return softmax_row_z(si, mi, n, last, scale);
+#endif
   float* pr = si;
   const int64_t n8 = n / 8 * 8;
   const __m256 sc = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
@@ -130,7 +172,7 @@ inline void task(const Src& src, const uint8_t* mask, const Dims& d, float scale
     }
   }
   float inv[GB * MR];
-  alignas(32) float tile[MR * NR];
+  alignas(64) float tile[MR * STEP * NR];
   for (int64_t h = kh * g; h < (kh + 1) * g; ++h) {
     const float* qh = src.q + kh * src.gs + (h - kh * g) * d.Dh;
     for (int64_t blk = blk0; blk < blk1; ++blk) {
@@ -142,8 +184,17 @@ inline void task(const Src& src, const uint8_t* mask, const Dims& d, float scale
           qr.r[r] = qh + (b * d.T + std::min(i0 + gi * MR + r, i1 - 1)) * src.qs;
           pr.r[r] = s.data() + (gi * MR + r) * ld;
         }
-        for (int64_t p = 0; p * NR < last; ++p)
-          aotlm_gm::f32_micro(qr, kt.data() + p * d.Dh * NR, d.Dh, s.data() + gi * MR * ld + p * NR, ld, false, MR, NR);
+        for (int64_t p = 0; p * NR < last; p += STEP) {
+          float* sp = s.data() + gi * MR * ld + p * NR;
+          const float* kp0 = kt.data() + p * d.Dh * NR;
+#if defined(__AVX512F__)
+          if ((p + 1) * NR < last) {  // two panels of keys per tile
+            aotlm_gm::f32_micro_z2(qr, kp0, kp0 + d.Dh * NR, d.Dh, sp, ld, 2 * NR);
+            continue;
+          }
+#endif
+          aotlm_gm::f32_micro(qr, kp0, d.Dh, sp, ld, false, MR, NR);
+        }
         for (int64_t r = 0; r < MR; ++r) {
           const int64_t i = i0 + gi * MR + r;
           float* si = s.data() + (gi * MR + r) * ld;
@@ -154,12 +205,18 @@ inline void task(const Src& src, const uint8_t* mask, const Dims& d, float scale
             inv[gi * MR + r] = softmax_row(si, mask + (b * d.T + i) * d.T, i + 1, last, scale);
           }
         }
-        for (int64_t c = 0; c < vc; ++c) {
-          aotlm_gm::f32_micro(pr, vp.data() + c * nk * NR, last, tile, NR, false, MR, NR);
-          const int64_t w = std::min(NR, d.Dh - c * NR);
+        for (int64_t c = 0; c < vc; c += STEP) {  // p @ v: one or (16-lane builds) two Dh panels a tile
+          const int64_t np = std::min<int64_t>(STEP, vc - c), w = std::min(np * NR, d.Dh - c * NR);
+          const float* v0 = vp.data() + c * nk * NR;
+#if defined(__AVX512F__)
+          if (np == 2)
+            aotlm_gm::f32_micro_z2(pr, v0, v0 + nk * NR, last, tile, STEP * NR, w);
+          else
+#endif
+            aotlm_gm::f32_micro(pr, v0, last, tile, STEP * NR, false, MR, NR);
           for (int64_t r = 0; r < MR && i0 + gi * MR + r < i1; ++r) {
             float* dst = o + ((b * d.T + i0 + gi * MR + r) * d.H + h) * d.Dh + c * NR;
-            for (int64_t e = 0; e < w; ++e) dst[e] = tile[r * NR + e] * inv[gi * MR + r];
+            for (int64_t e = 0; e < w; ++e) dst[e] = tile[r * STEP * NR + e] * inv[gi * MR + r];
           }
         }
       }

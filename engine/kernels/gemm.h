@@ -50,6 +50,9 @@ using aotlm_ep::ACT_GELU_TANH;  // the output pass (epilogue.h), shared with the
 using aotlm_ep::ACT_NONE;
 using aotlm_ep::ACT_RELU;
 using aotlm_ep::exp256;
+#if defined(__AVX512F__)
+using aotlm_ep::exp512;
+#endif
 using aotlm_ep::finish;
 
 // The W8A8 GEMMs' output pass over one row r [ld] of sums (columns n0..): (sum * sx) * scale[n] -- the

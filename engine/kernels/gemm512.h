@@ -62,6 +62,37 @@ inline void f32_micro_z(const Rows& a_in, const float* b, int64_t kc, float* c, 
   }
 }
 
+// c[MR x 32] = a [6][kc] . [b0 | b1] (two [kc][16] panels), the first nr columns (attn.h's scores and p @ v):
+// per k 2 loads of W and 6 broadcasts feed 12 FMAs, where f32_micro_z's 6 broadcasts feed 6.
+inline void f32_micro_z2(const Rows& a_in, const float* b0, const float* b1, int64_t kc, float* c, int64_t ldc,
+                         int64_t nr) {
+  const Rows a = a_in;
+  __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+  __m512 d0 = c0, d1 = c0, d2 = c0, d3 = c0, d4 = c0, d5 = c0;
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 w0 = _mm512_loadu_ps(b0 + k * NR), w1 = _mm512_loadu_ps(b1 + k * NR);
+#define AOTLM_ROW_Z2(m, x, y)                      \
+  {                                                 \
+    const __m512 av = _mm512_set1_ps(*a.at(m, k));  \
+    x = _mm512_fmadd_ps(av, w0, x);                 \
+    y = _mm512_fmadd_ps(av, w1, y);                 \
+  }
+    AOTLM_ROW_Z2(0, c0, d0)
+    AOTLM_ROW_Z2(1, c1, d1)
+    AOTLM_ROW_Z2(2, c2, d2)
+    AOTLM_ROW_Z2(3, c3, d3)
+    AOTLM_ROW_Z2(4, c4, d4)
+    AOTLM_ROW_Z2(5, c5, d5)
+#undef AOTLM_ROW_Z2
+  }
+  const __m512 lo[MR] = {c0, c1, c2, c3, c4, c5}, hi[MR] = {d0, d1, d2, d3, d4, d5};
+  const __mmask16 second = nr >= 2 * NR ? __mmask16(0xffff) : __mmask16((1u << (nr - NR)) - 1);
+  for (int64_t m = 0; m < MR; ++m) {
+    _mm512_storeu_ps(c + m * ldc, lo[m]);
+    _mm512_mask_storeu_ps(c + m * ldc + NR, second, hi[m]);
+  }
+}
+
 #if defined(__AVX512VNNI__)
 // x int8 [M, K] -> xp [groups of MRV rows][K4][MRV][4] bytes (rows past M and k past K: 0), and
 // corr[m] = 128 * sum_k x[m, k] (0 past M).
