@@ -135,13 +135,39 @@ inline void vnni_regroup(const int8_t* panel, int64_t Kh, uint8_t* wb, bool offs
   }
 }
 
+// What vnni_micro<NP, FIN> does to its sums before storing them: FIN false, nothing (the raw sums, for
+// i8_finish); true: i8_finish's math, (sum * sx[m]) * scale[n] (+ bias[n], act), on 8-lane halves with the same
+// operations, so the numbers are i8_finish's bit for bit, without the pass over a buffer of sums.
+constexpr int64_t DIRECT_ROWS = 256;  // i8_gemm_vnni: the most rows whose tiles write y themselves
+
+struct VnniOut {
+  const float *sx = nullptr, *scale = nullptr, *bias = nullptr;
+  int32_t act = 0;
+};
+
+template <bool FIN>
+inline void vnni_store(__m512 v, const VnniOut& e, int64_t m, int64_t j, float* dst) {
+  if constexpr (!FIN) {
+    _mm512_storeu_ps(dst, v);
+  } else {
+    v = _mm512_mul_ps(v, _mm512_set1_ps(e.sx[m]));
+    const __m256 h[2] = {_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)};
+    for (int i = 0; i < 2; ++i) {
+      const int64_t n = j + 8 * i;
+      const __m256 sc = e.scale ? _mm256_loadu_ps(e.scale + n) : _mm256_set1_ps(1.f);
+      _mm256_storeu_ps(dst + 8 * i, finish(h[i], sc, e.bias ? e.bias + n : nullptr, e.act));
+    }
+  }
+}
+
 // MRV packed rows (a: [K4][MRV][4]) x NP (1 or 2) regrouped panels (wb: [NP][K4][64]) -> out[m * ld + 0..16 NP)
-// (f32, unscaled), mr rows. Two panels: each broadcast of x feeds two vpdpbusd (24 sums), so a step of 4 K
-// rows issues 2 + 12 loads for 24 multiply-adds instead of 1 + 12 for 12 (the loads had bound the loop).
+// (f32, unscaled; FIN: finished by vnni_store), mr rows. Two panels: each broadcast of x feeds two vpdpbusd
+// (24 sums), so a step of 4 K rows issues 2 + 12 loads for 24 multiply-adds instead of 1 + 12 for 12 (the
+// loads had bound the loop).
 // Named accumulators: with an array g++ rotated them through 24 register moves per 12 vpdpbusd.
-template <int NP>
+template <int NP, bool FIN>
 inline void vnni_micro(const int8_t* a, const uint8_t* wb, int64_t K4, const int32_t* corr, float* out, int64_t ld,
-                       int64_t mr) {
+                       int64_t mr, const VnniOut& e) {
   __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0,
           c9 = c0, c10 = c0, c11 = c0;
   __m512i d0 = c0, d1 = c0, d2 = c0, d3 = c0, d4 = c0, d5 = c0, d6 = c0, d7 = c0, d8 = c0, d9 = c0, d10 = c0,
@@ -177,8 +203,9 @@ inline void vnni_micro(const int8_t* a, const uint8_t* wb, int64_t K4, const int
   const __m512i acd[MRV] = {d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11};
   for (int64_t m = 0; m < mr; ++m) {
     const __m512i k = _mm512_set1_epi32(corr[m]);
-    _mm512_storeu_ps(out + m * ld, _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m], k)));
-    if constexpr (NP == 2) _mm512_storeu_ps(out + m * ld + NR, _mm512_cvtepi32_ps(_mm512_sub_epi32(acd[m], k)));
+    vnni_store<FIN>(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m], k)), e, m, 0, out + m * ld);
+    if constexpr (NP == 2)
+      vnni_store<FIN>(_mm512_cvtepi32_ps(_mm512_sub_epi32(acd[m], k)), e, m, NR, out + m * ld + NR);
   }
 }
 
@@ -188,6 +215,10 @@ inline void vnni_micro(const int8_t* a, const uint8_t* wb, int64_t K4, const int
 inline void i8_gemm_vnni(const int8_t* x, const float* sx, const int8_t* w, const float* scale, const float* bias,
                          int32_t act, int64_t M, int64_t K, int64_t N, const Out& out) {
   const int64_t G = (M + MRV - 1) / MRV, Kh = K / 2, K4 = (Kh + 1) / 2, Np = N / NR;
+  // f32 out in place (as i8_finish's), at most DIRECT_ROWS rows and no activation: each tile then writes its
+  // finished rows into y. With 1024 rows (GPT-2-small 8 x 128) the tiles' writes, a page per row, cost more
+  // than the pass they save, and so did the gelu in the tiles (GPT-2-small 1 x 128: 0.97x).
+  const bool direct = out.dt == DataType::F32 && !out.rows && M <= DIRECT_ROWS && act == ACT_NONE;
   int8_t* xp = scratch<int8_t>(size_t(G * K4 * MRV * 4));
   int32_t* corr = scratch<int32_t>(size_t(G * MRV));
   vnni_pack_x(x, M, K, K4, xp, corr);
@@ -203,12 +234,22 @@ inline void i8_gemm_vnni(const int8_t* x, const float* sx, const int8_t* w, cons
           vnni_regroup(w + p * Kh * 2 * NR, Kh, wb() + (p - 2 * u) * K4 * 64);
       },
       [&](int64_t g, int64_t u, float* c, int64_t ld, int64_t mr) {
+        const int64_t m0 = g * MRV, n0 = 2 * u * NR;  // f32 out in place: the tile writes the finished rows
+        const VnniOut e = direct ? VnniOut{sx + m0, scale ? scale + n0 : nullptr, bias ? bias + n0 : nullptr, act}
+                                 : VnniOut{};
+        float* dst = direct ? static_cast<float*>(out.y) + m0 * N + n0 : c;
+        const int64_t dld = direct ? N : ld;
+        const int8_t* a = xp + g * K4 * MRV * 4;
         if (2 * u + 1 < Np)
-          vnni_micro<2>(xp + g * K4 * MRV * 4, wb(), K4, corr + g * MRV, c, ld, mr);
+          direct ? vnni_micro<2, true>(a, wb(), K4, corr + m0, dst, dld, mr, e)
+                 : vnni_micro<2, false>(a, wb(), K4, corr + m0, dst, dld, mr, e);
         else
-          vnni_micro<1>(xp + g * K4 * MRV * 4, wb(), K4, corr + g * MRV, c, ld, mr);
+          direct ? vnni_micro<1, true>(a, wb(), K4, corr + m0, dst, dld, mr, e)
+                 : vnni_micro<1, false>(a, wb(), K4, corr + m0, dst, dld, mr, e);
       },
-      [&](int64_t m, float* r, int64_t n0, int64_t ld) { i8_finish(r, sx[m], scale, bias, act, n0, ld, out, m * N + n0); });
+      [&](int64_t m, float* r, int64_t n0, int64_t ld) {
+        if (!direct) i8_finish(r, sx[m], scale, bias, act, n0, ld, out, m * N + n0);
+      });
 }
 #if defined(AOTLM_AMX)
 #include "amx8.h"  // the same GEMM on AMX tiles (the amx level)
