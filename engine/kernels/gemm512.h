@@ -138,8 +138,6 @@ inline void vnni_regroup(const int8_t* panel, int64_t Kh, uint8_t* wb, bool offs
 // What vnni_micro<NP, FIN> does to its sums before storing them: FIN false, nothing (the raw sums, for
 // i8_finish); true: i8_finish's math, (sum * sx[m]) * scale[n] (+ bias[n], act), on 8-lane halves with the same
 // operations, so the numbers are i8_finish's bit for bit, without the pass over a buffer of sums.
-constexpr int64_t DIRECT_ROWS = 256;  // i8_gemm_vnni: the most rows whose tiles write y themselves
-
 struct VnniOut {
   const float *sx = nullptr, *scale = nullptr, *bias = nullptr;
   int32_t act = 0;
@@ -215,10 +213,9 @@ inline void vnni_micro(const int8_t* a, const uint8_t* wb, int64_t K4, const int
 inline void i8_gemm_vnni(const int8_t* x, const float* sx, const int8_t* w, const float* scale, const float* bias,
                          int32_t act, int64_t M, int64_t K, int64_t N, const Out& out) {
   const int64_t G = (M + MRV - 1) / MRV, Kh = K / 2, K4 = (Kh + 1) / 2, Np = N / NR;
-  // f32 out in place (as i8_finish's), at most DIRECT_ROWS rows and no activation: each tile then writes its
-  // finished rows into y. With 1024 rows (GPT-2-small 8 x 128) the tiles' writes, a page per row, cost more
-  // than the pass they save, and so did the gelu in the tiles (GPT-2-small 1 x 128: 0.97x).
-  const bool direct = out.dt == DataType::F32 && !out.rows && M <= DIRECT_ROWS && act == ACT_NONE;
+  // f32 out in place (as i8_finish's) and no activation: each tile writes its finished rows into y. With the
+  // gelu in the tiles GPT-2-small's prompt was slower (1 x 128: 0.97x), so that keeps the pass.
+  const bool direct = out.dt == DataType::F32 && !out.rows && act == ACT_NONE;
   int8_t* xp = scratch<int8_t>(size_t(G * K4 * MRV * 4));
   int32_t* corr = scratch<int32_t>(size_t(G * MRV));
   vnni_pack_x(x, M, K, K4, xp, corr);
