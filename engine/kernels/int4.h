@@ -44,6 +44,7 @@ constexpr int64_t P = 16;     // columns per panel
 constexpr int64_t B = 8;      // rows per 64-byte block
 constexpr int64_t PFB = 1024;  // prefetch distance in the panel stream (bytes)
 constexpr int64_t ROWS = 64;  // rows of x per pass over a panel range (bounds the sums buffer)
+constexpr int64_t TILE_ROWS = 60;  // the same for the prompt tiles: whole tiles of 6 at 1, 2 or 3 parts
 constexpr int64_t K4 = 20, K5 = 52, K6 = 82;  // rows of 16 bytes per 256 rows of W: Q4_K's, Q5_K's, Q6_K's
 
 struct W4 {
@@ -135,23 +136,7 @@ inline __m512i dot4(__m512i acc, __m512i u, __m512i s) {  // acc + sum of 4 u8 x
 #endif
 }
 
-// The K6 form's high bits of block j (its 32 bytes at h) added above the low codes lo / hi (int4.h top).
-inline void or_bits(__m512i& q, __m512i v, char mask) {  // q |= v & mask (per byte), one vpternlogd
-  q = _mm512_ternarylogic_epi32(q, v, _mm512_set1_epi8(mask), 0xF8);
-}
-
-inline void high2(const uint8_t* h, __m512i& lo, __m512i& hi) {
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h));
-  const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1);
-  or_bits(lo, _mm512_slli_epi16(z, 4), 0x30), or_bits(hi, _mm512_slli_epi16(z, 2), 0x30);
-}
-
-// The Q5_K form's high bits of block j (its 16 bytes at h) added above the low codes lo / hi.
-inline void high1(const uint8_t* h, __m512i& lo, __m512i& hi) {
-  const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
-  const __m512i z = _mm512_srlv_epi32(b, _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0));
-  or_bits(lo, _mm512_slli_epi16(z, 4), 0x10), or_bits(hi, _mm512_slli_epi16(z, 3), 0x10);
-}
+#include "q4tile.h"  // high bits, group scales, the prompt tiles
 
 // MR rows of xq [MR, Kp] x panel p -> out[m * ld + 0..15]; HB: the codes' high bits (0, 1: Q5_K's, 2: Q6_K's).
 template <int MR, int HB>
@@ -159,8 +144,6 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const
                        int64_t p, float* out, int64_t ld) {
   constexpr int A = MR == 1 ? 2 : 1;  // one row: low and high nibbles in separate sums (latency)
   const uint8_t* panel = w.q + p * (w.Kp / B) * 64, *ps = w.scales(p);
-  const int64_t per = 256 / w.group;  // a K form's groups per 256 rows
-  const __m512i lo4 = _mm512_set1_epi8(15);
   __m512 f[MR];
   for (int m = 0; m < MR; ++m) f[m] = _mm512_setzero_ps();
   __m512 kd = _mm512_setzero_ps(), kn = kd;  // the K form's super-scale and -dmin (every 8 groups)
@@ -172,10 +155,8 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const
     for (int64_t j = g * gb; j < (g + 1) * gb; ++j) {
       const uint8_t* r = panel + j * 64;
       _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
-      const __m512i v = _mm512_loadu_si512(r);
-      __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-      if constexpr (HB == 2) high2(ps + (j / 32) * K6 * P + (18 + 2 * (j % 32)) * P, lo, hi);
-      if constexpr (HB == 1) high1(ps + (j / 32) * K5 * P + (K4 + j % 32) * P, lo, hi);
+      __m512i lo, hi;
+      codes<HB>(r, ps, j, lo, hi);
       for (int m = 0; m < MR; ++m) {
         const int8_t* x = xq + m * w.Kp + j * B;
         acc[m][0] = dot4(acc[m][0], lo, _mm512_set1_epi32(x4(x)));
@@ -183,22 +164,7 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const
       }
     }
     __m512 s, mn;
-    if (w.k8) {
-      const uint8_t* b = ps + (g / per) * w.KR * P;
-      if (g % per == 0) kd = _mm512_cvtph_ps(f16_planes(b + 16 * P, b + 17 * P));
-      if (g % per == 0 && HB != 2) kn = _mm512_cvtph_ps(f16_planes(b + 18 * P, b + 19 * P));
-      const auto i8 = [&](int row) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + row * P));
-        return _mm512_cvtepi32_ps(HB == 2 ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
-      };
-      s = _mm512_mul_ps(kd, i8(int(g % per)));
-      mn = HB == 2 ? _mm512_mul_ps(s, _mm512_set1_ps(-32.f)) : _mm512_mul_ps(kn, i8(int(8 + g % per)));
-    } else {
-      const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * P;
-      s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg)));
-      mn = w.S == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sg + P)))
-                    : _mm512_mul_ps(s, _mm512_set1_ps(-8.f));
-    }
+    group_scales<HB>(w, ps, g, kd, kn, s, mn);
     for (int m = 0; m < MR; ++m) {
       const __m512i a = A == 2 ? _mm512_add_epi32(acc[m][0], acc[m][A - 1]) : acc[m][0];
       f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s, _mm512_set1_ps(sx[m * G + g])), f[m]);
@@ -284,9 +250,18 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const
 }
 #endif
 
-// M rows (<= ROWS) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c].
-inline void rows(const int8_t* xq, const float* sx, const float* xs, const int32_t* xi, int64_t G, int64_t M, const W4& w, int64_t p0,
-                 int64_t p1, float* buf, int64_t ld) {
+// M rows (<= ROWS) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c]; xp: the same rows packed for the
+// prompt tiles (pack_x6), or null.
+inline void rows(const int8_t* xq, const int8_t* xp, const float* sx, const float* xs, const int32_t* xi, int64_t G,
+                 int64_t M, const W4& w, int64_t p0, int64_t p1, float* buf, int64_t ld) {
+#if defined(__AVX512F__)
+  if (xp) {
+    with_form(w, [&](auto hb, auto gq) {
+      tile_rows<decltype(hb)::value, decltype(gq)::value>(xp, sx, xs, xi, G, M, w, p0, p1, buf, ld);
+    });
+    return;
+  }
+#endif
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t m0 = 0; m0 < M;) {
       const int64_t left = M - m0;
@@ -316,12 +291,19 @@ inline void run(const float* x, const W4& w, const float* bias, int32_t act, int
   std::vector<float> sx(R * M * G), xs(R * M * G);
   std::vector<int32_t> xi(R * M * G);
   quantize_x(x, M, K, w, xq.data(), sx.data(), xs.data(), xi.data(), R);
-  drive_rows(M, N, w.Np, ROWS / R, bias, act, out, [&](int64_t m0, int64_t mc, int64_t p0, int64_t p1, float* buf, int64_t ld) {
+  std::vector<int8_t> xp;  // the prompt tiles' x (AVX-512), in chunks of TILE_ROWS rows: whole tiles
+#if defined(__AVX512F__)
+  if (R * M > MAX_TILE_ROWS && tiles_take(w.group)) xp.resize(size_t((R * M + TR - 1) / TR * TR * w.Kp)), pack_x6(xq.data(), R * M, w.Kp, xp.data());
+#endif
+  const int64_t chunk = xp.empty() ? ROWS / R : TILE_ROWS / R;
+  drive_rows(M, N, w.Np, chunk, bias, act, out, [&](int64_t m0, int64_t mc, int64_t p0, int64_t p1, float* buf, int64_t ld) {
     const int64_t r0 = R * m0;
     thread_local std::vector<float> parts;
     parts.resize(R > 1 ? R * mc * ld : 0);
     float* o = R > 1 ? parts.data() : buf;
-    rows(xq.data() + r0 * w.Kp, sx.data() + r0 * G, xs.data() + r0 * G, xi.data() + r0 * G, G, R * mc, w, p0, p1, o, ld);
+    const int8_t* xpr = xp.empty() ? nullptr : xp.data() + r0 * w.Kp;  // r0: a multiple of TR
+    rows(xq.data() + r0 * w.Kp, xpr, sx.data() + r0 * G, xs.data() + r0 * G, xi.data() + r0 * G, G, R * mc, w, p0, p1, o,
+         ld);
     for (int64_t m = 0; R > 1 && m < mc; ++m)
       for (int64_t j = 0; j < ld; ++j) {
         float v = o[m * R * ld + j];

@@ -206,17 +206,27 @@ def test_kernel_matches_numpy_on_odd_shapes():
 
 @needs_kernels
 def test_prefill_rows_get_the_bits_of_decode_rows():
-    """A call of more than 16 rows (prefill) gives every row exactly what calls of at most 7 rows
-    (decode) give it: exact int32 group sums and the same f32 flush per group, so how many rows share
-    a call never changes a token."""
+    """A call of more than 16 rows (prefill: the prompt tiles of AVX-512 builds) gives every row exactly
+    what calls of at most 7 rows (decode) give it: exact int32 group sums and the same f32 flush per
+    group, so how many rows share a call never changes a token. Also for the GGUF K forms (Q4_K's own
+    scales, Q5_K's and Q6_K's high bits)."""
     rng = np.random.default_rng(5)
+    made = {"K": (quantized_k, 32), "K5": (quantized_k5, 32), "K6": (quantized_k6, 16)}
     for k, n, group, asym in [
         (100, 37, 32, False),
         (200, 50, 64, True),
         (130, 129, 128, False),
         (32, 5125, 32, True),
+        (40, 37, 8, False),  # a group the tiles do not take: the row kernels at every count
+        (512, 37, "K", True),
+        (256, 50, "K5", True),
+        (512, 40, "K6", False),
     ]:
-        w, sm, _ = quantized(rng, k, n, group, asym)
+        if group in made:
+            fn, group = made[group]
+            w, sm, _ = fn(rng, k, n)
+        else:
+            w, sm, _ = quantized(rng, k, n, group, asym)
         w, sm = jnp.asarray(w), jnp.asarray(sm)
         for m, r in [(m, r) for m in (17, 40, 100) for r in (1, 2, 3)]:
             x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
