@@ -88,36 +88,41 @@ inline __m256i f16_planes(const uint8_t* lo, const uint8_t* hi) {
 // x [M, K] -> xq [M * R, Kp] int8 (zero padded), per row and group: sx (the scale), xi = sum(xq) and xs =
 // sx * xi. R parts (1..3): row m * R + h rounds what rows m * R .. + h - 1 left of x's row m (x - sx * xq,
 // each product rounded to f32: XLA's numbers), so R parts hold x within max|x| / (127 * 254^(R - 1))
-// per group: 3 parts, f32-like.
+// per group: 3 parts, f32-like. Prompt rows in parallel.
 inline void quantize_x(const float* x, int64_t M, int64_t K, const W4& w, int8_t* xq, float* sx, float* xs,
                        int32_t* xi, int64_t R = 1) {
   const int64_t G = w.Kp / w.group;
-  std::vector<float> res(R > 1 ? w.group : 0);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t h = 0; h < R; ++h) {
-        const int64_t k0 = g * w.group, k1 = std::min(K, k0 + w.group), r = m * R + h;
-        const float* xr = h ? res.data() : x + m * K + k0;
-        int8_t* q = xq + r * w.Kp;
-        if (h) {  // what the part before left (a non-finite row's: zeros)
-          const float sp = sx[(r - 1) * G + g], *prev = h == 1 ? x + m * K + k0 : res.data();
-          for (int64_t k = k0; k < k1; ++k) {
-            volatile float p = sp * float(q[k - w.Kp]);  // volatile: never contracted into one fma
-            res[k - k0] = std::isfinite(sp) ? prev[k - k0] - p : 0.f;
+  const auto part = [&](int64_t m0, int64_t m1) {  // rows m0..m1-1
+    std::vector<float> res(R > 1 ? w.group : 0);
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t h = 0; h < R; ++h) {
+          const int64_t k0 = g * w.group, k1 = std::min(K, k0 + w.group), r = m * R + h;
+          const float* xr = h ? res.data() : x + m * K + k0;
+          int8_t* q = xq + r * w.Kp;
+          if (h) {  // what the part before left (a non-finite row's: zeros)
+            const float sp = sx[(r - 1) * G + g], *prev = h == 1 ? x + m * K + k0 : res.data();
+            for (int64_t k = k0; k < k1; ++k) {
+              volatile float p = sp * float(q[k - w.Kp]);  // volatile: never contracted into one fma
+              res[k - k0] = std::isfinite(sp) ? prev[k - k0] - p : 0.f;
+            }
           }
+          bool finite = true;
+          const float amax = aotlm_i8::abs_max(xr, k1 - k0, finite);
+          const float s = amax / 127.f, inv = amax > 0.f && finite ? 1.f / s : 0.f;
+          int32_t sum = 0;  // a row with inf / NaN: its q are 0 (its sums come out NaN through sx)
+          if (finite)
+            sum = aotlm_i8::round_i8(xr, k1 - k0, inv, q + k0);
+          else
+            std::fill(q + k0, q + k1, int8_t(0));
+          for (int64_t k = std::max(k0, K); k < k0 + w.group; ++k) q[k] = 0;
+          sx[r * G + g] = finite ? s : std::numeric_limits<float>::quiet_NaN();  // inf/NaN in: NaN out
+          xs[r * G + g] = sx[r * G + g] * float(sum), xi[r * G + g] = sum;
         }
-        bool finite = true;
-        const float amax = aotlm_i8::abs_max(xr, k1 - k0, finite);
-        const float s = amax / 127.f, inv = amax > 0.f && finite ? 1.f / s : 0.f;
-        int32_t sum = 0;  // a row with inf / NaN: its q are 0 (its sums come out NaN through sx)
-        if (finite)
-          sum = aotlm_i8::round_i8(xr, k1 - k0, inv, q + k0);
-        else
-          std::fill(q + k0, q + k1, int8_t(0));
-        for (int64_t k = std::max(k0, K); k < k0 + w.group; ++k) q[k] = 0;
-        sx[r * G + g] = finite ? s : std::numeric_limits<float>::quiet_NaN();  // inf/NaN in: NaN out
-        xs[r * G + g] = sx[r * G + g] * float(sum), xi[r * G + g] = sum;
-      }
+  };
+  if (M <= 16) return part(0, M);  // decode rows: on the calling thread
+  const int64_t n = std::min<int64_t>(M, 32);
+  aotlm::parallel_for(int(n), [&](int c) { part(M * c / n, M * (c + 1) / n); });
 }
 
 inline int32_t x4(const int8_t* p) {  // 4 int8 of x as one int32 (broadcast to every lane)
