@@ -44,7 +44,7 @@ constexpr int64_t P = 16;     // columns per panel
 constexpr int64_t B = 8;      // rows per 64-byte block
 constexpr int64_t PFB = 1024;  // prefetch distance in the panel stream (bytes)
 constexpr int64_t ROWS = 64;  // rows of x per pass over a panel range (bounds the sums buffer)
-constexpr int64_t TILE_ROWS = 60;  // the same for the prompt tiles: whole tiles of 6 at 1, 2 or 3 parts
+constexpr int64_t TILE_ROWS = 132;  // the prompt tiles: a 128-token prompt in one pass; whole tiles of 6 at 1-3 parts
 constexpr int64_t K4 = 20, K5 = 52, K6 = 82;  // rows of 16 bytes per 256 rows of W: Q4_K's, Q5_K's, Q6_K's
 
 struct W4 {
