@@ -298,7 +298,10 @@ inline void run(const float* x, const W4& w, const float* bias, int32_t act, int
   quantize_x(x, M, K, w, xq.data(), sx.data(), xs.data(), xi.data(), R);
   std::vector<int8_t> xp;  // the prompt tiles' x (AVX-512), in chunks of TILE_ROWS rows: whole tiles
 #if defined(__AVX512F__)
-  if (R * M > MAX_TILE_ROWS && tiles_take(w.group)) xp.resize(size_t((R * M + TR - 1) / TR * TR * w.Kp)), pack_x6(xq.data(), R * M, w.Kp, xp.data());
+  if (R * M > MAX_TILE_ROWS && tiles_take(w.group)) {
+    xp.resize(size_t((R * M + TR - 1) / TR * TR * w.Kp));
+    pack_x6(xq.data(), R * M, w.Kp, xp.data());
+  }
 #endif
   const int64_t chunk = xp.empty() ? ROWS / R : TILE_ROWS / R;
   drive_rows(M, N, w.Np, chunk, bias, act, out, [&](int64_t m0, int64_t mc, int64_t p0, int64_t p1, float* buf, int64_t ld) {
@@ -307,8 +310,8 @@ inline void run(const float* x, const W4& w, const float* bias, int32_t act, int
     parts.resize(R > 1 ? R * mc * ld : 0);
     float* o = R > 1 ? parts.data() : buf;
     const int8_t* xpr = xp.empty() ? nullptr : xp.data() + r0 * w.Kp;  // r0: a multiple of TR
-    rows(xq.data() + r0 * w.Kp, xpr, sx.data() + r0 * G, xs.data() + r0 * G, xi.data() + r0 * G, G, R * mc, w, p0, p1, o,
-         ld);
+    const int64_t g0 = r0 * G;
+    rows(xq.data() + r0 * w.Kp, xpr, sx.data() + g0, xs.data() + g0, xi.data() + g0, G, R * mc, w, p0, p1, o, ld);
     for (int64_t m = 0; R > 1 && m < mc; ++m)
       for (int64_t j = 0; j < ld; ++j) {
         float v = o[m * R * ld + j];
