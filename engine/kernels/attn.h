@@ -124,6 +124,16 @@ inline float softmax_row(float* si, const uint8_t* mi, int64_t n, int64_t last, 
   return 1.f / total;
 }
 
+// c [6 x nr] = a . b for kc rows of b: np = 2 panels (b0, b1: 32 columns) on the 6 x 32 tile of 16-lane builds
+// (gemm512.h's f32_micro_z2), np = 1 the 6 x 16 one (b0); the only place that choice is made.
+inline void tile_panels(const aotlm_gm::Rows& a, const float* b0, const float* b1, int64_t kc, float* c, int64_t ldc,
+                        int64_t np, int64_t nr) {
+#if defined(__AVX512F__)
+  if (np == 2) return aotlm_gm::f32_micro_z2(a, b0, b1, kc, c, ldc, nr);
+#endif
+  aotlm_gm::f32_micro(a, b0, kc, c, ldc, false, MR, nr);
+}
+
 // One task: row b, kv head kh, query blocks [blk0, blk1) of QB rows. Keys 0..nk-1 (causal: up to
 // the last block's end) are packed once for the g query heads: kt [panel][Dh][16] (K^T, the
 // micro-kernel's B for scores), vp [Dh panel][key][16] (V, its B for p @ v). Per head and block,
@@ -184,16 +194,10 @@ inline void task(const Src& src, const uint8_t* mask, const Dims& d, float scale
           qr.r[r] = qh + (b * d.T + std::min(i0 + gi * MR + r, i1 - 1)) * src.qs;
           pr.r[r] = s.data() + (gi * MR + r) * ld;
         }
-        for (int64_t p = 0; p * NR < last; p += STEP) {
-          float* sp = s.data() + gi * MR * ld + p * NR;
+        for (int64_t p = 0; p * NR < last; p += STEP) {  // scores: one or two panels of keys a tile
+          const int64_t np = (p + 1) * NR < last ? STEP : 1;
           const float* kp0 = kt.data() + p * d.Dh * NR;
-#if defined(__AVX512F__)
-          if ((p + 1) * NR < last) {  // two panels of keys per tile
-            aotlm_gm::f32_micro_z2(qr, kp0, kp0 + d.Dh * NR, d.Dh, sp, ld, 2 * NR);
-            continue;
-          }
-#endif
-          aotlm_gm::f32_micro(qr, kp0, d.Dh, sp, ld, false, MR, NR);
+          tile_panels(qr, kp0, kp0 + d.Dh * NR, d.Dh, s.data() + gi * MR * ld + p * NR, ld, np, np * NR);
         }
         for (int64_t r = 0; r < MR; ++r) {
           const int64_t i = i0 + gi * MR + r;
@@ -208,12 +212,7 @@ inline void task(const Src& src, const uint8_t* mask, const Dims& d, float scale
         for (int64_t c = 0; c < vc; c += STEP) {  // p @ v: one or (16-lane builds) two Dh panels a tile
           const int64_t np = std::min<int64_t>(STEP, vc - c), w = std::min(np * NR, d.Dh - c * NR);
           const float* v0 = vp.data() + c * nk * NR;
-#if defined(__AVX512F__)
-          if (np == 2)
-            aotlm_gm::f32_micro_z2(pr, v0, v0 + nk * NR, last, tile, STEP * NR, w);
-          else
-#endif
-            aotlm_gm::f32_micro(pr, v0, last, tile, STEP * NR, false, MR, NR);
+          tile_panels(pr, v0, v0 + nk * NR, last, tile, STEP * NR, np, w);
           for (int64_t r = 0; r < MR && i0 + gi * MR + r < i1; ++r) {
             float* dst = o + ((b * d.T + i0 + gi * MR + r) * d.H + h) * d.Dh + c * NR;
             for (int64_t e = 0; e < w; ++e) dst[e] = tile[r * STEP * NR + e] * inv[gi * MR + r];
