@@ -2,14 +2,14 @@
 // bits of 5- and 6-bit codes, a group's scales, and the prompt tiles.
 //
 // Prompt tiles (more than MAX_TILE_ROWS rows of x in a call): panel_rows unpacks every 64-byte block
-// of codes again for each group of up to 8 rows and feeds each broadcast of x to one vpdpbusd, so a
-// 128-row prompt ran at ~16% of the int8 peak (1B Q4_0 shapes; 12% with Q6_K's high bits). Here a
-// pair of panels is unpacked once per chunk of rows into whole bytes, vnni_regroup's layout
-// ([K / 4][64]: step q is rows 4q..4q+3 of the 16 columns), x is packed per 6 rows as [K / 4][6][4]
-// (vnni_pack_x's order), and a 6 x 32 tile keeps 12 int32 group sums and 12 f32 rows in registers:
-// each broadcast of x feeds two vpdpbusd. The group sums are exact and each group is flushed into
-// the f32 rows with panel_rows' operations in its order, so a row's result is the same bits either
-// way (tests/kernels/test_q4.py checks prompt rows against decode rows).
+// of codes again for each group of up to 8 rows (the 5- and 6-bit codes' high bits too) and feeds each
+// broadcast of x to one vpdpbusd (figures: the kernels README, "4-bit weights"). Here a pair of panels
+// is unpacked once per chunk of rows into whole bytes, vnni_regroup's layout ([K / 4][64]: step q is
+// rows 4q..4q+3 of the 16 columns), x is packed per 6 rows as [K / 4][6][4] (vnni_pack_x's order), and
+// a 6 x 32 tile keeps 12 int32 group sums and 12 f32 rows in registers: each broadcast of x feeds two
+// vpdpbusd. The group sums are exact and each group is flushed into the f32 rows with panel_rows'
+// operations in its order, so a row's result is the same bits either way (tests/kernels/test_q4.py
+// checks prompt rows against decode rows).
 #pragma once
 
 // The K6 form's high bits of block j (its 32 bytes at h) added above the low codes lo / hi (int4.h top).
