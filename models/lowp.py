@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from aotlm import kernels
 from aotlm.models import packing
 
-KINDS = (None, "s8", "bf16", "f32")  # "f32": 4-bit weights' x in three int8 parts (quant4.dense4), every row
+# "s16" / "f32": 4-bit weights' x as int16 in two int8 digits / in three int8 parts (quant4.dense4), every row
+KINDS = (None, "s8", "bf16", "s16", "f32")
 _opts = threading.local()
 
 

@@ -75,8 +75,9 @@ class QuantizationConfig:
     activations, where reading the weights, not the arithmetic, is the cost.
     ``quant_dtype="int4"`` (aotlm's): 4-bit codes in groups of ``group_size`` (32, 64, 128) input rows with
     f16 scales, ``asymmetric`` adding a per-group minimum (``aotlm.models.quant4``); activations rounded
-    to int8 per group as llama.cpp's, or with ``activations="f32"`` (``quant="int4-f32a"``) held as f32
-    holds them in three int8 parts (3x the integer products; logits as float32's)."""
+    to int8 per group as llama.cpp's, with ``activations="s16"`` (``quant="int4-a16"``) as int16 per group
+    in two int8 digits (2x the integer products; logits ~1e-4 of float32's), or with ``activations="f32"``
+    (``quant="int4-f32a"``) held as f32 holds them in three int8 parts (3x; logits as float32's)."""
 
     quant_dtype: str = "s8"
     lm_head: bool = True
@@ -98,11 +99,11 @@ class QuantizationConfig:
         if self.group_size not in quant4.GROUPS:
             raise ValueError(f"group_size={self.group_size!r} is not supported; use one of {quant4.GROUPS}")
         int8 = self.quant_dtype in ("s8", "int8")
-        ok = {None: True, "s8": int8, "bf16": self.quant_dtype == "bf16", "f32": self.int4}
+        ok = {None: True, "s8": int8, "bf16": self.quant_dtype == "bf16", "s16": self.int4, "f32": self.int4}
         if not ok.get(self.activations, False):
             raise ValueError(
                 f"activations={self.activations!r} is not supported; use None, 's8' with int8 weights, "
-                "'bf16' with bf16 weights or 'f32' with int4 weights"
+                "'bf16' with bf16 weights, 's16' or 'f32' with int4 weights"
             )
 
     @property
@@ -124,7 +125,7 @@ class QuantizationConfig:
     def label(self) -> str:
         """The storage in one word, e.g. ``int8``, ``bf16``, ``int4-g32``, ``int4-g64-asym``."""
         if self.int4:
-            return f"int4-g{self.group_size}" + "-asym" * self.asymmetric + F32A * (self.activations == "f32")
+            return f"int4-g{self.group_size}" + "-asym" * self.asymmetric + X_SUFFIX.get(self.activations, "")
         return {"s8": "int8"}.get(self.quant_dtype, self.quant_dtype)
 
 
@@ -147,23 +148,23 @@ def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig |
         return INT4_NAMES[quant]
     raise ValueError(
         f"quant={quant!r} is not supported; use None, 'none', 'int8', 'w8a8', 'bf16', 'bf16a', 'f16', 'int4' "
-        "('int4-g64', 'int4-g128', '-asym' for a per-group minimum, '-f32a' for f32-precise activations) "
-        "or a QuantizationConfig"
+        "('int4-g64', 'int4-g128', '-asym' for a per-group minimum, '-a16' for int16 activations, "
+        "'-f32a' for f32-precise ones) or a QuantizationConfig"
     )
 
 
 # "int4", "int4-g64", "int4-asym", "int4-g128-asym", ... -> config ("int4" alone: groups of 32, symmetric;
 # "int4-g32" says so explicitly, also for a GGUF file whose Q4_1 blocks "int4" would keep as "int4-asym");
-# "-f32a" at the end: the same storage, activations held as f32 holds them (activations="f32")
-F32A = "-f32a"
+F32A = "-f32a"  # at the end: the same storage, activations held as f32 holds them (activations="f32")
+X_SUFFIX = {"s16": "-a16", "f32": F32A}  # "-a16": as int16 (activations="s16")
 INT4_NAMES = {
-    f"int4{suffix}{'-asym' * a}{F32A * bool(x)}": QuantizationConfig(
+    f"int4{suffix}{'-asym' * a}{X_SUFFIX.get(x, '')}": QuantizationConfig(
         "int4", group_size=g, asymmetric=a, activations=x
     )
     for g in quant4.GROUPS
     for suffix in (("", "-g32") if g == 32 else (f"-g{g}",))
     for a in (False, True)
-    for x in (None, "f32")
+    for x in (None, "s16", "f32")
 }
 
 

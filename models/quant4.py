@@ -354,19 +354,23 @@ def codes(w, name: str):
     return jnp.transpose(a, order).reshape(*kd, *nd).astype(jnp.float32)
 
 
-# int8 parts of x per group: one (llama.cpp's rounding), or three under activations "f32" (quant="int4-f32a"):
-# the second and third round what the parts before left, so x is held within max|x| / (127 * 254^2)
-X_PARTS = (1, 3)
+# How x is held per group, by the graph's activations kind (lowp): one int8 part (llama.cpp's rounding);
+# "s16" (quant="int4-a16"): 2, one int16 value in two int8 digits, within max|x| / (2 * 32639); "f32"
+# (quant="int4-f32a"): three int8 parts, the second and third rounding what the parts before left, so x is
+# held within max|x| / (127 * 254^2)
+X_PARTS = {None: 1, "s16": 2, "f32": 3}
+X16 = 32639  # the largest |x| / scale two int8 digits hold (int4.h, q4x.h)
 
 
-def round_x(x, group: int, axes: int):
-    """``x`` rounded to int8 per row and group of ``group`` contracted entries (scale ``max|x| / 127``)
-    and back to f32: what the kernel multiplies (``aotlm/kernels/int4.h``)."""
+def round_x(x, group: int, axes: int, top: int = 127):
+    """``x`` rounded to integers per row and group of ``group`` contracted entries (scale ``max|x| /
+    top``: int8 at 127, the two digits' int16 at ``X16``) and back to f32: what the kernel multiplies
+    (``aotlm/kernels/int4.h``)."""
     lead, kd = x.shape[: x.ndim - axes], x.shape[x.ndim - axes :]
     xf = x.astype(jnp.float32).reshape(*lead, -1, group)
-    s = jnp.max(jnp.abs(xf), axis=-1, keepdims=True) / 127.0
+    s = jnp.max(jnp.abs(xf), axis=-1, keepdims=True) / float(top)
     inv = jnp.where(s > 0, 1.0 / jnp.where(s > 0, s, 1.0), 0.0)
-    return (jnp.clip(jnp.round(xf * inv), -127, 127) * s).reshape(*lead, *kd)
+    return (jnp.clip(jnp.round(xf * inv), -top, top) * s).reshape(*lead, *kd)
 
 
 def dequantize(w, sm, name: str):
@@ -402,14 +406,14 @@ def dense4(x, w, sm, axes: int, name: str, b=None, act: str | None = None):
     pk = packing.packed_k(name, w.ndim)
     if pk is None:
         raise ValueError(f"4-bit leaf {name} of shape {w.shape} is not in the panel layout")
-    nt, parts = name == "embed_q", X_PARTS[lowp.kind() == "f32"]
+    nt, parts = name == "embed_q", X_PARTS.get(lowp.kind(), 1)
     if kernels.q4_supported(x, name):
         return kernels.matmul_q4(x, w, sm, axes, name, packed_k=pk, nt=nt, b=b, act=act, parts=parts)
     wl = dequantize(w, sm, name)
     g = kernels.q4_group(math.prod(wl.shape[:axes]), sm, wl.ndim - axes)
-    xr = round_x(x, g, axes)
+    xr = round_x(x, g, axes, X16 if parts == 2 else 127)
     left, part = x.astype(jnp.float32), xr
-    for _ in range(parts - 1):  # each part rounds what the parts before left (as the kernel does)
+    for _ in range(parts - 1 if parts == 3 else 0):  # each part rounds what the ones before left (kernel's)
         left = left - part
         part = round_x(left, g, axes)
         xr = xr + part

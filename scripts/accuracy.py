@@ -44,6 +44,8 @@ MODES = {  # name -> aotlm score flags
     "int4-g64": ("--quant", "int4-g64"),
     "int4-g128": ("--quant", "int4-g128"),
     "int4-asym": ("--quant", "int4-asym"),
+    "int4-asym-a16": ("--quant", "int4-asym-a16"),  # the same blocks, x as int16 per group
+    "int4-asym-f32a": ("--quant", "int4-asym-f32a"),  # the same blocks, x as f32 holds it
 }
 SEQ = 256
 

@@ -120,8 +120,9 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
         choices=["int8", "w8a8", "bf16", "bf16a", "none", *INT4_NAMES],
         help="int8 (per-channel scales) or bf16 weight storage; w8a8: int8 weights and matmul activations; "
         "bf16a: bf16 weights and prefill activations; "
-        "int4[-g64|-g128][-asym][-f32a]: 4-bit groups of 32 (64, 128) with f16 scales (+ minimums), "
-        "activations rounded to int8 per group (-f32a: held as f32 holds them, 3x the products); "
+        "int4[-g64|-g128][-asym][-a16|-f32a]: 4-bit groups of 32 (64, 128) with f16 scales (+ minimums), "
+        "activations rounded to int8 per group (-a16: int16, 2x the products; -f32a: held as f32 holds "
+        "them, 3x); "
         "none: f32 (a GGUF model defaults to int8)",
     )
     p.add_argument("--fuse-qkv", action="store_true", default=None, help="one q/k/v and one gate/up matmul")

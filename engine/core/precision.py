@@ -62,6 +62,13 @@ AMP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 # kv_cache_dtype names (None: follow amp, as above); long names are accepted and canonicalized
 KV_CACHE_DTYPES = {"f32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16", "f16": "f16",
                    "float16": "f16"}  # fmt: skip
+# a quantization's activations as ``describe`` says them
+ACTIVATIONS_SAID = {
+    "s8": ", int8 matmul",
+    "bf16": ", bf16 prefill",
+    "s16": ", int16 int4 matmul",
+    "f32": ", f32-exact int4 matmul",
+}
 
 
 def amp_dtype(amp: str):
@@ -112,8 +119,7 @@ class Precision:
         weights = self.quant.label if self.quant is not None else self.amp
         name = lambda d: {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[jnp.dtype(d).name]
         low = self.quant.activations if self.quant is not None else None
-        kind = {"s8": ", int8 matmul", "bf16": ", bf16 prefill", "f32": ", f32-exact int4 matmul"}
-        acts = name(self.compute) + kind.get(low, "")
+        acts = name(self.compute) + ACTIVATIONS_SAID.get(low, "")
         return f"amp={self.amp}: {weights} weights, {acts} activations, {name(self.kv)} KV"
 
 

@@ -28,8 +28,8 @@ ARG_KEYS = MODEL_KEYS
 
 def _quant_name(q) -> str:
     """A ``QuantizationConfig`` as the string option that rebuilds it (its dequant dtype is the amp)."""
-    if q.activations == "f32":  # 4-bit weights, x held in three int8 parts
-        return "int4-f32a"
+    if q.int4:  # 4-bit weights: group, minimum and how x is held in the label ("int4-g64-asym-a16")
+        return q.label
     if q.activations:  # prefill activations rounded too
         return "w8a8" if q.w8a8 else "bf16a"
     return {"s8": "int8"}.get(q.quant_dtype, q.quant_dtype)

@@ -34,7 +34,10 @@
 // saturate here: 2 * 15 * 127 < 2^15), and per group and column
 //   y += s * sx * sum_k xq[k] q[k] + m * sx * sum_k xq[k],
 // i.e. exactly (xq * sx) @ W in real arithmetic; the XLA fallback (models/quant4.py) rounds x the
-// same way and dots it with the dequantized W. Why integers: widening every nibble to f32 for an FMA
+// same way and dots it with the dequantized W. Closer x (q4x.h): int16 per group (sx = max|x| / 32639)
+// as two int8 digits h, l (x = sx (256 h + l)), whose sums are added as 256 sum(q h) + sum(q l), exact in
+// int32 (|256 * 128 * 15 * 128| < 2^31 for a group of 128), then flushed as above: 2x the vpdpbusd; or
+// three int8 parts, each flushed (3x). Why integers: widening every nibble to f32 for an FMA
 // (7 vector ops per 32 weights) kept GPT-2-small's decode compute-bound at ~5 GB/s; here one
 // 64-byte block (128 weights) is 1 load, 3 logic ops and 2 vpdpbusd per row of x.
 #pragma once
@@ -59,6 +62,14 @@ struct W4 {
     return k8 ? k8 + p * (Kp / 256) * KR * P : reinterpret_cast<const uint8_t*>(sm + p * (Kp / group) * S * P);
   }
 };
+
+// fn(integral_constant<int, HB>) for w's codes' high bits: 2 (Q6_K), 1 (Q5_K) or 0.
+template <class Fn>
+inline void with_bits(const W4& w, Fn&& fn) {
+  w.KR == K6 ? fn(std::integral_constant<int, 2>{})
+  : w.KR == K5 ? fn(std::integral_constant<int, 1>{})
+               : fn(std::integral_constant<int, 0>{});
+}
 
 // Scale and minimum of group g, column n (scalar: run_unpack).
 inline void scale_min(const W4& w, int64_t g, int64_t n, float& s, float& mn) {
@@ -85,45 +96,7 @@ inline __m256i f16_planes(const uint8_t* lo, const uint8_t* hi) {
   return _mm256_set_m128i(_mm_unpackhi_epi8(l, h), _mm_unpacklo_epi8(l, h));
 }
 
-// x [M, K] -> xq [M * R, Kp] int8 (zero padded), per row and group: sx (the scale), xi = sum(xq) and xs =
-// sx * xi. R parts (1..3): row m * R + h rounds what rows m * R .. + h - 1 left of x's row m (x - sx * xq,
-// each product rounded to f32: XLA's numbers), so R parts hold x within max|x| / (127 * 254^(R - 1))
-// per group: 3 parts, f32-like. Prompt rows in parallel.
-inline void quantize_x(const float* x, int64_t M, int64_t K, const W4& w, int8_t* xq, float* sx, float* xs,
-                       int32_t* xi, int64_t R = 1) {
-  const int64_t G = w.Kp / w.group;
-  const auto part = [&](int64_t m0, int64_t m1) {  // rows m0..m1-1
-    std::vector<float> res(R > 1 ? w.group : 0);
-    for (int64_t m = m0; m < m1; ++m)
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t h = 0; h < R; ++h) {
-          const int64_t k0 = g * w.group, k1 = std::min(K, k0 + w.group), r = m * R + h;
-          const float* xr = h ? res.data() : x + m * K + k0;
-          int8_t* q = xq + r * w.Kp;
-          if (h) {  // what the part before left (a non-finite row's: zeros)
-            const float sp = sx[(r - 1) * G + g], *prev = h == 1 ? x + m * K + k0 : res.data();
-            for (int64_t k = k0; k < k1; ++k) {
-              volatile float p = sp * float(q[k - w.Kp]);  // volatile: never contracted into one fma
-              res[k - k0] = std::isfinite(sp) ? prev[k - k0] - p : 0.f;
-            }
-          }
-          bool finite = true;
-          const float amax = aotlm_i8::abs_max(xr, k1 - k0, finite);
-          const float s = amax / 127.f, inv = amax > 0.f && finite ? 1.f / s : 0.f;
-          int32_t sum = 0;  // a row with inf / NaN: its q are 0 (its sums come out NaN through sx)
-          if (finite)
-            sum = aotlm_i8::round_i8(xr, k1 - k0, inv, q + k0);
-          else
-            std::fill(q + k0, q + k1, int8_t(0));
-          for (int64_t k = std::max(k0, K); k < k0 + w.group; ++k) q[k] = 0;
-          sx[r * G + g] = finite ? s : std::numeric_limits<float>::quiet_NaN();  // inf/NaN in: NaN out
-          xs[r * G + g] = sx[r * G + g] * float(sum), xi[r * G + g] = sum;
-        }
-  };
-  if (M <= 16) return part(0, M);  // decode rows: on the calling thread
-  const int64_t n = std::min<int64_t>(M, 32);
-  aotlm::parallel_for(int(n), [&](int c) { part(M * c / n, M * (c + 1) / n); });
-}
+#include "q4x.h"  // x rounded per group: one int8 part, two int8 digits (int16) or three parts
 
 inline int32_t x4(const int8_t* p) {  // 4 int8 of x as one int32 (broadcast to every lane)
   int32_t v;
@@ -143,8 +116,9 @@ inline __m512i dot4(__m512i acc, __m512i u, __m512i s) {  // acc + sum of 4 u8 x
 
 #include "q4tile.h"  // high bits, group scales, the prompt tiles
 
-// MR rows of xq [MR, Kp] x panel p -> out[m * ld + 0..15]; HB: the codes' high bits (0, 1: Q5_K's, 2: Q6_K's).
-template <int MR, int HB>
+// MR rows of x x panel p -> out[m * ld + 0..15]; HB: the codes' high bits (0, 1: Q5_K's, 2: Q6_K's); D: rows
+// of xq [MR * D, Kp] per row of x (2: int8 digits, the first's sums shifted 8 bits up, quantize_x).
+template <int MR, int HB, int D>
 inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const int32_t* xi, int64_t G, const W4& w,
                        int64_t p, float* out, int64_t ld) {
   constexpr int A = MR == 1 ? 2 : 1;  // one row: low and high nibbles in separate sums (latency)
@@ -154,25 +128,30 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const
   __m512 kd = _mm512_setzero_ps(), kn = kd;  // the K form's super-scale and -dmin (every 8 groups)
   const int64_t gb = w.group / B;  // blocks per group
   for (int64_t g = 0; g < G; ++g) {
-    __m512i acc[MR][A];  // Q6_K: the sums start at -32 sum(xq), its codes' offset, exact in int32
+    __m512i acc[MR][D][A];  // Q6_K: the sums start at -32 sum(X), its codes' offset, exact in int32
     for (int m = 0; m < MR; ++m)
-      for (int a = 0; a < A; ++a) acc[m][a] = _mm512_set1_epi32(HB == 2 && a == 0 ? -32 * xi[m * G + g] : 0);
+      for (int d = 0; d < D; ++d)
+        for (int a = 0; a < A; ++a)
+          acc[m][d][a] = _mm512_set1_epi32(HB == 2 && a == 0 && d == D - 1 ? -32 * xi[m * G + g] : 0);
     for (int64_t j = g * gb; j < (g + 1) * gb; ++j) {
       const uint8_t* r = panel + j * 64;
       _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
       __m512i lo, hi;
       codes<HB>(r, ps, j, lo, hi);
-      for (int m = 0; m < MR; ++m) {
-        const int8_t* x = xq + m * w.Kp + j * B;
-        acc[m][0] = dot4(acc[m][0], lo, _mm512_set1_epi32(x4(x)));
-        acc[m][A - 1] = dot4(acc[m][A - 1], hi, _mm512_set1_epi32(x4(x + 4)));
-      }
+      for (int m = 0; m < MR; ++m)
+        for (int d = 0; d < D; ++d) {
+          const int8_t* x = xq + (m * D + d) * w.Kp + j * B;
+          acc[m][d][0] = dot4(acc[m][d][0], lo, _mm512_set1_epi32(x4(x)));
+          acc[m][d][A - 1] = dot4(acc[m][d][A - 1], hi, _mm512_set1_epi32(x4(x + 4)));
+        }
     }
     __m512 s, mn;
     group_scales<HB>(w, ps, g, kd, kn, s, mn);
     for (int m = 0; m < MR; ++m) {
-      const __m512i a = A == 2 ? _mm512_add_epi32(acc[m][0], acc[m][A - 1]) : acc[m][0];
-      f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s, _mm512_set1_ps(sx[m * G + g])), f[m]);
+      __m512i a[D];
+      for (int d = 0; d < D; ++d) a[d] = A == 2 ? _mm512_add_epi32(acc[m][d][0], acc[m][d][A - 1]) : acc[m][d][0];
+      const __m512i t = D == 2 ? _mm512_add_epi32(_mm512_slli_epi32(a[0], 8), a[D - 1]) : a[0];
+      f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(s, _mm512_set1_ps(sx[m * G + g])), f[m]);
       if constexpr (HB != 2) f[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * G + g]), mn, f[m]);
     }
   }
@@ -186,7 +165,7 @@ inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 
 // AVX2: the same on two vectors of 8 columns (bytes 0-31 of a block: columns 0-7; the K6 form's high
 // bits: the low nibbles of its 32 bytes, then the high ones; Q5_K's: shifts 0 / 2, then 4 / 6).
-template <int MR, int HB>
+template <int MR, int HB, int D>
 inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const int32_t* xi, int64_t G, const W4& w,
                        int64_t p, float* out, int64_t ld) {
   const uint8_t* panel = w.q + p * (w.Kp / B) * 64, *ps = w.scales(p);
@@ -196,8 +175,10 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const
   for (int m = 0; m < MR; ++m) f[m][0] = f[m][1] = _mm256_setzero_ps();
   const int64_t gb = w.group / B;
   for (int64_t g = 0; g < G; ++g) {
-    __m256i acc[MR][2];
-    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_set1_epi32(HB == 2 ? -32 * xi[m * G + g] : 0);
+    __m256i acc[MR][D][2];
+    for (int m = 0; m < MR; ++m)
+      for (int d = 0; d < D; ++d)
+        acc[m][d][0] = acc[m][d][1] = _mm256_set1_epi32(HB == 2 && d == D - 1 ? -32 * xi[m * G + g] : 0);
     for (int64_t j = g * gb; j < (g + 1) * gb; ++j) {
       const uint8_t* r = panel + j * 64;
       _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
@@ -217,10 +198,12 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const
           lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(z, _mm256_set1_epi8(3)), 4));
           hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(z, _mm256_set1_epi8(12)), 2));
         }
-        for (int m = 0; m < MR; ++m) {
-          const int8_t* x = xq + m * w.Kp + j * B;
-          acc[m][v] = dot4(dot4(acc[m][v], lo, _mm256_set1_epi32(x4(x))), hi, _mm256_set1_epi32(x4(x + 4)));
-        }
+        for (int m = 0; m < MR; ++m)
+          for (int d = 0; d < D; ++d) {
+            const int8_t* x = xq + (m * D + d) * w.Kp + j * B;
+            __m256i& a = acc[m][d][v];
+            a = dot4(dot4(a, lo, _mm256_set1_epi32(x4(x))), hi, _mm256_set1_epi32(x4(x + 4)));
+          }
       }
     }
     for (int v = 0; v < 2; ++v) {
@@ -245,7 +228,8 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const
       }
       for (int m = 0; m < MR; ++m) {
         const __m256 sc = _mm256_mul_ps(s, _mm256_set1_ps(sx[m * G + g]));
-        f[m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][v]), sc, f[m][v]);
+        const __m256i a0 = acc[m][0][v], t = D == 2 ? _mm256_add_epi32(_mm256_slli_epi32(a0, 8), acc[m][D - 1][v]) : a0;
+        f[m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, f[m][v]);
         if constexpr (HB != 2) f[m][v] = _mm256_fmadd_ps(_mm256_set1_ps(xs[m * G + g]), mn, f[m][v]);
       }
     }
@@ -258,60 +242,62 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const
 // M rows (<= ROWS) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c]; xp: the same rows packed for the
 // prompt tiles (pack_x6), or null.
 inline void rows(const int8_t* xq, const int8_t* xp, const float* sx, const float* xs, const int32_t* xi, int64_t G,
-                 int64_t M, const W4& w, int64_t p0, int64_t p1, float* buf, int64_t ld) {
+                 int64_t M, const W4& w, int64_t p0, int64_t p1, float* buf, int64_t ld, int64_t D) {
+  const auto digits = [&](auto dd) {
+    constexpr int DD = decltype(dd)::value;
 #if defined(__AVX512F__)
-  if (xp) {
-    with_form(w, [&](auto hb, auto gq) {
-      tile_rows<decltype(hb)::value, decltype(gq)::value>(xp, sx, xs, xi, G, M, w, p0, p1, buf, ld);
-    });
-    return;
-  }
-#endif
-  for (int64_t p = p0; p < p1; ++p)
-    for (int64_t m0 = 0; m0 < M;) {
-      const int64_t left = M - m0;
-      const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
-      const int8_t* x = xq + m0 * w.Kp;
-      const float *s = sx + m0 * G, *t = xs + m0 * G;
-      const int32_t* u = xi + m0 * G;
-      float* o = buf + m0 * ld + (p - p0) * P;
-      with_rows<MR_MAX>(mr, [&](auto r) {
-        if (w.KR == K6)
-          panel_rows<decltype(r)::value, 2>(x, s, t, u, G, w, p, o, ld);
-        else if (w.KR == K5)
-          panel_rows<decltype(r)::value, 1>(x, s, t, u, G, w, p, o, ld);
-        else
-          panel_rows<decltype(r)::value, 0>(x, s, t, u, G, w, p, o, ld);
+    if (xp) {
+      with_form(w, [&](auto hb, auto gq) {
+        tile_rows<decltype(hb)::value, decltype(gq)::value, DD>(xp, sx, xs, xi, G, M, w, p0, p1, buf, ld);
       });
-      m0 += mr;
+      return;
     }
+#endif
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t m0 = 0; m0 < M;) {
+        const int64_t left = M - m0;
+        const int mr = int(left > MR_MAX && left < 2 * MR_MAX ? (left + 1) / 2 : std::min<int64_t>(left, MR_MAX));
+        const int8_t* x = xq + m0 * DD * w.Kp;
+        const float *s = sx + m0 * G, *t = xs + m0 * G;
+        const int32_t* u = xi + m0 * G;
+        float* o = buf + m0 * ld + (p - p0) * P;
+        with_rows<MR_MAX>(mr, [&](auto r) {
+          with_bits(w, [&](auto hb) {
+            panel_rows<decltype(r)::value, decltype(hb)::value, DD>(x, s, t, u, G, w, p, o, ld);
+          });
+        });
+        m0 += mr;
+      }
+  };
+  D == 2 ? digits(std::integral_constant<int, 2>{}) : digits(std::integral_constant<int, 1>{});
 }
 
-// y [M, N] = act(x [M, K] @ W (+ bias)); bias: f32 [Np] (zero padded) or null; R: parts of x (quantize_x),
-// each multiplied, their products summed in order.
+// y [M, N] = act(x [M, K] @ W (+ bias)); bias: f32 [Np] (zero padded) or null; X: how x is held (quantize_x):
+// 1 int8 part, 2 int8 digits (int16), 3 int8 parts (each multiplied, their products summed in order).
 inline void run(const float* x, const W4& w, const float* bias, int32_t act, int64_t M, int64_t K, int64_t N,
-                const Out& out, int64_t R = 1) {
-  const int64_t G = w.Kp / w.group;
-  std::vector<int8_t> xq(R * M * w.Kp);
+                const Out& out, int64_t X = 1) {
+  const int64_t G = w.Kp / w.group, D = X == 2 ? 2 : 1, R = X == 2 ? 1 : X;  // digits, parts
+  std::vector<int8_t> xq(R * D * M * w.Kp);
   std::vector<float> sx(R * M * G), xs(R * M * G);
   std::vector<int32_t> xi(R * M * G);
-  quantize_x(x, M, K, w, xq.data(), sx.data(), xs.data(), xi.data(), R);
+  quantize_x(x, M, K, w, xq.data(), sx.data(), xs.data(), xi.data(), R, D);
   std::vector<int8_t> xp;  // the prompt tiles' x (AVX-512), in chunks of TILE_ROWS rows: whole tiles
 #if defined(__AVX512F__)
-  if (R * M > MAX_TILE_ROWS && tiles_take(w.group)) {
-    xp.resize(size_t((R * M + TR - 1) / TR * TR * w.Kp));
-    pack_x6(xq.data(), R * M, w.Kp, xp.data());
+  if (R * D * M > MAX_TILE_ROWS && tiles_take(w.group)) {
+    xp.resize(size_t((R * D * M + TR - 1) / TR * TR * w.Kp));
+    pack_x6(xq.data(), R * D * M, w.Kp, xp.data());
   }
 #endif
-  const int64_t chunk = xp.empty() ? ROWS / R : TILE_ROWS / R;
+  const int64_t chunk = xp.empty() ? ROWS / R : TILE_ROWS / (R * D);
   drive_rows(M, N, w.Np, chunk, bias, act, out, [&](int64_t m0, int64_t mc, int64_t p0, int64_t p1, float* buf, int64_t ld) {
     const int64_t r0 = R * m0;
     thread_local std::vector<float> parts;
     parts.resize(R > 1 ? R * mc * ld : 0);
     float* o = R > 1 ? parts.data() : buf;
-    const int8_t* xpr = xp.empty() ? nullptr : xp.data() + r0 * w.Kp;  // r0: a multiple of TR
+    const int8_t* xpr = xp.empty() ? nullptr : xp.data() + r0 * D * w.Kp;  // r0 * D: a multiple of TR
     const int64_t g0 = r0 * G;
-    rows(xq.data() + r0 * w.Kp, xpr, sx.data() + g0, xs.data() + g0, xi.data() + g0, G, R * mc, w, p0, p1, o, ld);
+    const int8_t* xr = xq.data() + r0 * D * w.Kp;
+    rows(xr, xpr, sx.data() + g0, xs.data() + g0, xi.data() + g0, G, R * mc, w, p0, p1, o, ld, D);
     for (int64_t m = 0; R > 1 && m < mc; ++m)
       for (int64_t j = 0; j < ld; ++j) {
         float v = o[m * R * ld + j];
@@ -399,7 +385,8 @@ ffi::Error wmm_q4(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer sm, ffi::An
   const float* b = nullptr;
   if (!scale_of(bias, N, &b)) return ffi::Error::InvalidArgument("aotlm_wmm_q4: bias must be f32 [N] or empty");
   if (act < aotlm_ep::ACT_NONE || act > aotlm_ep::ACT_RELU || parts < 1 || parts > 3)
-    return ffi::Error::InvalidArgument("aotlm_wmm_q4: act must be 0 (none), 1 (gelu tanh) or 2 (relu), parts 1-3");
+    return ffi::Error::InvalidArgument(
+        "aotlm_wmm_q4: act must be 0 (none), 1 (gelu tanh) or 2 (relu), parts 1-3 (2: x as int16 in two digits)");
   std::vector<float> bp;  // bias zero padded to Np (the output pass reads whole panels)
   if (b) bp.assign(Np, 0.f), std::memcpy(bp.data(), b, N * sizeof(float));
   const int8_t* lv = nullptr;

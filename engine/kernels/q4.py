@@ -95,8 +95,9 @@ def matmul_q4(x, w, sm, axes: int = 1, name: str | None = None, packed_k: int = 
               act: str | None = None, parts: int = 1):  # fmt: skip
     """``x [..., *K] @ W`` in ``x``'s dtype for a packed 4-bit weight ``w`` with scales (and minimums)
     ``sm`` (``aotlm.models.quant4``), f32 accumulation. ``parts`` (4-bit ``w``; 1 to 3): each group of x
-    rounded to int8, then what that left, ``parts`` times, each part multiplied (``int4.h``: 3 parts
-    hold x as closely as f32 does, at 3x the integer products). ``nt``: the logical leaf is ``[N, K]``
+    rounded to int8 (1); to int16, multiplied as two int8 digits (2: 2x the integer products); or to
+    int8, then what that left, twice more, each part multiplied (3: as closely as f32 holds x, 3x;
+    ``int4.h``, ``q4x.h``). ``nt``: the logical leaf is ``[N, K]``
     (a tied lm_head's rows), which says how its partition spec splits. ``b`` / ``act``: one device only
     (``GEMM_ACTS``). Under tensor parallelism: ``shard_map`` with the leaves' specs, ``psum`` over
     the mesh axes of the contracted dims."""

@@ -79,9 +79,7 @@ inline void with_form(const W4& w, Fn&& fn) {
       default: return fn(hb, std::integral_constant<int, 32>{});  // 128 (tiles_take)
     }
   };
-  w.KR == K6 ? steps(std::integral_constant<int, 2>{})
-  : w.KR == K5 ? steps(std::integral_constant<int, 1>{})
-               : steps(std::integral_constant<int, 0>{});
+  with_bits(w, steps);
 }
 
 // xq [M, Kp] int8 -> xp [ceil(M / 6)][Kp / 4][6][4] (rows past M: 0), tiles in parallel.
@@ -113,20 +111,23 @@ inline void unpack_panel(const W4& w, int64_t p, uint8_t* u) {
   }
 }
 
-// One tile: 6 packed rows (xp [Kp / 4][6][4]; mr of them real) x NP unpacked panels p.. (u [NP][Kp / 4][64])
-// -> out[m * ld + 0..16 NP). sx / xs / xi: the rows' per-group values at m * G + g.
-template <int HB, int NP, int GQ>
+// One tile: 6 packed rows (xp [Kp / 4][6][4]) x NP unpacked panels p.. (u [NP][Kp / 4][64]) -> out[m * ld +
+// 0..16 NP) for rows m < mr of x (6 / D of them: D = 2, a row's two digits in packed rows 2m, 2m + 1, the
+// first's sums shifted 8 bits up). sx / xs / xi: the rows' per-group values at m * G + g.
+template <int HB, int NP, int GQ, int D>
 inline void tile6(const int8_t* xp, const uint8_t* u, const float* sx, const float* xs, const int32_t* xi, int64_t G,
                   int64_t mr, const W4& w, int64_t p, float* out, int64_t ld) {
   const int64_t K4 = w.Kp / 4;
   const uint8_t *ps0 = w.scales(p), *ps1 = w.scales(p + NP - 1), *u1 = u + (NP - 1) * K4 * 64;
   int64_t ro[TR];  // a row's offset into sx / xs / xi (rows past mr: the last real one's)
-  for (int64_t m = 0; m < TR; ++m) ro[m] = std::min(m, mr - 1) * G;
+  for (int64_t m = 0; m < TR; ++m) ro[m] = std::min(m / D, mr - 1) * G;  // packed row m's row of x
   const __m512 z = _mm512_setzero_ps();
   __m512 e0 = z, e1 = z, e2 = z, e3 = z, e4 = z, e5 = z, h0 = z, h1 = z, h2 = z, h3 = z, h4 = z, h5 = z;
   __m512 kd0 = z, kn0 = z, kd1 = z, kn1 = z;
   for (int64_t g = 0; g < G; ++g) {
-    const auto init = [&](int m) { return _mm512_set1_epi32(HB == 2 ? -32 * xi[ro[m] + g] : 0); };
+    const auto init = [&](int m) {  // Q6_K's offset: in the last digit's sums
+      return _mm512_set1_epi32(HB == 2 && m % D == D - 1 ? -32 * xi[ro[m] + g] : 0);
+    };
     __m512i c0 = init(0), c1 = init(1), c2 = init(2), c3 = init(3), c4 = init(4), c5 = init(5);
     __m512i d0 = c0, d1 = c1, d2 = c2, d3 = c3, d4 = c4, d5 = c5;
 #pragma GCC unroll 32
@@ -154,11 +155,18 @@ inline void tile6(const int8_t* xp, const uint8_t* u, const float* sx, const flo
       f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s, _mm512_set1_ps(sx[ro[m] + g])), f);
       if constexpr (HB != 2) f = _mm512_fmadd_ps(_mm512_set1_ps(xs[ro[m] + g]), mn, f);
     };
-    flush(0, c0, e0, s0, mn0), flush(1, c1, e1, s0, mn0), flush(2, c2, e2, s0, mn0);
-    flush(3, c3, e3, s0, mn0), flush(4, c4, e4, s0, mn0), flush(5, c5, e5, s0, mn0);
-    if constexpr (NP == 2) {
-      flush(0, d0, h0, s1, mn1), flush(1, d1, h1, s1, mn1), flush(2, d2, h2, s1, mn1);
-      flush(3, d3, h3, s1, mn1), flush(4, d4, h4, s1, mn1), flush(5, d5, h5, s1, mn1);
+    if constexpr (D == 2) {  // row m of x: packed rows 2m (shifted) and 2m + 1
+      const auto two = [](__m512i a, __m512i b) { return _mm512_add_epi32(_mm512_slli_epi32(a, 8), b); };
+      flush(0, two(c0, c1), e0, s0, mn0), flush(2, two(c2, c3), e1, s0, mn0), flush(4, two(c4, c5), e2, s0, mn0);
+      if constexpr (NP == 2)
+        flush(0, two(d0, d1), h0, s1, mn1), flush(2, two(d2, d3), h1, s1, mn1), flush(4, two(d4, d5), h2, s1, mn1);
+    } else {
+      flush(0, c0, e0, s0, mn0), flush(1, c1, e1, s0, mn0), flush(2, c2, e2, s0, mn0);
+      flush(3, c3, e3, s0, mn0), flush(4, c4, e4, s0, mn0), flush(5, c5, e5, s0, mn0);
+      if constexpr (NP == 2) {
+        flush(0, d0, h0, s1, mn1), flush(1, d1, h1, s1, mn1), flush(2, d2, h2, s1, mn1);
+        flush(3, d3, h3, s1, mn1), flush(4, d4, h4, s1, mn1), flush(5, d5, h5, s1, mn1);
+      }
     }
   }
   const __m512 es[TR] = {e0, e1, e2, e3, e4, e5}, hs[TR] = {h0, h1, h2, h3, h4, h5};
@@ -168,12 +176,13 @@ inline void tile6(const int8_t* xp, const uint8_t* u, const float* sx, const flo
   }
 }
 
-// M rows of packed x (xp, from row 0 of sx / xs / xi) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c]:
-// each pair of panels unpacked once, then every tile of 6 rows under it.
-template <int HB, int GQ>
+// M rows of x packed (xp: D rows each, from row 0 of sx / xs / xi) x panels [p0, p1) -> buf[m * ld + (p - p0) *
+// 16 + c]: each pair of panels unpacked once, then every tile of 6 packed rows under it.
+template <int HB, int GQ, int D>
 inline void tile_rows(const int8_t* xp, const float* sx, const float* xs, const int32_t* xi, int64_t G, int64_t M,
                       const W4& w, int64_t p0, int64_t p1, float* buf, int64_t ld) {
-  const int64_t K4 = w.Kp / 4, T = (M + TR - 1) / TR;
+  constexpr int64_t TM = TR / D;  // rows of x per tile
+  const int64_t K4 = w.Kp / 4, T = (M + TM - 1) / TM;
   thread_local std::vector<uint8_t> u;
   u.resize(size_t(2 * K4 * 64));
   for (int64_t p = p0; p < p1; p += 2) {
@@ -181,13 +190,13 @@ inline void tile_rows(const int8_t* xp, const float* sx, const float* xs, const 
     unpack_panel<HB>(w, p, u.data());
     if (two) unpack_panel<HB>(w, p + 1, u.data() + K4 * 64);
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t m0 = t * TR, mr = std::min(TR, M - m0);
+      const int64_t m0 = t * TM, mr = std::min(TM, M - m0);
       float* o = buf + m0 * ld + (p - p0) * P;
       const int8_t* x = xp + t * K4 * TR * 4;
       if (two)
-        tile6<HB, 2, GQ>(x, u.data(), sx + m0 * G, xs + m0 * G, xi + m0 * G, G, mr, w, p, o, ld);
+        tile6<HB, 2, GQ, D>(x, u.data(), sx + m0 * G, xs + m0 * G, xi + m0 * G, G, mr, w, p, o, ld);
       else
-        tile6<HB, 1, GQ>(x, u.data(), sx + m0 * G, xs + m0 * G, xi + m0 * G, G, mr, w, p, o, ld);
+        tile6<HB, 1, GQ, D>(x, u.data(), sx + m0 * G, xs + m0 * G, xi + m0 * G, G, mr, w, p, o, ld);
     }
   }
 }

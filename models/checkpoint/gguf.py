@@ -317,8 +317,8 @@ def int4_form(checkpoint: str | os.PathLike, quant):
     block) -> ``"int4-asym"`` (``"int4-asym-f32a"``), the form that holds them (``aotlm.models.quant4``);
     anything else unchanged."""
     types = q4_types(checkpoint)
-    if quant not in ("int4", "int4-f32a") or not {"Q4_1", "Q4_K", "Q5_K"} & set(types):
+    if quant not in ("int4", "int4-a16", "int4-f32a") or not {"Q4_1", "Q4_K", "Q5_K"} & set(types):
         return quant
-    asym = quant.replace("int4", "int4-asym")  # "-f32a" (f32-precise activations) kept
+    asym = quant.replace("int4", "int4-asym")  # "-a16" / "-f32a" (how activations are held) kept
     logger.warning("%s blocks have a minimum each: quant=%r stores them as %r", "/".join(types), quant, asym)
     return asym

@@ -3,7 +3,8 @@ each group of x in three int8 parts, each rounding what the ones before left, ``
 logits within 1e-4 (relative to the largest) of transformers' float32 load of the same file, which
 dequantizes it, for every block type the int4 storage keeps (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; Q8_0 / Q5_0 /
 Q5_1 are int8 groups, whose activations are int16), and the same greedy tokens. Plain ``"int4"`` rounds x
-to int8 once, as llama.cpp does: ~100x further."""
+to int8 once, as llama.cpp does: ~100x further; ``"int4-a16"`` holds it as int16 (two int8 digits): within
+~1e-4, the same greedy tokens."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ gguf = pytest.importorskip("gguf")
 
 SHAPES = dict(batch_size=1, n_positions=[32], context_length_estimate=[16])
 TOL = 1e-4  # of max |logit|: the conformance tolerance of float32 storage
+TOL16 = 3e-4  # x as int16 per group of 32: 4e-5 - 1.2e-4 on these files
 # file type -> the tensors of another type (llama.cpp's K_M mixes; a Q5_K / Q6_K output of the tiny vocab,
 # 1026, is not whole panels of 16 and would be re-rounded to int8, so those files keep it as Q8_0)
 MIXES = {
@@ -80,3 +82,7 @@ def test_kept_blocks_with_f32_activations_match_transformers(gguf_file, qtype, t
     if qtype == "Q4_K":  # x rounded to int8 once (plain int4): far outside float32's tolerance
         plain = AutoModelForSampling.from_pretrained(str(path), quant="int4", **kw)
         assert np.abs(plain.forward(ids) - want).max() / np.abs(want).max() > 20 * TOL
+        a16 = AutoModelForSampling.from_pretrained(str(path), quant="int4-a16", **kw)
+        assert a16.spec.quant.activations == "s16" and a16.spec.quant.label == "int4-g32-asym-a16"
+        assert np.abs(a16.forward(ids) - want).max() / np.abs(want).max() <= TOL16
+        np.testing.assert_array_equal(a16.sample(ids, max_new_tokens=8), tokens)

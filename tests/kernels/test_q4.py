@@ -82,21 +82,25 @@ def quantized_k6(rng, k: int, n: int):
     return packing.pack_q4(low, (0,)), packing.pack_scales(leaf), deq
 
 
-def round_x(x: np.ndarray, group: int) -> np.ndarray:
-    """NumPy reference of the kernel's activations: int8 per row and group, scale max|x| / 127."""
+def round_x(x: np.ndarray, group: int, top: int = 127) -> np.ndarray:
+    """NumPy reference of the kernel's activations: int8 per row and group, scale max|x| / 127 (``top``
+    32639: the int16 value two int8 digits hold)."""
     m, k = x.shape
     kp = -(-k // group) * group
     xp = np.zeros((m, kp), np.float32)
     xp[:, :k] = x
     xg = xp.reshape(m, -1, group)
-    s = np.abs(xg).max(-1, keepdims=True) / np.float32(127)
+    s = np.abs(xg).max(-1, keepdims=True) / np.float32(top)
     inv = np.divide(np.float32(1), s, out=np.zeros_like(s), where=s > 0)
     return (np.rint(xg * inv) * s).reshape(m, kp)
 
 
 def round_parts(x: np.ndarray, group: int, parts: int) -> np.ndarray:
     """The kernel's activations in ``parts``: ``round_x``, plus what the parts before left rounded the same
-    way (each product ``s * q`` rounded to f32 first, as the kernel and XLA do)."""
+    way (each product ``s * q`` rounded to f32 first, as the kernel and XLA do); 2: two int8 digits of one
+    int16 value per entry instead."""
+    if parts == 2:
+        return round_x(x, group, 32639)
     xr = round_x(x, group)
     left, part = np.pad(x, ((0, 0), (0, xr.shape[1] - x.shape[1]))), xr
     for _ in range(parts - 1):
@@ -129,7 +133,7 @@ def check_odd_shapes(seed: int = 0) -> float:
     for k, n, group, asym in cases:
         w, sm, deq = made[group](rng, k, n) if group in made else quantized(rng, k, n, group, asym)
         group = {"K": 32, "K5": 32, "K6": 16}.get(group, group)
-        for m, parts in [(m, r) for m in (1, 2, 3, 7, 9, 16, 17, 64, 100) for r in (1, 3)]:
+        for m, parts in [(m, r) for m in (1, 2, 3, 7, 9, 16, 17, 64, 100) for r in (1, 2, 3)]:
             x = rng.standard_normal((m, k)).astype(np.float32)
             ref = round_parts(x, group, parts).astype(np.float64) @ deq.astype(np.float64)
             y = np.asarray(
@@ -161,11 +165,14 @@ def test_round_to_nearest_within_half_a_step(group, asym):
 
 def test_config_names_and_refusals():
     assert quant_config("int4") == QuantizationConfig("int4", group_size=32, asymmetric=False)
-    assert quant_config("int4-g128-asym").label == "int4-g128-asym" and len(INT4_NAMES) == 16
+    assert quant_config("int4-g128-asym").label == "int4-g128-asym" and len(INT4_NAMES) == 24
+    assert quant_config("int4-asym-a16") == QuantizationConfig("int4", asymmetric=True, activations="s16")
+    assert quant_config("int4-g64-a16").label == "int4-g64-a16"
     assert quant_config("int4-asym-f32a") == QuantizationConfig("int4", asymmetric=True, activations="f32")
     assert quant_config("int4-g64-f32a").label == "int4-g64-f32a"
-    with pytest.raises(ValueError, match="'f32' with int4"):
-        QuantizationConfig("s8", activations="f32")
+    for x in ("s16", "f32"):
+        with pytest.raises(ValueError, match="'s16' or 'f32' with int4"):
+            QuantizationConfig("s8", activations=x)
     assert quant_config("int4-g32") == quant_config("int4")
     with pytest.raises(ValueError, match="group_size=48"):
         QuantizationConfig("int4", group_size=48)
@@ -239,9 +246,9 @@ def test_prefill_rows_get_the_bits_of_decode_rows():
 @needs_kernels
 def test_three_parts_of_x_give_f32_precision_on_the_kernel_and_xla(monkeypatch):
     """x in three int8 parts (``quant="int4-f32a"``): the product within f32-like error of the exact one,
-    where x rounded to int8 once (llama.cpp's) is ~1000x further and two parts ~100x; so is XLA's path
-    (``dense4`` under ``lowp.activations("f32")``, kernels off; its scales ``max|x| * (1 / 127)`` can
-    flip a rounding against the kernel's)."""
+    where x rounded to int8 once (llama.cpp's) is ~1000x further and int16 in two digits (``"int4-a16"``)
+    ~100x; so is XLA's path (``dense4`` under ``lowp.activations``, kernels off; its scales ``max|x| *
+    (1 / 127)`` can flip a rounding against the kernel's)."""
     rng = np.random.default_rng(8)
     w, sm, deq = quantized(rng, 256, 96, 32, True)
     x = rng.standard_normal((5, 256)).astype(np.float32)
@@ -251,13 +258,16 @@ def test_three_parts_of_x_give_f32_precision_on_the_kernel_and_xla(monkeypatch):
         y = np.asarray(kernel(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sm), 96, 32, r), np.float64)
         err[r] = np.abs(y - exact).max() / np.abs(exact).max()
     assert err[3] < 2e-6 and err[2] > 10 * err[3] and err[1] > 50 * err[2], err
-    wl = jnp.asarray(w.reshape(6, 32, 16, 4))
-    with lowp.activations("f32"):
-        on = np.asarray(quant4.dense4(jnp.asarray(x), wl, jnp.asarray(sm), 1, "w_up"))
-        monkeypatch.setattr(kernels, "q4_supported", lambda *a: False)
-        off = np.asarray(quant4.dense4(jnp.asarray(x), wl, jnp.asarray(sm), 1, "w_up"))
-    assert np.abs(on - exact).max() < 2e-6 * np.abs(exact).max()
-    assert np.abs(off - exact).max() < 2e-6 * np.abs(exact).max()
+    wl, supported = jnp.asarray(w.reshape(6, 32, 16, 4)), kernels.q4_supported
+    for kind, r in (("s16", 2), ("f32", 3)):
+        monkeypatch.setattr(kernels, "q4_supported", supported)
+        with lowp.activations(kind):
+            on = np.asarray(quant4.dense4(jnp.asarray(x), wl, jnp.asarray(sm), 1, "w_up"), np.float64)
+            monkeypatch.setattr(kernels, "q4_supported", lambda *a: False)
+            off = np.asarray(quant4.dense4(jnp.asarray(x), wl, jnp.asarray(sm), 1, "w_up"), np.float64)
+        for y in (on, off):
+            assert np.abs(y - exact).max() < (2 * err[r] + 2e-6) * np.abs(exact).max(), (kind, err)
+        assert np.abs(on - off).max() < 2e-6 * np.abs(exact).max(), kind  # the same rounding of x
 
 
 @needs_kernels
