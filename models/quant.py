@@ -11,9 +11,9 @@ no family needs code of its own: they act on the generic leaf names every family
   is applied to the float32-accumulated product, which equals ``x @ (q * scale)`` since the
   scale is constant along the contracted dims. The embedding, norms, biases and the MoE router
   stay in the amp dtype. With the CPU kernels (``embed_view``) a tied lm_head gets its own int8
-  copy of the embedding, ``embed_q [V, D]`` + ``embed_q_scale [V]`` (per vocab row): the logits
-  matmul reads every embedding row per token (31% of GPT-2-small's bytes), the lookup only B rows.
-  It costs 1/4 (f32) or 1/2 (bf16) of the embedding's memory; an untied model drops it.
+  copy of the embedding, ``embed_q [V, D]`` + ``embed_q_scale [V]`` (per vocab row; a GGUF file's
+  Q8_0 / Q5_* table: its own groups, ``quant8``), which the logits read whole every token (31% of
+  GPT-2-small's bytes); 1/4 (f32) or 1/2 (bf16) of the embedding's memory, dropped when untied.
 * ``QuantizationConfig(quant_dtype="bf16" | "f16")``: the same matrices stored as bfloat16 / float16,
   no scales (``embed_q`` in that dtype, unit scales), as ``amp="bf16"`` / ``"f16"`` store weights on CPU
   with the kernels (``aotlm.core.precision``).
@@ -75,9 +75,8 @@ class QuantizationConfig:
     activations, where reading the weights, not the arithmetic, is the cost.
     ``quant_dtype="int4"`` (aotlm's): 4-bit codes in groups of ``group_size`` (32, 64, 128) input rows with
     f16 scales, ``asymmetric`` adding a per-group minimum (``aotlm.models.quant4``); activations rounded
-    to int8 per group as llama.cpp's, with ``activations="s16"`` (``quant="int4-a16"``) as int16 per group
-    in two int8 digits (2x the integer products; logits ~1e-4 of float32's), or with ``activations="f32"``
-    (``quant="int4-f32a"``) held as f32 holds them in three int8 parts (3x; logits as float32's)."""
+    to int8 per group as llama.cpp's, as int16 (two int8 digits, 2x the integer products) with
+    ``activations="s16"`` (``"int4-a16"``), or in three int8 parts (3x, f32's precision) with ``"f32"``."""
 
     quant_dtype: str = "s8"
     lm_head: bool = True
@@ -88,9 +87,7 @@ class QuantizationConfig:
 
     def __post_init__(self):
         if self.quant_dtype not in QUANT_DTYPES:
-            raise ValueError(
-                f"quant_dtype={self.quant_dtype!r} is not supported; choose one of {QUANT_DTYPES}"
-            )
+            raise ValueError(f"quant_dtype={self.quant_dtype!r} is not supported; use one of {QUANT_DTYPES}")
         if self.dequant_dtype is not None and self.dequant_dtype not in DEQUANT_DTYPES:
             raise ValueError(
                 f"dequant_dtype={self.dequant_dtype!r} is not supported; choose one of "
@@ -337,13 +334,14 @@ class ParamRewriter:
 
     def int8_groups(self, path: Path, shape: tuple, src: str | None) -> bool:
         """Is matrix ``path`` of a GGUF file's ``src`` blocks stored as int8 groups (``quant8``: Q8_0 as
-        stored) where this storage would round it per output channel? Not under W8A8 (int8 x per row)."""
+        stored) where this storage would round it per output channel (a tied embedding's logits' copy
+        ``embed_q`` too)? Not under W8A8 (int8 x per row)."""
         q, name = self.quant, path[-1]
         if src not in Q8_BLOCK_TYPES or q is None or q.w8a8 or q.quant_dtype in FLOAT_DTYPES:
             return False
-        if name not in PACK_CONTRACT or name == "embed_q" or (name == "lm_head" and not q.lm_head):
+        if name not in PACK_CONTRACT or (name == "lm_head" and not q.lm_head):
             return False
-        return quant8.packable(shape, PACK_CONTRACT[name], vocab=name == "lm_head")
+        return quant8.packable(shape, PACK_CONTRACT[name], vocab=name in ("lm_head", "embed_q"))
 
     def rewrite(self, path: Path, arr, src: str | None = None, head=None) -> list[tuple[Path, np.ndarray]]:
         """``arr``: a float array, or a GGUF file's 4-bit ``quant4.Codes`` (``keeps_codes``); ``src``: its
@@ -403,6 +401,8 @@ class ParamRewriter:
                 q, scale = to_float(arr, self.quant.quant_dtype), np.ones(arr.shape[0], np.float32)
             elif self.quant.int4 and not self.gguf_blocks and quant4.packable(arr.shape, (1,), 32, True):
                 return [*lookup, *self._int4((*path[:-1], "embed_q"), arr, (1,))]
+            elif self.int8_groups((*path[:-1], "embed_q"), arr.shape, src):  # a Q8_0 table's own groups
+                q, scale = quant8.quantize_groups(arr, (1,), *quant8.TYPES[src])
             else:
                 q, scale = quantize_int8(arr, (1,))  # per vocab row: the logits' output channel
             return [*lookup, ((*path[:-1], "embed_q"), q), ((*path[:-1], "embed_q_scale"), scale)]

@@ -150,10 +150,12 @@ class Storage:
                 groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
                 return [(path, shape, 0.5), (scale, groups, 2)]
         channels = tuple(n for i, n in enumerate(shape) if i not in contract)
-        if self.q8 and not q.w8a8 and name in PACK_CONTRACT and name != "embed_q":
+        head8 = quant8.TYPES.get(self.head) if name == "embed_q" else None  # a Q8_0 / Q5_* table's groups
+        s8 = 1 + head8[1] if head8 else 0 if name == "embed_q" else self.q8
+        if s8 and not q.w8a8 and name in PACK_CONTRACT:
             if quant8.packable(shape, contract, vocab):  # as ParamRewriter.int8_groups decides
                 k = _prod(shape[c] for c in contract)
-                return [(path, shape, 1), (scale, (k // quant8.GROUP, self.q8, *channels), 2)]
+                return [(path, shape, 1), (scale, (k // quant8.GROUP, s8, *channels), 2)]
         return [(path, shape, 1), (scale, channels, 4)]
 
     def _head(self, path: tuple, shape: tuple) -> list[tuple[tuple, tuple, float]] | None:

@@ -204,26 +204,25 @@ def _write_generation_config(metadata: dict, out: Path) -> None:
     (out / "generation_config.json").write_text(json.dumps(gen, indent=1) + "\n")
 
 
-# From this size up, a file's 4-bit blocks are kept by default (quant="int4"); below it they are
-# stored as int8. The 4-bit kernels round activations to int8 per group of 32, as llama.cpp's q4 x q8_0
-# products do; on SmolLM2-135M's Q4_1 file that changed the quick start's answer ("Paris" became another
-# text; greedy tokens against transformers' float32 load for 32 steps: int8 5 of 6 prompts, int4 3),
-# while at 1B-8B int8 storage doubles the bytes a step reads and the memory (scripts/README.md,
-# bench_sizes.py: 8B Q4_K_M warm RSS 9.7 GB as int8, 7.5 as int4; prefill 10.4 vs 5.8 s).
+# A file's 4-bit blocks are kept by default. From this size up the kernels round activations to int8 per
+# group of 32 (quant="int4"), as llama.cpp's q4 x q8_0 products do (logits ~1e-2 off the file's float32
+# ones), for the prompt's speed (int16 costs 1.6-1.8x at 1B, scripts/README.md); below it they hold them
+# as int16 (quant="int4-a16": ~1e-4), where int8 activations had changed the quick start's answer on
+# SmolLM2-135M's Q4_1 file ("Paris" became another text).
 AS_STORED_PARAMS = 1_000_000_000
 
 
 def storage_for(matrix_types: set[str], parameters: int = 0) -> str | None:
     """The default weight storage for a file whose matrices have these GGUF types.
 
-    Block-quantized (4- to 8-bit) -> ``"int8"`` (the dequantized weights re-rounded per output channel,
-    with float32 activations), except a model of ``AS_STORED_PARAMS`` or more with blocks that int4
-    storage keeps (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): ``"int4"``, which keeps them and stores the file's other
-    types as int8 (Q8_0 / Q5_0 / Q5_1 as int8 groups); all F16 -> ``"f16"``, all BF16 -> ``"bf16"``
-    (both exact), otherwise None (float32).
+    With blocks that int4 storage keeps (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): ``"int4"`` from
+    ``AS_STORED_PARAMS`` parameters up, ``"int4-a16"`` below (int16 activations), which keep them and store
+    the file's other types as int8 (Q8_0 / Q5_0 / Q5_1 as int8 groups); other block-quantized (5- to
+    8-bit) files -> ``"int8"`` (Q8_0 / Q5_0 / Q5_1 as int8 groups, others re-rounded per output channel);
+    all F16 -> ``"f16"``, all BF16 -> ``"bf16"`` (both exact), otherwise None (float32).
     """
-    if matrix_types & set(INT4_KEEPS) and parameters >= AS_STORED_PARAMS:
-        return "int4"
+    if matrix_types & set(INT4_KEEPS):
+        return "int4" if parameters >= AS_STORED_PARAMS else "int4-a16"
     if matrix_types & set(QUANT_TYPES):
         return "int8"
     if matrix_types in ({"F16"}, {"BF16"}):
@@ -244,10 +243,13 @@ def default_quant(checkpoint: str | os.PathLike) -> str | None:
     except ValueError:
         return None
     quant = source.get("default_quant")
+    if "matrix_types" in source and "parameters" in source:  # this version's choice, not the cache's
+        quant = storage_for(set(source["matrix_types"]), source["parameters"])
     if quant is not None:
         types = "/".join(t for t in source.get("matrix_types", []) if t != "F32")
         kept4 = "4-bit, Q5_K and Q6_K blocks kept, others int8"
-        how = {"int8": "dequantized", "int4": kept4}.get(quant, "kept")
+        a16 = f"{kept4}, int16 activations"
+        how = {"int8": "dequantized", "int4": kept4, "int4-a16": a16}.get(quant, "kept")
         if quant == "int8" and q8_file(checkpoint):  # their codes and scales stay (models.quant8)
             how = "kept as int8 groups of 32"
         elif quant == "int8" and set(Q8_BLOCK_TYPES) & set(source.get("matrix_types", [])):

@@ -141,13 +141,14 @@ def test_llama3_rope_factors_are_read(tmp_path, compile_dir, monkeypatch):
     np.testing.assert_array_equal(model.sample(ids, max_new_tokens=8), _hf_greedy(ref, ids, 8))
 
 
-def test_int8_default_and_int4_as_stored(files, compile_dir, caplog):
-    """Quantized GGUF -> int8 storage by default (one log line); ``quant="int4"`` keeps a file's 4-bit
-    blocks as int4 groups (``test_int4_keeps_a_mixed_files_other_types_as_int8``: a file's other types
-    stay int8 then; a file without 4-bit blocks is converted to int4, as asked). The
+def test_default_storage_and_int4_as_stored(files, compile_dir, caplog):
+    """Quantized GGUF below 1B -> by default its 4-bit (and Q6_K) blocks kept with int16 activations
+    (``int4-a16``), a Q8_0 file int8 groups (one log line each); ``quant="int4"`` keeps a file's 4-bit
+    blocks as int4 groups with int8 activations (``test_int4_keeps_a_mixed_files_blocks_as_stored``: a
+    file's other types stay int8 then; a file without 4-bit blocks is converted to int4, as asked). The
     error each adds against transformers' float32 dequantization of the same file, over 8 prompts:
-    the largest logit difference (bound: 5% of the largest logit) and how often the top-1 token agrees
-    (bound: 6 of 8; a random tiny model has near-ties a real one has far fewer of).
+    the largest logit difference (bound: 5% of the largest logit; the defaults 1e-3) and how often the
+    top-1 token agrees (bound: 6 of 8; a random tiny model has near-ties a real one has far fewer of).
     """
     prompts = np.random.default_rng(4).integers(0, VOCAB, (8, 1, 12))
     report = []
@@ -158,7 +159,10 @@ def test_int8_default_and_int4_as_stored(files, compile_dir, caplog):
         with caplog.at_level(logging.WARNING, logger="aotlm.models.checkpoint.gguf"):
             caplog.clear()
             model = AutoModelForSampling.from_pretrained(str(path), compile_cache=compile_dir, **SHAPES)
-        assert model.quant is not None and model.quant.quant_dtype == "int8"
+        a16 = qtype != "Q8_0"  # 4-bit / Q6_K blocks kept, x as int16
+        assert model.quant.quant_dtype == ("int4" if a16 else "int8") and model.quant.activations == (
+            a16 and "s16" or None
+        )
         # the lookup reads the file's own codes (aotlm.models.lookup): rows as transformers dequantizes them
         table = ref.get_input_embeddings().weight.detach().numpy()
         rows = np.asarray(lookup.take(model.params, jnp.asarray(prompts[0])))
@@ -168,14 +172,17 @@ def test_int8_default_and_int4_as_stored(files, compile_dir, caplog):
         np.testing.assert_allclose(rows, table[prompts[0]], rtol=0, atol=2e-7 * np.abs(table).max())
         lines = [r.getMessage() for r in caplog.records if r.name == "aotlm.models.checkpoint.gguf"]
         keep = "(quant='none' / --quant none keeps f32)"
-        how = "kept as int8 groups of 32" if qtype == "Q8_0" else "dequantized"
-        assert lines == [f"{path.name}: {qtype} weights {how}; stored as int8 {keep}"]
+        how = "4-bit, Q5_K and Q6_K blocks kept, others int8, int16 activations; stored as int4-a16"
+        how = f"{how} {keep}" if a16 else f"kept as int8 groups of 32; stored as int8 {keep}"
+        assert lines[0] == f"{path.name}: {qtype} weights {how}" and len(lines) == 1 + (
+            qtype in ("Q4_1", "Q4_K")
+        )
         as4 = AutoModelForSampling.from_pretrained(
             str(path), compile_cache=compile_dir, quant="int4", **SHAPES
         )
         assert as4.params["layers"][0]["wq"].dtype == np.uint8  # 4-bit codes (kept, or converted as asked)
         kept = qtype in ("Q4_0", "Q4_1", "Q4_K")  # int4 of another type re-rounds: no bound on that
-        for name, m in (("int8", model), ("int4", as4))[: 2 if kept else 1]:
+        for name, m in (("default", model), ("int4", as4))[: 2 if kept else 1]:
             got = np.concatenate([m.forward(ids) for ids in prompts])
             diff = float(np.abs(got - want).max())
             agree = int((got.argmax(-1) == want.argmax(-1)).sum())
@@ -183,7 +190,9 @@ def test_int8_default_and_int4_as_stored(files, compile_dir, caplog):
             report.append(
                 f"{qtype} {name}: max|logit diff| {diff:.3f} (max|logit| {top:.2f}), top-1 {agree}/8"
             )
-            assert diff <= 0.05 * np.abs(want).max() and agree >= 6, report[-1]
+            # (Q6_K: this vocab, 1026, is no whole panels of 16, so its lm_head is re-rounded to int8)
+            tight = name == "default" and qtype in ("Q4_0", "Q4_1", "Q4_K")
+            assert diff <= (1e-3 if tight else 0.05) * top and agree >= 6, report[-1]
     print("\nerror vs transformers' f32 dequantization:", "; ".join(report))
 
 
@@ -194,10 +203,11 @@ def test_int4_keeps_a_mixed_files_blocks_as_stored(tmp_path, compile_dir, monkey
     5-bit codes too (``kscales.pack5``), the Q6_K ones theirs (``k6scales``), none rounded down to 4 bits:
     every stored matrix is the file's values bit for bit. That is also the default for a file of
     ``AS_STORED_PARAMS`` (1B) parameters or more with such blocks (the tiny file is made to count as
-    one); smaller ones, and files without them, default to int8."""
+    one); smaller ones keep them with int16 activations (``"int4-a16"``), files without them int8."""
     big = gguf.AS_STORED_PARAMS
     assert gguf.storage_for({"Q4_K", "Q6_K", "F32"}, big) == "int4"
-    assert gguf.storage_for({"Q4_0", "F32"}, big - 1) == gguf.storage_for({"Q8_0", "Q5_0"}, 8 * big) == "int8"
+    assert gguf.storage_for({"Q4_0", "F32"}, big - 1) == gguf.storage_for({"Q6_K"}, 1) == "int4-a16"
+    assert gguf.storage_for({"Q8_0", "Q5_0"}, 8 * big) == gguf.storage_for({"Q8_0"}, 1) == "int8"
     assert gguf.storage_for({"Q5_K", "Q6_K"}, big) == gguf.storage_for({"Q6_K", "Q8_0"}, big) == "int4"
     assert gguf.storage_for({"F16"}, big) == "f16" and gguf.storage_for({"BF16"}, big) == "bf16"
     monkeypatch.setenv("AOTLM_GGUF_CACHE", str(tmp_path / "cache"))
@@ -235,11 +245,11 @@ def test_int8_matrices_rounded_row_by_row_from_the_blocks(files, compile_dir, mo
     monkeypatch.setattr(
         GGUFWeights, "row_chunks", lambda self, n, rows=7: seen.append(n) or chunks(self, n, rows)
     )
-    path = str(files("llama", qtype))
-    streamed = AutoModelForSampling.from_pretrained(path, compile_cache=compile_dir, **SHAPES).params
+    path, kw = str(files("llama", qtype)), dict(compile_cache=compile_dir, quant="int8", **SHAPES)
+    streamed = AutoModelForSampling.from_pretrained(path, **kw).params
     assert {"lm_head.weight", "model.layers.0.mlp.down_proj.weight"} <= set(seen)
     monkeypatch.setattr(GGUFWeights, "row_chunks", lambda self, n, rows=7: None)
-    whole = AutoModelForSampling.from_pretrained(path, compile_cache=compile_dir, **SHAPES).params
+    whole = AutoModelForSampling.from_pretrained(path, **kw).params
     assert streamed["lm_head"].dtype == np.int8
     for (where, a), b in zip(
         jax.tree_util.tree_leaves_with_path(streamed), jax.tree.leaves(whole), strict=True
@@ -360,7 +370,8 @@ def test_smollm2_chat_matches_transformers(cache, compile_dir):
     model = AutoModelForSampling.from_pretrained(
         str(path), batch_size=1, n_positions=[256], context_length_estimate=[64], compile_cache=compile_dir
     )
-    assert model.quant is not None and model.quant.quant_dtype == "int8"  # the default for Q4_1
+    assert model.quant.label == "int4-g32-asym-a16"  # the default below 1B: the Q4_1 blocks kept, x as int16
+    assert model.params["embed_q_scale"].dtype == np.float16  # the tied Q8_0 table's groups for the logits
     answers = []
     for question in ("What is the capital of France?", "Write a haiku about the sea."):
         chat = [{"role": "user", "content": question}]
@@ -372,7 +383,8 @@ def test_smollm2_chat_matches_transformers(cache, compile_dir):
             ]
         )
         got, want = model.forward(ids), _hf_logits(ref, ids)
-        assert got.argmax(-1) == want.argmax(-1), question
+        # 3.2e-4 of the largest (the Q8_0 lm_head's groups kept too); int8 storage was 5.1e-2 off
+        assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max(), question
         out = model.sample(ids, max_new_tokens=16)
         np.testing.assert_array_equal(out, _hf_greedy(ref, ids, 16))
         answers.append(tok.decode(out[0, ids.shape[1] :]))

@@ -32,11 +32,12 @@ def measure(ckpts: list[str]) -> list[dict]:
     out = []
     for ckpt in ckpts:
         for tp, pp in ((1, 1), (2, 1), (1, 2)):
-            gguf_file = ckpt.endswith(".gguf")  # its default storage: int8, the lookup from its blocks
+            gguf_file = ckpt.endswith(".gguf")  # default storage int4-a16 / int8, the lookup from its blocks
             # and Q4_K's own blocks under int4 (models.kscales; a tp shard splitting a block: f16 scales)
-            # and Q6_K's (the tied lm_head's copy too: the embedding's blocks; tp=2 would split wo's block)
+            # and Q6_K's (the tied lm_head's copy too: the embedding's blocks; tp=2 would split wo's block:
+            # int8 only); int8 re-rounds them per channel (a Q8_0 table's logits' copy: its own groups)
             keeps = ckpt.endswith("Q4_K.gguf") or (ckpt.endswith("Q6_K.gguf") and tp == 1)
-            gguf_q = (None, "int4") if keeps else (None,)
+            gguf_q = (None, "int4", "int8") if keeps else ("int8",) if "Q6_K" in ckpt else (None,)
             for q in gguf_q if gguf_file else QUANTS if pp == 1 else ("none", "int8", "int4"):
                 kw = dict(quant=q, tp_degree=tp, pp_degree=pp, batch_size=1, n_positions=32)
                 m = AutoModelForSampling.from_pretrained(ckpt, compile_cache=False, **kw)
@@ -69,8 +70,9 @@ def cases(tmp_path_factory):
     from gguf import GGMLQuantizationType as T
     from gguf_builders import tiny_config, write_gguf
 
-    # and untied in Q8_0 (its matrices kept as int8 groups of 32 with f16 scales: models.quant8)
-    for name, tied, qtype in (("untied", False, T.Q4_K), ("tied", True, T.Q6_K), ("untied8", False, T.Q8_0)):
+    # and tied in Q8_0 (its matrices and the lm_head's copy kept as int8 groups of 32 with f16 scales:
+    # models.quant8)
+    for name, tied, qtype in (("untied", False, T.Q4_K), ("tied", True, T.Q6_K), ("tied8", True, T.Q8_0)):
         cfg = tiny_config("llama")
         cfg.tie_word_embeddings = tied
         hf = make_checkpoint(root / f"gguf-{name}", cfg)
@@ -85,9 +87,9 @@ def cases(tmp_path_factory):
 
 
 def test_plan_weight_bytes_equal_the_stored_params(cases):
-    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 3 * 4 + 2
+    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 9 + 7 + 3
     gguf_forms = {c["plan"]["weights"] for c in cases if c["ckpt"].endswith(".gguf")}
-    assert gguf_forms == {"int8", "int4-g32", "int4-g32-asym"}
+    assert gguf_forms == {"int8", "int4-g32", "int4-g32-asym", "int4-g32-a16", "int4-g32-asym-a16"}
     for c in cases:
         name = f"{c['ckpt']} tp={c['tp']} pp={c['pp']} quant={c['quant']}"
         real = [c["real"][d] for d in sorted(c["real"], key=int)]  # device i: stage i (tp=1) / shard i
@@ -99,7 +101,8 @@ def test_plan_weight_bytes_equal_the_stored_params(cases):
         for tp in (1, 2):
             f32, i8, i4, i4a = (by[(ck, tp, 1, q)] for q in ("none", "int8", "int4", "int4-asym"))
             assert f32 > i8 > i4a > i4, (ck, tp)
-    assert {c["plan"]["weights"] for c in cases} == {"float32", "int8", "int4-g32", "int4-g32-asym", "bf16"}
+    forms = {"float32", "int8", "int4-g32", "int4-g32-asym", "bf16"}
+    assert {c["plan"]["weights"] for c in cases} == forms | gguf_forms
 
 
 if __name__ == "__main__":
