@@ -320,7 +320,7 @@ def plan_for_checkpoint(
     converted GGUF model, its default storage: ``aotlm.models.checkpoint.gguf``)."""
     hf = load_hf_config(path)
     if quant is None:  # as the engine does (core/model.py)
-        quant = gguf.default_quant(path)
+        quant = gguf.default_quant(path, tp_degree)
     quant = gguf.int4_form(path, quant)
     q4 = gguf.q4_types(path)
     cfg = family_for(hf.model_type).arch_config(hf)

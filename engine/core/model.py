@@ -107,7 +107,7 @@ class CompiledModel(SpecAttributes, WeightLoading, AdapterHost):
             raise TypeError(f"scoring must be True or False, got {scoring!r}")
         self.scoring = scoring
         if quant is None:  # none given for a GGUF model: the storage it was converted for
-            quant = gguf.default_quant(path)
+            quant = gguf.default_quant(path, tp_degree)
         quant = gguf.int4_form(path, quant)  # a GGUF file's Q4_1 / Q4_K blocks: asymmetric groups
         self.spec = ModelSpec.resolve(
             cfg, batch_size, n_positions, context_length_estimate, tp_degree, amp, gqa, quant, fuse_qkv,

@@ -239,8 +239,8 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const
 }
 #endif
 
-// M rows (<= ROWS) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c]; xp: the same rows packed for the
-// prompt tiles (pack_x6), or null.
+// M rows of x (<= ROWS; D rows of xq each, quantize_x) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c];
+// xp: the same rows packed for the prompt tiles (pack_x6), or null.
 inline void rows(const int8_t* xq, const int8_t* xp, const float* sx, const float* xs, const int32_t* xi, int64_t G,
                  int64_t M, const W4& w, int64_t p0, int64_t p1, float* buf, int64_t ld, int64_t D) {
   const auto digits = [&](auto dd) {

@@ -230,8 +230,20 @@ def storage_for(matrix_types: set[str], parameters: int = 0) -> str | None:
     return None
 
 
-def default_quant(checkpoint: str | os.PathLike) -> str | None:
-    """The ``quant`` a model converted from a GGUF file gets when the caller passed none.
+def _whole_k_blocks(source: dict, tp: int) -> bool:
+    """Does every Q5_K / Q6_K matrix of the file keep whole blocks of 256 input rows on each of ``tp``
+    shards (their codes' high bits live in the blocks: ``models.packing``)? True where the file is gone."""
+    try:
+        plan, _ = inspect(Path(source["path"]))
+    except (KeyError, OSError, ValueError, CheckpointError):
+        return True
+    k_blocks = [t.shape[1] // 256 for t in plan.tensors if t.qtype in ("Q5_K", "Q6_K") and len(t.shape) == 2]
+    return all(n % tp == 0 for n in k_blocks)
+
+
+def default_quant(checkpoint: str | os.PathLike, tp_degree: int = 1) -> str | None:
+    """The ``quant`` a model converted from a GGUF file gets when the caller passed none (int8 where
+    ``tp_degree`` shards would split the blocks the int4 storages keep).
 
     None for any other checkpoint. Logs one line saying what was chosen and how to keep float32.
     """
@@ -245,6 +257,8 @@ def default_quant(checkpoint: str | os.PathLike) -> str | None:
     quant = source.get("default_quant")
     if "matrix_types" in source and "parameters" in source:  # this version's choice, not the cache's
         quant = storage_for(set(source["matrix_types"]), source["parameters"])
+    split = quant in ("int4", "int4-a16") and tp_degree > 1 and not _whole_k_blocks(source, tp_degree)
+    quant = "int8" if split else quant
     if quant is not None:
         types = "/".join(t for t in source.get("matrix_types", []) if t != "F32")
         kept4 = "4-bit, Q5_K and Q6_K blocks kept, others int8"
@@ -255,9 +269,10 @@ def default_quant(checkpoint: str | os.PathLike) -> str | None:
         elif quant == "int8" and set(Q8_BLOCK_TYPES) & set(source.get("matrix_types", [])):
             kept = "/".join(t for t in Q8_BLOCK_TYPES if t in source["matrix_types"])
             how = f"dequantized ({kept} kept as int8 groups of 32)"
+        why = f" (tp={tp_degree} would split Q5_K / Q6_K blocks of 256 rows)" if split else ""
         logger.warning(
-            "%s: %s weights %s; stored as %s (quant='none' / --quant none keeps f32)",
-            Path(source.get("path", "")).name, types, how, quant,
+            "%s: %s weights %s; stored as %s%s (quant='none' / --quant none keeps f32)",
+            Path(source.get("path", "")).name, types, how, quant, why,
         )  # fmt: skip
     return quant
 

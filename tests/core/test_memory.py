@@ -35,9 +35,10 @@ def measure(ckpts: list[str]) -> list[dict]:
             gguf_file = ckpt.endswith(".gguf")  # default storage int4-a16 / int8, the lookup from its blocks
             # and Q4_K's own blocks under int4 (models.kscales; a tp shard splitting a block: f16 scales)
             # and Q6_K's (the tied lm_head's copy too: the embedding's blocks; tp=2 would split wo's block:
-            # int8 only); int8 re-rounds them per channel (a Q8_0 table's logits' copy: its own groups)
+            # the default is int8 then); int8 re-rounds them per channel (a Q8_0 table's logits' copy: its
+            # own groups)
             keeps = ckpt.endswith("Q4_K.gguf") or (ckpt.endswith("Q6_K.gguf") and tp == 1)
-            gguf_q = (None, "int4", "int8") if keeps else ("int8",) if "Q6_K" in ckpt else (None,)
+            gguf_q = (None, "int4", "int8") if keeps else (None,)
             for q in gguf_q if gguf_file else QUANTS if pp == 1 else ("none", "int8", "int4"):
                 kw = dict(quant=q, tp_degree=tp, pp_degree=pp, batch_size=1, n_positions=32)
                 m = AutoModelForSampling.from_pretrained(ckpt, compile_cache=False, **kw)
@@ -89,6 +90,8 @@ def cases(tmp_path_factory):
 def test_plan_weight_bytes_equal_the_stored_params(cases):
     assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 9 + 7 + 3
     gguf_forms = {c["plan"]["weights"] for c in cases if c["ckpt"].endswith(".gguf")}
+    split = [c["plan"]["weights"] for c in cases if c["ckpt"].endswith("Q6_K.gguf") and c["tp"] == 2]
+    assert split == ["int8"]  # the default where tp=2 would split the Q6_K blocks int4-a16 keeps
     assert gguf_forms == {"int8", "int4-g32", "int4-g32-asym", "int4-g32-a16", "int4-g32-asym-a16"}
     for c in cases:
         name = f"{c['ckpt']} tp={c['tp']} pp={c['pp']} quant={c['quant']}"
