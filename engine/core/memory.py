@@ -150,8 +150,10 @@ class Storage:
                 groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
                 return [(path, shape, 0.5), (scale, groups, 2)]
         channels = tuple(n for i, n in enumerate(shape) if i not in contract)
-        head8 = quant8.TYPES.get(self.head) if name == "embed_q" else None  # a Q8_0 / Q5_* table's groups
-        s8 = 1 + head8[1] if head8 else 0 if name == "embed_q" else self.q8
+        s8 = self.q8  # scale rows of a file's Q8_0 / Q5_* groups (1, or 2 with minimums)
+        if name == "embed_q":  # a tied table's logits copy: its own groups where the table has them
+            head8 = quant8.TYPES.get(self.head)
+            s8 = 1 + head8[1] if head8 else 0
         if s8 and not q.w8a8 and name in PACK_CONTRACT:
             if quant8.packable(shape, contract, vocab):  # as ParamRewriter.int8_groups decides
                 k = _prod(shape[c] for c in contract)

@@ -87,6 +87,12 @@ inline void round_i16(const float* r, int64_t n, float inv, int16_t* q) {
   for (; k < n; ++k) q[k] = int16_t(std::lrintf(r[k] * inv));
 }
 
+// 8 int32 lanes (each within int8) -> 8 int8 at q.
+inline void store_i8(__m256i a, int8_t* q) {
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(w, w));
+}
+
 // As round_i16 into int8 (|r * inv| < 127.5), returning sum_k q[k].
 inline int32_t round_i8(const float* r, int64_t n, float inv, int8_t* q) {
   const __m256 vi = _mm256_set1_ps(inv);
@@ -95,8 +101,7 @@ inline int32_t round_i8(const float* r, int64_t n, float inv, int8_t* q) {
   for (; k + 8 <= n; k += 8) {
     const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(r + k), vi));
     vs = _mm256_add_epi32(vs, a);
-    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + k), _mm_packs_epi16(w, w));
+    store_i8(a, q + k);
   }
   alignas(32) int32_t t[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(t), vs);
@@ -128,9 +133,7 @@ inline float round_row_s8(const float* r, int64_t K, int8_t* o) {
   for (; k + 8 <= K; k += 8) {
     const __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(r + k), d), _MM_FROUND_TO_NEAREST_INT |
                                                                                _MM_FROUND_NO_EXC);
-    const __m256i i = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
-    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(o + k), _mm_packs_epi16(w, w));
+    store_i8(_mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi)), o + k);
   }
   for (; k < K; ++k) o[k] = int8_t(std::min(std::max(std::nearbyint(r[k] * inv), -127.f), 127.f));
   return sc;

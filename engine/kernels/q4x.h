@@ -5,12 +5,6 @@
 
 constexpr int32_t X16 = 32639;  // 127 * 257: the largest |X| whose two digits (X + 128) >> 8 and the rest are int8
 
-// 8 int32 lanes (each within int8) -> 8 int8 at q.
-inline void store_i8(__m256i a, int8_t* q) {
-  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(w, w));
-}
-
 // r [n] -> X = round(r * inv) (|X| <= X16) as two int8 digits, qh = (X + 128) >> 8 and ql = X - 256 qh, so
 // X = 256 qh + ql exactly; returns sum(X).
 inline int32_t round_digits(const float* r, int64_t n, float inv, int8_t* qh, int8_t* ql) {
@@ -23,7 +17,7 @@ inline int32_t round_digits(const float* r, int64_t n, float inv, int8_t* qh, in
     a = _mm256_min_epi32(_mm256_max_epi32(a, lo), hi);
     vs = _mm256_add_epi32(vs, a);
     const __m256i h = _mm256_srai_epi32(_mm256_add_epi32(a, half), 8);
-    store_i8(h, qh + k), store_i8(_mm256_sub_epi32(a, _mm256_slli_epi32(h, 8)), ql + k);
+    aotlm_i8::store_i8(h, qh + k), aotlm_i8::store_i8(_mm256_sub_epi32(a, _mm256_slli_epi32(h, 8)), ql + k);
   }
   alignas(32) int32_t t[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(t), vs);
