@@ -4,7 +4,8 @@ step-by-step loop, and XLA compile options reach the executable and its compile-
 The GPU runs steps in groups (no host round trip inside a group) and picks the sampler's path once
 per call; these tests run those loop shapes on CPU (``AOTLM_DECODE_GROUP``), where they must be
 token-for-token the CPU loop's: greedy, sampled, rows of unequal budgets, eos in the middle of a
-group, and a streamer (one token per call).
+group, and a streamer (one token per call); their log-probs equal to an ulp or two (the same f32
+ops in two graphs: the suite's XLA flags, tests/conftest.py, can round a fusion differently).
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ def test_step_groups_give_the_step_by_step_tokens(llama_path, monkeypatch):
             for x, y in zip(
                 a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,), strict=True
             ):
-                np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+                x, y = np.asarray(x), np.asarray(y)
+                if np.issubdtype(x.dtype, np.floating):  # log-probs: two graphs' f32 ops, equal to 1 ulp
+                    np.testing.assert_allclose(x, y, rtol=2.5e-7, atol=0)
+                else:  # tokens, counts, finish reasons: identical
+                    np.testing.assert_array_equal(x, y)
 
 
 def test_compile_options_reach_the_key_and_bad_ones_are_one_line(monkeypatch):
