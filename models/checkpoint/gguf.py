@@ -260,21 +260,27 @@ def default_quant(checkpoint: str | os.PathLike, tp_degree: int = 1) -> str | No
     split = quant in ("int4", "int4-a16") and tp_degree > 1 and not _whole_k_blocks(source, tp_degree)
     quant = "int8" if split else quant
     if quant is not None:
-        types = "/".join(t for t in source.get("matrix_types", []) if t != "F32")
-        kept4 = "4-bit, Q5_K and Q6_K blocks kept, others int8"
-        a16 = f"{kept4}, int16 activations"
-        how = {"int8": "dequantized", "int4": kept4, "int4-a16": a16}.get(quant, "kept")
-        if quant == "int8" and q8_file(checkpoint):  # their codes and scales stay (models.quant8)
-            how = "kept as int8 groups of 32"
-        elif quant == "int8" and set(Q8_BLOCK_TYPES) & set(source.get("matrix_types", [])):
-            kept = "/".join(t for t in Q8_BLOCK_TYPES if t in source["matrix_types"])
-            how = f"dequantized ({kept} kept as int8 groups of 32)"
+        how = how_stored(quant, [t for t in source.get("matrix_types", []) if t != "F32"])
         why = f" (tp={tp_degree} would split Q5_K / Q6_K blocks of 256 rows)" if split else ""
         logger.warning(
-            "%s: %s weights %s; stored as %s%s (quant='none' / --quant none keeps f32)",
-            Path(source.get("path", "")).name, types, how, quant, why,
+            "%s: %s; stored as %s%s (quant='none' / --quant none keeps f32)",
+            Path(source.get("path", "")).name, how, quant, why,
         )  # fmt: skip
     return quant
+
+
+def how_stored(quant: str, types: list[str]) -> str:
+    """What the default storage ``quant`` does with a file's matrix ``types`` (the log line's words)."""
+    if quant not in ("int4", "int4-a16", "int8"):  # f16 / bf16: the values as they are
+        return f"{'/'.join(types)} kept"
+    kept = [t for t in types if t in INT4_KEEPS] if quant != "int8" else []
+    groups = [t for t in types if t in Q8_BLOCK_TYPES]
+    rest = [t for t in types if t not in kept and t not in groups]
+    parts = [f"{'/'.join(kept)} blocks kept"] if kept else []
+    parts += [f"{'/'.join(groups)} kept as int8 groups of 32"] if groups else []
+    parts += [f"{'/'.join(rest)} re-rounded to int8 per channel"] if rest else []
+    acts = {"int4": ", activations rounded to int8 per group", "int4-a16": ", activations held as int16"}
+    return ", ".join(parts) + acts.get(quant, "")
 
 
 Q4_TYPES = INT4_KEEPS  # blocks quant="int4" keeps: 4-bit ones in groups of 32, Q5_K's and Q6_K's codes

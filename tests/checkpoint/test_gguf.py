@@ -172,9 +172,12 @@ def test_default_storage_and_int4_as_stored(files, compile_dir, caplog):
         np.testing.assert_allclose(rows, table[prompts[0]], rtol=0, atol=2e-7 * np.abs(table).max())
         lines = [r.getMessage() for r in caplog.records if r.name == "aotlm.models.checkpoint.gguf"]
         keep = "(quant='none' / --quant none keeps f32)"
-        how = "4-bit, Q5_K and Q6_K blocks kept, others int8, int16 activations; stored as int4-a16"
-        how = f"{how} {keep}" if a16 else f"kept as int8 groups of 32; stored as int8 {keep}"
-        assert lines[0] == f"{path.name}: {qtype} weights {how}" and len(lines) == 1 + (
+        how = (
+            "blocks kept, activations held as int16; stored as int4-a16"
+            if a16
+            else "kept as int8 groups of 32; stored as int8"
+        )
+        assert lines[0] == f"{path.name}: {qtype} {how} {keep}" and len(lines) == 1 + (
             qtype in ("Q4_1", "Q4_K")
         )
         as4 = AutoModelForSampling.from_pretrained(
@@ -210,6 +213,15 @@ def test_int4_keeps_a_mixed_files_blocks_as_stored(tmp_path, compile_dir, monkey
     assert gguf.storage_for({"Q8_0", "Q5_0"}, 8 * big) == gguf.storage_for({"Q8_0"}, 1) == "int8"
     assert gguf.storage_for({"Q5_K", "Q6_K"}, big) == gguf.storage_for({"Q6_K", "Q8_0"}, big) == "int4"
     assert gguf.storage_for({"F16"}, big) == "f16" and gguf.storage_for({"BF16"}, big) == "bf16"
+    # the load's log line names what becomes of each type (a Gemma-3 Q4_K_M file mixes five)
+    assert gguf.how_stored("int4", ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "F16"]) == (
+        "Q4_K/Q6_K blocks kept, Q5_0/Q8_0 kept as int8 groups of 32, F16 re-rounded to int8 per channel, "
+        "activations rounded to int8 per group"
+    )
+    assert gguf.how_stored("int8", ["Q3_K", "Q8_0"]) == (
+        "Q8_0 kept as int8 groups of 32, Q3_K re-rounded to int8 per channel"
+    )
+    assert gguf.how_stored("f16", ["F16"]) == "F16 kept"
     monkeypatch.setenv("AOTLM_GGUF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(gguf, "AS_STORED_PARAMS", 1)
     ckpt = make_checkpoint(tmp_path / "hf", tiny_config("llama"), scale=3.0)
