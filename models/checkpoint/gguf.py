@@ -258,7 +258,7 @@ def default_quant(checkpoint: str | os.PathLike, tp_degree: int = 1) -> str | No
     if "matrix_types" in source and "parameters" in source:  # this version's choice, not the cache's
         quant = storage_for(set(source["matrix_types"]), source["parameters"])
     split = quant in ("int4", "int4-a16") and tp_degree > 1 and not _whole_k_blocks(source, tp_degree)
-    quant = "int8" if split else quant
+    quant = "int8" if split else int4_form(checkpoint, quant, log=False)  # the line below names the form
     if quant is not None:
         how = how_stored(quant, [t for t in source.get("matrix_types", []) if t != "F32"])
         why = f" (tp={tp_degree} would split Q5_K / Q6_K blocks of 256 rows)" if split else ""
@@ -271,6 +271,7 @@ def default_quant(checkpoint: str | os.PathLike, tp_degree: int = 1) -> str | No
 
 def how_stored(quant: str, types: list[str]) -> str:
     """What the default storage ``quant`` does with a file's matrix ``types`` (the log line's words)."""
+    quant = quant.replace("int4-asym", "int4")  # the form holding blocks with minimums: the same words
     if quant not in ("int4", "int4-a16", "int8"):  # f16 / bf16: the values as they are
         return f"{'/'.join(types)} kept"
     kept = [t for t in types if t in INT4_KEEPS] if quant != "int8" else []
@@ -335,13 +336,15 @@ def embedding_type(checkpoint: str | os.PathLike) -> str | None:
         return None
 
 
-def int4_form(checkpoint: str | os.PathLike, quant):
-    """``quant="int4"`` (``"int4-f32a"``) for a GGUF model with Q4_1 / Q4_K / Q5_K blocks (a minimum per
-    block) -> ``"int4-asym"`` (``"int4-asym-f32a"``), the form that holds them (``aotlm.models.quant4``);
-    anything else unchanged."""
+def int4_form(checkpoint: str | os.PathLike, quant, log: bool = True):
+    """``quant="int4"`` (``"int4-a16"``, ``"int4-f32a"``) for a GGUF model with Q4_1 / Q4_K / Q5_K blocks (a
+    minimum per block) -> ``"int4-asym"`` (``"int4-asym-a16"``, ...), the form that holds them
+    (``aotlm.models.quant4``), saying so in a log line (``log``); anything else unchanged."""
     types = q4_types(checkpoint)
     if quant not in ("int4", "int4-a16", "int4-f32a") or not {"Q4_1", "Q4_K", "Q5_K"} & set(types):
         return quant
     asym = quant.replace("int4", "int4-asym")  # "-a16" / "-f32a" (how activations are held) kept
-    logger.warning("%s blocks have a minimum each: quant=%r stores them as %r", "/".join(types), quant, asym)
+    if log:
+        kinds = "/".join(types)
+        logger.warning("%s blocks have a minimum each: quant=%r stores them as %r", kinds, quant, asym)
     return asym

@@ -172,14 +172,13 @@ def test_default_storage_and_int4_as_stored(files, compile_dir, caplog):
         np.testing.assert_allclose(rows, table[prompts[0]], rtol=0, atol=2e-7 * np.abs(table).max())
         lines = [r.getMessage() for r in caplog.records if r.name == "aotlm.models.checkpoint.gguf"]
         keep = "(quant='none' / --quant none keeps f32)"
+        asym = "-asym" if qtype in ("Q4_1", "Q4_K") else ""  # blocks with minimums: one line names the form
         how = (
-            "blocks kept, activations held as int16; stored as int4-a16"
+            f"blocks kept, activations held as int16; stored as int4{asym}-a16"
             if a16
             else "kept as int8 groups of 32; stored as int8"
         )
-        assert lines[0] == f"{path.name}: {qtype} {how} {keep}" and len(lines) == 1 + (
-            qtype in ("Q4_1", "Q4_K")
-        )
+        assert lines == [f"{path.name}: {qtype} {how} {keep}"]
         as4 = AutoModelForSampling.from_pretrained(
             str(path), compile_cache=compile_dir, quant="int4", **SHAPES
         )
@@ -222,6 +221,7 @@ def test_int4_keeps_a_mixed_files_blocks_as_stored(tmp_path, compile_dir, monkey
         "Q8_0 kept as int8 groups of 32, Q3_K re-rounded to int8 per channel"
     )
     assert gguf.how_stored("f16", ["F16"]) == "F16 kept"
+    assert gguf.how_stored("int4-asym-a16", ["Q4_1"]) == "Q4_1 blocks kept, activations held as int16"
     monkeypatch.setenv("AOTLM_GGUF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(gguf, "AS_STORED_PARAMS", 1)
     ckpt = make_checkpoint(tmp_path / "hf", tiny_config("llama"), scale=3.0)
