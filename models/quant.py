@@ -218,7 +218,7 @@ def int8_from_rows(
     q, at = np.empty(shape, np.int8), 0
     kind = quant8.TYPES.get(groups) if groups else None
     if kind:  # scales [in / 32, S, out]: each chunk's rows are the last axis
-        scale = np.empty((shape[1] // quant8.GROUP, 1 + kind[1], shape[0]), np.float16)
+        scale = np.empty((shape[1] // quant8.GROUP, quant8.scale_rows(groups), shape[0]), np.float16)
         round_rows = lambda rows: quant8.quantize_groups(rows, (1,), *kind)  # noqa: E731
     else:
         scale, round_rows = np.empty(shape[0], np.float32), lambda rows: quantize_int8(rows, (1,))

@@ -38,6 +38,12 @@ GROUP = 32  # rows per scale: GGUF Q8_0's block
 TYPES = {"Q8_0": (127, False), "Q5_0": (16, False), "Q5_1": (31, True)}
 
 
+def scale_rows(qtype: str | None) -> int:
+    """Rows per group of a ``TYPES`` block's scale leaf (1, or 2 with a minimum); 0 for any other type."""
+    kind = TYPES.get(qtype) if qtype else None
+    return 1 + kind[1] if kind else 0
+
+
 def packable(shape: tuple, contract: tuple[int, ...], vocab: bool = False) -> bool:
     """Can a matrix of ``shape`` (contracted dims ``contract``) be stored as int8 groups of 32 in panels?
     ``vocab``: its output dim is a vocabulary, padded to whole panels later (``packing.pad_vocab``)."""

@@ -152,8 +152,7 @@ class Storage:
         channels = tuple(n for i, n in enumerate(shape) if i not in contract)
         s8 = self.q8  # scale rows of a file's Q8_0 / Q5_* groups (1, or 2 with minimums)
         if name == "embed_q":  # a tied table's logits copy: its own groups where the table has them
-            head8 = quant8.TYPES.get(self.head)
-            s8 = 1 + head8[1] if head8 else 0
+            s8 = quant8.scale_rows(self.head)
         if s8 and not q.w8a8 and name in PACK_CONTRACT:
             if quant8.packable(shape, contract, vocab):  # as ParamRewriter.int8_groups decides
                 k = _prod(shape[c] for c in contract)

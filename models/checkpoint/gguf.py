@@ -317,7 +317,7 @@ def q8_file(checkpoint: str | os.PathLike) -> int:
     quantized = {t for t in types if t in QUANT_TYPES}
     if len(quantized) != 1 or not quantized <= set(Q8_BLOCK_TYPES):
         return 0
-    return 1 + quant8.TYPES[quantized.pop()][1]
+    return quant8.scale_rows(quantized.pop())
 
 
 def lookup_bytes(checkpoint: str | os.PathLike) -> float | None:
