@@ -62,24 +62,37 @@ def pack5(codes: np.ndarray, leaf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     k, nd, blocks = codes.shape[0], codes.shape[1:], leaf.shape[0]
     if k != blocks * BLOCK or leaf.shape != (blocks, ROWS, *nd) or nd[-1] % PANEL:
         raise ValueError(f"Q5_K codes {codes.shape} and scales {leaf.shape} do not fit")
-    n = math.prod(nd)
-    high = (np.asarray(codes, np.uint8) >> 4).reshape(blocks, 32, 2, 4, n // PANEL, PANEL)
-    two = high[:, :, 0] | (high[:, :, 1] << 1)  # [blocks, j, t, panel, c]: a lane's two rows
-    lanes = two.transpose(0, 1, 3, 4, 2).reshape(blocks, 32, n // PANEL, 4, 16)  # lane 16 m + i
-    plane = lanes[..., 0, :] | (lanes[..., 1, :] << 2) | (lanes[..., 2, :] << 4) | (lanes[..., 3, :] << 6)
-    out = np.concatenate([leaf, plane.reshape(blocks, 32, *nd)], axis=1)
+    out = np.concatenate([leaf, high_plane(codes, BLOCK)], axis=1)
     return np.ascontiguousarray(codes & np.uint8(15)), np.ascontiguousarray(out)
+
+
+def high_plane(codes: np.ndarray, rows: int) -> np.ndarray:
+    """5-bit ``codes`` ``[K, *Nd]`` -> their high bits as the kernel reads them, ``[K / rows, rows / 8,
+    *Nd]`` uint8 (module docstring: per block ``j`` of 8 rows, 16 bytes a panel)."""
+    k, nd = codes.shape[0], codes.shape[1:]
+    n, per = math.prod(nd), rows // 8
+    high = (np.asarray(codes, np.uint8) >> 4).reshape(k // rows, per, 2, 4, n // PANEL, PANEL)
+    two = high[:, :, 0] | (high[:, :, 1] << 1)  # [blocks, j, t, panel, c]: a lane's two rows
+    lanes = two.transpose(0, 1, 3, 4, 2).reshape(k // rows, per, n // PANEL, 4, 16)  # lane 16 m + i
+    plane = lanes[..., 0, :] | (lanes[..., 1, :] << 2) | (lanes[..., 2, :] << 4) | (lanes[..., 3, :] << 6)
+    return plane.reshape(k // rows, per, *nd)
 
 
 def high5(leaf):
     """A Q5_K leaf (jnp) -> its codes' high bits times 16, float32 ``[K, *Nd]``."""
-    blocks, nd = leaf.shape[0], leaf.shape[2:]
+    return high_bits(leaf[:, ROWS:])
+
+
+def high_bits(plane):
+    """``high_plane``'s bytes ``[K / rows, rows / 8, *Nd]`` (jnp) -> the high bits times 16, float32 ``[K,
+    *Nd]``."""
+    blocks, per, nd = plane.shape[0], plane.shape[1], plane.shape[2:]
     n = math.prod(nd)
-    plane = leaf[:, ROWS:].reshape(blocks, 32, n // PANEL, 1, 16)
+    plane = plane.reshape(blocks, per, n // PANEL, 1, 16)
     lanes = (plane >> (2 * jnp.arange(4, dtype=jnp.uint8)).reshape(1, 1, 1, 4, 1)) & 3
-    lanes = lanes.reshape(blocks, 32, n // PANEL, PANEL, 4)  # [blocks, j, panel, c, t]
+    lanes = lanes.reshape(blocks, per, n // PANEL, PANEL, 4)  # [blocks, j, panel, c, t]
     two = jnp.stack([lanes & 1, lanes >> 1], axis=-1)  # [.., t, half]
-    high = two.transpose(0, 1, 5, 4, 2, 3).reshape(blocks * BLOCK, *nd)
+    high = two.transpose(0, 1, 5, 4, 2, 3).reshape(blocks * per * 8, *nd)
     return high.astype(jnp.float32) * 16.0
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from aotlm import kernels
 from aotlm.kernels import layout
-from aotlm.kernels.layout import PANEL
+from aotlm.kernels.layout import PANEL, Q5_ROWS
 from aotlm.models import kscales
 from aotlm.models.axes import CONTRACT_AXES, LOGICAL_AXES, QUANT_SCALES, Path
 
@@ -236,8 +236,9 @@ def prepare(name: str, arr: np.ndarray, spec: tuple, tp: int) -> np.ndarray:
     if q4_scales and kscales.is_kform(arr) and spec and spec[0] is not None and arr.shape[0] % tp:
         arr = kscales.to_groups(arr)  # Q4_K blocks of 256 split over the mesh: f16 scales per 32 instead
     if q4_scales and arr.dtype == np.uint8 and spec and spec[0] is not None and arr.shape[0] % tp:
+        rows = 32 if arr.shape[1] in Q5_ROWS.values() else 256  # Q5_0 / Q5_1's groups, K-quants' blocks
         raise ValueError(
-            f"{name}: {arr.shape[0]} blocks of 256 rows (a GGUF file's Q5_K / Q6_K codes, whose high bits "
+            f"{name}: {arr.shape[0]} blocks of {rows} rows (a GGUF file's 5- / 6-bit codes, whose high bits "
             f"live in the blocks) do not split over tp={tp}; use another tp_degree or quant='int8'"
         )
     if q4_scales and spec and spec[0] is not None and arr.shape[0] % tp:  # groups split over the mesh

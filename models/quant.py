@@ -262,13 +262,9 @@ def regroup_qkv(fused: np.ndarray, kv_axis: int, r: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([q, k, v], axis=kv_axis + 1))
 
 
-Q4_BLOCK_TYPES = (
-    "Q4_0",
-    "Q4_1",
-    "Q4_K",
-)  # GGUF 4-bit blocks of 32 input rows: int4 groups hold them as stored
-# blocks int4 storage keeps as stored: the 4-bit ones, Q5_K's and Q6_K's codes (kscales.pack5, k6scales)
-INT4_KEEPS = (*Q4_BLOCK_TYPES, "Q5_K", "Q6_K")
+Q4_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # GGUF 4-bit blocks of 32 input rows: int4 groups keep them
+# blocks int4 storage keeps as stored: the 4-bit ones, the 5- and 6-bit ones' codes (q5scales, k*scales)
+INT4_KEEPS = (*Q4_BLOCK_TYPES, "Q5_0", "Q5_1", "Q5_K", "Q6_K")
 Q8_BLOCK_TYPES = tuple(quant8.TYPES)  # GGUF blocks of 32 input rows held as stored by int8 groups (quant8)
 
 
@@ -412,9 +408,9 @@ class ParamRewriter:
             return [(path, arr)]
         if floating:
             return [(path, to_float(arr, self.quant.quant_dtype))]
-        # from a GGUF file with 4-bit blocks, only its 4-bit (and Q5_K / Q6_K) matrices take codes (kept
-        # as stored); the others (Q8_0, Q5_0, Q5_1, F16, ...) int8, not rounded down to 4 bits
-        as_stored = not self.gguf_blocks or src in INT4_KEEPS
+        # from a GGUF file with 4-bit blocks, only its kept blocks' matrices take codes (as stored); others
+        # (Q8_0, F16, ...; Q5_0 / Q5_1 given as floats) int8, not rounded down to 4 bits
+        as_stored = not self.gguf_blocks or src in INT4_KEEPS and src not in Q8_BLOCK_TYPES
         if self.quant.int4 and name in PACK_CONTRACT and as_stored:
             return self._int4(path, arr, PACK_CONTRACT[name]) or [(path, arr)]
         if self.int8_groups(path, arr.shape, src):  # a file's Q8_0 / Q5_* blocks: their own codes, scales
@@ -437,8 +433,9 @@ class ParamRewriter:
             kept = arr.stored(q.asymmetric) if contract == (0,) else None
         if kept is not None:
             return [(path, kept[0]), ((*path[:-1], f"{path[-1]}_scale"), kept[1])]
-        if getattr(arr, "bits", 4) != 4:  # Q5_K / Q6_K blocks a layout split: int8, not rounded to 4 bits
-            q8, scale = quantize_int8(arr.values(), contract)
+        if getattr(arr, "bits", 4) != 4:  # 5- / 6-bit blocks a layout split: int8 (Q5_0 / Q5_1: own groups)
+            vocab = path[-1] in ("embed_q", "lm_head")
+            q8, scale = quant4.int8_groups(arr, contract, vocab) or quantize_int8(arr.values(), contract)
             return [(path, q8), ((*path[:-1], f"{path[-1]}_scale"), scale)]
         exact = self.gguf_blocks and q.group_size == 32
         codes, sm = quant4.quantize_int4(_floats(arr), contract, q.group_size, q.asymmetric, exact)

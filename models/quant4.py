@@ -19,7 +19,7 @@ their own scales too, exactly (``aotlm.models.kscales``: a uint8 scale leaf); on
 split a block of 256 are the group's scale and minimum rounded to f16 instead: relative <= 2^-11 each.
 A file's Q6_K matrices keep their 6-bit codes and scales (groups of 16: ``aotlm.models.k6scales``, the
 codes' high bits in the scale leaf), Q5_K ones their 5-bit codes (Q4_K's scales, ``kscales.pack5``),
-else int8 (``models.quant``).
+Q5_0 / Q5_1 ones theirs (f16 scales per 32, ``aotlm.models.q5scales``), else int8 (``models.quant``).
 
 Leaves: the weight ``<name>`` as uint8 codes in the kernels' panel layout (``aotlm/kernels/int4.h``):
 ``[*Nd[:-1], Nd[-1] // 16, *Kd[:-1], Kd[-1] // 8, 16, 4]``, per block of 8 rows byte ``(c, t)`` holds
@@ -53,7 +53,7 @@ import numpy as np
 from aotlm import kernels
 from aotlm.kernels import layout
 from aotlm.kernels.layout import PANEL
-from aotlm.models import k6scales, kscales, lowp, packing
+from aotlm.models import k6scales, kscales, lowp, packing, q5scales, quant8
 
 GROUPS = layout.Q4_GROUPS
 
@@ -121,20 +121,20 @@ def group_of(bits: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Codes:
-    """A matrix as a GGUF file's 4-bit blocks hold it (Q4_0, Q4_1, Q4_K; Q5_K's 5-bit codes; Q6_K's 6-bit
-    ones in groups of 16): ``packed`` (uint32, the matrix's shape) is each weight's group id ``<< bits``
-    or'ed with its code, so a layout transform (transpose, head reshape, split, q/k/v fusion) moves each
-    weight's group with it and no scale array is moved or repeated; ``scale`` / ``minimum``
-    (``[groups]`` float32, exact; ``minimum`` None for Q4_0's ``d * (q - 8)`` / Q6_K's ``d * sc * (q -
-    32)``) are the groups' own. A weight is ``scale * q + minimum``."""
+    """A matrix as a GGUF file's 4-bit blocks hold it (Q4_0, Q4_1, Q4_K; Q5_0's, Q5_1's and Q5_K's 5-bit
+    codes; Q6_K's 6-bit ones in groups of 16): ``packed`` (uint32, the matrix's shape) is each weight's
+    group id ``<< bits`` or'ed with its code, so a layout transform (transpose, head reshape, split, q/k/v
+    fusion) moves each weight's group with it and no scale array is moved or repeated; ``scale`` /
+    ``minimum`` (``[groups]`` float32, exact; ``minimum`` None for Q4_0's ``d * (q - 8)``, Q5_0's ``d * (q
+    - 16)`` / Q6_K's ``d * sc * (q - 32)``) are the groups' own. A weight is ``scale * q + minimum``."""
 
     packed: np.ndarray
     scale: np.ndarray
     minimum: np.ndarray | None
     # Q4_K / Q5_K: per group sc, mb (uint8), per 8 groups d, dmin (f16): kscales' parts; Q6_K: per group
-    # sc (int8), per 16 groups d (f16): k6scales'
+    # sc (int8), per 16 groups d (f16): k6scales'; None for the others (Q5_0 / Q5_1: q5scales)
     k: tuple | None = None
-    bits: int = 4  # 4, 5 (Q5_K) or 6 (Q6_K)
+    bits: int = 4  # 4, 5 (Q5_0, Q5_1, Q5_K) or 6 (Q6_K)
 
     @property
     def group(self) -> int:
@@ -169,7 +169,8 @@ class Groups4:
     (float32 ``[K / 32, *Nd]``; ``minimum`` None for Q4_0's ``d * (q - 8)``); ``k``: a Q4_K matrix's
     own ``(sc, mb [K / 32, *Nd], d, dmin [K / 256, *Nd])`` (``aotlm.models.kscales``). ``bits`` 6: a
     Q6_K matrix, codes 0..63 in groups of 16, ``k`` its ``(sc int8 [K / 16, *Nd], d [K / 256, *Nd])``
-    (``aotlm.models.k6scales``); ``bits`` 5: Q5_K's codes 0..31 under Q4_K's scales."""
+    (``aotlm.models.k6scales``); ``bits`` 5: Q5_K's codes 0..31 under Q4_K's scales, or with ``k`` None
+    Q5_0's / Q5_1's under their own (``aotlm.models.q5scales``)."""
 
     codes: np.ndarray
     scale: np.ndarray
@@ -197,6 +198,12 @@ class Groups4:
         fits = self.codes.shape[0] % k6scales.BLOCK == 0 and self.codes.shape[-1] % PANEL == 0
         if self.bits == 6:  # Q6_K: its own form only (symmetric or not), whole blocks and panels
             return k6scales.pack(self.codes, *self.k) if fits else None
+        if self.bits == 5 and self.k is None:  # Q5_0 / Q5_1: f16 scales and the codes' high bits
+            return (
+                q5scales.pack(self.codes, self.scale, self.minimum)
+                if self.codes.shape[-1] % PANEL == 0
+                else None
+            )
         if self.bits == 5:  # Q5_K: Q4_K's scales and the codes' high bits
             return kscales.pack5(self.codes, kscales.pack(*self.k)) if fits and asymmetric else None
         if asymmetric and self.k is not None and self.codes.shape[0] % kscales.BLOCK == 0:
@@ -267,6 +274,12 @@ def from_codes(c: Codes, contract: tuple[int, ...], asymmetric: bool) -> tuple[n
         np.bitwise_and(x, mask, out=codes[i : i + step], casting="unsafe")
     if c.bits == 6:  # Q6_K: its own form (k6scales), or None: the caller re-rounds the values
         return _k6form(c, gid[:, 0], codes.reshape(-1, *codes.shape[2:]), contract)
+    if c.bits == 5 and c.k is None:  # Q5_0 / Q5_1: their own f16 scales and the codes' high bits
+        if codes.shape[-1] % PANEL:
+            return None
+        m = None if c.minimum is None else c.minimum[gid[:, 0]]
+        low, leaf = q5scales.pack(codes.reshape(-1, *codes.shape[2:]), c.scale[gid[:, 0]], m)
+        return _ungroup(low, c.shape, contract), leaf
     kept = _kform(c, gid[:, 0]) if asymmetric else None
     if c.bits == 5:  # Q5_K: Q4_K's scales and the codes' high bits, or None as above
         if kept is None or codes.shape[-1] % PANEL:
@@ -278,6 +291,17 @@ def from_codes(c: Codes, contract: tuple[int, ...], asymmetric: bool) -> tuple[n
     s = c.scale[gid]
     sm = np.concatenate([s, c.minimums()[gid]], axis=1) if asymmetric else s
     return _ungroup(codes, c.shape, contract), sm.astype(np.float16)
+
+
+def int8_groups(c, contract: tuple[int, ...], vocab: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """A Q5_0 / Q5_1 matrix (``Codes`` / ``Groups4``) whose layout the Q5 form does not take (output dims
+    not whole panels: a vocabulary of odd size) as int8 groups of 32 with its own scales (``quant8``:
+    exact); None for any other."""
+    if getattr(c, "bits", 4) != 5 or c.k is not None or not quant8.packable(c.shape, contract, vocab):
+        return None
+    return quant8.quantize_groups(
+        c.values(), contract, *quant8.TYPES["Q5_0" if c.minimum is None else "Q5_1"]
+    )
 
 
 def _blocks(gid: np.ndarray, per: int) -> np.ndarray | None:
@@ -385,6 +409,9 @@ def dequantize(w, sm, name: str):
         s, high = k6scales.parts(sm)
         q, s = q + high.reshape(q.shape), s.reshape(g, 1, n)
         m = -32.0 * s
+    elif q5scales.is_q5(sm):  # a Q5_0 / Q5_1 matrix's own scales and its codes' high bits
+        s, m, high = q5scales.parts(sm)
+        q, s, m = q + high.reshape(q.shape), s.reshape(g, 1, n), m.reshape(g, 1, n)
     elif kscales.is_kform(sm) or kscales.is_k5(sm):  # a Q4_K / Q5_K matrix's own scales
         s, m = (a.reshape(g, 1, n) for a in kscales.parts(sm))
         q = q + kscales.high5(sm).reshape(q.shape) if kscales.is_k5(sm) else q

@@ -67,7 +67,7 @@ SHAPES = {
                num_key_value_heads=8, head_dim=128, tie_word_embeddings=False, rope_factor=8.0),
 }  # fmt: skip
 TYPES = ["Q4_0", "Q4_K_M", "Q8_0"]  # Q8_0: the converter's own output; the others llama.cpp's quantizer
-MORE_TYPES = ["Q5_K_M", "Q6_K"]  # on request (--types)
+MORE_TYPES = ["Q5_K_M", "Q6_K", "Q5_0", "Q5_1"]  # on request (--types)
 TOK_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"]
 
 

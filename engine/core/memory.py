@@ -147,8 +147,12 @@ class Storage:
                 rows = K_ROWS.get(self.q4k) if q.group_size == 32 and k % kscales.BLOCK == 0 else None
                 if rows and self.blocks_kept(self.q4k):
                     return [(path, shape, 0.5), (scale, (k // kscales.BLOCK, rows, *nd), 1)]
-                groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
-                return [(path, shape, 0.5), (scale, groups, 2)]
+                q5 = self.q4k in layout.Q5_ROWS and q.group_size == 32 and self.blocks_kept(self.q4k)
+                if q5 and nd[-1] % PANEL == 0:  # Q5_0 / Q5_1's own scales and high bits (models.q5scales)
+                    return [(path, shape, 0.5), (scale, (k // 32, layout.Q5_ROWS[self.q4k], *nd), 1)]
+                if not q5:  # (an odd vocabulary of Q5_* blocks: int8 groups, below)
+                    groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
+                    return [(path, shape, 0.5), (scale, groups, 2)]
         channels = tuple(n for i, n in enumerate(shape) if i not in contract)
         s8 = self.q8  # scale rows of a file's Q8_0 / Q5_* groups (1, or 2 with minimums)
         if name == "embed_q":  # a tied table's logits copy: its own groups where the table has them
@@ -171,13 +175,15 @@ class Storage:
             return None
         if rows and whole:
             scale = ((d // kscales.BLOCK, rows, shape[0]), 1)
+        elif typ in layout.Q5_ROWS:  # Q5_0 / Q5_1: their own scales and high bits per 32 (models.q5scales)
+            scale = ((d // 32, layout.Q5_ROWS[typ], shape[0]), 1)
         else:  # Q4_0 / Q4_1: f16 scales (and minimums) per 32
             scale = ((d // 32, 2 if q.asymmetric else 1, shape[0]), 2)
         return [(path, shape, 0.5), ((*path[:-1], "embed_q_scale"), *scale)]
 
     def blocks_kept(self, typ: str | None) -> bool:
         """Are blocks of ``typ`` kept under this storage (those with a minimum need an asymmetric one)?"""
-        return typ in INT4_KEEPS and (self.q.asymmetric or typ in ("Q4_0", "Q6_K"))
+        return typ in INT4_KEEPS and (self.q.asymmetric or typ in ("Q4_0", "Q5_0", "Q6_K"))
 
     def pad_vocab(self, leaf: tuple, shape: tuple, per: float, tp: int) -> tuple:
         """``shape`` with the vocab padded to whole panels per device (``packing.prepare``)."""

@@ -27,6 +27,10 @@
 // of ``v & 15`` and ``v >> 4``: 6.5625 bits a weight, as the file. A Q5_K matrix (5-bit codes, Q4_K's
 // scales): sm is [Np / 16][K / 256][52][16], the K form's 20 rows, then the codes' high bits, 16 bytes per
 // block j (row 20 + j): byte i holds lane i + 16m in bits 2m (row 8j + t) and 2m + 1 (row 8j + 4 + t).
+// A Q5_0 / Q5_1 matrix (5-bit codes, w = d (q - 16) / d q + m per group of 32, the "Q5 form",
+// models/q5scales.py): sm is uint8 [Np / 16][Kp / 32][R][16], per group the low and high bytes of the f16
+// d (rows 0 / 1), Q5_1's of m (2 / 3), then its 4 blocks' high bits as Q5_K's (rows R - 4 + j % 4):
+// R = 6 or 8, 5.5 / 6 bits a weight as the file's blocks.
 //
 // Math, as llama.cpp multiplies its Q4 blocks: each row of x is rounded to int8 per group (scale
 // sx = max|x| / 127 over the group's K rows), the 4-bit codes times the int8 x summed in int32
@@ -49,32 +53,51 @@ constexpr int64_t PFB = 1024;  // prefetch distance in the panel stream (bytes)
 constexpr int64_t ROWS = 64;  // rows of x per pass over a panel range (bounds the sums buffer)
 constexpr int64_t TILE_ROWS = 132;  // the prompt tiles: a 128-token prompt in one pass; whole tiles of 6 at 1-3 parts
 constexpr int64_t K4 = 20, K5 = 52, K6 = 82;  // rows of 16 bytes per 256 rows of W: Q4_K's, Q5_K's, Q6_K's
+constexpr int64_t Q50 = 6, Q51 = 8;            // rows of 16 bytes per 32 rows of W: Q5_0's, Q5_1's
+template <int HB>
+constexpr int64_t Q5R = HB == 4 ? Q51 : Q50;  // HB 3: a Q5_0 form, 4: a Q5_1 form
+// The row (of 16 bytes, in a panel's scales) of block j's high bits: Q5_K's (HB 1) or a Q5 form's.
+template <int HB>
+inline int64_t high_row(int64_t j) {
+  return HB == 1 ? (j / 32) * K5 + K4 + j % 32 : (j / 4) * Q5R<HB> + Q5R<HB> - 4 + j % 4;
+}
 
 struct W4 {
   const uint8_t* q;    // panels [Np / 16][Kp / 8][64]
   const uint16_t* sm;  // f16 [Np / 16][G][S][16] (panel-major), or null in the K form
-  const uint8_t* k8;   // a K form: uint8 [Np / 16][Kp / 256][KR][16], else null
+  const uint8_t* k8;   // a K form: uint8 [Np / 16][Kp / 256][KR][16] (a Q5 form: [Kp / 32]), else null
   int64_t Kp, Np, group, S;
-  int64_t KR = 0;  // the K form's rows per 256: K4 (Q4_K), K5 (Q5_K, 5-bit codes) or K6 (Q6_K, 6-bit)
-  // Panel p's scales: rows of 16 columns (G * S f16 ones, or the K form's Kp / 256 * KR bytes), read as
-  // one stream beside the panel's codes.
+  // the K form's rows per 256: K4 (Q4_K), K5 (Q5_K, 5-bit codes) or K6 (Q6_K, 6-bit); a Q5 form's per 32
+  int64_t KR = 0;
+  bool q5() const { return KR == Q50 || KR == Q51; }
+  // Panel p's scales: rows of 16 columns (G * S f16 ones, the K form's Kp / 256 * KR bytes, a Q5 form's
+  // Kp / 32 * KR), read as one stream beside the panel's codes.
   const uint8_t* scales(int64_t p) const {
-    return k8 ? k8 + p * (Kp / 256) * KR * P : reinterpret_cast<const uint8_t*>(sm + p * (Kp / group) * S * P);
+    if (!k8) return reinterpret_cast<const uint8_t*>(sm + p * (Kp / group) * S * P);
+    return k8 + p * (Kp / (q5() ? 32 : 256)) * KR * P;
   }
 };
 
-// fn(integral_constant<int, HB>) for w's codes' high bits: 2 (Q6_K), 1 (Q5_K) or 0.
+// fn(integral_constant<int, HB>) for w's codes' high bits: 2 (Q6_K), 1 (Q5_K), 3 / 4 (Q5_0 / Q5_1) or 0.
 template <class Fn>
 inline void with_bits(const W4& w, Fn&& fn) {
-  w.KR == K6 ? fn(std::integral_constant<int, 2>{})
-  : w.KR == K5 ? fn(std::integral_constant<int, 1>{})
-               : fn(std::integral_constant<int, 0>{});
+  w.KR == K6    ? fn(std::integral_constant<int, 2>{})
+  : w.KR == K5  ? fn(std::integral_constant<int, 1>{})
+  : w.KR == Q50 ? fn(std::integral_constant<int, 3>{})
+  : w.KR == Q51 ? fn(std::integral_constant<int, 4>{})
+                : fn(std::integral_constant<int, 0>{});
 }
 
 // Scale and minimum of group g, column n (scalar: run_unpack).
 inline void scale_min(const W4& w, int64_t g, int64_t n, float& s, float& mn) {
   const uint8_t* ps = w.scales(n / P);
   const int64_t c = n % P;
+  if (w.q5()) {  // f16 d (and m) as byte planes at rows 0 / 1 (2 / 3) of group g
+    const uint8_t* b = ps + g * w.KR * P + c;
+    const auto f16 = [&](int row) { return f16_to_f32(uint16_t(b[row * P] | (b[(row + 1) * P] << 8))); };
+    s = f16(0), mn = w.KR == Q51 ? f16(2) : -16.f * s;
+    return;
+  }
   if (w.k8) {
     const int64_t per = 256 / w.group;  // groups per 256 rows
     const uint8_t* b = ps + (g / per) * w.KR * P + c;
@@ -158,85 +181,7 @@ inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const
   for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + m * ld, f[m]);
 }
 #else
-constexpr int MR_MAX = 2;
-inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
-
-// AVX2: the same on two vectors of 8 columns (bytes 0-31 of a block: columns 0-7; the K6 form's high
-// bits: the low nibbles of its 32 bytes, then the high ones; Q5_K's: shifts 0 / 2, then 4 / 6).
-template <int MR, int HB, int D>
-inline void panel_rows(const int8_t* xq, const float* sx, const float* xs, const int32_t* xi, int64_t G, const W4& w,
-                       int64_t p, float* out, int64_t ld) {
-  const uint8_t* panel = w.q + p * (w.Kp / B) * 64, *ps = w.scales(p);
-  const int64_t per = 256 / w.group;
-  const __m256i lo4 = _mm256_set1_epi8(15);
-  __m256 f[MR][2];
-  for (int m = 0; m < MR; ++m) f[m][0] = f[m][1] = _mm256_setzero_ps();
-  const int64_t gb = w.group / B;
-  for (int64_t g = 0; g < G; ++g) {
-    __m256i acc[MR][D][2];
-    for (int m = 0; m < MR; ++m)
-      for (int d = 0; d < D; ++d)
-        acc[m][d][0] = acc[m][d][1] = _mm256_set1_epi32(HB == 2 && d == D - 1 ? -32 * xi[m * G + g] : 0);
-    for (int64_t j = g * gb; j < (g + 1) * gb; ++j) {
-      const uint8_t* r = panel + j * 64;
-      _mm_prefetch(reinterpret_cast<const char*>(r) + PFB, _MM_HINT_T0);
-      for (int v = 0; v < 2; ++v) {
-        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 32 * v));
-        __m256i lo = _mm256_and_si256(b, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), lo4);
-        if constexpr (HB == 1) {
-          const __m256i h = _mm256_broadcastsi128_si256(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(ps + (j / 32) * K5 * P + (K4 + j % 32) * P)));
-          const __m256i z = _mm256_srlv_epi32(h, v ? _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4) : _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0));
-          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(z, _mm256_set1_epi8(1)), 4));
-          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(z, _mm256_set1_epi8(2)), 3));
-        }
-        if constexpr (HB == 2) {
-          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps + (j / 32) * K6 * P + (18 + 2 * (j % 32)) * P));
-          const __m256i z = _mm256_and_si256(v ? _mm256_srli_epi16(h, 4) : h, lo4);
-          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(z, _mm256_set1_epi8(3)), 4));
-          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(z, _mm256_set1_epi8(12)), 2));
-        }
-        for (int m = 0; m < MR; ++m)
-          for (int d = 0; d < D; ++d) {
-            const int8_t* x = xq + (m * D + d) * w.Kp + j * B;
-            __m256i& a = acc[m][d][v];
-            a = dot4(dot4(a, lo, _mm256_set1_epi32(x4(x))), hi, _mm256_set1_epi32(x4(x + 4)));
-          }
-      }
-    }
-    for (int v = 0; v < 2; ++v) {
-      __m256 s, mn;
-      if (w.k8) {
-        const uint8_t* b = ps + (g / per) * w.KR * P;
-        const auto half = [&](int row) {  // f16 planes at row, row + 1 -> this vector's 8 as f32
-          const __m256i d = f16_planes(b + row * P, b + (row + 1) * P);
-          return _mm256_cvtph_ps(v ? _mm256_extracti128_si256(d, 1) : _mm256_castsi256_si128(d));
-        };
-        const auto i8 = [&](int row) {
-          const __m128i x8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + row * P + 8 * v));
-          return _mm256_cvtepi32_ps(HB == 2 ? _mm256_cvtepi8_epi32(x8) : _mm256_cvtepu8_epi32(x8));
-        };
-        s = _mm256_mul_ps(half(16), i8(int(g % per)));
-        mn = HB == 2 ? _mm256_mul_ps(s, _mm256_set1_ps(-32.f)) : _mm256_mul_ps(half(18), i8(int(8 + g % per)));
-      } else {
-        const uint16_t* sg = reinterpret_cast<const uint16_t*>(ps) + g * w.S * P;
-        s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + 8 * v)));
-        mn = w.S == 2 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + P + 8 * v)))
-                      : _mm256_mul_ps(s, _mm256_set1_ps(-8.f));
-      }
-      for (int m = 0; m < MR; ++m) {
-        const __m256 sc = _mm256_mul_ps(s, _mm256_set1_ps(sx[m * G + g]));
-        const __m256i a0 = acc[m][0][v], t = D == 2 ? _mm256_add_epi32(_mm256_slli_epi32(a0, 8), acc[m][D - 1][v]) : a0;
-        f[m][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, f[m][v]);
-        if constexpr (HB != 2) f[m][v] = _mm256_fmadd_ps(_mm256_set1_ps(xs[m * G + g]), mn, f[m][v]);
-      }
-    }
-  }
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(out + m * ld + 8 * v, f[m][v]);
-}
+#include "q4avx2.h"  // the same on AVX2 (two vectors of 8 columns)
 #endif
 
 // M rows of x (<= ROWS; D rows of xq each, quantize_x) x panels [p0, p1) -> buf[m * ld + (p - p0) * 16 + c];
@@ -324,10 +269,10 @@ inline void run_unpack(const W4& w, int64_t K, int64_t N, const Out& out) {
             const int64_t lane = 4 * c + t, j = (k % 256) / B;
             const uint8_t h = w.scales(p)[((k / 256) * K6 + 18 + 2 * j) * P + lane % 32];
             q |= ((h >> (4 * (lane / 32) + 2 * half)) & 3) << 4;
-          } else if (w.KR == K5) {  // lane 4c + t: byte (4c + t) % 16 of row 20 + j, bit 2 ((4c + t) / 16) + half
-            const int64_t lane = 4 * c + t, j = (k % 256) / B;
-            const uint8_t h = w.scales(p)[((k / 256) * K5 + K4 + j) * P + lane % 16];
-            q |= ((h >> (2 * (lane / 16) + half)) & 1) << 4;
+          } else if (w.KR == K5 || w.q5()) {  // lane 4c + t: byte (4c + t) % 16 of block j's row, bit 2 ((4c + t) / 16) + half
+            const int64_t lane = 4 * c + t, j = k / B;
+            const int64_t row = w.KR == K5 ? high_row<1>(j) : w.KR == Q51 ? high_row<4>(j) : high_row<3>(j);
+            q |= ((w.scales(p)[row * P + lane % 16] >> (2 * (lane / 16) + half)) & 1) << 4;
           }
           row[(p - p0) * P + c] = s * float(q) + mn;
         }
@@ -349,12 +294,18 @@ std::string q4_operands(const ffi::AnyBuffer& w, const ffi::AnyBuffer& sm, int64
   if (w.element_type() != DataType::U8 || int64_t(w.element_count()) != Kp * Np / 2)
     return "w must be uint8 with Np * Kp / 2 bytes (Kp: K rounded up to the group, Np: N up to 16)";
   const auto* q = static_cast<const uint8_t*>(w.untyped_data());
+  if (sm.element_type() == DataType::U8 && group == 32)  // a Q5 form: Q5_0's / Q5_1's, 6 / 8 rows per 32
+    for (const int64_t r : {aotlm_q4::Q50, aotlm_q4::Q51})
+      if (int64_t(sm.element_count()) == G * r * Np) {
+        *out = {q, nullptr, static_cast<const uint8_t*>(sm.untyped_data()), Kp, Np, group, 2, r};
+        return "";
+      }
   if (sm.element_type() == DataType::U8) {  // a K form: Q4_K's / Q5_K's (groups of 32) or Q6_K's (16)
     const int64_t rows = Kp % 256 ? 0 : int64_t(sm.element_count()) / (Kp / 256 * Np);
     const int64_t kr = group == 16 ? aotlm_q4::K6 : rows == aotlm_q4::K5 ? aotlm_q4::K5 : aotlm_q4::K4;
     if ((group != 32 && group != 16) || Kp % 256 || int64_t(sm.element_count()) != Kp / 256 * kr * Np)
-      return "K-form scales must be uint8 [Np / 16, K / 256, 20 or 52, 16] with groups of 32 (Q4_K, Q5_K) or "
-             "[.., 82, 16] with groups of 16 (Q6_K)";
+      return "K-form scales must be uint8 [Np / 16, K / 256, 20 or 52, 16] with groups of 32 (Q4_K, Q5_K), "
+             "[.., 82, 16] with groups of 16 (Q6_K), or [Np / 16, K / 32, 6 or 8, 16] (Q5_0, Q5_1)";
     *out = {q, nullptr, static_cast<const uint8_t*>(sm.untyped_data()), Kp, Np, group, 2, kr};
     return "";
   }

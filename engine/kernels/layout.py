@@ -13,6 +13,7 @@ Q4_ROWS = 8  # rows of W per 64-byte block of a 4-bit panel (int4.h): [.., Kd[-1
 Q4_GROUPS = (32, 64, 128)  # rows of W per scale (quant="int4"; GGUF's Q4 blocks: 32)
 K5_ROWS = 52  # rows per 256 of a Q5_K matrix's uint8 scale leaf (aotlm.models.kscales; int4.h)
 K6_ROWS = 82  # rows per 256 of a Q6_K matrix's uint8 scale leaf (aotlm.models.k6scales; int4.h)
+Q5_ROWS = {"Q5_0": 6, "Q5_1": 8}  # rows per 32 of a Q5_0 / Q5_1 matrix's uint8 scale leaf (models.q5scales)
 
 
 def logical_dims(shape: tuple, nk: int) -> tuple[tuple, tuple]:

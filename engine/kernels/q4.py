@@ -35,10 +35,15 @@ def q4_fuses(x, name: str | None, act: str | None) -> bool:
 def q4_group(k: int, sm, nn: int) -> int:
     """The group size of a 4-bit weight with ``k`` contracted rows, ``nn`` output dims and scales ``sm
     [G, S, *Nd]`` (f16), or a GGUF Q4_K / Q6_K matrix's own ``[K / 256, 20 or 82, *Nd]`` (uint8,
-    ``aotlm.models.kscales`` / ``k6scales``: groups of 32 / 16), either panel-major
+    ``aotlm.models.kscales`` / ``k6scales``: groups of 32 / 16), or a Q5_0 / Q5_1 one's ``[K / 32, 6 or 8,
+    *Nd]`` (``q5scales``), either panel-major
     (``layout.scale_groups``); a clear error when the groups do not tile ``k`` (e.g. a tensor-parallel
     shard split inside a group)."""
     groups = layout.scale_groups(sm.shape, nn)
+    if jnp.dtype(sm.dtype) == jnp.uint8 and layout.scale_rows(sm.shape, nn) in layout.Q5_ROWS.values():
+        if k != 32 * groups:  # a Q5_0 / Q5_1 matrix's own scales (aotlm.models.q5scales)
+            raise ValueError(f"a Q5_0 / Q5_1 weight with {k} contracted rows has {groups} groups of 32")
+        return 32
     if jnp.dtype(sm.dtype) == jnp.uint8:
         if groups == 0 or k != 256 * groups:
             raise ValueError(

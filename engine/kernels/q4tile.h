@@ -36,13 +36,19 @@ inline void codes(const uint8_t* r, const uint8_t* ps, int64_t j, __m512i& lo, _
   const __m512i v = _mm512_loadu_si512(r), lo4 = _mm512_set1_epi8(15);
   lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
   if constexpr (HB == 2) high2(ps + (j / 32) * K6 * P + (18 + 2 * (j % 32)) * P, lo, hi);
-  if constexpr (HB == 1) high1(ps + (j / 32) * K5 * P + (K4 + j % 32) * P, lo, hi);
+  if constexpr (HB == 1 || HB >= 3) high1(ps + high_row<HB>(j) * P, lo, hi);
 }
 
 // Scale s and minimum mn of group g for a panel's 16 columns (its scales at ps), g = 0, 1, .. in turn:
 // a K form's super-scale kd and -dmin kn are read at each 256 rows' first group and kept.
 template <int HB>
 inline void group_scales(const W4& w, const uint8_t* ps, int64_t g, __m512& kd, __m512& kn, __m512& s, __m512& mn) {
+  if constexpr (HB >= 3) {  // Q5_0 / Q5_1: f16 d (and m) per group of 32 as byte planes
+    const uint8_t* b = ps + g * Q5R<HB> * P;
+    s = _mm512_cvtph_ps(f16_planes(b, b + P));
+    mn = HB == 4 ? _mm512_cvtph_ps(f16_planes(b + 2 * P, b + 3 * P)) : _mm512_mul_ps(s, _mm512_set1_ps(-16.f));
+    return;
+  }
   if (w.k8) {
     const int64_t per = 256 / w.group;  // groups per 256 rows
     const uint8_t* b = ps + (g / per) * w.KR * P;
@@ -72,11 +78,15 @@ inline bool tiles_take(int64_t group) { return group == 16 || group == 32 || gro
 template <class Fn>
 inline void with_form(const W4& w, Fn&& fn) {
   const auto steps = [&](auto hb) {
-    switch (w.group) {
-      case 16: return fn(hb, std::integral_constant<int, 4>{});
-      case 32: return fn(hb, std::integral_constant<int, 8>{});
-      case 64: return fn(hb, std::integral_constant<int, 16>{});
-      default: return fn(hb, std::integral_constant<int, 32>{});  // 128 (tiles_take)
+    if constexpr (decltype(hb)::value >= 3) {
+      fn(hb, std::integral_constant<int, 8>{});  // Q5_0 / Q5_1: groups of 32
+    } else {
+      switch (w.group) {
+        case 16: return fn(hb, std::integral_constant<int, 4>{});
+        case 32: return fn(hb, std::integral_constant<int, 8>{});
+        case 64: return fn(hb, std::integral_constant<int, 16>{});
+        default: return fn(hb, std::integral_constant<int, 32>{});  // 128 (tiles_take)
+      }
     }
   };
   with_bits(w, steps);

@@ -215,10 +215,10 @@ AS_STORED_PARAMS = 1_000_000_000
 def storage_for(matrix_types: set[str], parameters: int = 0) -> str | None:
     """The default weight storage for a file whose matrices have these GGUF types.
 
-    With blocks that int4 storage keeps (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): ``"int4"`` from
+    With blocks that int4 storage keeps (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K): ``"int4"`` from
     ``AS_STORED_PARAMS`` parameters up, ``"int4-a16"`` below (int16 activations), which keep them and store
-    the file's other types as int8 (Q8_0 / Q5_0 / Q5_1 as int8 groups); other block-quantized (5- to
-    8-bit) files -> ``"int8"`` (Q8_0 / Q5_0 / Q5_1 as int8 groups, others re-rounded per output channel);
+    the file's other types as int8 (Q8_0 as int8 groups); other block-quantized (8-bit, Q2_K / Q3_K)
+    files -> ``"int8"`` (Q8_0 as int8 groups, others re-rounded per output channel);
     all F16 -> ``"f16"``, all BF16 -> ``"bf16"`` (both exact), otherwise None (float32).
     """
     if matrix_types & set(INT4_KEEPS):
@@ -231,13 +231,15 @@ def storage_for(matrix_types: set[str], parameters: int = 0) -> str | None:
 
 
 def _whole_k_blocks(source: dict, tp: int) -> bool:
-    """Does every Q5_K / Q6_K matrix of the file keep whole blocks of 256 input rows on each of ``tp``
-    shards (their codes' high bits live in the blocks: ``models.packing``)? True where the file is gone."""
+    """Does every Q5_K / Q6_K matrix of the file keep whole blocks of 256 input rows (Q5_0 / Q5_1: 32) on
+    each of ``tp`` shards (their codes' high bits live in the blocks: ``models.packing``)? True where the
+    file is gone."""
     try:
         plan, _ = inspect(Path(source["path"]))
     except (KeyError, OSError, ValueError, CheckpointError):
         return True
-    k_blocks = [t.shape[1] // 256 for t in plan.tensors if t.qtype in ("Q5_K", "Q6_K") and len(t.shape) == 2]
+    rows = {"Q5_0": 32, "Q5_1": 32, "Q5_K": 256, "Q6_K": 256}
+    k_blocks = [t.shape[1] // rows[t.qtype] for t in plan.tensors if t.qtype in rows and len(t.shape) == 2]
     return all(n % tp == 0 for n in k_blocks)
 
 
@@ -261,7 +263,7 @@ def default_quant(checkpoint: str | os.PathLike, tp_degree: int = 1) -> str | No
     quant = "int8" if split else int4_form(checkpoint, quant, log=False)  # the line below names the form
     if quant is not None:
         how = how_stored(quant, [t for t in source.get("matrix_types", []) if t != "F32"])
-        why = f" (tp={tp_degree} would split Q5_K / Q6_K blocks of 256 rows)" if split else ""
+        why = f" (tp={tp_degree} would split 5- / 6-bit blocks)" if split else ""
         logger.warning(
             "%s: %s; stored as %s%s (quant='none' / --quant none keeps f32)",
             Path(source.get("path", "")).name, how, quant, why,
@@ -275,7 +277,7 @@ def how_stored(quant: str, types: list[str]) -> str:
     if quant not in ("int4", "int4-a16", "int8"):  # f16 / bf16: the values as they are
         return f"{'/'.join(types)} kept"
     kept = [t for t in types if t in INT4_KEEPS] if quant != "int8" else []
-    groups = [t for t in types if t in Q8_BLOCK_TYPES]
+    groups = [t for t in types if t in Q8_BLOCK_TYPES and t not in kept]
     rest = [t for t in types if t not in kept and t not in groups]
     parts = [f"{'/'.join(kept)} blocks kept"] if kept else []
     parts += [f"{'/'.join(groups)} kept as int8 groups of 32"] if groups else []
@@ -284,7 +286,7 @@ def how_stored(quant: str, types: list[str]) -> str:
     return ", ".join(parts) + acts.get(quant, "")
 
 
-Q4_TYPES = INT4_KEEPS  # blocks quant="int4" keeps: 4-bit ones in groups of 32, Q5_K's and Q6_K's codes
+Q4_TYPES = INT4_KEEPS  # blocks quant="int4" keeps: 4-bit ones in groups of 32, 5- and 6-bit ones' codes
 
 
 def q4_types(checkpoint: str | os.PathLike) -> list[str]:
@@ -299,10 +301,11 @@ def q4_types(checkpoint: str | os.PathLike) -> list[str]:
 
 
 def k_type(checkpoint: str | os.PathLike) -> str | None:
-    """The K-quant type among a converted GGUF model's matrices (Q4_K, else Q5_K, else Q6_K: a Q4_K_M
-    file's Q6_K matrices count as Q4_K ones); None for any other checkpoint."""
+    """The type among a converted GGUF model's matrices whose own scale leaves the memory plan counts
+    (Q4_K, else Q5_K, Q5_1, Q5_0, Q6_K: a Q4_K_M file's Q6_K matrices count as Q4_K ones, a Q5_0 file's
+    Q6_K lm_head as Q5_0); None for any other checkpoint."""
     types = q4_types(checkpoint)
-    return next((t for t in ("Q4_K", "Q5_K", "Q6_K") if t in types), None)
+    return next((t for t in ("Q4_K", "Q5_K", "Q5_1", "Q5_0", "Q6_K") if t in types), None)
 
 
 def q8_file(checkpoint: str | os.PathLike) -> int:
@@ -337,11 +340,11 @@ def embedding_type(checkpoint: str | os.PathLike) -> str | None:
 
 
 def int4_form(checkpoint: str | os.PathLike, quant, log: bool = True):
-    """``quant="int4"`` (``"int4-a16"``, ``"int4-f32a"``) for a GGUF model with Q4_1 / Q4_K / Q5_K blocks (a
-    minimum per block) -> ``"int4-asym"`` (``"int4-asym-a16"``, ...), the form that holds them
+    """``quant="int4"`` (``"int4-a16"``, ``"int4-f32a"``) for a GGUF model with Q4_1 / Q4_K / Q5_1 / Q5_K
+    blocks (a minimum per block) -> ``"int4-asym"`` (``"int4-asym-a16"``, ...), the form that holds them
     (``aotlm.models.quant4``), saying so in a log line (``log``); anything else unchanged."""
     types = q4_types(checkpoint)
-    if quant not in ("int4", "int4-a16", "int4-f32a") or not {"Q4_1", "Q4_K", "Q5_K"} & set(types):
+    if quant not in ("int4", "int4-a16", "int4-f32a") or not {"Q4_1", "Q4_K", "Q5_1", "Q5_K"} & set(types):
         return quant
     asym = quant.replace("int4", "int4-asym")  # "-a16" / "-f32a" (how activations are held) kept
     if log:

@@ -8,6 +8,8 @@ group's scale and minimum:
 * Q4_K: super-blocks of 256 with 8 sub-blocks of 32, each a 6-bit scale ``sc`` and minimum ``m``
   under the block's f16 ``d`` and ``dmin``: ``(d * sc) * q - (dmin * m)`` (gguf-py computes it so, in
   float32: exact in float32, not in float16);
+* Q5_0 / Q5_1 (kept beside them by ``quant="int4"``): Q4_0's / Q4_1's blocks with 5-bit codes, ``d * (q -
+  16)`` / ``d * q + m`` (32 high bits after the scales);
 * Q5_K (kept beside them by ``quant="int4"``): Q4_K's scales with 5-bit codes (a plane of high bits);
 * Q6_K (kept beside them by ``quant="int4"``): super-blocks of 256 with 16 groups of 16, each an int8
   scale ``sc`` under the block's f16 ``d``, 6-bit codes: ``(d * sc) * (q - 32)``.
@@ -27,8 +29,9 @@ from aotlm.models.checkpoint.gguf_names import transform, transposed
 from aotlm.models.quant4 import Codes, Groups4, group_of
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
-CODE_BYTES = {**BLOCK_BYTES, "Q5_K": 176, "Q6_K": 210}  # the types read as codes (4-, 5- and 6-bit)
-BITS = {"Q5_K": 5, "Q6_K": 6}  # code widths other than 4
+# the types read as codes (4-, 5- and 6-bit)
+CODE_BYTES = {**BLOCK_BYTES, "Q5_0": 22, "Q5_1": 24, "Q5_K": 176, "Q6_K": 210}
+BITS = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6}  # code widths other than 4
 
 
 def _q6k(rows: np.ndarray) -> tuple:
@@ -46,7 +49,8 @@ def _q6k(rows: np.ndarray) -> tuple:
 
 def unpack(qtype: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple | None]:
     """``(codes uint8 [n], scale float32 [n / 32], minimum float32 [n / 32] or None, k)`` of a tensor's
-    stored bytes in the file's order (``minimum`` None: Q4_0's ``d * (q - 8)``; ``k``: Q4_K's / Q5_K's own
+    stored bytes in the file's order (``minimum`` None: Q4_0's ``d * (q - 8)``, Q5_0's ``d * (q - 16)``;
+    ``k``: Q4_K's / Q5_K's own
     ``(sc, mb uint8 [n / 32], d, dmin f16 [n / 256])`` for ``aotlm.models.kscales``, else None; Q5_K's
     codes 0..31, Q6_K's: ``_q6k``)."""
     rows = np.asarray(raw).reshape(-1, CODE_BYTES[qtype])
@@ -64,9 +68,13 @@ def unpack(qtype: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
         qs = rows[:, 16 + 32 * (qtype == "Q5_K") :].reshape(-1, 4, 1, 32)  # sub-blocks 2j (low nibbles), 2j+1
     else:
         scale = f16(0).astype(np.float32).reshape(-1)
-        minimum = f16(2).astype(np.float32).reshape(-1) if qtype == "Q4_1" else None
-        qs = rows[:, 2 + 2 * (qtype == "Q4_1") :].reshape(-1, 1, 1, 16)  # weights j (low), j + 16 (high)
+        minimum = f16(2).astype(np.float32).reshape(-1) if qtype in ("Q4_1", "Q5_1") else None
+        at = 2 + 2 * (minimum is not None)  # Q5_*: 4 bytes of high bits, then the low nibbles
+        qs = rows[:, at + 4 * (qtype[1] == "5") :].reshape(-1, 1, 1, 16)  # weights j (low), j + 16 (high)
     codes = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=2)
+    if qtype in ("Q5_0", "Q5_1"):  # bit i of the little-endian uint32: weight i's high bit
+        qh = rows[:, at : at + 4].copy().view("<u4") >> np.arange(32, dtype=np.uint32)
+        codes = codes.reshape(-1, 32) | ((qh & 1).astype(np.uint8) << np.uint8(4))
     if qtype == "Q5_K":  # bit j of byte i of the 32 after the scales: weight i of sub-block j's high bit
         qh = rows[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
         codes = codes.reshape(-1, 8, 32) | ((qh & np.uint8(1)) << np.uint8(4))

@@ -130,8 +130,8 @@ class GGUFWeights:
         return arr
 
     def codes(self, name: str) -> Codes | None:
-        """A 4-bit matrix (Q4_0, Q4_1, Q4_K) or a Q6_K one as its codes and group scales
-        (``gguf_q4k.codes``), in its HF layout; None for any other tensor."""
+        """A 4-bit matrix (Q4_0, Q4_1, Q4_K) or a 5- / 6-bit one (Q5_0, Q5_1, Q5_K, Q6_K) as its codes and
+        group scales (``gguf_q4k.codes``), in its HF layout; None for any other tensor."""
         t = self._by_hf.get(name)
         if t is None or t.qtype not in CODE_BYTES or len(t.shape) != 2:
             return None
@@ -139,7 +139,7 @@ class GGUFWeights:
             return codes(self.plan, t, self._meta, raw)
 
     def groups4(self, name: str, fn) -> Groups4 | None:
-        """A 4-bit matrix (Q4_0, Q4_1, Q4_K) or a Q6_K one moved by an out-only layout function ``fn``
+        """A 4-bit matrix (Q4_0, Q4_1, Q4_K) or a 5- / 6-bit one moved by an out-only layout function ``fn``
         as its codes and group scales (``gguf_q4k.groups``); None for any other tensor or layout."""
         t = self._by_hf.get(name)
         if t is None or t.qtype not in CODE_BYTES:

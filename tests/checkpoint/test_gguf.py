@@ -209,14 +209,16 @@ def test_int4_keeps_a_mixed_files_blocks_as_stored(tmp_path, compile_dir, monkey
     big = gguf.AS_STORED_PARAMS
     assert gguf.storage_for({"Q4_K", "Q6_K", "F32"}, big) == "int4"
     assert gguf.storage_for({"Q4_0", "F32"}, big - 1) == gguf.storage_for({"Q6_K"}, 1) == "int4-a16"
-    assert gguf.storage_for({"Q8_0", "Q5_0"}, 8 * big) == gguf.storage_for({"Q8_0"}, 1) == "int8"
+    assert gguf.storage_for({"Q8_0", "Q3_K"}, 8 * big) == gguf.storage_for({"Q8_0"}, 1) == "int8"
+    assert gguf.storage_for({"Q5_0", "Q8_0"}, 1) == gguf.storage_for({"Q5_1"}, 1) == "int4-a16"
     assert gguf.storage_for({"Q5_K", "Q6_K"}, big) == gguf.storage_for({"Q6_K", "Q8_0"}, big) == "int4"
     assert gguf.storage_for({"F16"}, big) == "f16" and gguf.storage_for({"BF16"}, big) == "bf16"
     # the load's log line names what becomes of each type (a Gemma-3 Q4_K_M file mixes five)
     assert gguf.how_stored("int4", ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "F16"]) == (
-        "Q4_K/Q6_K blocks kept, Q5_0/Q8_0 kept as int8 groups of 32, F16 re-rounded to int8 per channel, "
+        "Q4_K/Q6_K/Q5_0 blocks kept, Q8_0 kept as int8 groups of 32, F16 re-rounded to int8 per channel, "
         "activations rounded to int8 per group"
     )
+    assert gguf.how_stored("int8", ["Q5_1"]) == "Q5_1 kept as int8 groups of 32"
     assert gguf.how_stored("int8", ["Q3_K", "Q8_0"]) == (
         "Q8_0 kept as int8 groups of 32, Q3_K re-rounded to int8 per channel"
     )

@@ -1,8 +1,8 @@
 """A GGUF file's blocks kept as stored with activations held as f32 holds them (``quant="int4-f32a"``:
 each group of x in three int8 parts, each rounding what the ones before left, ``aotlm/kernels/int4.h``):
 logits within 1e-4 (relative to the largest) of transformers' float32 load of the same file, which
-dequantizes it, for every block type the int4 storage keeps (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; Q8_0 / Q5_0 /
-Q5_1 are int8 groups, whose activations are int16), and the same greedy tokens. Plain ``"int4"`` rounds x
+dequantizes it, for every block type the int4 storage keeps (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K;
+Q8_0 is int8 groups, whose activations are int16), and the same greedy tokens. Plain ``"int4"`` rounds x
 to int8 once, as llama.cpp does: ~100x further; ``"int4-a16"`` holds it as int16 (two int8 digits): within
 ~1e-4, the same greedy tokens."""
 
@@ -26,11 +26,13 @@ TOL16 = 3e-4  # x as int16 per group of 32: 4e-5 - 1.2e-4 on these files
 MIXES = {
     "Q4_0": {},
     "Q4_1": {},
+    "Q5_0": {},  # its output (vocab 1026): int8 groups of the file's own codes (quant4.int8_groups)
+    "Q5_1": {},
     "Q4_K": {"ffn_down": "Q6_K", "attn_v": "Q6_K"},
     "Q5_K": {"ffn_down": "Q6_K", "attn_v": "Q6_K", "output": "Q8_0"},
     "Q6_K": {"output": "Q8_0"},
 }
-TYPES = ["Q4_0", "Q4_1", "Q4_K", "Q5_K", pytest.param("Q6_K", marks=pytest.mark.slow)]
+TYPES = ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", pytest.param("Q6_K", marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module")

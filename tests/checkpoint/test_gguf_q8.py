@@ -1,7 +1,8 @@
-"""A GGUF file's Q8_0 / Q5_0 / Q5_1 blocks kept as stored (``aotlm.models.quant8``): every matrix holds
-the file's own codes and scales (its values bit for bit), and the default storage's logits stay within
-1e-4 of the largest logit of transformers' float32 load of the same file, greedy tokens equal; the XLA
-path (kernels off) gives the same tokens."""
+"""A GGUF file's Q8_0 blocks (by default; Q5_0 / Q5_1 ones under ``quant="int8"``, whose default keeps their
+5-bit codes: test_gguf_q5.py) kept as int8 groups (``aotlm.models.quant8``): every matrix holds the file's
+own codes and scales (its values bit for bit), and the logits stay within 1e-4 of the largest logit of
+transformers' float32 load of the same file, greedy tokens equal; the XLA path (kernels off) gives the
+same tokens."""
 
 from __future__ import annotations
 
@@ -38,11 +39,12 @@ def logical(m, leaf: str, layer: int | None = 0) -> np.ndarray:
     return np.asarray(packing.unpack(w, leaf) if packing.is_packed(leaf, w.ndim) else w)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_1"])
-def test_matrices_keep_their_blocks(files, monkeypatch, qtype):
-    """Default storage: every matrix (the lm_head too) is int8 codes with an f16 scale (Q5_1: and
-    minimum) per 32 rows, equal to the file's values bit for bit; the lm_head and MLP matrices are never
-    read whole as float32 (Q8_0: its codes straight from the blocks; Q5_*: a chunk of rows at a time)."""
+@pytest.mark.parametrize(("qtype", "quant"), [("Q8_0", None), ("Q5_0", "int8"), ("Q5_1", "int8")])
+def test_matrices_keep_their_blocks(files, monkeypatch, qtype, quant):
+    """Q8_0's default storage (and int8's of Q5_*): every matrix (the lm_head too) is int8 codes with an f16
+    scale (Q5_1: and minimum) per 32 rows, equal to the file's values bit for bit; the lm_head and MLP
+    matrices are never read whole as float32 (Q8_0: its codes straight from the blocks; Q5_*: a chunk of
+    rows at a time)."""
     q8_file = files(qtype)
     ref = AutoModelForSampling.from_pretrained(q8_file, quant="none", **KW)
     read, floats, direct, q8_blocks = [], GGUFWeights.get, [], GGUFWeights.q8_blocks
@@ -54,7 +56,7 @@ def test_matrices_keep_their_blocks(files, monkeypatch, qtype):
 
     monkeypatch.setattr(GGUFWeights, "get", lambda self, n: read.append(n) or floats(self, n))
     monkeypatch.setattr(GGUFWeights, "q8_blocks", spy)
-    m = AutoModelForSampling.from_pretrained(q8_file, **KW)
+    m = AutoModelForSampling.from_pretrained(q8_file, quant=quant, **KW)
     assert read and not [n for n in read if n.endswith(("lm_head.weight", "mlp.down_proj.weight"))]
     assert ("lm_head.weight" in direct) == (qtype == "Q8_0"), direct
     leaves = [(leaf, 0) for leaf in MATRICES] + [("lm_head", None)]
@@ -80,14 +82,14 @@ NO_KERNELS = pytest.mark.skipif(not kernels.enabled(), reason="CPU kernels unava
     ("qtype", "on"),
     [pytest.param(t, True, marks=NO_KERNELS) for t in ("Q8_0", "Q5_0", "Q5_1")] + [("Q8_0", False)],
 )
-def test_logits_match_transformers(files, monkeypatch, qtype, on):
+def test_logits_match_transformers(files, monkeypatch, qtype, on):  # Q5_*: under quant="int8"
     """Logits of 4 prompts within 1e-4 of the largest (x rounded to int16 per row is the only error left;
     per-channel int8 had re-rounded every weight: 2.3% for Q8_0), 8 greedy tokens equal to transformers';
     with the kernels and on XLA's path."""
     q8_file = files(qtype)
     monkeypatch.setenv("AOTLM_KERNELS", "1" if on else "0")
     ref = _hf(q8_file)
-    m = AutoModelForSampling.from_pretrained(q8_file, **KW)
+    m = AutoModelForSampling.from_pretrained(q8_file, quant="int8" if qtype != "Q8_0" else None, **KW)
     assert m.params["layers"][0]["wq_scale"].dtype == np.float16
     prompts = np.random.default_rng(4).integers(0, VOCAB, (4, 1, 12))
     with torch.no_grad():

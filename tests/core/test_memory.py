@@ -72,8 +72,10 @@ def cases(tmp_path_factory):
     from gguf_builders import tiny_config, write_gguf
 
     # and tied in Q8_0 (its matrices and the lm_head's copy kept as int8 groups of 32 with f16 scales:
-    # models.quant8)
-    for name, tied, qtype in (("untied", False, T.Q4_K), ("tied", True, T.Q6_K), ("tied8", True, T.Q8_0)):
+    # models.quant8), untied in Q5_1 (its 5-bit codes kept, models.q5scales; the lm_head of 1026 rows, not
+    # whole panels: int8 groups)
+    files = (("untied", False, T.Q4_K), ("tied", True, T.Q6_K), ("tied8", True, T.Q8_0))
+    for name, tied, qtype in (*files, ("untied5", False, T.Q5_1)):
         cfg = tiny_config("llama")
         cfg.tie_word_embeddings = tied
         hf = make_checkpoint(root / f"gguf-{name}", cfg)
@@ -88,7 +90,7 @@ def cases(tmp_path_factory):
 
 
 def test_plan_weight_bytes_equal_the_stored_params(cases):
-    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 9 + 7 + 3
+    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 9 + 7 + 3 + 3
     gguf_forms = {c["plan"]["weights"] for c in cases if c["ckpt"].endswith(".gguf")}
     split = [c["plan"]["weights"] for c in cases if c["ckpt"].endswith("Q6_K.gguf") and c["tp"] == 2]
     assert split == ["int8"]  # the default where tp=2 would split the Q6_K blocks int4-a16 keeps

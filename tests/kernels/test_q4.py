@@ -17,7 +17,7 @@ import pytest
 from builders import llama_config, peaked_checkpoint, run_with_kernels, save_checkpoint
 
 from aotlm import kernels
-from aotlm.models import k6scales, kscales, lowp, packing, quant4
+from aotlm.models import k6scales, kscales, lowp, packing, q5scales, quant4
 from aotlm.models.quant import INT4_NAMES, QuantizationConfig, quant_config
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -82,6 +82,22 @@ def quantized_k6(rng, k: int, n: int):
     return packing.pack_q4(low, (0,)), packing.pack_scales(leaf), deq
 
 
+def quantized_q5(rng, k: int, n: int, asym: bool):
+    """Random Q5_0 / Q5_1-style W [k, n] (k: whole groups of 32) in the Q5 form (``models.q5scales``): f16
+    ``d`` (and ``m``) per 32 rows, 5-bit codes, as gguf-py computes Q5_0 / Q5_1 values."""
+    np_ = -(-n // 16) * 16
+    codes = rng.integers(0, 32, (k, np_)).astype(np.uint8)
+    d = (rng.standard_normal((k // 32, np_)) * 0.01).astype(np.float16)
+    m = (rng.standard_normal((k // 32, np_)) * 0.1).astype(np.float16) if asym else None
+    d[:, n:] = 0  # padded columns: zero scales
+    if m is not None:
+        m[:, n:] = 0
+    low_m = -16.0 * d.astype(np.float32) if m is None else m.astype(np.float32)
+    deq = codes * np.repeat(d.astype(np.float32), 32, 0) + np.repeat(low_m, 32, 0)
+    low, leaf = q5scales.pack(codes, d, m)
+    return packing.pack_q4(low, (0,)), packing.pack_scales(leaf), deq
+
+
 def round_x(x: np.ndarray, group: int, top: int = 127) -> np.ndarray:
     """NumPy reference of the kernel's activations: int8 per row and group, scale max|x| / 127 (``top``
     32639: the int16 value two int8 digits hold)."""
@@ -129,10 +145,14 @@ def check_odd_shapes(seed: int = 0) -> float:
     cases += [(32, 5125, 32, True), (256, 5125, "K", True)]  # wide N: long panel ranges per thread
     cases += [(512, 37, "K6", False), (256, 5125, "K6", False)]  # Q6_K's 6-bit codes and own scales
     cases += [(512, 37, "K5", True), (256, 5125, "K5", True)]  # Q5_K's 5-bit codes, Q4_K's scales
+    cases += [(160, 37, "Q5", False), (96, 5125, "Q5", True), (640, 50, "Q5", True)]  # Q5_0 / Q5_1's own
     made = {"K": quantized_k, "K5": quantized_k5, "K6": quantized_k6}
     for k, n, group, asym in cases:
-        w, sm, deq = made[group](rng, k, n) if group in made else quantized(rng, k, n, group, asym)
-        group = {"K": 32, "K5": 32, "K6": 16}.get(group, group)
+        if group == "Q5":
+            w, sm, deq = quantized_q5(rng, k, n, asym)
+        else:
+            w, sm, deq = made[group](rng, k, n) if group in made else quantized(rng, k, n, group, asym)
+        group = {"K": 32, "K5": 32, "K6": 16, "Q5": 32}.get(group, group)
         for m, parts in [(m, r) for m in (1, 2, 3, 7, 9, 16, 17, 64, 100) for r in (1, 2, 3)]:
             x = rng.standard_normal((m, k)).astype(np.float32)
             ref = round_parts(x, group, parts).astype(np.float64) @ deq.astype(np.float64)
@@ -216,9 +236,11 @@ def test_prefill_rows_get_the_bits_of_decode_rows():
     """A call of more than 16 rows (prefill: the prompt tiles of AVX-512 builds) gives every row exactly
     what calls of at most 7 rows (decode) give it: exact int32 group sums and the same f32 flush per
     group, so how many rows share a call never changes a token. Also for the GGUF K forms (Q4_K's own
-    scales, Q5_K's and Q6_K's high bits)."""
+    scales, Q5_K's and Q6_K's high bits) and Q5_0's / Q5_1's own scales and high bits."""
     rng = np.random.default_rng(5)
+    q5 = lambda asym: lambda *a: quantized_q5(*a, asym)  # noqa: E731
     made = {"K": (quantized_k, 32), "K5": (quantized_k5, 32), "K6": (quantized_k6, 16)}
+    made |= {"Q50": (q5(False), 32), "Q51": (q5(True), 32)}
     for k, n, group, asym in [
         (100, 37, 32, False),
         (200, 50, 64, True),
@@ -228,6 +250,8 @@ def test_prefill_rows_get_the_bits_of_decode_rows():
         (512, 37, "K", True),
         (256, 50, "K5", True),
         (512, 40, "K6", False),
+        (160, 37, "Q50", False),
+        (96, 50, "Q51", True),
     ]:
         if group in made:
             fn, group = made[group]
@@ -288,7 +312,8 @@ def test_unpack_kernel_gives_the_dequantized_matrix():
     w, sm, deq = quantized(np.random.default_rng(3), 96, 40, 32, True)
     y = kernels.unpack_q4(jnp.asarray(w.reshape(3, 12, 16, 4)), jnp.asarray(sm), jnp.float32, 1)
     np.testing.assert_array_equal(np.asarray(y), deq)
-    for made in (quantized_k, quantized_k5, quantized_k6):  # Q4_K / Q5_K / Q6_K's own: exact too
+    q50, q51 = (lambda r, k, n, a=a: quantized_q5(r, k, n, a) for a in (False, True))
+    for made in (quantized_k, quantized_k5, quantized_k6, q50, q51):  # the K / Q5 forms: exact too
         w, sm, deq = made(np.random.default_rng(4), 512, 40)
         y = kernels.unpack_q4(jnp.asarray(w.reshape(3, 64, 16, 4)), jnp.asarray(sm), jnp.float32, 1)
         np.testing.assert_array_equal(np.asarray(y), deq, err_msg=made.__name__)
