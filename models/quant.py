@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from aotlm.models import quant4, quant8
+from aotlm.models import codes4, quant4, quant8
 from aotlm.models.axes import CONTRACT_AXES, Path
 from aotlm.models.checkpoint import transposed
 from aotlm.models.lookup import GroupedRows
@@ -340,7 +340,7 @@ class ParamRewriter:
         return quant8.packable(shape, PACK_CONTRACT[name], vocab=name in ("lm_head", "embed_q"))
 
     def rewrite(self, path: Path, arr, src: str | None = None, head=None) -> list[tuple[Path, np.ndarray]]:
-        """``arr``: a float array, or a GGUF file's 4-bit ``quant4.Codes`` (``keeps_codes``); ``src``: its
+        """``arr``: a float array, or a GGUF file's 4-bit ``codes4.Codes`` (``keeps_codes``); ``src``: its
         GGUF block type (fused: 4-bit if all parts are); ``head``: a tied table's blocks (``keeps_head``)."""
         fused = _PART_OF.get(path[-1]) if self.fuse_qkv else None
         if fused is None:
@@ -356,7 +356,7 @@ class ParamRewriter:
         )
         arrs, srcs = [held[p][0] for p in parts], {held[p][1] for p in parts}
         src = srcs.pop() if len(srcs) == 1 else "mixed"
-        codes = quant4.fuse_codes(arrs, fuse) if all(isinstance(a, quant4.Codes) for a in arrs) else None
+        codes = codes4.fuse_codes(arrs, fuse) if all(isinstance(a, codes4.Codes) for a in arrs) else None
         if codes is not None:  # (None: parts of 4- and 6-bit codes, a "mixed" source stored as int8)
             return self._quantize((*path[:-1], fused), codes, src)
         return self._quantize((*path[:-1], fused), fuse([_floats(a) for a in arrs]), src)
@@ -382,7 +382,7 @@ class ParamRewriter:
         name = path[-1]
         if isinstance(arr, Int8Matrix):  # rounded by the loader (rounds_rows)
             return [(path, arr.q), ((*path[:-1], f"{name}_scale"), arr.scale)]
-        if isinstance(arr, (quant4.Codes, quant4.Groups4)):
+        if isinstance(arr, (codes4.Codes, codes4.Groups4)):
             if self.quant.int4 and name in PACK_CONTRACT and src in INT4_KEEPS:
                 return self._int4(path, arr, PACK_CONTRACT[name])
             arr = arr.values()
@@ -421,21 +421,21 @@ class ParamRewriter:
 
     def _int4(self, path: Path, arr, contract: tuple[int, ...]) -> list[tuple[Path, np.ndarray]]:
         """4-bit codes and scales of ``path`` (``aotlm.models.quant4``); int8 where the shape does not fit.
-        ``arr`` as ``quant4.Codes``: a GGUF file's blocks, whose codes and scales are kept."""
+        ``arr`` as ``codes4.Codes``: a GGUF file's blocks, whose codes and scales are kept."""
         q = self.quant
         if not quant4.packable(arr.shape, contract, q.group_size, vocab=path[-1] in ("embed_q", "lm_head")):
             q8, scale = quantize_int8(_floats(arr), contract)
             return [(path, q8), ((*path[:-1], f"{path[-1]}_scale"), scale)]
         kept = None
-        if isinstance(arr, quant4.Codes):
-            kept = quant4.from_codes(arr, contract, q.asymmetric)
-        elif isinstance(arr, quant4.Groups4):  # groups along axis 0 (loader: out-only layouts)
-            kept = arr.stored(q.asymmetric) if contract == (0,) else None
+        odd = path[-1] == "lm_head" and getattr(arr, "bits", 4) != 4  # the 5- / 6-bit forms' vocab: panels
+        if isinstance(arr, codes4.Codes):
+            kept = codes4.from_codes(arr, contract, q.asymmetric, vocab=odd)
+        elif isinstance(arr, codes4.Groups4) and contract == (0,):  # groups along axis 0 (out-only layouts)
+            kept = (arr.panels() if odd else arr).stored(q.asymmetric)
         if kept is not None:
             return [(path, kept[0]), ((*path[:-1], f"{path[-1]}_scale"), kept[1])]
-        if getattr(arr, "bits", 4) != 4:  # 5- / 6-bit blocks a layout split: int8 (Q5_0 / Q5_1: own groups)
-            vocab = path[-1] in ("embed_q", "lm_head")
-            q8, scale = quant4.int8_groups(arr, contract, vocab) or quantize_int8(arr.values(), contract)
+        if getattr(arr, "bits", 4) != 4:  # 5- / 6-bit blocks a layout split: int8, not rounded to 4 bits
+            q8, scale = quantize_int8(arr.values(), contract)
             return [(path, q8), ((*path[:-1], f"{path[-1]}_scale"), scale)]
         exact = self.gguf_blocks and q.group_size == 32
         codes, sm = quant4.quantize_int4(_floats(arr), contract, q.group_size, q.asymmetric, exact)
@@ -444,4 +444,4 @@ class ParamRewriter:
 
 def _floats(arr) -> np.ndarray:
     """A float array, or a file's 4-bit codes dequantized (a storage that re-rounds them)."""
-    return arr.values() if isinstance(arr, (quant4.Codes, quant4.Groups4)) else arr
+    return arr.values() if isinstance(arr, (codes4.Codes, codes4.Groups4)) else arr

@@ -15,9 +15,9 @@ import numpy as np
 
 from aotlm.models.axes import LOGICAL_AXES, QUANT_SCALES, Path
 from aotlm.models.checkpoint import CheckpointError, WeightReader, transposed
+from aotlm.models.codes4 import Codes, Groups4
 from aotlm.models.lookup import GroupedRows
 from aotlm.models.quant import Int8Matrix, int8_from_rows
-from aotlm.models.quant4 import Codes, Groups4
 
 
 def same(a: np.ndarray) -> np.ndarray:
@@ -204,7 +204,7 @@ def load_params(
 
 def _groups4(r: Row, reader, name: str, extra: list[str], rewriter) -> tuple | None:
     """A 4-bit matrix's codes and group scales moved by an out-only layout function (``linear_t``,
-    ``heads_in``) as two small arrays (``quant4.Groups4``), without each weight carrying its group."""
+    ``heads_in``) as two small arrays (``codes4.Groups4``), without each weight carrying its group."""
     if extra or len(r.targets) != 1 or not getattr(r.fn, "out_only", False) or rewriter.fuses(r.targets[0]):
         return None
     got = reader.groups4(name, r.fn) if hasattr(reader, "groups4") else None
@@ -212,7 +212,7 @@ def _groups4(r: Row, reader, name: str, extra: list[str], rewriter) -> tuple | N
 
 
 def _head_blocks(r: Row, reader, name: str, src: str | None, rewriter):
-    """A tied embedding's blocks moved to ``[D, V]`` (``quant4.Groups4``) for the logits' copy, where the
+    """A tied embedding's blocks moved to ``[D, V]`` (``codes4.Groups4``) for the logits' copy, where the
     rewriter keeps them (``ParamRewriter.keeps_head``); else None."""
     if rewriter is None or not rewriter.keeps_head(r, src) or not hasattr(reader, "groups4"):
         return None

@@ -147,12 +147,10 @@ class Storage:
                 rows = K_ROWS.get(self.q4k) if q.group_size == 32 and k % kscales.BLOCK == 0 else None
                 if rows and self.blocks_kept(self.q4k):
                     return [(path, shape, 0.5), (scale, (k // kscales.BLOCK, rows, *nd), 1)]
-                q5 = self.q4k in layout.Q5_ROWS and q.group_size == 32 and self.blocks_kept(self.q4k)
-                if q5 and nd[-1] % PANEL == 0:  # Q5_0 / Q5_1's own scales and high bits (models.q5scales)
+                if self.q4k in layout.Q5_ROWS and q.group_size == 32 and self.blocks_kept(self.q4k):
                     return [(path, shape, 0.5), (scale, (k // 32, layout.Q5_ROWS[self.q4k], *nd), 1)]
-                if not q5:  # (an odd vocabulary of Q5_* blocks: int8 groups, below)
-                    groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
-                    return [(path, shape, 0.5), (scale, groups, 2)]
+                groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
+                return [(path, shape, 0.5), (scale, groups, 2)]
         channels = tuple(n for i, n in enumerate(shape) if i not in contract)
         s8 = self.q8  # scale rows of a file's Q8_0 / Q5_* groups (1, or 2 with minimums)
         if name == "embed_q":  # a tied table's logits copy: its own groups where the table has them
@@ -165,7 +163,7 @@ class Storage:
 
     def _head(self, path: tuple, shape: tuple) -> list[tuple[tuple, tuple, float]] | None:
         """``embed_q [V, D]`` as the tied embedding's own blocks (``ParamRewriter.keeps_head``, the forms
-        of ``quant4.Groups4.stored``), or None (an int8 copy)."""
+        of ``codes4.Groups4.stored``), or None (an int8 copy)."""
         q, typ, (_, d) = self.q, self.head, shape
         if not (q.int4 and q.group_size == 32 and self.blocks_kept(typ)):
             return None

@@ -14,7 +14,7 @@ group's scale and minimum:
 * Q6_K (kept beside them by ``quant="int4"``): super-blocks of 256 with 16 groups of 16, each an int8
   scale ``sc`` under the block's f16 ``d``, 6-bit codes: ``(d * sc) * (q - 32)``.
 
-:func:`codes` unpacks a tensor's bytes into ``quant4.Codes`` (each weight's group id and code in one
+:func:`codes` unpacks a tensor's bytes into ``codes4.Codes`` (each weight's group id and code in one
 uint32, the groups' scales and minimums beside) in the HF layout, and :class:`BlockCodes` hands a
 loader row's outputs over: the row's layout transform runs on the packed array, so each weight
 carries its group along and nothing is dequantized, repeated or re-rounded.
@@ -26,7 +26,7 @@ import numpy as np
 
 from aotlm.models.checkpoint.gguf_file import Plan, Tensor
 from aotlm.models.checkpoint.gguf_names import transform, transposed
-from aotlm.models.quant4 import Codes, Groups4, group_of
+from aotlm.models.codes4 import Codes, Groups4, group_of
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
 # the types read as codes (4-, 5- and 6-bit)

@@ -35,8 +35,8 @@ from aotlm.models.checkpoint.gguf_file import QUANT_TYPES, Plan, Tensor, inspect
 from aotlm.models.checkpoint.gguf_lookup import BLOCKS, grouped_rows
 from aotlm.models.checkpoint.gguf_names import transform
 from aotlm.models.checkpoint.gguf_q4k import CODE_BYTES, codes, groups
+from aotlm.models.codes4 import Codes, Groups4
 from aotlm.models.lookup import GroupedRows
-from aotlm.models.quant4 import Codes, Groups4
 
 SOURCE_POINTER = "aotlm_gguf_source.json"
 

@@ -21,16 +21,16 @@ gguf = pytest.importorskip("gguf")
 SHAPES = dict(batch_size=1, n_positions=[32], context_length_estimate=[16])
 TOL = 1e-4  # of max |logit|: the conformance tolerance of float32 storage
 TOL16 = 3e-4  # x as int16 per group of 32: 4e-5 - 1.2e-4 on these files
-# file type -> the tensors of another type (llama.cpp's K_M mixes; a Q5_K / Q6_K output of the tiny vocab,
-# 1026, is not whole panels of 16 and would be re-rounded to int8, so those files keep it as Q8_0)
+# file type -> the tensors of another type (llama.cpp's K_M mixes; the outputs of the tiny vocab, 1026, are
+# kept as stored too, padded to whole panels of 16)
 MIXES = {
     "Q4_0": {},
     "Q4_1": {},
-    "Q5_0": {},  # its output (vocab 1026): int8 groups of the file's own codes (quant4.int8_groups)
+    "Q5_0": {},
     "Q5_1": {},
     "Q4_K": {"ffn_down": "Q6_K", "attn_v": "Q6_K"},
-    "Q5_K": {"ffn_down": "Q6_K", "attn_v": "Q6_K", "output": "Q8_0"},
-    "Q6_K": {"output": "Q8_0"},
+    "Q5_K": {"ffn_down": "Q6_K", "attn_v": "Q6_K"},
+    "Q6_K": {},
 }
 TYPES = ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", pytest.param("Q6_K", marks=pytest.mark.slow)]
 

@@ -1,6 +1,6 @@
 """A GGUF file's tied embedding under ``quant="int4"``: the logits' copy (``embed_q``) keeps the file's
 blocks (Q6_K as llama.cpp's Q4_K_M / Q4_0 files store a tied embedding, Q4_K, Q4_0) instead of an int8
-copy rounded again per vocab row (``ParamRewriter.keeps_head``, ``quant4.Groups4.lm_head``)."""
+copy rounded again per vocab row (``ParamRewriter.keeps_head``, ``codes4.Groups4.lm_head``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A GGUF file's Q5_0 / Q5_1 blocks kept as stored by default (``aotlm.models.q5scales``: the 5-bit codes'
 low 4 bits in the 4-bit panels, the f16 scales (and minimums) and high bits in a uint8 scale leaf, 5.5 / 6
-bits a weight as in the file): every matrix equals the file's values bit for bit, an lm_head whose
-vocabulary is not whole panels of 16 is int8 groups of the file's own codes, and the logits stay within
+bits a weight as in the file): every matrix equals the file's values bit for bit (an lm_head whose
+vocabulary is not whole panels of 16 too, padded with zero scales), and the logits stay within
 int16 activations' error of transformers' float32 load of the same file, greedy tokens equal, with the
 kernels and on XLA's path."""
 
@@ -16,7 +16,7 @@ from gguf_builders import VOCAB, tiny_llama_files
 
 from aotlm import AutoModelForSampling, kernels
 from aotlm.kernels.layout import Q5_ROWS
-from aotlm.models import packing, quant4, quant8
+from aotlm.models import packing, quant4
 
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 KW = dict(batch_size=1, n_positions=32, context_length_estimate=16, compile_cache=False)
@@ -52,11 +52,12 @@ def test_matrices_keep_their_5_bit_codes(files, qtype):
         assert w.dtype == sm.dtype == np.uint8 and sm.shape[-2] == Q5_ROWS[qtype], (leaf, sm.shape)
         got = np.asarray(quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), leaf))
         np.testing.assert_array_equal(got, logical(ref, leaf), err_msg=leaf)
-    w, sm = m.params["lm_head"], m.params["lm_head_scale"]  # vocab 1026: int8 groups of its own codes
-    assert w.dtype == np.int8 and sm.dtype == np.float16 and sm.shape[-2] == 1 + (qtype == "Q5_1")
+    w, sm = m.params["lm_head"], m.params["lm_head_scale"]  # vocab 1026: padded to 1040 (65 panels)
+    assert w.dtype == sm.dtype == np.uint8 and sm.shape[-2] == Q5_ROWS[qtype] and sm.shape[0] == 65
     want = logical(ref, "lm_head", None)
-    got = np.asarray(quant8.dequantize(jnp.asarray(w), jnp.asarray(sm), "lm_head"))
+    got = np.asarray(quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), "lm_head"))
     np.testing.assert_array_equal(got[..., : want.shape[-1]], want)
+    assert not got[..., want.shape[-1] :].any()  # the padded vocabulary: zero scales
     kept = sum(
         x.nbytes
         for leaf in MATRICES

@@ -72,8 +72,8 @@ def cases(tmp_path_factory):
     from gguf_builders import tiny_config, write_gguf
 
     # and tied in Q8_0 (its matrices and the lm_head's copy kept as int8 groups of 32 with f16 scales:
-    # models.quant8), untied in Q5_1 (its 5-bit codes kept, models.q5scales; the lm_head of 1026 rows, not
-    # whole panels: int8 groups)
+    # models.quant8), untied in Q5_1 (its 5-bit codes kept, models.q5scales; the lm_head's 1026 columns too,
+    # padded to whole panels)
     files = (("untied", False, T.Q4_K), ("tied", True, T.Q6_K), ("tied8", True, T.Q8_0))
     for name, tied, qtype in (*files, ("untied5", False, T.Q5_1)):
         cfg = tiny_config("llama")
