@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from conformance import hf_generate, hf_last_logits
 from gguf_builders import VOCAB, tiny_llama_files
 
 from aotlm import AutoModelForSampling, kernels
@@ -82,12 +83,7 @@ def test_logits_and_tokens_match_transformers(files, monkeypatch, qtype, on):
     m = AutoModelForSampling.from_pretrained(path, **KW)
     assert m.params["layers"][0]["w_up_scale"].dtype == np.uint8
     prompts = np.random.default_rng(4).integers(0, VOCAB, (4, 1, 12))
-    with torch.no_grad():
-        want = np.concatenate([ref(torch.tensor(p)).logits[:, -1].numpy() for p in prompts])
-        hf = ref.generate(
-            torch.tensor(prompts[0]), attention_mask=torch.ones((1, 12), dtype=torch.long), max_new_tokens=8,
-            do_sample=False, pad_token_id=0, eos_token_id=None,
-        ).numpy()  # fmt: skip
+    want = np.concatenate([hf_last_logits(ref, p) for p in prompts])
     got = np.concatenate([m.forward(p) for p in prompts])
     assert np.abs(got - want).max() <= TOL16 * np.abs(want).max(), np.abs(got - want).max()
-    np.testing.assert_array_equal(m.sample(prompts[0], max_new_tokens=8), hf)
+    np.testing.assert_array_equal(m.sample(prompts[0], max_new_tokens=8), hf_generate(ref, prompts[0], 8))
