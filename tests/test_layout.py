@@ -389,6 +389,8 @@ COVERED = {
     "aotlm.models.llama": "tests/core/test_model.py: test_llama_gqa_conformance, llama3 rope_scaling",
     "aotlm.models.lookup": "tests/checkpoint/test_gguf_lookup.py: rows rebuilt from a file's codes",
     "aotlm.models.kscales": "tests/kernels/test_q4.py: Q4_K's own scales, kernel and XLA path",
+    "aotlm.models.codes4": "tests/checkpoint/test_gguf_q4k.py: a file's codes kept, both loader paths alike",
+    "aotlm.models.q5scales": "tests/checkpoint/test_gguf_q5.py: Q5_0 / Q5_1 kept bit for bit, kernel and XLA",
     "aotlm.models.quant8": "tests/kernels/test_group8.py: Q8_0's groups found again, kernel and XLA path",
     "aotlm.models.mixtral": "tests/families/test_conformance_llama_style.py: Mixtral against transformers",
     "aotlm.models.moe": "tests/families/test_conformance_llama_style.py: Mixtral's top-2 experts vs HF",
