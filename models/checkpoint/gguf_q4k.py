@@ -50,9 +50,8 @@ def _q6k(rows: np.ndarray) -> tuple:
 def unpack(qtype: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple | None]:
     """``(codes uint8 [n], scale float32 [n / 32], minimum float32 [n / 32] or None, k)`` of a tensor's
     stored bytes in the file's order (``minimum`` None: Q4_0's ``d * (q - 8)``, Q5_0's ``d * (q - 16)``;
-    ``k``: Q4_K's / Q5_K's own
-    ``(sc, mb uint8 [n / 32], d, dmin f16 [n / 256])`` for ``aotlm.models.kscales``, else None; Q5_K's
-    codes 0..31, Q6_K's: ``_q6k``)."""
+    ``k``: Q4_K's / Q5_K's own ``(sc, mb uint8 [n / 32], d, dmin f16 [n / 256])`` for
+    ``aotlm.models.kscales``, else None; Q5_*'s codes 0..31, Q6_K's: ``_q6k``)."""
     rows = np.asarray(raw).reshape(-1, CODE_BYTES[qtype])
     if qtype == "Q6_K":
         return _q6k(rows)

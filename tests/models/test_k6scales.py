@@ -1,6 +1,6 @@
-"""GGUF Q6_K and Q5_K matrices kept as stored (``aotlm.models.k6scales``, ``kscales.pack5``): the file's
-codes and scales read from its blocks give gguf-py's values, and the leaves give back each weight's code
-and its group's scale."""
+"""GGUF Q6_K, Q5_K, Q5_0 and Q5_1 matrices kept as stored (``aotlm.models.k6scales``, ``kscales.pack5``,
+``q5scales``): the file's codes and scales read from its blocks give gguf-py's values, and the leaves
+give back each weight's code and its group's scale."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aotlm.models import k6scales, kscales, packing
+from aotlm.models import k6scales, kscales, packing, q5scales
 from aotlm.models.checkpoint import gguf_q4k
 
 gguf = pytest.importorskip("gguf")
@@ -42,6 +42,30 @@ def test_q5k_blocks_unpack_to_gguf_values():
     assert q.max() == 31 and len(k) == 4
     want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_K).reshape(-1)
     np.testing.assert_array_equal(q * np.repeat(scale, 32) + np.repeat(minimum, 32), want)
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1"])
+def test_q5_blocks_unpack_to_gguf_values_and_round_trip_their_leaf(qtype):
+    """``gguf_q4k.unpack`` of Q5_0 / Q5_1: codes 0..31 with their f16 ``d`` (``m``) equal gguf-py's values
+    bit for bit; ``q5scales.pack`` then ``parts`` (XLA's reading) give each code's high bit and each
+    group's scale and minimum back."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((32, 64)).astype(np.float32)  # 64 groups of 32
+    raw = gguf.quants.quantize(x, getattr(gguf.GGMLQuantizationType, qtype))
+    q, scale, minimum, k = gguf_q4k.unpack(qtype, raw)
+    assert q.max() == 31 and q.min() == 0 and k is None and (minimum is None) == (qtype == "Q5_0")
+    want = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, qtype)).reshape(-1)
+    low_m = -16.0 * scale if minimum is None else minimum
+    np.testing.assert_array_equal(q * np.repeat(scale, 32) + np.repeat(low_m, 32), want)
+    codes = q.reshape(64, 32)  # 64 groups as 32 rows x 64 columns: K = 32 rows a column's group
+    d = scale.reshape(1, 64).astype(np.float16)
+    m = None if minimum is None else minimum.reshape(1, 64).astype(np.float16)
+    low, leaf = q5scales.pack(codes.T, d, m)
+    assert low.max() <= 15 and leaf.shape == (1, 6 + 2 * (m is not None), 64) and q5scales.is_q5(leaf)
+    s, mn, high = (np.asarray(a) for a in q5scales.parts(jnp.asarray(leaf)))
+    np.testing.assert_array_equal(high.astype(np.uint8) + low, codes.T)
+    np.testing.assert_array_equal(s, scale.reshape(1, 64))
+    np.testing.assert_array_equal(mn, low_m.reshape(1, 64))
 
 
 def test_q5k_leaf_round_trips_the_high_bits():
