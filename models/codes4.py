@@ -180,13 +180,14 @@ def fuse_codes(parts: Sequence[Codes], fuse: Callable) -> Codes | None:
 def from_codes(
     c: Codes, contract: tuple[int, ...], asymmetric: bool, vocab: bool = False
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """Groups of 32 for ``c`` with the file's own codes: ``(codes, scales)`` as ``quantize_int4`` gives
-    them: Q4_K's own (``kscales``, exact) when its blocks of 256 stayed whole and in order, else f16
+    """Groups of 32 (Q6_K: 16) for ``c`` with the file's own codes: ``(codes, scales)`` as ``quantize_int4``
+    gives them: Q4_K's own (``kscales``, exact) when its blocks of 256 stayed whole and in order, else f16
     (exact for Q4_0 / Q4_1, whose ``d`` and ``m`` are f16; Q4_K's ``d * sc`` and ``-dmin * m`` then move
-    by <= 2^-11 relative). None when the layout did not keep each
-    group of 32 together along ``contract`` (the caller re-rounds the values) or the storage is
-    symmetric and the blocks have minimums. ``vocab``: the output axis is a vocabulary, which the 5- and
-    6-bit forms take zero-padded to whole panels (``Groups4.panels``)."""
+    by <= 2^-11 relative); Q5_K's / Q6_K's K forms and Q5_0's / Q5_1's ``q5scales`` form (their codes'
+    high bits in the scale leaf). None when the layout did not keep each group together along
+    ``contract`` (the caller re-rounds the values) or the storage is symmetric and the blocks have
+    minimums. ``vocab``: the output axis is a vocabulary, which the 5- and 6-bit forms take zero-padded to
+    whole panels (``Groups4.panels``)."""
     if not asymmetric and c.minimum is not None:
         return None
     g = along_k(c.packed, contract, c.group)  # [G, group, *Nd]
