@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from aotlm.kernels.layout import K6_ROWS, PANEL
+from aotlm.models import kscales
 
 ROWS = K6_ROWS  # sc x 16, d (2 bytes), high bits x 64
 BLOCK = 256  # contracted rows per block
@@ -43,8 +44,7 @@ def pack(codes: np.ndarray, sc: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, 
     lanes = nib.transpose(0, 1, 3, 4, 2).reshape(blocks, 32, n // PANEL, 2, 32)  # lane 4c + t, split
     plane = (lanes[..., 0, :] | (lanes[..., 1, :] << 4)).reshape(blocks, 32, n // PANEL, 2, PANEL)
     plane = plane.transpose(0, 1, 3, 2, 4).reshape(blocks, 64, *nd)
-    u = np.asarray(d, np.float16).view(np.uint16)
-    dbytes = np.stack([u & 0xFF, u >> 8], axis=1).astype(np.uint8)
+    dbytes = kscales.byte_planes(d)
     scs = np.asarray(sc, np.int8).view(np.uint8).reshape(blocks, 16, *nd)
     leaf = np.ascontiguousarray(np.concatenate([scs, dbytes, plane], axis=1))
     return np.ascontiguousarray(codes & np.uint8(15)), leaf
@@ -54,8 +54,7 @@ def parts(leaf) -> tuple:
     """The leaf (jnp) -> ``(scale float32 [K / 16, *Nd], high bits float32 [K, *Nd] (0..3) * 16)``."""
     blocks, nd = leaf.shape[0], leaf.shape[2:]
     n = math.prod(nd)
-    u = leaf[:, 16].astype(jnp.uint16) | (leaf[:, 17].astype(jnp.uint16) << 8)
-    d = jax.lax.bitcast_convert_type(u, jnp.float16).astype(jnp.float32)
+    d = kscales.from_planes(leaf[:, 16], leaf[:, 17])
     sc = jax.lax.bitcast_convert_type(leaf[:, :16], jnp.int8).astype(jnp.float32)
     s = (sc * d[:, None]).reshape(blocks * 16, *nd)
     plane = leaf[:, PLANE:].reshape(blocks, 32, 2, n // PANEL, PANEL).transpose(0, 1, 3, 2, 4)

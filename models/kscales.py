@@ -45,15 +45,23 @@ def pack(sc: np.ndarray, mb: np.ndarray, d: np.ndarray, dmin: np.ndarray) -> np.
         raise ValueError(
             f"Q4_K scales of shapes {sc.shape} / {mb.shape} / {d.shape} / {dmin.shape} do not fit"
         )
-
-    def planes(v: np.ndarray) -> np.ndarray:  # f16 -> [blocks, 2, *Nd] (low byte, high byte)
-        u = np.asarray(v, np.float16).view(np.uint16)
-        return np.stack([u & 0xFF, u >> 8], axis=1).astype(np.uint8)
-
     grouped = lambda a: np.asarray(a, np.uint8).reshape(blocks, 8, *nd)  # noqa: E731
     return np.ascontiguousarray(
-        np.concatenate([grouped(sc), grouped(mb), planes(d), planes(-np.asarray(dmin))], 1)
+        np.concatenate([grouped(sc), grouped(mb), byte_planes(d), byte_planes(-np.asarray(dmin))], 1)
     )
+
+
+def byte_planes(v: np.ndarray) -> np.ndarray:
+    """f16 values ``[G, *Nd]`` -> their low and high bytes as two rows, uint8 ``[G, 2, *Nd]`` (the scale
+    leaves' f16 fields, one byte per column)."""
+    u = np.asarray(v, np.float16).view(np.uint16)
+    return np.stack([u & 0xFF, u >> 8], axis=1).astype(np.uint8)
+
+
+def from_planes(lo, hi):
+    """Two byte planes (jnp, ``byte_planes``' rows) -> the f16 values as float32."""
+    u = lo.astype(jnp.uint16) | (hi.astype(jnp.uint16) << 8)
+    return jax.lax.bitcast_convert_type(u, jnp.float16).astype(jnp.float32)
 
 
 def pack5(codes: np.ndarray, leaf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -103,16 +111,10 @@ def to_groups(leaf: np.ndarray) -> np.ndarray:
     return np.stack([s, m], axis=1).astype(np.float16)
 
 
-def _f16(lo, hi):
-    """Two byte planes -> f16 values (jnp)."""
-    u = lo.astype(jnp.uint16) | (hi.astype(jnp.uint16) << 8)
-    return jax.lax.bitcast_convert_type(u, jnp.float16).astype(jnp.float32)
-
-
 def parts(leaf) -> tuple:
     """The leaf -> ``(scale, minimum)``, float32 ``[K / 32, *Nd]`` each (jnp): ``d * sc``, ``-dmin * mb``."""
     blocks, nd = leaf.shape[0], leaf.shape[2:]
-    d, nmin = _f16(leaf[:, 16], leaf[:, 17]), _f16(leaf[:, 18], leaf[:, 19])
+    d, nmin = from_planes(leaf[:, 16], leaf[:, 17]), from_planes(leaf[:, 18], leaf[:, 19])
     s = leaf[:, 0:8].astype(jnp.float32) * d[:, None]
     m = leaf[:, 8:16].astype(jnp.float32) * nmin[:, None]
     return s.reshape(blocks * 8, *nd), m.reshape(blocks * 8, *nd)

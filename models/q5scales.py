@@ -14,7 +14,6 @@ other scale leaves (``packing.pack_scales``), read by ``aotlm/kernels/int4.h``.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -31,27 +30,17 @@ def pack(codes: np.ndarray, d: np.ndarray, m: np.ndarray | None) -> tuple[np.nda
     k, nd = codes.shape[0], codes.shape[1:]
     if k % GROUP or d.shape != (k // GROUP, *nd) or (m is not None and m.shape != d.shape) or nd[-1] % PANEL:
         raise ValueError(f"Q5 codes {codes.shape} and scales {d.shape} do not fit")
-
-    def planes(v: np.ndarray) -> np.ndarray:  # f16 -> [groups, 2, *Nd] (low byte, high byte)
-        u = np.asarray(v, np.float16).view(np.uint16)
-        return np.stack([u & 0xFF, u >> 8], axis=1).astype(np.uint8)
-
-    rows = [planes(d)] + ([] if m is None else [planes(m)]) + [kscales.high_plane(codes, GROUP)]
+    planes = [kscales.byte_planes(d)] + ([] if m is None else [kscales.byte_planes(m)])
+    rows = [*planes, kscales.high_plane(codes, GROUP)]
     leaf = np.ascontiguousarray(np.concatenate(rows, axis=1))
     return np.ascontiguousarray(np.asarray(codes, np.uint8) & np.uint8(15)), leaf
-
-
-def _f16(lo, hi):
-    """Two byte planes -> f16 values as float32 (jnp)."""
-    u = lo.astype(jnp.uint16) | (hi.astype(jnp.uint16) << 8)
-    return jax.lax.bitcast_convert_type(u, jnp.float16).astype(jnp.float32)
 
 
 def parts(leaf) -> tuple:
     """The leaf (jnp) -> ``(scale, minimum float32 [K / 32, *Nd], high bits float32 [K, *Nd] (0 / 1) *
     16)``; Q5_0's minimum is ``-16 * scale``."""
-    s = _f16(leaf[:, 0], leaf[:, 1])
-    m = _f16(leaf[:, 2], leaf[:, 3]) if leaf.shape[1] == Q5_ROWS["Q5_1"] else -16.0 * s
+    s = kscales.from_planes(leaf[:, 0], leaf[:, 1])
+    m = kscales.from_planes(leaf[:, 2], leaf[:, 3]) if leaf.shape[1] == Q5_ROWS["Q5_1"] else -16.0 * s
     return s, m, kscales.high_bits(leaf[:, leaf.shape[1] - HIGH :])
 
 

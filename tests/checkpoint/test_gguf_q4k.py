@@ -12,10 +12,10 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gguf_builders import tiny_llama_files
+from gguf_builders import logical_matrix, tiny_llama_files
 
 from aotlm import AutoModelForSampling
-from aotlm.models import packing, quant4
+from aotlm.models import quant4
 
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
@@ -28,12 +28,6 @@ def gguf_file(tmp_path_factory):
     mp.setenv("AOTLM_GGUF_CACHE", str(root / "cache"))
     yield tiny_llama_files(root)
     mp.undo()
-
-
-def logical(m, leaf: str) -> np.ndarray:
-    """A float32 model's layer-0 matrix in its logical layout (packed f32 panels unpacked)."""
-    w = m.params["layers"][0][leaf]
-    return np.asarray(packing.unpack(w, leaf) if packing.is_packed(leaf, w.ndim) else w)
 
 
 @pytest.mark.parametrize(("qtype", "form"), [("Q4_0", "int4-g32"), ("Q4_1", "int4-g32-asym")])
@@ -54,7 +48,7 @@ def test_q4_blocks_load_without_requantizing(gguf_file, qtype, form, monkeypatch
         w, sm = layer[leaf], layer[f"{leaf}_scale"]
         assert w.dtype == np.uint8 and sm.dtype == np.float16, leaf
         deq = np.asarray(quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), leaf))
-        np.testing.assert_array_equal(deq, logical(ref, leaf), err_msg=leaf)
+        np.testing.assert_array_equal(deq, logical_matrix(ref, leaf), err_msg=leaf)
     assert "embed_q" not in m.params or m.params["embed_q"].dtype == np.int8  # a tied copy stays int8
     ids = np.arange(1, 9)[None]
     lg, lg_ref = m.forward(ids), ref.forward(ids)  # x rounded to int8 per group: close, not equal
@@ -124,7 +118,7 @@ def test_q4k_codes_kept(gguf_file, monkeypatch):
         stored = np.asarray(quant4.codes(jnp.asarray(w), leaf)).reshape(codes.shape[::-1]).T
         zero_groups += int((scale == 0).sum()) // 32
         np.testing.assert_array_equal(stored, codes, err_msg=leaf)
-        want = logical(ref, leaf).reshape(codes.shape[::-1]).T  # the file's values
+        want = logical_matrix(ref, leaf).reshape(codes.shape[::-1]).T  # the file's values
         np.testing.assert_array_equal(codes * scale + minimum, want, err_msg=leaf)
         assert sm.dtype == np.uint8 and sm.shape[-3:-1] == (codes.shape[1] // 256, 20), leaf  # the K form
         deq = np.asarray(quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), leaf)).reshape(want.T.shape).T

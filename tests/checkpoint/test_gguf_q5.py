@@ -13,11 +13,11 @@ import pytest
 import torch
 import transformers
 from conformance import hf_generate, hf_last_logits
-from gguf_builders import VOCAB, tiny_llama_files
+from gguf_builders import VOCAB, logical_matrix, tiny_llama_files
 
 from aotlm import AutoModelForSampling, kernels
 from aotlm.kernels.layout import Q5_ROWS
-from aotlm.models import packing, quant4
+from aotlm.models import quant4
 
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 KW = dict(batch_size=1, n_positions=32, context_length_estimate=16, compile_cache=False)
@@ -36,12 +36,6 @@ def files(tmp_path_factory):
     mp.undo()
 
 
-def logical(m, leaf: str, layer: int | None = 0) -> np.ndarray:
-    """A float32 model's matrix in its logical layout (packed f32 panels unpacked)."""
-    w = m.params["layers"][layer][leaf] if layer is not None else m.params[leaf]
-    return np.asarray(packing.unpack(w, leaf) if packing.is_packed(leaf, w.ndim) else w)
-
-
 @pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1"])
 def test_matrices_keep_their_5_bit_codes(files, qtype):
     path = files(qtype)
@@ -52,10 +46,10 @@ def test_matrices_keep_their_5_bit_codes(files, qtype):
         w, sm = m.params["layers"][0][leaf], m.params["layers"][0][f"{leaf}_scale"]
         assert w.dtype == sm.dtype == np.uint8 and sm.shape[-2] == Q5_ROWS[qtype], (leaf, sm.shape)
         got = np.asarray(quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), leaf))
-        np.testing.assert_array_equal(got, logical(ref, leaf), err_msg=leaf)
+        np.testing.assert_array_equal(got, logical_matrix(ref, leaf), err_msg=leaf)
     w, sm = m.params["lm_head"], m.params["lm_head_scale"]  # vocab 1026: padded to 1040 (65 panels)
     assert w.dtype == sm.dtype == np.uint8 and sm.shape[-2] == Q5_ROWS[qtype] and sm.shape[0] == 65
-    want = logical(ref, "lm_head", None)
+    want = logical_matrix(ref, "lm_head", None)
     got = np.asarray(quant4.dequantize(jnp.asarray(w), jnp.asarray(sm), "lm_head"))
     np.testing.assert_array_equal(got[..., : want.shape[-1]], want)
     assert not got[..., want.shape[-1] :].any()  # the padded vocabulary: zero scales
@@ -64,7 +58,7 @@ def test_matrices_keep_their_5_bit_codes(files, qtype):
         for leaf in MATRICES
         for x in (m.params["layers"][0][leaf], m.params["layers"][0][f"{leaf}_scale"])
     )
-    weights = sum(logical(ref, leaf).size for leaf in MATRICES)
+    weights = sum(logical_matrix(ref, leaf).size for leaf in MATRICES)
     assert kept * 8 / weights == (5.5 if qtype == "Q5_0" else 6.0)  # bits a weight, as the file's blocks
 
 

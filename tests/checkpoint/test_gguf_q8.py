@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from gguf_builders import VOCAB, tiny_llama_files
+from gguf_builders import VOCAB, logical_matrix, tiny_llama_files
 
 from aotlm import AutoModelForSampling, kernels
-from aotlm.models import packing, quant8
+from aotlm.models import quant8
 from aotlm.models.checkpoint.gguf_weights import GGUFWeights
 
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -31,12 +31,6 @@ def files(tmp_path_factory):
     mp.setenv("AOTLM_WEIGHT_CACHE", "0")  # read the file, not an earlier load's leaves
     yield tiny_llama_files(root)
     mp.undo()
-
-
-def logical(m, leaf: str, layer: int | None = 0) -> np.ndarray:
-    """A float32 model's matrix in its logical layout (packed f32 panels unpacked)."""
-    w = m.params["layers"][layer][leaf] if layer is not None else m.params[leaf]
-    return np.asarray(packing.unpack(w, leaf) if packing.is_packed(leaf, w.ndim) else w)
 
 
 @pytest.mark.parametrize(("qtype", "quant"), [("Q8_0", None), ("Q5_0", "int8"), ("Q5_1", "int8")])
@@ -63,7 +57,7 @@ def test_matrices_keep_their_blocks(files, monkeypatch, qtype, quant):
     for leaf, layer in leaves:
         src = m.params["layers"][0] if layer is not None else m.params
         w, sm = src[leaf], src[f"{leaf}_scale"]
-        want = logical(ref, leaf, layer)
+        want = logical_matrix(ref, leaf, layer)
         assert w.dtype == np.int8 and sm.dtype == np.float16 and sm.shape[-2] == 1 + (qtype == "Q5_1"), leaf
         got = np.asarray(quant8.dequantize(jnp.asarray(w), jnp.asarray(sm), leaf))
         np.testing.assert_array_equal(got[..., : want.shape[-1]], want, err_msg=leaf)  # vocab padding

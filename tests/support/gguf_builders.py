@@ -279,3 +279,12 @@ def tiny_llama_files(root: Path):
         return made[qtype]
 
     return get
+
+
+def logical_matrix(m, leaf: str, layer: int | None = 0) -> np.ndarray:
+    """A float32 model's matrix (of layer ``layer``, or a top-level one for None) in its logical layout
+    (packed f32 panels unpacked)."""
+    from aotlm.models import packing
+
+    w = m.params["layers"][layer][leaf] if layer is not None else m.params[leaf]
+    return np.asarray(packing.unpack(w, leaf) if packing.is_packed(leaf, w.ndim) else w)
