@@ -11,6 +11,7 @@ import numpy as np
 from aotlm import kernels
 from aotlm.core import sharding, weight_cache
 from aotlm.core.compile_cache import source_hash
+from aotlm.kernels import gpu_int8
 from aotlm.models import packing
 from aotlm.models.checkpoint import CheckpointError, WeightReader, gc_paused, gguf, gguf_q4k, lora
 from aotlm.models.quant import ParamRewriter
@@ -53,6 +54,7 @@ class WeightLoading:
             "precision": self.precision.describe(),
             "quant": repr(self.precision.quant),
             "fuse_qkv": self.fuse_qkv, "tp": self.tp_degree, "gqa": self.gqa, "pack": self._pack,
+            "view": self._view,
             "dtype": str(self.dtype), "code": source_hash(), "lora": self.lora and self.lora.digest,
         }  # fmt: skip
         return weight_cache.key(fields), fields
@@ -60,11 +62,14 @@ class WeightLoading:
     def _load_weights(self, family) -> dict:
         rows = self._weight_rows(family)
         quant = self.precision.quant  # the matrices' storage (amp's on CPU with the kernels)
-        view = quant is not None and kernels.enabled()  # int8 / bf16 embedding copy for a tied lm_head
+        on = quant is not None and kernels.enabled()
+        # int8 / bf16 embedding copy for a tied lm_head (the CPU kernels', or the GPU int8 kernel's)
+        view = on or gpu_int8.head_copy(quant)
         # int8 / bf16 / f16 / f32 matrices in the kernels' panel layout (aotlm.models.packing); 4-bit
         # codes are stored only in it (aotlm.models.quant4)
         f32 = np.dtype(jnp.dtype(self.dtype)) == np.float32
-        self._pack = view or (quant is not None and quant.int4) or (kernels.enabled() and f32)
+        self._pack = on or (quant is not None and quant.int4) or (kernels.enabled() and f32)
+        self._view = view
         entry = self._weight_key(rows, quant is not None)  # quantized storage: converted, and compact
         if entry is not None:
             params = weight_cache.load(entry[0], self._place_final)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One GPU session's checks, prepared on CPU: install this copy of the project without network, run the
+# GPU tests, then the bench (scripts/README.md, bench_gpu.py). Run from the repository root on the device
+# machine; every log and the bench's JSON go to $OUT (default /tmp/gpu-out).
+#
+#   bash scripts/gpu_check.sh [WHEELS_DIR]      # WHEELS_DIR: wheels the machine lacks (e.g. transformers)
+#
+# Time boxes (seconds, environment): TESTS_S (240) for the tests, BENCH_S (300) for the bench; BENCH_ARGS
+# replaces the bench's arguments. Each step runs even if the one before failed; the exit status is the
+# first failure's.
+set -u
+OUT=${OUT:-/tmp/gpu-out}
+WHEELS=${1:-}
+mkdir -p "$OUT"
+rc=0
+step() {  # name, command...: run one step, keep its log, remember the first failure
+  local name=$1
+  shift
+  echo "== $name: $*"
+  "$@" >"$OUT/$name.log" 2>&1
+  local s=$?
+  echo "   exit $s; last lines:"
+  tail -n 15 "$OUT/$name.log"
+  if [ "$rc" -eq 0 ] && [ "$s" -ne 0 ]; then rc=$s; fi
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+wheels=()
+if [ -n "$WHEELS" ]; then wheels=("$WHEELS"/*.whl); fi
+step install pip install --no-index --no-deps --no-build-isolation --target /tmp/site "${wheels[@]}" .
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several test workers share the GPU
+step devices python -c "import jax, aotlm; print(jax.devices(), jax.__version__)"
+# the kernel (compiled here, not interpreted), exact f32 (HIGHEST precision), every family's conformance
+# to transformers, sampling, the decode loop's step groups
+step tests timeout "${TESTS_S:-240}" python -m pytest -q -x -n 4 -p no:cacheprovider \
+  tests/kernels/test_gpu_int8.py tests/core/test_precision_matmul.py tests/core/test_backend.py \
+  tests/families/test_conformance_llama_style.py tests/families/test_conformance_gpt_style.py \
+  tests/core/test_sampling.py
+# int8 weights on XLA's dot and on the Pallas kernel, bf16 beside them, one run
+read -r -a bench_args <<<"${BENCH_ARGS:---batch 1 16 64 --modes bf16 int8 --variants default g8-pallas --peers hf-eager --long-prompt 1024 --runs 3}"
+step bench timeout "${BENCH_S:-300}" python scripts/bench_gpu.py "${bench_args[@]}" --json "$OUT/bench.json"
+exit "$rc"

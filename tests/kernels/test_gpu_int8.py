@@ -1,0 +1,199 @@
+"""The GPU int8 weight-only kernel (``aotlm.kernels.gpu_int8``), checked where CI can: in Pallas'
+interpreter on CPU (its values against a float32 product of the same int8 matrix), its lowering for
+``cuda`` (Triton IR: every block a power of two, no GPU needed), its switch and tiles, and a model whose
+decode products take it (the interpreter standing in for the GPU) giving XLA's path's tokens. On a GPU
+the compiled kernel is checked against the same reference.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import transformers
+from conformance import make_checkpoint
+
+from aotlm import AutoModelForSampling
+from aotlm.kernels import gpu_int8 as g
+
+# rows, w's logical shape (K dims, N dims), axes, nt, tiles (None: the picked ones)
+CASES = [
+    (1, (256,), (512,), 1, False, None),
+    (5, (512,), (192,), 1, False, g.Tiles(64, 64, 2)),
+    (16, (4, 64), (128,), 2, False, None),  # an o_proj: w [H, Dh, D]
+    (7, (128,), (4, 32), 1, False, None),  # a q_proj: w [D, H, Dh]
+    (33, (2048,), (128,), 1, True, None),  # a tied lm_head's embed_q [V, D]
+    (64, (1024,), (96,), 1, True, g.Tiles(32, 128, 4, 2, 2)),
+]
+
+
+def operands(rows, kd, nd, nt, seed=0, dtype=jnp.bfloat16):
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.normal(size=(rows, *kd)), dtype)
+    w = jnp.asarray(rng.integers(-127, 128, (*nd, *kd) if nt else (*kd, *nd)), jnp.int8)
+    s = jnp.asarray(rng.uniform(1e-3, 1e-2, nd), jnp.float32)
+    return x, w, s
+
+
+def reference(x, w, s, axes, nt):
+    xf, wf = x.astype(jnp.float32), w.astype(jnp.float32)
+    if nt:
+        return jnp.dot(xf, wf.T, precision="highest") * s
+    return jnp.tensordot(xf, wf, axes=axes, precision="highest") * s
+
+
+def cuda_text(fn, *args) -> str:
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("rows,kd,nd,axes,nt,tiles", CASES)
+def test_interpreted_kernel_equals_the_float32_product(rows, kd, nd, axes, nt, tiles):
+    x, w, s = operands(rows, kd, nd, nt)
+    y = g.matmul(x, w, s, axes, nt, interpret=True, tiles=tiles)
+    ref = reference(x, w, s, axes, nt)
+    assert y.shape == ref.shape and y.dtype == jnp.float32
+    # bf16 x times int8 codes are exact in f32; only the order of the float32 sums differs
+    assert float(jnp.abs(y - ref).max() / jnp.abs(ref).max()) < 1e-6
+    t = tiles or g.config(x, w, axes, nt)
+    text = cuda_text(lambda x, w, s: g.matmul(x, w, s, axes, nt, tiles=t), x, w, s)
+    assert text.count("xla.gpu.triton") == 1 and "aotlm_int8_gpu" in text
+
+
+@pytest.mark.parametrize(
+    "k,n",
+    [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (4096, 14336), (14336, 4096), (4096, 128256)],
+)
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_llama_shapes_get_tiles_that_lower_for_cuda(k, n, rows):
+    """Llama-3.2-1B / -3.1-8B decode products (vocab 128,256 included) all take the kernel, and the
+    picked tiles lower to Triton (a block that is not a power of two fails right there)."""
+    x = jax.ShapeDtypeStruct((rows, k), jnp.bfloat16)
+    w, s = jax.ShapeDtypeStruct((k, n), jnp.int8), jax.ShapeDtypeStruct((n,), jnp.float32)
+    t = g.config(x, w)
+    assert t is not None and n % t.bn == 0 and k % (t.bk * t.splits) == 0
+    assert (n // t.bn) * t.splits >= 32  # enough programs to spread over the SMs
+    assert 4 * t.splits * g.padded_rows(rows) * n <= k * n / 8 or t.splits == 1  # partial sums stay small
+    assert cuda_text(lambda x, w, s: g.matmul(x, w, s), x, w, s).count("xla.gpu.triton") == 1
+
+
+def test_lowering_rejects_rows_that_are_not_a_power_of_two():
+    """Why rows are padded: the Triton lowering refuses a 24-row block (so the check above can fail)."""
+    x, w, s = operands(24, (256,), (128,), False)
+    with pytest.raises(ValueError, match="power of 2"):
+        cuda_text(lambda x, w, s: g._call(x, w, g.Tiles(64, 128), False, False), x, w, s)
+
+
+def test_setting_and_cache_tag(monkeypatch):
+    monkeypatch.delenv(g.ENV, raising=False)
+    assert g.setting() == "xla" == g.cache_tag()
+    monkeypatch.setenv(g.ENV, "pallas")
+    assert g.setting() == "pallas" == g.cache_tag()
+    monkeypatch.setenv(g.ENV, "pallas:bn=32,bk=256,splits=2,warps=8,stages=2")
+    assert g.setting() == g.Tiles(32, 256, 2, 8, 2) and g.cache_tag() == "pallas-32-256-2-8-2"
+    for bad in ("triton", "pallas:", "pallas:bn=48", "pallas:bn=64,bq=2", "pallas:bn=8", "pallas:bn=x"):
+        monkeypatch.setenv(g.ENV, bad)
+        with pytest.raises(ValueError, match=f"{g.ENV}="):
+            g.setting()
+
+
+def test_takes_only_gpu_int8_decode_rows(monkeypatch):
+    x, w, s = operands(4, (256,), (128,), False)
+    monkeypatch.setenv(g.ENV, "pallas")
+    assert not g.takes(x, w, s)  # this is a CPU
+    monkeypatch.setattr(g, "on_gpu", lambda: True)
+    assert g.takes(x, w, s)
+    assert not g.takes(x, w, None)  # no scale: not an int8 matrix of quant.py
+    assert not g.takes(x.astype(jnp.float32), w, s)  # f32 x keeps XLA's exact dot
+    assert not g.takes(jnp.zeros((65, 256), jnp.bfloat16), w, s)  # prefill rows
+    assert not g.takes(x, w.astype(jnp.bfloat16), s)
+    assert not g.takes(jnp.zeros((4, 200), jnp.bfloat16), jnp.zeros((200, 128), jnp.int8), s)  # no tile
+    monkeypatch.setenv(g.ENV, "xla")
+    assert not g.takes(x, w, s)
+
+
+def tiny_llama(root, vocab: int, tied: bool):
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        num_hidden_layers=2, vocab_size=vocab, max_position_embeddings=256, tie_word_embeddings=tied,
+    )  # fmt: skip
+    return make_checkpoint(root / f"llama-{vocab}-{tied}", cfg)
+
+
+def run_int8(path, ids):
+    m = AutoModelForSampling.from_pretrained(
+        path, batch_size=2, n_positions=64, amp="bf16", quant="int8", compile_cache=False
+    )
+    return m, m.sample(ids, max_new_tokens=12), np.asarray(m.forward(ids), np.float32)
+
+
+def as_on_a_gpu(monkeypatch, simulate: bool = True) -> list:
+    """The kernel switched on (``simulate``: the backend taken for a GPU, Pallas interpreting); the
+    list its calls' ``(w shape, nt)`` go to."""
+    calls, real = [], g._call
+
+    def counted(x2, w2, t, nt, interpret):
+        calls.append((w2.shape, nt))
+        return real(x2, w2, t, nt, interpret)
+
+    monkeypatch.setattr(g, "_call", counted)
+    if simulate:
+        monkeypatch.setattr(g, "on_gpu", lambda: True)
+        monkeypatch.setattr(g, "INTERPRET", True)
+    monkeypatch.setenv(g.ENV, "pallas")
+    return calls
+
+
+def test_model_decode_through_the_kernel_gives_xlas_tokens(tmp_path, monkeypatch):
+    """amp bf16 + int8 weights as on a GPU (the CPU kernels off), an untied Llama whose vocabulary (96)
+    is whole tiles: with the kernel (interpreted) every int8 product of up to 64 rows, the lm_head's
+    too, goes through it, and the greedy tokens are XLA's path's."""
+    monkeypatch.setenv("AOTLM_KERNELS", "0")
+    path, ids = tiny_llama(tmp_path, 96, False), np.random.default_rng(0).integers(3, 90, (2, 9))
+    _, tokens, logits = run_int8(path, ids)
+    calls = as_on_a_gpu(monkeypatch)
+    _, tokens2, logits2 = run_int8(path, ids)
+    assert ((64, 96), False) in calls and len(set(calls)) >= 4  # the lm_head and the layers' matrices
+    np.testing.assert_array_equal(tokens, tokens2)
+    assert np.abs(logits - logits2).max() <= 2e-2 * np.abs(logits).max()  # bf16 x, sums in another order
+
+
+def test_tied_lm_head_reads_an_int8_copy_through_the_kernel(tmp_path, monkeypatch):
+    """A tied lm_head on a GPU reads the bf16 embedding through XLA; with the kernel on, the loader
+    makes its int8 copy (``embed_q``, as the CPU kernels' load does) and the logits read that (``nt``);
+    the memory plan counts the copy."""
+    from aotlm.core import memory
+
+    monkeypatch.setenv("AOTLM_KERNELS", "0")
+    path, ids = tiny_llama(tmp_path, 128, True), np.random.default_rng(1).integers(3, 120, (2, 9))
+    m, _, logits = run_int8(path, ids)
+    assert "embed_q" not in m.params
+    calls = as_on_a_gpu(monkeypatch)
+    m2, _, logits2 = run_int8(path, ids)
+    assert m2.params["embed_q"].shape == (128, 64) and m2.params["embed_q"].dtype == jnp.int8
+    assert ((128, 64), True) in calls
+    assert np.abs(logits - logits2).max() <= 5e-2 * np.abs(logits).max()  # the lm_head rounded to int8
+    plan = memory.plan_for_checkpoint(path, batch_size=2, n_positions=64, amp="bf16", quant="int8")
+    assert plan["weights_bytes"] == sum(a.nbytes for a in jax.tree.leaves(m2.params))
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU: the compiled Triton kernel")
+@pytest.mark.parametrize("rows,kd,nd,axes,nt,tiles", CASES)
+def test_compiled_kernel_on_a_gpu(rows, kd, nd, axes, nt, tiles):
+    x, w, s = operands(rows, kd, nd, nt)
+    y = jax.jit(lambda x, w, s: g.matmul(x, w, s, axes, nt, interpret=False, tiles=tiles))(x, w, s)
+    ref = reference(x, w, s, axes, nt)
+    assert float(jnp.abs(y - ref).max() / jnp.abs(ref).max()) < 1e-5
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU: the compiled Triton kernel")
+def test_model_on_a_gpu_through_the_compiled_kernel(tmp_path, monkeypatch):
+    """On a GPU, ``AOTLM_GPU_INT8=pallas``: the same greedy tokens as XLA's int8 path, logits close."""
+    path, ids = tiny_llama(tmp_path, 96, False), np.random.default_rng(0).integers(3, 90, (2, 9))
+    monkeypatch.setenv(g.ENV, "xla")
+    _, tokens, logits = run_int8(path, ids)
+    calls = as_on_a_gpu(monkeypatch, simulate=False)
+    _, tokens2, logits2 = run_int8(path, ids)
+    assert ((64, 96), False) in calls and len(set(calls)) >= 4
+    np.testing.assert_array_equal(tokens, tokens2)
+    assert np.abs(logits - logits2).max() <= 2e-2 * np.abs(logits).max()
