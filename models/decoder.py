@@ -232,8 +232,8 @@ def logits(cfg: ArchConfig, params, h):
         out = quant8.dense8(hf, w, scale, 1, name)
     elif kernels.supported(hf, w, 1, name, pk):
         out = kernels.matmul(hf, w, scale, name=name, nt=tied, packed_k=pk, a8=a8)
-    elif kernels.int8_gpu_ok(h, w, scale, 1, nt=tied):  # GPU decode rows: int8 rows read as stored
-        out = kernels.matmul_int8_gpu(h, w, scale, 1, nt=tied)
+    elif kernels.gpu_matmul_ok(h, w, scale, 1, nt=tied):  # GPU decode rows: the table / copy read once
+        out = kernels.matmul_gpu(h, w, scale, 1, nt=tied)
     elif not tied and graph_a8:  # W8A8 without the kernels: the graph rounds h
         out = lowp.w8a8(hf, w, scale, 1, name, pk)
     elif not tied:  # int8 (with lm_head_scale, models/quant.py) or float lm_head

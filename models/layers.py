@@ -357,8 +357,8 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk, a8=a8)
     elif _prefill_gemm(x, w, axes, name, pk):
         y = kernels.matmul(x, w, scale, axes, name, packed_k=pk)
-    elif kernels.int8_gpu_ok(x, w, scale, axes):  # GPU decode rows read the stored int8 bytes
-        y = kernels.matmul_int8_gpu(x, w, scale, axes)
+    elif kernels.gpu_matmul_ok(x, w, scale, axes):  # GPU decode rows: each stored byte read once
+        y = kernels.matmul_gpu(x, w, scale, axes)
     elif scale is not None:
         y = jnp.tensordot(x, xla_weight(w, x, True, name), axes=axes, preferred_element_type=jnp.float32)
         y = y * scale.astype(jnp.float32)

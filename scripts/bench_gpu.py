@@ -4,7 +4,7 @@
     python scripts/bench_gpu.py --shape 8b --batch 1 16          # fits one H100 in bf16
     python scripts/bench_gpu.py --modes bf16 int8 --peers hf-eager hf-compile
     python scripts/bench_gpu.py --variants default no-cmdbuf     # XLA compile-option sets side by side
-    python scripts/bench_gpu.py --modes bf16 int8 --variants default g8-pallas   # int8 on the Pallas kernel
+    python scripts/bench_gpu.py --modes bf16 int8 --variants default g8-pallas   # decode on the Pallas kernel
     python scripts/bench_gpu.py --profile /tmp/prof --batch 1    # a trace of batch-1 decode, summarized
 
 Rows: aotlm modes (``bf16``: ``amp="bf16"``; ``int8``: int8 weights, bf16 compute; ``f32``), the
@@ -49,7 +49,7 @@ MODES = {"bf16": {"amp": "bf16"}, "int8": {"amp": "bf16", "quant": "int8"}, "f32
 CB = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION"  # XLA's default command-buffer kinds
 # named variants for --variants: environment for the model's graphs (aotlm.core.backend): the decode
 # loop's group (AOTLM_DECODE_GROUP; unset: the backend's default) and XLA compile options merged over
-# aotlm's defaults (AOTLM_XLA_OPTIONS); int8 decode products on XLA or the Pallas kernel (AOTLM_GPU_INT8)
+# aotlm's defaults (AOTLM_XLA_OPTIONS); decode products on XLA's dots or the Pallas kernel (AOTLM_GPU_MATMUL)
 VARIANTS = {
     "default": {},
     "g0": {"group": 0},  # a round trip to the host every step (the CPU loop)
@@ -60,12 +60,12 @@ VARIANTS = {
     "g0-cbwhile": {"group": 0, "options": {"xla_gpu_enable_command_buffer": CB + ",WHILE,CONDITIONAL"}},
     "g8-cbwhile": {"group": 8, "options": {"xla_gpu_enable_command_buffer": CB + ",WHILE,CONDITIONAL"}},
     "g8-nocb": {"group": 8, "options": {"xla_gpu_enable_command_buffer": ""}},
-    # int8 decode products on the Pallas kernel (aotlm.kernels.gpu_int8; --modes int8): tiles per shape,
+    # decode products (bf16, int8 weights) on the Pallas kernel (aotlm.kernels.gpu_matmul): tiles per shape,
     # or fixed ones (a shape they do not divide keeps XLA's dot)
-    "g8-pallas": {"group": 8, "gpu_int8": "pallas"},
-    "g8-pallas-s1": {"group": 8, "gpu_int8": "pallas:bn=64,bk=128,splits=1"},
-    "g8-pallas-bn128": {"group": 8, "gpu_int8": "pallas:bn=128,bk=256,splits=1,warps=8,stages=3"},
-    "g8-pallas-bn32": {"group": 8, "gpu_int8": "pallas:bn=32,bk=256,splits=2,warps=4,stages=4"},
+    "g8-pallas": {"group": 8, "gpu_matmul": "pallas"},
+    "g8-pallas-s1": {"group": 8, "gpu_matmul": "pallas:bn=64,bk=128,splits=1"},
+    "g8-pallas-bn128": {"group": 8, "gpu_matmul": "pallas:bn=128,bk=256,splits=1,warps=8,stages=3"},
+    "g8-pallas-bn32": {"group": 8, "gpu_matmul": "pallas:bn=32,bk=256,splits=2,warps=4,stages=4"},
 }
 
 
@@ -75,7 +75,7 @@ def use_variant(name: str) -> None:
     if "group" in v:
         os.environ["AOTLM_DECODE_GROUP"] = str(v["group"])
     os.environ["AOTLM_XLA_OPTIONS"] = json.dumps(v.get("options", {}))
-    os.environ["AOTLM_GPU_INT8"] = v.get("gpu_int8", "xla")
+    os.environ["AOTLM_GPU_MATMUL"] = v.get("gpu_matmul", "xla")
 
 
 def parse() -> argparse.Namespace:

@@ -34,10 +34,10 @@ step devices python -c "import jax, aotlm; print(jax.devices(), jax.__version__)
 # the kernel (compiled here, not interpreted), exact f32 (HIGHEST precision), every family's conformance
 # to transformers, sampling, the decode loop's step groups
 step tests timeout "${TESTS_S:-240}" python -m pytest -q -x -n 4 -p no:cacheprovider \
-  tests/kernels/test_gpu_int8.py tests/core/test_precision_matmul.py tests/core/test_backend.py \
+  tests/kernels/test_gpu_matmul.py tests/core/test_precision_matmul.py tests/core/test_backend.py \
   tests/families/test_conformance_llama_style.py tests/families/test_conformance_gpt_style.py \
   tests/core/test_sampling.py
-# int8 weights on XLA's dot and on the Pallas kernel, bf16 beside them, one run
+# bf16 and int8 weights, their decode products on XLA's dots and on the Pallas kernel, one run
 read -r -a bench_args <<<"${BENCH_ARGS:---batch 1 16 64 --modes bf16 int8 --variants default g8-pallas --peers hf-eager --long-prompt 1024 --runs 3}"
 step bench timeout "${BENCH_S:-300}" python scripts/bench_gpu.py "${bench_args[@]}" --json "$OUT/bench.json"
 exit "$rc"

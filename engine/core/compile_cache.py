@@ -37,7 +37,7 @@ from jax.sharding import Mesh
 
 from aotlm import kernels
 from aotlm.core.backend import compiler_options
-from aotlm.kernels import gpu_int8
+from aotlm.kernels import gpu_matmul
 
 ENGINE_VERSION = "0.1.0"
 DEFAULT_DIR = "compile_cache"
@@ -144,7 +144,7 @@ def environment_fields(mesh) -> dict:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "compiler_options": compiler_options(devs[0].platform),
         "kernels": kernels.cache_tag(),  # graphs with / without the FFI kernels, and their build
-        "gpu_int8": gpu_int8.cache_tag(),  # GPU int8 decode products: XLA's dot or the Pallas kernel
+        "gpu_matmul": gpu_matmul.cache_tag(),  # GPU int8 decode products: XLA's dot or the Pallas kernel
     }
 
 

@@ -25,7 +25,7 @@ from aotlm import kernels
 from aotlm.core import buckets as bk
 from aotlm.core import pipeline, precision, sharding
 from aotlm.core.spec import DEFAULT_N_POSITIONS
-from aotlm.kernels import gpu_int8, layout
+from aotlm.kernels import gpu_matmul, layout
 from aotlm.models import family_for, kscales, quant4, quant8
 from aotlm.models.arch import ArchConfig
 from aotlm.models.axes import CONTRACT_AXES
@@ -115,7 +115,7 @@ class Storage:
         self.lookup = lookup  # bytes per weight of a GGUF embedding kept as its codes (aotlm.models.lookup)
         int4 = q is not None and q.int4
         # the embedding copy for a tied lm_head: the CPU kernels', or the GPU int8 kernel's (not packed)
-        self.view = q is not None and (kernels_on or gpu_int8.head_copy(q))
+        self.view = q is not None and (kernels_on or gpu_matmul.head_copy(q))
         self.packed = (q is not None and kernels_on) or int4 or (kernels_on and compute == 4)  # panel layout
 
     def leaves(self, path: tuple, shape: tuple, tied: bool) -> list[tuple[tuple, tuple, float]]:

@@ -11,7 +11,7 @@ import numpy as np
 from aotlm import kernels
 from aotlm.core import sharding, weight_cache
 from aotlm.core.compile_cache import source_hash
-from aotlm.kernels import gpu_int8
+from aotlm.kernels import gpu_matmul
 from aotlm.models import packing
 from aotlm.models.checkpoint import CheckpointError, WeightReader, gc_paused, gguf, gguf_q4k, lora
 from aotlm.models.quant import ParamRewriter
@@ -64,7 +64,7 @@ class WeightLoading:
         quant = self.precision.quant  # the matrices' storage (amp's on CPU with the kernels)
         on = quant is not None and kernels.enabled()
         # int8 / bf16 embedding copy for a tied lm_head (the CPU kernels', or the GPU int8 kernel's)
-        view = on or gpu_int8.head_copy(quant)
+        view = on or gpu_matmul.head_copy(quant)
         # int8 / bf16 / f16 / f32 matrices in the kernels' panel layout (aotlm.models.packing); 4-bit
         # codes are stored only in it (aotlm.models.quant4)
         f32 = np.dtype(jnp.dtype(self.dtype)) == np.float32

@@ -31,8 +31,8 @@ rounded to int8 per group, ``vpdpbusd`` / ``vpmaddubsw`` on the nibbles; ``matmu
 attends over its own tokens in ``attn.h`` (``causal_attention``). The prefill kernels run on XLA's
 own intra-op threads.
 
-One GPU kernel lives here too: ``gpu_int8`` (Pallas, Triton lowering), int8 weights read as stored by
-decode rows on a GPU, off unless ``AOTLM_GPU_INT8=pallas`` (``int8_gpu_ok`` / ``matmul_int8_gpu``).
+One GPU kernel lives here too: ``gpu_matmul`` (Pallas, Triton lowering), int8 weights read as stored by
+decode rows on a GPU, off unless ``AOTLM_GPU_MATMUL=pallas`` (``gpu_matmul_ok`` / ``matmul_gpu``).
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ from aotlm.kernels.dense import (
     w8a8_fused,
     w8a8_rows,
 )
-from aotlm.kernels.gpu_int8 import matmul as matmul_int8_gpu
-from aotlm.kernels.gpu_int8 import takes as int8_gpu_ok
+from aotlm.kernels.gpu_matmul import matmul as matmul_gpu
+from aotlm.kernels.gpu_matmul import takes as gpu_matmul_ok
 from aotlm.kernels.isa import KernelIsaError
 from aotlm.kernels.lora import lora_add, lora_add_many, lora_ok
 from aotlm.kernels.padding import padding_rows
@@ -103,12 +103,12 @@ __all__ = [
     "fma_peak",
     "gemm_fuses",
     "gemm_supported",
-    "int8_gpu_ok",
+    "gpu_matmul_ok",
     "int8_peak",
     "bf16_peak",
     "isa_level",
     "matmul",
-    "matmul_int8_gpu",
+    "matmul_gpu",
     "matmul_q4",
     "mesh_context",
     "pack_panels",

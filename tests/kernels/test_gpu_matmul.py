@@ -1,8 +1,8 @@
-"""The GPU int8 weight-only kernel (``aotlm.kernels.gpu_int8``), checked where CI can: in Pallas'
-interpreter on CPU (its values against a float32 product of the same int8 matrix), its lowering for
-``cuda`` (Triton IR: every block a power of two, no GPU needed), its switch and tiles, and a model whose
-decode products take it (the interpreter standing in for the GPU) giving XLA's path's tokens. On a GPU
-the compiled kernel is checked against the same reference.
+"""The GPU decode rows' kernel (``aotlm.kernels.gpu_matmul``: bf16 / f16 and int8 weights), checked
+where CI can: in Pallas' interpreter on CPU (its values against a float32 product of the same matrix),
+its lowering for ``cuda`` (Triton IR: every block a power of two, no GPU needed), its switch and tiles,
+and a model whose decode products take it (the interpreter standing in for the GPU) giving XLA's path's
+tokens. On a GPU the compiled kernel and model are checked against the same references.
 """
 
 from __future__ import annotations
@@ -15,49 +15,60 @@ import transformers
 from conformance import make_checkpoint
 
 from aotlm import AutoModelForSampling
-from aotlm.kernels import gpu_int8 as g
+from aotlm.kernels import gpu_matmul as g
 
-# rows, w's logical shape (K dims, N dims), axes, nt, tiles (None: the picked ones)
+# rows, w's logical shape (K dims, N dims), axes, nt, tiles (None: the picked ones), w's dtype
 CASES = [
-    (1, (256,), (512,), 1, False, None),
-    (5, (512,), (192,), 1, False, g.Tiles(64, 64, 2)),
-    (16, (4, 64), (128,), 2, False, None),  # an o_proj: w [H, Dh, D]
-    (7, (128,), (4, 32), 1, False, None),  # a q_proj: w [D, H, Dh]
-    (33, (2048,), (128,), 1, True, None),  # a tied lm_head's embed_q [V, D]
-    (64, (1024,), (96,), 1, True, g.Tiles(32, 128, 4, 2, 2)),
+    (1, (256,), (512,), 1, False, None, "int8"),
+    (1, (256,), (512,), 1, False, None, "bf16"),
+    (5, (512,), (192,), 1, False, g.Tiles(64, 64, 2), "int8"),
+    (16, (4, 64), (128,), 2, False, None, "int8"),  # an o_proj: w [H, Dh, D]
+    (16, (4, 64), (128,), 2, False, None, "f16"),
+    (7, (128,), (4, 32), 1, False, None, "int8"),  # a q_proj: w [D, H, Dh]
+    (33, (2048,), (128,), 1, True, None, "int8"),  # a tied lm_head's embed_q [V, D]
+    (9, (512,), (256,), 1, True, None, "bf16"),  # a tied lm_head's table
+    (64, (1024,), (96,), 1, True, g.Tiles(32, 128, 4, 2, 2), "int8"),
+    (64, (1024,), (96,), 1, False, g.Tiles(32, 128, 4, 2, 2), "bf16"),
 ]
+FLOATS = {"bf16": jnp.bfloat16, "f16": jnp.float16}
 
 
-def operands(rows, kd, nd, nt, seed=0, dtype=jnp.bfloat16):
+def operands(rows, kd, nd, nt, wtype="int8", seed=0):
+    """x in bf16 (f16 with f16 weights), w and its scale (None for a float weight)."""
     rng = np.random.default_rng(seed)
-    x = jnp.asarray(rng.normal(size=(rows, *kd)), dtype)
-    w = jnp.asarray(rng.integers(-127, 128, (*nd, *kd) if nt else (*kd, *nd)), jnp.int8)
-    s = jnp.asarray(rng.uniform(1e-3, 1e-2, nd), jnp.float32)
-    return x, w, s
+    x = jnp.asarray(rng.normal(size=(rows, *kd)), FLOATS.get(wtype, jnp.bfloat16))
+    shape = (*nd, *kd) if nt else (*kd, *nd)
+    if wtype != "int8":
+        return x, jnp.asarray(rng.normal(size=shape) * 0.05, x.dtype), None
+    w = jnp.asarray(rng.integers(-127, 128, shape), jnp.int8)
+    return x, w, jnp.asarray(rng.uniform(1e-3, 1e-2, nd), jnp.float32)
 
 
 def reference(x, w, s, axes, nt):
     xf, wf = x.astype(jnp.float32), w.astype(jnp.float32)
-    if nt:
-        return jnp.dot(xf, wf.T, precision="highest") * s
-    return jnp.tensordot(xf, wf, axes=axes, precision="highest") * s
+    y = (
+        jnp.dot(xf, wf.T, precision="highest")
+        if nt
+        else jnp.tensordot(xf, wf, axes=axes, precision="highest")
+    )
+    return y if s is None else y * s
 
 
 def cuda_text(fn, *args) -> str:
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("rows,kd,nd,axes,nt,tiles", CASES)
-def test_interpreted_kernel_equals_the_float32_product(rows, kd, nd, axes, nt, tiles):
-    x, w, s = operands(rows, kd, nd, nt)
+@pytest.mark.parametrize("rows,kd,nd,axes,nt,tiles,wtype", CASES)
+def test_interpreted_kernel_equals_the_float32_product(rows, kd, nd, axes, nt, tiles, wtype):
+    x, w, s = operands(rows, kd, nd, nt, wtype)
     y = g.matmul(x, w, s, axes, nt, interpret=True, tiles=tiles)
     ref = reference(x, w, s, axes, nt)
     assert y.shape == ref.shape and y.dtype == jnp.float32
-    # bf16 x times int8 codes are exact in f32; only the order of the float32 sums differs
+    # bf16 / f16 x times int8 codes or bf16 / f16 weights are exact in f32: only the sums' order differs
     assert float(jnp.abs(y - ref).max() / jnp.abs(ref).max()) < 1e-6
     t = tiles or g.config(x, w, axes, nt)
     text = cuda_text(lambda x, w, s: g.matmul(x, w, s, axes, nt, tiles=t), x, w, s)
-    assert text.count("xla.gpu.triton") == 1 and "aotlm_int8_gpu" in text
+    assert text.count("xla.gpu.triton") == 1 and "aotlm_gpu_rows" in text
 
 
 @pytest.mark.parametrize(
@@ -97,7 +108,7 @@ def test_setting_and_cache_tag(monkeypatch):
             g.setting()
 
 
-def test_takes_only_gpu_int8_decode_rows(monkeypatch):
+def test_takes_only_gpu_matmul_decode_rows(monkeypatch):
     x, w, s = operands(4, (256,), (128,), False)
     monkeypatch.setenv(g.ENV, "pallas")
     assert not g.takes(x, w, s)  # this is a CPU
@@ -106,7 +117,9 @@ def test_takes_only_gpu_int8_decode_rows(monkeypatch):
     assert not g.takes(x, w, None)  # no scale: not an int8 matrix of quant.py
     assert not g.takes(x.astype(jnp.float32), w, s)  # f32 x keeps XLA's exact dot
     assert not g.takes(jnp.zeros((65, 256), jnp.bfloat16), w, s)  # prefill rows
+    assert g.takes(x, w.astype(jnp.bfloat16), None)  # bf16 weights (amp="bf16")
     assert not g.takes(x, w.astype(jnp.bfloat16), s)
+    assert not g.takes(x, w.astype(jnp.float16), None)  # weights in another dtype than x
     assert not g.takes(jnp.zeros((4, 200), jnp.bfloat16), jnp.zeros((200, 128), jnp.int8), s)  # no tile
     monkeypatch.setenv(g.ENV, "xla")
     assert not g.takes(x, w, s)
@@ -120,9 +133,9 @@ def tiny_llama(root, vocab: int, tied: bool):
     return make_checkpoint(root / f"llama-{vocab}-{tied}", cfg)
 
 
-def run_int8(path, ids):
+def run_bf16(path, ids, quant: str | None = "int8"):
     m = AutoModelForSampling.from_pretrained(
-        path, batch_size=2, n_positions=64, amp="bf16", quant="int8", compile_cache=False
+        path, batch_size=2, n_positions=64, amp="bf16", quant=quant, compile_cache=False
     )
     return m, m.sample(ids, max_new_tokens=12), np.asarray(m.forward(ids), np.float32)
 
@@ -144,16 +157,18 @@ def as_on_a_gpu(monkeypatch, simulate: bool = True) -> list:
     return calls
 
 
-def test_model_decode_through_the_kernel_gives_xlas_tokens(tmp_path, monkeypatch):
-    """amp bf16 + int8 weights as on a GPU (the CPU kernels off), an untied Llama whose vocabulary (96)
-    is whole tiles: with the kernel (interpreted) every int8 product of up to 64 rows, the lm_head's
-    too, goes through it, and the greedy tokens are XLA's path's."""
+@pytest.mark.parametrize("quant,vocab,tied", [("int8", 96, False), (None, 128, True)])
+def test_model_decode_through_the_kernel_gives_xlas_tokens(tmp_path, monkeypatch, quant, vocab, tied):
+    """amp bf16 as on a GPU (the CPU kernels off), int8 or bf16 weights, a Llama whose vocabulary is
+    whole tiles: with the kernel (interpreted) every product of up to 64 rows, the lm_head's (the tied
+    table's) too, goes through it, and the greedy tokens are XLA's path's."""
     monkeypatch.setenv("AOTLM_KERNELS", "0")
-    path, ids = tiny_llama(tmp_path, 96, False), np.random.default_rng(0).integers(3, 90, (2, 9))
-    _, tokens, logits = run_int8(path, ids)
+    path, ids = tiny_llama(tmp_path, vocab, tied), np.random.default_rng(0).integers(3, 90, (2, 9))
+    _, tokens, logits = run_bf16(path, ids, quant)
     calls = as_on_a_gpu(monkeypatch)
-    _, tokens2, logits2 = run_int8(path, ids)
-    assert ((64, 96), False) in calls and len(set(calls)) >= 4  # the lm_head and the layers' matrices
+    _, tokens2, logits2 = run_bf16(path, ids, quant)
+    head = ((vocab, 64), True) if tied else ((64, vocab), False)
+    assert head in calls and len(set(calls)) >= 4  # the lm_head and the layers' matrices
     np.testing.assert_array_equal(tokens, tokens2)
     assert np.abs(logits - logits2).max() <= 2e-2 * np.abs(logits).max()  # bf16 x, sums in another order
 
@@ -166,10 +181,10 @@ def test_tied_lm_head_reads_an_int8_copy_through_the_kernel(tmp_path, monkeypatc
 
     monkeypatch.setenv("AOTLM_KERNELS", "0")
     path, ids = tiny_llama(tmp_path, 128, True), np.random.default_rng(1).integers(3, 120, (2, 9))
-    m, _, logits = run_int8(path, ids)
+    m, _, logits = run_bf16(path, ids)
     assert "embed_q" not in m.params
     calls = as_on_a_gpu(monkeypatch)
-    m2, _, logits2 = run_int8(path, ids)
+    m2, _, logits2 = run_bf16(path, ids)
     assert m2.params["embed_q"].shape == (128, 64) and m2.params["embed_q"].dtype == jnp.int8
     assert ((128, 64), True) in calls
     assert np.abs(logits - logits2).max() <= 5e-2 * np.abs(logits).max()  # the lm_head rounded to int8
@@ -178,22 +193,23 @@ def test_tied_lm_head_reads_an_int8_copy_through_the_kernel(tmp_path, monkeypatc
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU: the compiled Triton kernel")
-@pytest.mark.parametrize("rows,kd,nd,axes,nt,tiles", CASES)
-def test_compiled_kernel_on_a_gpu(rows, kd, nd, axes, nt, tiles):
-    x, w, s = operands(rows, kd, nd, nt)
+@pytest.mark.parametrize("rows,kd,nd,axes,nt,tiles,wtype", CASES)
+def test_compiled_kernel_on_a_gpu(rows, kd, nd, axes, nt, tiles, wtype):
+    x, w, s = operands(rows, kd, nd, nt, wtype)
     y = jax.jit(lambda x, w, s: g.matmul(x, w, s, axes, nt, interpret=False, tiles=tiles))(x, w, s)
     ref = reference(x, w, s, axes, nt)
     assert float(jnp.abs(y - ref).max() / jnp.abs(ref).max()) < 1e-5
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU: the compiled Triton kernel")
-def test_model_on_a_gpu_through_the_compiled_kernel(tmp_path, monkeypatch):
-    """On a GPU, ``AOTLM_GPU_INT8=pallas``: the same greedy tokens as XLA's int8 path, logits close."""
+@pytest.mark.parametrize("quant", ["int8", None])
+def test_model_on_a_gpu_through_the_compiled_kernel(tmp_path, monkeypatch, quant):
+    """On a GPU, ``AOTLM_GPU_MATMUL=pallas``: the same greedy tokens as XLA's path, logits close."""
     path, ids = tiny_llama(tmp_path, 96, False), np.random.default_rng(0).integers(3, 90, (2, 9))
     monkeypatch.setenv(g.ENV, "xla")
-    _, tokens, logits = run_int8(path, ids)
+    _, tokens, logits = run_bf16(path, ids, quant)
     calls = as_on_a_gpu(monkeypatch, simulate=False)
-    _, tokens2, logits2 = run_int8(path, ids)
+    _, tokens2, logits2 = run_bf16(path, ids, quant)
     assert ((64, 96), False) in calls and len(set(calls)) >= 4
     np.testing.assert_array_equal(tokens, tokens2)
     assert np.abs(logits - logits2).max() <= 2e-2 * np.abs(logits).max()

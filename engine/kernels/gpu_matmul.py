@@ -1,18 +1,20 @@
-"""int8 weight-only matmul of decode rows on a GPU: a Pallas kernel (Triton lowering) that reads the
-stored int8 bytes and converts each tile in registers, where XLA:GPU's ``w.astype(bf16)`` then dot may
-write and read a converted copy of the matrix every step.
+"""Decode rows' products on a GPU: a Pallas kernel (Triton lowering) for bf16 / f16 and int8 weights.
 
-``y = (x @ w) * scale``: ``x [..., K]`` bf16 / f16 (``amp="bf16"`` / ``"f16"``), ``w`` int8 ``[K, N]``
-(or ``[N, K]`` with ``nt``: a tied lm_head's ``embed_q``), ``scale`` the per-output-channel ``[N]``;
-the product summed in float32. The rows (at most ``MAX_ROWS``: decode batches) are padded to a power
-of two of at least 16 (Triton's smallest dot); the grid is ``N / bn`` column blocks times ``splits``
-slices of K, each program looping over its slice in steps of ``bk`` rows; the slices' float32 partial
-sums are added by XLA in a fixed order (deterministic, unlike atomics).
+On one H200, XLA's step for Llama-3.2-1B's shape read its weights at under half the HBM bandwidth
+(cuBLAS / XLA GEMVs), and int8 weights decoded slower than bf16: ``w.astype(bf16)`` before the dot can
+make a step read a converted copy. Here every tile of the stored matrix is loaded once and (int8)
+converted in registers: ``y = (x @ w) * scale`` with ``x [..., K]`` bf16 / f16, ``w`` ``[K, N]`` (or
+``[N, K]`` with ``nt``: a tied lm_head's table or its int8 copy ``embed_q``) in x's dtype (no scale) or
+int8 with the per-output-channel ``scale [N]``; products summed in float32. The rows (at most
+``MAX_ROWS``: decode batches) are padded to a power of two of at least 16 (Triton's smallest dot); the
+grid is ``N / bn`` column blocks times ``splits`` slices of K, each program looping over its slice in
+steps of ``bk`` rows; the slices' float32 partial sums are added by XLA in a fixed order
+(deterministic, unlike atomics).
 
-Off by default: ``AOTLM_GPU_INT8=pallas`` turns it on (``pallas:bn=64,bk=128,splits=2,warps=4,stages=3``
-fixes the tiles, else ``tiles`` picks them); it is part of the compile-cache key (``cache_tag``).
-On CPU the kernel runs in Pallas' interpret mode for the tests, and its lowering for ``cuda`` (Triton
-IR, no GPU needed) is checked there too.
+Off by default: ``AOTLM_GPU_MATMUL=pallas`` turns it on (``pallas:bn=64,bk=128,splits=2,warps=4,stages=3``
+fixes the tiles, else ``tiles`` picks them); it is part of the compile-cache key (``cache_tag``). On CPU
+the kernel runs in Pallas' interpreter for the tests, and its lowering for ``cuda`` (Triton IR, no GPU
+needed) is checked there too.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import jax.numpy as jnp
 
 from aotlm.kernels.context import one_device
 
-ENV = "AOTLM_GPU_INT8"
+ENV = "AOTLM_GPU_MATMUL"
 MAX_ROWS = 64  # decode rows (batch x tokens per step); prefill keeps XLA's dot
 X_DTYPES = (jnp.bfloat16, jnp.float16)  # f32 x keeps XLA's dot at HIGHEST precision (exact)
 TARGET_PROGRAMS = 264  # two per SM of an H100 / H200 (132 SMs)
@@ -47,7 +49,7 @@ class Tiles:
 
 
 def setting() -> Tiles | str:
-    """``AOTLM_GPU_INT8``: ``"xla"`` (the default), ``"pallas"`` (tiles per shape) or fixed ``Tiles``."""
+    """``AOTLM_GPU_MATMUL``: ``"xla"`` (the default), ``"pallas"`` (tiles per shape) or fixed ``Tiles``."""
     raw = os.environ.get(ENV, "").strip()
     if raw in ("", "xla"):
         return "xla"
@@ -164,14 +166,15 @@ def _call(x2, w2, t: Tiles, nt: bool, interpret: bool):
         out_specs=pl.BlockSpec((1, mp, t.bn), lambda j, s: (s, 0, j)),
         compiler_params=triton.CompilerParams(num_warps=t.warps, num_stages=t.stages),
         interpret=interpret,
-        name="aotlm_int8_gpu",
+        name="aotlm_gpu_rows",
     )(x2, w2)
 
 
 def config(x, w, axes: int = 1, nt: bool = False) -> Tiles | None:
     """Static (shapes / dtypes): the tiles ``matmul`` would use for this product, None if it cannot."""
     rows = math.prod(x.shape[: x.ndim - axes])
-    if jnp.dtype(w.dtype) != jnp.int8 or jnp.dtype(x.dtype) not in X_DTYPES or not 1 <= rows <= MAX_ROWS:
+    xd, wd = jnp.dtype(x.dtype), jnp.dtype(w.dtype)
+    if xd not in X_DTYPES or wd not in (jnp.dtype(jnp.int8), xd) or not 1 <= rows <= MAX_ROWS:
         return None
     k = math.prod(x.shape[x.ndim - axes :])
     n = w.shape[0] if nt else math.prod(w.shape[axes:])
@@ -183,9 +186,9 @@ def config(x, w, axes: int = 1, nt: bool = False) -> Tiles | None:
 
 
 def takes(x, w, scale, axes: int = 1, nt: bool = False) -> bool:
-    """Static: does ``matmul`` take this product on this backend (a GPU, ``AOTLM_GPU_INT8`` set, one
-    device, an int8 weight with its per-channel scale, bf16 / f16 decode rows)?"""
-    if scale is None or setting() == "xla" or not on_gpu():
+    """Static: does ``matmul`` take this product on this backend (a GPU, ``AOTLM_GPU_MATMUL`` set, one
+    device, bf16 / f16 decode rows, a weight in their dtype or int8 with its per-channel scale)?"""
+    if (scale is not None) != (jnp.dtype(w.dtype) == jnp.int8) or setting() == "xla" or not on_gpu():
         return False
     return one_device() and config(x, w, axes, nt) is not None
 
@@ -193,14 +196,15 @@ def takes(x, w, scale, axes: int = 1, nt: bool = False) -> bool:
 def matmul(
     x, w, scale, axes: int = 1, nt: bool = False, interpret: bool | None = None, tiles: Tiles | None = None
 ):
-    """``(x @ w) * scale`` in float32, ``[..., N...]`` (``nt``: ``w [N, K]``, output ``[..., N]``).
+    """``(x @ w) * scale`` (no scale: ``x @ w``) in float32, ``[..., N...]`` (``nt``: ``w [N, K]``, output
+    ``[..., N]``).
 
     ``tiles`` overrides the configuration (tests); ``interpret`` runs Pallas' interpreter (CPU; default
     ``INTERPRET``)."""
     interpret = INTERPRET if interpret is None else interpret
     t = tiles or config(x, w, axes, nt)
     if t is None:
-        raise ValueError(f"no int8 GPU kernel tile for x {x.shape} {x.dtype} and w {w.shape} {w.dtype}")
+        raise ValueError(f"no GPU kernel tile for x {x.shape} {x.dtype} and w {w.shape} {w.dtype}")
     lead = x.shape[: x.ndim - axes]
     rows, k = math.prod(lead), math.prod(x.shape[x.ndim - axes :])
     out_dims = (w.shape[0],) if nt else w.shape[axes:]
@@ -212,5 +216,5 @@ def matmul(
     y = parts[0]
     for i in range(1, t.splits):  # a fixed order: the same bits every call
         y = y + parts[i]
-    y = y[:rows] * scale.reshape(-1).astype(jnp.float32)
+    y = y[:rows] if scale is None else y[:rows] * scale.reshape(-1).astype(jnp.float32)
     return y.reshape(*lead, *out_dims)
