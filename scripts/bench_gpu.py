@@ -116,14 +116,16 @@ def device_line() -> str:
 
 def write_checkpoint(shape: str, root: Path) -> Path:
     """A random Llama checkpoint of ``shape`` in bf16 (safetensors shards of <= 4 GB), written once,
-    a tensor at a time."""
+    a tensor at a time, with an ASCII BPE tokenizer of its vocabulary's size (``serve_load``)."""
     import numpy as np
+    from serve_load import write_ascii_vocab  # local: scripts/ (on the path of a script run), numpy
 
-    out = root / f"llama-{shape}"
+    out, cfg = root / f"llama-{shape}", {**COMMON, **SHAPES[shape]}
+    if not (out / "vocab.json").exists():  # for aotlm serve (bench_serve.py --checkpoint this dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_ascii_vocab(out, cfg["vocab_size"])
     if (out / "config.json").exists():
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = {**COMMON, **SHAPES[shape]}
     d, f, nl = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     h, k, dh, v = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["vocab_size"]
     shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}

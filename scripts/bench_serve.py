@@ -27,7 +27,8 @@ tokens/s, TTFT p50/p99 of first turns and of later turns (which can reuse the hi
 prompt tokens sent and the cached ones the server reports (``usage.prompt_tokens_details``).
 
 Engines: ``aotlm-MODE`` (``aotlm serve --batch-size 8``, MODE f32, int8, w8a8, int4 or int4-g64, ``+kvbf16``:
-a bf16 KV cache; prefix reuse on; ``aotlm-MODE-noprefix``: with ``--no-prefix-cache``),
+a bf16 KV cache; on a GPU bf16 or bf16-int8: ``--amp bf16`` with bf16 / int8 weights; prefix reuse
+on; ``aotlm-MODE-noprefix``: with ``--no-prefix-cache``),
 ``aotlm1-MODE`` (``--batch-size 1``: one request at a time), ``llama-f32|f16|q8_0|q4_0``
 (llama-server, continuous batching, ``--parallel`` = the level's clients, ``-t`` = cores;
 ``--llama-server PATH`` or ``$LLAMA_SERVER``; GGUFs converted by ``bench_peers``; q4_0 by
@@ -76,7 +77,11 @@ AOTLM_MODES = {  # serve flags; a GGUF model would default to int8: f32 says non
     "int4-g64": ["--quant", "int4-g64", "--fuse-qkv"],
 }
 AOTLM_MODES |= {f"{m}+kvbf16": [*f, "--kv-cache-dtype", "bf16"] for m, f in AOTLM_MODES.items() if m != "f32"}
+# a GPU's modes: bf16 compute (and KV cache) with bf16 or int8 weights
+AOTLM_MODES |= {"bf16": ["--amp", "bf16", "--quant", "none"]}
+AOTLM_MODES |= {"bf16-int8": ["--amp", "bf16", "--quant", "int8"]}
 OFFLINE_KW: dict[str, dict] = {"f32": {"quant": "none"}}  # the same weights as the servers
+OFFLINE_KW |= {"bf16": {"amp": "bf16", "quant": "none"}, "bf16-int8": {"amp": "bf16", "quant": "int8"}}
 QUANT_MODES = ("int8", "w8a8", "int4", "int4-g64")
 OFFLINE_KW |= {m: {"quant": m, "fuse_qkv": True} for m in QUANT_MODES}
 OFFLINE_KW |= {f"{m}+kvbf16": {**OFFLINE_KW[m], "kv_cache_dtype": "bf16"} for m in QUANT_MODES}

@@ -5,8 +5,9 @@
 #
 #   bash scripts/gpu_check.sh [WHEELS_DIR]      # WHEELS_DIR: wheels the machine lacks (e.g. transformers)
 #
-# Time boxes (seconds, environment): TESTS_S (240) for the tests, BENCH_S (300) for the bench; BENCH_ARGS
-# replaces the bench's arguments. Each step runs even if the one before failed; the exit status is the
+# Time boxes (seconds, environment): TESTS_S (240) for the tests, BENCH_S (300) for the bench, SERVE_S (0:
+# skipped) for serving after it (bench_serve.py on the bench's 1B checkpoint); BENCH_ARGS replaces the
+# bench's arguments. Each step runs even if the one before failed; the exit status is the
 # first failure's.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
@@ -40,4 +41,10 @@ step tests timeout "${TESTS_S:-240}" python -m pytest -q -x -n 4 -p no:cacheprov
 # bf16 and int8 weights, their decode products on XLA's dots and on the Pallas kernel, one run
 read -r -a bench_args <<<"${BENCH_ARGS:---batch 1 16 64 --modes bf16 int8 --variants default g8-pallas --peers hf-eager --long-prompt 1024 --runs 3}"
 step bench timeout "${BENCH_S:-300}" python scripts/bench_gpu.py "${bench_args[@]}" --json "$OUT/bench.json"
+# serving on the GPU (SERVE_S > 0): aotlm serve on the bench's 1B checkpoint at 1 / 16 / 64 clients
+if [ "${SERVE_S:-0}" -gt 0 ]; then
+  step serve timeout "$SERVE_S" python scripts/bench_serve.py --checkpoint /tmp/aotlm-bench-gpu/llama-1b \
+    --engines aotlm-bf16 aotlm-bf16-int8 --clients 1 16 64 --batch-size 64 --requests-per-client 1 \
+    --work /tmp/aotlm-bench-serve --json "$OUT/serve.json"
+fi
 exit "$rc"
