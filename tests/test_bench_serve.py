@@ -18,8 +18,10 @@ def test_aotlm_engine_names_give_their_modes_flags():
     for name in names:
         mode = name.split("-", 1)[1].removesuffix("-noprefix")
         flags = bench_serve.aotlm_flags(name)
-        quant = flags[flags.index("--quant") + 1]
-        assert quant == ("none" if mode == "f32" else mode.removesuffix("+kvbf16")), (name, flags)
+        quant, amp = flags[flags.index("--quant") + 1], "bf16" if mode.startswith("bf16") else None
+        want = {"f32": "none", "bf16": "none", "bf16-int8": "int8"}.get(mode, mode.removesuffix("+kvbf16"))
+        assert quant == want and (amp is None or flags[flags.index("--amp") + 1] == amp), (name, flags)
+        assert bench_serve.OFFLINE_KW[mode].get("amp") == amp  # offline-MODE: the same compute
         assert ("--kv-cache-dtype" in flags) == mode.endswith("+kvbf16"), (name, flags)
         assert ("--no-prefix-cache" in flags) == name.endswith("-noprefix"), (name, flags)
         assert bench_serve.OFFLINE_KW[mode].get("quant", "none") == quant  # offline-MODE: the same weights
