@@ -144,7 +144,7 @@ def environment_fields(mesh) -> dict:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "compiler_options": compiler_options(devs[0].platform),
         "kernels": kernels.cache_tag(),  # graphs with / without the FFI kernels, and their build
-        "gpu_matmul": gpu_matmul.cache_tag(),  # GPU int8 decode products: XLA's dot or the Pallas kernel
+        "gpu_matmul": gpu_matmul.cache_tag(),  # GPU decode products: XLA's dots or the Pallas kernel
     }
 
 

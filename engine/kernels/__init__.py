@@ -31,8 +31,9 @@ rounded to int8 per group, ``vpdpbusd`` / ``vpmaddubsw`` on the nibbles; ``matmu
 attends over its own tokens in ``attn.h`` (``causal_attention``). The prefill kernels run on XLA's
 own intra-op threads.
 
-One GPU kernel lives here too: ``gpu_matmul`` (Pallas, Triton lowering), int8 weights read as stored by
-decode rows on a GPU, off unless ``AOTLM_GPU_MATMUL=pallas`` (``gpu_matmul_ok`` / ``matmul_gpu``).
+One GPU kernel lives here too: ``gpu_matmul`` (Pallas, Triton lowering), decode rows' products with
+bf16 / f16 or int8 weights (int8 read as stored) on a GPU, off unless ``AOTLM_GPU_MATMUL=pallas``
+(``gpu_matmul_ok`` / ``matmul_gpu``).
 """
 
 from __future__ import annotations
