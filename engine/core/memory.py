@@ -31,7 +31,7 @@ from aotlm.models.arch import ArchConfig
 from aotlm.models.axes import CONTRACT_AXES
 from aotlm.models.checkpoint import gguf, load_hf_config
 from aotlm.models.packing import PACK_CONTRACT, PANEL, SCALE_OF, VOCAB_LEAVES
-from aotlm.models.quant import FLOAT_DTYPES, INT4_KEEPS, QuantizationConfig
+from aotlm.models.quant import FLOAT_DTYPES, INT4_KEEPS, Q8_BLOCK_TYPES, QuantizationConfig
 
 GIB = 2**30
 K_ROWS = {"Q4_K": kscales.ROWS, "Q5_K": layout.K5_ROWS, "Q6_K": layout.K6_ROWS}  # scale leaf rows per 256
@@ -105,8 +105,12 @@ class Storage:
     def __init__(
         self, q: QuantizationConfig | None, compute: int, kernels_on: bool, gguf_blocks: bool, lookup=None,
         q4k: bool | str = False, q8: int = 0, head: str | None = None,
+        types: Mapping[tuple, str] | None = None,
     ):  # fmt: skip
         self.q, self.compute, self.gguf_blocks = q, compute, gguf_blocks
+        # a GGUF file's block type of each parameter (``plan_for_checkpoint``): each matrix's own form,
+        # where ``q4k`` / ``q8`` (one type for the whole file) stand in without it
+        self.types = types
         self.head = head  # a GGUF file's tied embedding's block type (its logits' copy may keep them)
         self.q8 = q8  # a GGUF file's matrices are Q8_0 / Q5_* blocks: int8 groups with q8 scales a group
         # the file's K-quant matrices (True: Q4_K): their own scales (models.kscales / k6scales), whose
@@ -140,20 +144,25 @@ class Storage:
         kept = self._head(path, shape) if name == "embed_q" and self.gguf_blocks else None
         if kept:
             return kept
-        if q.int4 and name in PACK_CONTRACT and (name != "embed_q" or not self.gguf_blocks):
+        known = self.types is not None and name != "embed_q"  # this matrix's own block type is known
+        typ = self.types.get(path) if known else self.q4k
+        four = not known or typ in INT4_KEEPS  # a file's other types: int8 (groups or per channel)
+        if q.int4 and four and name in PACK_CONTRACT and (name != "embed_q" or not self.gguf_blocks):
             contract = PACK_CONTRACT[name]
             if quant4.packable(shape, contract, q.group_size, vocab):
                 k = _prod(shape[c] for c in contract)
                 nd = tuple(n for i, n in enumerate(shape) if i not in contract)
-                rows = K_ROWS.get(self.q4k) if q.group_size == 32 and k % kscales.BLOCK == 0 else None
-                if rows and self.blocks_kept(self.q4k):
+                rows = K_ROWS.get(typ) if q.group_size == 32 and k % kscales.BLOCK == 0 else None
+                if rows and self.blocks_kept(typ):
                     return [(path, shape, 0.5), (scale, (k // kscales.BLOCK, rows, *nd), 1)]
-                if self.q4k in layout.Q5_ROWS and q.group_size == 32 and self.blocks_kept(self.q4k):
-                    return [(path, shape, 0.5), (scale, (k // 32, layout.Q5_ROWS[self.q4k], *nd), 1)]
+                if typ in layout.Q5_ROWS and q.group_size == 32 and self.blocks_kept(typ):
+                    return [(path, shape, 0.5), (scale, (k // 32, layout.Q5_ROWS[typ], *nd), 1)]
                 groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
                 return [(path, shape, 0.5), (scale, groups, 2)]
         channels = tuple(n for i, n in enumerate(shape) if i not in contract)
         s8 = self.q8  # scale rows of a file's Q8_0 / Q5_* groups (1, or 2 with minimums)
+        if known:
+            s8 = quant8.scale_rows(typ) if typ in Q8_BLOCK_TYPES else 0
         if name == "embed_q":  # a tied table's logits copy: its own groups where the table has them
             s8 = quant8.scale_rows(self.head)
         if s8 and not q.w8a8 and name in PACK_CONTRACT:
@@ -217,6 +226,7 @@ def memory_plan(
     gguf_q4k: bool | str = False,
     gguf_q8: int = 0,
     gguf_head: str | None = None,
+    gguf_types: Mapping[tuple, str] | None = None,
 ) -> dict:
     """Bytes per device of the weights and the KV cache for one configuration.
 
@@ -225,7 +235,8 @@ def memory_plan(
     pick (invalid tp / gqa raise the engine's errors). ``kv_cache_dtype``: the model's option
     (None follows amp). ``quant``: the weight storage (``"int8"``, a ``QuantizationConfig``, ...);
     ``kernels_on`` (default: this backend's); ``gguf_*``: a converted GGUF file's facts as the loader has
-    them (``gguf.q4_types``, ``lookup_bytes``, ``k_type``, ``q8_file``, ``embedding_type``: ``Storage``)."""
+    them (``gguf.q4_types``, ``lookup_bytes``, ``k_type``, ``q8_file``, ``embedding_type``, and each
+    parameter's block type from ``gguf.hf_types``: ``Storage``)."""
     # amp on this backend (aotlm.core.precision; unknown names: the engine's errors)
     prec = precision.resolve(amp, quant, kernels_on, kv_cache_dtype)
     kernels_on = kernels.enabled() if kernels_on is None else kernels_on
@@ -236,7 +247,9 @@ def memory_plan(
     shapes = dict(param_shapes) if param_shapes is not None else estimate_param_shapes(cfg)
     tied = ("lm_head",) not in shapes
     itemsize = jnp.dtype(prec.compute).itemsize
-    store = Storage(prec.quant, itemsize, kernels_on, gguf_blocks, gguf_lookup, gguf_q4k, gguf_q8, gguf_head)
+    store = Storage(
+        prec.quant, itemsize, kernels_on, gguf_blocks, gguf_lookup, gguf_q4k, gguf_q8, gguf_head, gguf_types
+    )
     w_total, w_stage = 0, [0] * pp  # per stage: the bytes on each of its devices
     for path, shape in shapes.items():
         leaves = store.leaves(path, tuple(shape), tied)
@@ -338,6 +351,7 @@ def plan_for_checkpoint(
         cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches, kv_cache_dtype,
         quant, gguf_blocks=bool(q4), gguf_lookup=gguf.lookup_bytes(path), gguf_q4k=gguf.k_type(path),
         gguf_q8=gguf.q8_file(path), gguf_head=gguf.embedding_type(path),
+        gguf_types=_param_types(path, hf, cfg),
     )  # fmt: skip
     if pp_degree == 1:
         plan["graphs"] = bk.graph_keys(ctx, tg)
@@ -349,3 +363,17 @@ def plan_for_checkpoint(
             ("stage", s, *k) for s in range(pp_degree) for k in per + [("select",)] * (s == pp_degree - 1)
         ]
     return plan
+
+
+def _param_types(path, hf, cfg: ArchConfig) -> dict[tuple, str] | None:
+    """A converted GGUF model's block type of each parameter its loader fills from one of the file's
+    2-D tensors (``gguf.hf_types`` through the family's weight rows); None for any other checkpoint."""
+    types = gguf.hf_types(path)
+    if types is None:
+        return None
+    family = family_for(hf.model_type)
+    out = {}
+    for row in family.weight_rows(cfg, hf):
+        name = next((p + row.hf for p in family.PREFIXES if p + row.hf in types), None)  # as the loader
+        out |= dict.fromkeys(row.targets, types[name]) if name is not None else {}
+    return out

@@ -46,7 +46,7 @@ __all__ = ["convert", "default_quant", "is_gguf", "cache_root", "open_weights", 
 logger = logging.getLogger("aotlm.models.checkpoint.gguf")
 SOURCE_FILE = "aotlm_gguf.json"
 _MEMO = "hashes.json"
-FORMAT = 5  # bump when the converted layout changes: old cache entries are then converted again
+FORMAT = 6  # bump when the converted layout changes: old cache entries are then converted again
 stats = {"conversions": 0, "cache_hits": 0}  # this process's counts (tests assert on them)
 
 
@@ -145,6 +145,7 @@ def _convert_into(plan: Plan, reader, root: Path, final: Path, sha: str) -> None
             "architecture": plan.arch_name,
             "tensor_types": plan.type_counts,
             "matrix_types": sorted(plan.matrix_types()),
+            "hf_types": {t.hf: t.qtype for t in plan.tensors if len(t.shape) == 2},  # the memory plan's
             "embedding_type": next((t.qtype for t in plan.tensors if t.gguf == "token_embd.weight"), None),
             "parameters": plan.parameters(),
             "default_quant": storage_for(plan.matrix_types(), plan.parameters()),
@@ -306,6 +307,16 @@ def k_type(checkpoint: str | os.PathLike) -> str | None:
     Q6_K lm_head as Q5_0); None for any other checkpoint."""
     types = q4_types(checkpoint)
     return next((t for t in ("Q4_K", "Q5_K", "Q5_1", "Q5_0", "Q6_K") if t in types), None)
+
+
+def hf_types(checkpoint: str | os.PathLike) -> dict[str, str] | None:
+    """A converted GGUF model's block type of each 2-D tensor, by its HF name (``"Q6_K"``, ...); None for
+    any other checkpoint."""
+    f = Path(checkpoint) / SOURCE_FILE
+    try:
+        return json.loads(f.read_text()).get("hf_types") if f.is_file() else None
+    except ValueError:
+        return None
 
 
 def q8_file(checkpoint: str | os.PathLike) -> int:

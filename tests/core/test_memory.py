@@ -1,6 +1,7 @@
 """Memory plans count weights as stored: int8, int4 groups (with and without a minimum), bf16, the
 embedding copy a tied lm_head gets, the kernels' vocab padding, a GGUF embedding kept as its blocks'
-codes, a GGUF Q4_K file's own block scales under int4 -- compared with real models' parameters.
+codes, a GGUF Q4_K file's own block scales under int4, a file mixing block types (each matrix in its
+own form) -- compared with real models' parameters.
 
 The comparison is exact (no tolerance): the plan reproduces each stored leaf's shape and dtype
 (``memory.Storage``), so its bytes per device must equal the sum of ``nbytes`` of that device's shards,
@@ -75,11 +76,15 @@ def cases(tmp_path_factory):
     # models.quant8), untied in Q5_1 (its 5-bit codes kept, models.q5scales; the lm_head's 1026 columns too,
     # padded to whole panels)
     files = (("untied", False, T.Q4_K), ("tied", True, T.Q6_K), ("tied8", True, T.Q8_0))
-    for name, tied, qtype in (*files, ("untied5", False, T.Q5_1)):
+    # and a Q4_K_M-like mix (Q6_K, Q5_0 and Q8_0 matrices beside Q4_K ones: each matrix planned in its
+    # own form, gguf.hf_types)
+    mixed = {"ffn_down": T.Q6_K, "attn_v": T.Q5_0, "attn_k": T.Q8_0}
+    for name, tied, qtype in (*files, ("untied5", False, T.Q5_1), ("mixed", False, T.Q4_K)):
         cfg = tiny_config("llama")
         cfg.tie_word_embeddings = tied
         hf = make_checkpoint(root / f"gguf-{name}", cfg)
-        ckpts.append(str(write_gguf(hf, "llama", qtype, root / f"{name}-{qtype.name}.gguf")))
+        mix = mixed if name == "mixed" else None
+        ckpts.append(str(write_gguf(hf, "llama", qtype, root / f"{name}-{qtype.name}.gguf", mix=mix)))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     env["AOTLM_GGUF_CACHE"] = str(root / "gguf-cache")
     r = subprocess.run(
@@ -90,7 +95,7 @@ def cases(tmp_path_factory):
 
 
 def test_plan_weight_bytes_equal_the_stored_params(cases):
-    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 9 + 7 + 3 + 3
+    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 9 + 7 + 3 + 3 + 9
     gguf_forms = {c["plan"]["weights"] for c in cases if c["ckpt"].endswith(".gguf")}
     split = [c["plan"]["weights"] for c in cases if c["ckpt"].endswith("Q6_K.gguf") and c["tp"] == 2]
     assert split == ["int8"]  # the default where tp=2 would split the Q6_K blocks int4-a16 keeps
