@@ -303,8 +303,9 @@ def q4_types(checkpoint: str | os.PathLike) -> list[str]:
 
 def k_type(checkpoint: str | os.PathLike) -> str | None:
     """The type among a converted GGUF model's matrices whose own scale leaves the memory plan counts
-    (Q4_K, else Q5_K, Q5_1, Q5_0, Q6_K: a Q4_K_M file's Q6_K matrices count as Q4_K ones, a Q5_0 file's
-    Q6_K lm_head as Q5_0); None for any other checkpoint."""
+    where it lacks each matrix's own (``hf_types``) (Q4_K, else Q5_K, Q5_1, Q5_0, Q6_K: a Q4_K_M file's
+    Q6_K matrices then count as Q4_K ones, a Q5_0 file's Q6_K lm_head as Q5_0); None for any other
+    checkpoint."""
     types = q4_types(checkpoint)
     return next((t for t in ("Q4_K", "Q5_K", "Q5_1", "Q5_0", "Q6_K") if t in types), None)
 
