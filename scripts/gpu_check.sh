@@ -5,6 +5,9 @@
 #
 #   bash scripts/gpu_check.sh [WHEELS_DIR]      # WHEELS_DIR: wheels the machine lacks (e.g. transformers)
 #
+# The wheels, made where there is a package index and carried along (a git-ignored folder, e.g. dist/):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d dist/wheels transformers==5.24.0
+#
 # Time boxes (seconds, environment): TESTS_S (180) for the tests, BENCH_S (420) for the bench, SERVE_S (0:
 # skipped) for serving after it (bench_serve.py on the bench's 1B checkpoint); BENCH_ARGS replaces the
 # bench's arguments. The defaults fit a 15-minute device budget with the machine's start: eight bench
