@@ -60,6 +60,8 @@ VARIANTS = {
     "g0-cbwhile": {"group": 0, "options": {"xla_gpu_enable_command_buffer": CB + ",WHILE,CONDITIONAL"}},
     "g8-cbwhile": {"group": 8, "options": {"xla_gpu_enable_command_buffer": CB + ",WHILE,CONDITIONAL"}},
     "g8-nocb": {"group": 8, "options": {"xla_gpu_enable_command_buffer": ""}},
+    # XLA's own Triton GEMM for every dot it can take (an int8 weight's convert fused into it), not cuBLAS
+    "g8-tritongemm": {"group": 8, "options": {"xla_gpu_triton_gemm_any": True}},
     # decode products (bf16, int8 weights) on the Pallas kernel (aotlm.kernels.gpu_matmul): tiles per shape,
     # or fixed ones (a shape they do not divide keeps XLA's dot)
     "g8-pallas": {"group": 8, "gpu_matmul": "pallas"},
