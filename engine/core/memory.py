@@ -235,8 +235,8 @@ def memory_plan(
     pick (invalid tp / gqa raise the engine's errors). ``kv_cache_dtype``: the model's option
     (None follows amp). ``quant``: the weight storage (``"int8"``, a ``QuantizationConfig``, ...);
     ``kernels_on`` (default: this backend's); ``gguf_*``: a converted GGUF file's facts as the loader has
-    them (``gguf.q4_types``, ``lookup_bytes``, ``k_type``, ``q8_file``, ``embedding_type``, and each
-    parameter's block type from ``gguf.hf_types``: ``Storage``)."""
+    them (``gguf.q4_types``, ``lookup_bytes``, ``k_type``, ``q8_file``, ``embedding_type``, each
+    parameter's type from ``hf_types``: ``Storage``)."""
     # amp on this backend (aotlm.core.precision; unknown names: the engine's errors)
     prec = precision.resolve(amp, quant, kernels_on, kv_cache_dtype)
     kernels_on = kernels.enabled() if kernels_on is None else kernels_on
@@ -246,14 +246,11 @@ def memory_plan(
     rule = sharding.rules(strategy, tp)
     shapes = dict(param_shapes) if param_shapes is not None else estimate_param_shapes(cfg)
     tied = ("lm_head",) not in shapes
-    itemsize = jnp.dtype(prec.compute).itemsize
-    store = Storage(
-        prec.quant, itemsize, kernels_on, gguf_blocks, gguf_lookup, gguf_q4k, gguf_q8, gguf_head, gguf_types
-    )
+    facts = (gguf_blocks, gguf_lookup, gguf_q4k, gguf_q8, gguf_head, gguf_types)
+    store = Storage(prec.quant, jnp.dtype(prec.compute).itemsize, kernels_on, *facts)
     w_total, w_stage = 0, [0] * pp  # per stage: the bytes on each of its devices
     for path, shape in shapes.items():
-        leaves = store.leaves(path, tuple(shape), tied)
-        for leaf, lshape, per in leaves:
+        for leaf, lshape, per in store.leaves(path, tuple(shape), tied):
             padded = sharding.prepared_shape(leaf, lshape, tp, strategy, cfg.n_kv_heads)
             padded = store.pad_vocab(leaf, padded, per, tp)
             spec = sharding.param_spec(leaf, len(padded), rule)
