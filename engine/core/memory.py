@@ -146,7 +146,8 @@ class Storage:
             return kept
         known = self.types is not None and name != "embed_q"  # this matrix's own block type is known
         typ = self.types.get(path) if known else self.q4k
-        four = not known or typ in INT4_KEEPS  # a file's other types: int8 (groups or per channel)
+        # int4 takes every matrix of a file without kept blocks (re-rounded), and a file's kept types only
+        four = not known or not self.gguf_blocks or typ in INT4_KEEPS  # others: int8 (groups / per channel)
         if q.int4 and four and name in PACK_CONTRACT and (name != "embed_q" or not self.gguf_blocks):
             contract = PACK_CONTRACT[name]
             if quant4.packable(shape, contract, q.group_size, vocab):

@@ -39,6 +39,7 @@ def measure(ckpts: list[str]) -> list[dict]:
             # the default is int8 then); int8 re-rounds them per channel (a Q8_0 table's logits' copy: its
             # own groups)
             keeps = ckpt.endswith("Q4_K.gguf") or (ckpt.endswith("Q6_K.gguf") and tp == 1)
+            keeps |= ckpt.endswith("Q8_0.gguf")  # int4 re-rounds a file without 4-bit blocks to 4 bits
             gguf_q = (None, "int4", "int8") if keeps else (None,)
             for q in gguf_q if gguf_file else QUANTS if pp == 1 else ("none", "int8", "int4"):
                 kw = dict(quant=q, tp_degree=tp, pp_degree=pp, batch_size=1, n_positions=32)
@@ -95,7 +96,7 @@ def cases(tmp_path_factory):
 
 
 def test_plan_weight_bytes_equal_the_stored_params(cases):
-    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 9 + 7 + 3 + 3 + 9
+    assert len(cases) == 2 * (2 * len(QUANTS) + 3) + 9 + 7 + 9 + 3 + 9
     gguf_forms = {c["plan"]["weights"] for c in cases if c["ckpt"].endswith(".gguf")}
     split = [c["plan"]["weights"] for c in cases if c["ckpt"].endswith("Q6_K.gguf") and c["tp"] == 2]
     assert split == ["int8"]  # the default where tp=2 would split the Q6_K blocks int4-a16 keeps
