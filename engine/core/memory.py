@@ -104,18 +104,13 @@ class Storage:
 
     def __init__(
         self, q: QuantizationConfig | None, compute: int, kernels_on: bool, gguf_blocks: bool, lookup=None,
-        q4k: bool | str = False, q8: int = 0, head: str | None = None,
-        types: Mapping[tuple, str] | None = None,
+        head: str | None = None, types: Mapping[tuple, str] | None = None,
     ):  # fmt: skip
         self.q, self.compute, self.gguf_blocks = q, compute, gguf_blocks
-        # a GGUF file's block type of each parameter (``plan_for_checkpoint``): each matrix's own form,
-        # where ``q4k`` / ``q8`` (one type for the whole file) stand in without it
+        # a GGUF file's block type of each parameter (``plan_for_checkpoint``): each matrix's own form (K /
+        # Q5 scale leaves, Q8_0 / Q5_* int8 groups)
         self.types = types
         self.head = head  # a GGUF file's tied embedding's block type (its logits' copy may keep them)
-        self.q8 = q8  # a GGUF file's matrices are Q8_0 / Q5_* blocks: int8 groups with q8 scales a group
-        # the file's K-quant matrices (True: Q4_K): their own scales (models.kscales / k6scales), whose
-        # rows a mix (Q4_K_M: Q4_K and Q6_K) counts as its first type's
-        self.q4k = ("Q4_K" if q4k is True else q4k or None) if gguf_blocks else None
         self.lookup = lookup  # bytes per weight of a GGUF embedding kept as its codes (aotlm.models.lookup)
         int4 = q is not None and q.int4
         # the embedding copy for a tied lm_head: the CPU kernels', or the GPU int8 kernel's (not packed)
@@ -145,7 +140,7 @@ class Storage:
         if kept:
             return kept
         known = self.types is not None and name != "embed_q"  # this matrix's own block type is known
-        typ = self.types.get(path) if known else self.q4k
+        typ = self.types.get(path) if known else None
         # int4 takes every matrix of a file without kept blocks (re-rounded), and a file's kept types only
         four = not known or not self.gguf_blocks or typ in INT4_KEEPS  # others: int8 (groups / per channel)
         if q.int4 and four and name in PACK_CONTRACT and (name != "embed_q" or not self.gguf_blocks):
@@ -161,9 +156,8 @@ class Storage:
                 groups = (k // q.group_size, 2 if q.asymmetric else 1, *nd)
                 return [(path, shape, 0.5), (scale, groups, 2)]
         channels = tuple(n for i, n in enumerate(shape) if i not in contract)
-        s8 = self.q8  # scale rows of a file's Q8_0 / Q5_* groups (1, or 2 with minimums)
-        if known:
-            s8 = quant8.scale_rows(typ) if typ in Q8_BLOCK_TYPES else 0
+        # scale rows of a file's Q8_0 / Q5_* groups (1, or 2 with minimums)
+        s8 = quant8.scale_rows(typ) if typ in Q8_BLOCK_TYPES else 0
         if name == "embed_q":  # a tied table's logits copy: its own groups where the table has them
             s8 = quant8.scale_rows(self.head)
         if s8 and not q.w8a8 and name in PACK_CONTRACT:
@@ -224,8 +218,6 @@ def memory_plan(
     kernels_on: bool | None = None,
     gguf_blocks: bool = False,
     gguf_lookup: float | None = None,
-    gguf_q4k: bool | str = False,
-    gguf_q8: int = 0,
     gguf_head: str | None = None,
     gguf_types: Mapping[tuple, str] | None = None,
 ) -> dict:
@@ -236,8 +228,8 @@ def memory_plan(
     pick (invalid tp / gqa raise the engine's errors). ``kv_cache_dtype``: the model's option
     (None follows amp). ``quant``: the weight storage (``"int8"``, a ``QuantizationConfig``, ...);
     ``kernels_on`` (default: this backend's); ``gguf_*``: a converted GGUF file's facts as the loader has
-    them (``gguf.q4_types``, ``lookup_bytes``, ``k_type``, ``q8_file``, ``embedding_type``, each
-    parameter's type from ``hf_types``: ``Storage``)."""
+    them (``gguf.q4_types``, ``lookup_bytes``, ``embedding_type``, each parameter's type from
+    ``hf_types``: ``Storage``)."""
     # amp on this backend (aotlm.core.precision; unknown names: the engine's errors)
     prec = precision.resolve(amp, quant, kernels_on, kv_cache_dtype)
     kernels_on = kernels.enabled() if kernels_on is None else kernels_on
@@ -247,7 +239,7 @@ def memory_plan(
     rule = sharding.rules(strategy, tp)
     shapes = dict(param_shapes) if param_shapes is not None else estimate_param_shapes(cfg)
     tied = ("lm_head",) not in shapes
-    facts = (gguf_blocks, gguf_lookup, gguf_q4k, gguf_q8, gguf_head, gguf_types)
+    facts = (gguf_blocks, gguf_lookup, gguf_head, gguf_types)
     store = Storage(prec.quant, jnp.dtype(prec.compute).itemsize, kernels_on, *facts)
     w_total, w_stage = 0, [0] * pp  # per stage: the bytes on each of its devices
     for path, shape in shapes.items():
@@ -347,8 +339,7 @@ def plan_for_checkpoint(
     ctx = bk.context_buckets(context_length_estimate, tg)
     plan = memory_plan(
         cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches, kv_cache_dtype,
-        quant, gguf_blocks=bool(q4), gguf_lookup=gguf.lookup_bytes(path), gguf_q4k=gguf.k_type(path),
-        gguf_q8=gguf.q8_file(path), gguf_head=gguf.embedding_type(path),
+        quant, gguf_blocks=bool(q4), gguf_lookup=gguf.lookup_bytes(path), gguf_head=gguf.embedding_type(path),
         gguf_types=_param_types(path, hf, cfg),
     )  # fmt: skip
     if pp_degree == 1:

@@ -33,7 +33,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from aotlm.models import quant8
 from aotlm.models.checkpoint import gguf_lookup
 from aotlm.models.checkpoint.formats import CheckpointError
 from aotlm.models.checkpoint.gguf_file import QUANT_TYPES, Plan, inspect, is_gguf, rope_factors
@@ -301,15 +300,6 @@ def q4_types(checkpoint: str | os.PathLike) -> list[str]:
     return [t for t in Q4_TYPES if t in types]
 
 
-def k_type(checkpoint: str | os.PathLike) -> str | None:
-    """The type among a converted GGUF model's matrices whose own scale leaves the memory plan counts
-    where it lacks each matrix's own (``hf_types``) (Q4_K, else Q5_K, Q5_1, Q5_0, Q6_K: a Q4_K_M file's
-    Q6_K matrices then count as Q4_K ones, a Q5_0 file's Q6_K lm_head as Q5_0); None for any other
-    checkpoint."""
-    types = q4_types(checkpoint)
-    return next((t for t in ("Q4_K", "Q5_K", "Q5_1", "Q5_0", "Q6_K") if t in types), None)
-
-
 def hf_types(checkpoint: str | os.PathLike) -> dict[str, str] | None:
     """A converted GGUF model's block type of each 2-D tensor, by its HF name (``"Q6_K"``, ...); None for
     any other checkpoint."""
@@ -318,21 +308,6 @@ def hf_types(checkpoint: str | os.PathLike) -> dict[str, str] | None:
         return json.loads(f.read_text()).get("hf_types") if f.is_file() else None
     except ValueError:
         return None
-
-
-def q8_file(checkpoint: str | os.PathLike) -> int:
-    """Scales per group (1, or 2 with minimums: Q5_1) where a converted GGUF model's quantized matrices
-    all have one type that int8 groups keep as stored (Q8_0, Q5_0, Q5_1: ``aotlm.models.quant8``); 0
-    for any other checkpoint."""
-    f = Path(checkpoint) / SOURCE_FILE
-    try:
-        types = json.loads(f.read_text()).get("matrix_types", []) if f.is_file() else []
-    except ValueError:
-        return 0
-    quantized = {t for t in types if t in QUANT_TYPES}
-    if len(quantized) != 1 or not quantized <= set(Q8_BLOCK_TYPES):
-        return 0
-    return quant8.scale_rows(quantized.pop())
 
 
 def lookup_bytes(checkpoint: str | os.PathLike) -> float | None:
