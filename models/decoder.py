@@ -90,6 +90,8 @@ def whole_attention(cfg: ArchConfig, q, k, v, kv, write_idx, mask, alibi_bias) -
     fused = m_old is not None and alibi_bias is None and cfg.attn_softcap is None
     if fused and kernels.decode_attention_ok(q):  # one query token per row: one kernel call
         return L.attend_decode(q, k, v, kv, m_old, m_new, old_limit(write_idx, m_new), cfg.scale)
+    if fused and kernels.gpu_attention_ok(q, kv[0], m_old.shape[-1]):  # the same on a GPU
+        return L.attend_decode(q, k, v, kv, m_old, m_new, old_limit(write_idx, m_new), cfg.scale, gpu=True)
     segments = [(jnp.swapaxes(k, 1, 2), jnp.transpose(v, (0, 2, 3, 1)), m_new, b_new, None)]
     if m_old is not None:  # the whole cache: attend reads its first m_old.shape[-1] slots
         segments.insert(0, (*kv, m_old, b_old, old_limit(write_idx, m_new)))

@@ -292,17 +292,19 @@ def kernel_rows(limit, k_heads: int):
     return limit if limit is None or jnp.ndim(limit) == 0 else jnp.repeat(limit, k_heads)
 
 
-def attend_decode(q, k, v, kv, m_old, m_new, limit, scale: float):
+def attend_decode(q, k, v, kv, m_old, m_new, limit, scale: float, gpu: bool = False):
     """``attend`` for one query token per row over the cache ``kv`` (``[R,K,S,Dh]`` keys,
     ``[R,K,Dh,S]`` values) and the row's own ``k, v [B,1,K,Dh]``, in one kernel call
-    (``kernels.decode_attention``): the scores never leave the kernel. ``m_old [B,1,W]``,
-    ``m_new [B,1,1]`` as ``attend``'s masks, ``limit`` a scalar or ``[B]`` (``attend``'s)."""
+    (``kernels.decode_attention``; ``gpu``: the Pallas kernel, ``kernels.decode_attention_gpu``): the
+    scores never leave the kernel. ``m_old [B,1,W]``, ``m_new [B,1,1]`` as ``attend``'s masks,
+    ``limit`` a scalar or ``[B]`` (``attend``'s)."""
     b, _, h, dh = q.shape
     kh = k.shape[2]
     mask = jnp.concatenate([m_old[:, 0], m_new[:, 0]], axis=-1)  # [B, W + 1]: once per forward
     flat = lambda x: x.reshape(b * kh, -1)
-    keys, values = kv
-    o = kernels.decode_attention(
+    keys, values = (cache_view(c) for c in kv) if gpu else kv
+    kernel = kernels.decode_attention_gpu if gpu else kernels.decode_attention
+    o = kernel(
         q.reshape(b * kh, h // kh, dh), keys.reshape(-1, keys.shape[2], dh),
         values.reshape(-1, dh, values.shape[3]), flat(k), flat(v), mask, kernel_rows(limit, kh), scale,
     )  # fmt: skip

@@ -37,7 +37,7 @@ from jax.sharding import Mesh
 
 from aotlm import kernels
 from aotlm.core.backend import compiler_options
-from aotlm.kernels import gpu_matmul
+from aotlm.kernels import gpu_attention, gpu_matmul
 
 ENGINE_VERSION = "0.1.0"
 DEFAULT_DIR = "compile_cache"
@@ -145,6 +145,7 @@ def environment_fields(mesh) -> dict:
         "compiler_options": compiler_options(devs[0].platform),
         "kernels": kernels.cache_tag(),  # graphs with / without the FFI kernels, and their build
         "gpu_matmul": gpu_matmul.cache_tag(),  # GPU decode products: XLA's dots or the Pallas kernel
+        "gpu_attention": gpu_attention.cache_tag(),  # GPU decode attention: XLA's or the Pallas kernel
     }
 
 

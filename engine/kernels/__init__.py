@@ -31,9 +31,10 @@ rounded to int8 per group, ``vpdpbusd`` / ``vpmaddubsw`` on the nibbles; ``matmu
 attends over its own tokens in ``attn.h`` (``causal_attention``). The prefill kernels run on XLA's
 own intra-op threads.
 
-One GPU kernel lives here too: ``gpu_matmul`` (Pallas, Triton lowering), decode rows' products with
-bf16 / f16 or int8 weights (int8 read as stored) on a GPU, off unless ``AOTLM_GPU_MATMUL=pallas``
-(``gpu_matmul_ok`` / ``matmul_gpu``).
+Two GPU kernels live here too (Pallas, Triton lowering), each off unless switched on: ``gpu_matmul``,
+decode rows' products with bf16 / f16 or int8 weights (int8 read as stored; ``AOTLM_GPU_MATMUL=pallas``,
+``gpu_matmul_ok`` / ``matmul_gpu``), and ``gpu_attention``, a decode step's attention over the cache
+in one kernel (``AOTLM_GPU_ATTENTION=pallas``, ``gpu_attention_ok`` / ``decode_attention_gpu``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ from aotlm.kernels.dense import (
     w8a8_fused,
     w8a8_rows,
 )
+from aotlm.kernels.gpu_attention import attend as decode_attention_gpu
+from aotlm.kernels.gpu_attention import takes as gpu_attention_ok
 from aotlm.kernels.gpu_matmul import matmul as matmul_gpu
 from aotlm.kernels.gpu_matmul import takes as gpu_matmul_ok
 from aotlm.kernels.isa import KernelIsaError
@@ -98,12 +101,14 @@ __all__ = [
     "causal_attention_ok",
     "convert",
     "decode_attention",
+    "decode_attention_gpu",
     "decode_attention_ok",
     "enabled",
     "ensure_registered",
     "fma_peak",
     "gemm_fuses",
     "gemm_supported",
+    "gpu_attention_ok",
     "gpu_matmul_ok",
     "int8_peak",
     "bf16_peak",

@@ -70,7 +70,7 @@ def setting() -> Tiles | str:
             "(powers of two, bn and bk >= 16)"
         ) from None
     sizes = (tiles.bn, tiles.bk, tiles.splits, tiles.warps)
-    if not all(_pow2(v) for v in sizes) or min(tiles.bn, tiles.bk) < 16 or tiles.stages < 1:
+    if not all(pow2(v) for v in sizes) or min(tiles.bn, tiles.bk) < 16 or tiles.stages < 1:
         raise ValueError(f"{ENV}={raw!r}: bn, bk, splits and warps must be powers of two, bn and bk >= 16")
     return tiles
 
@@ -92,7 +92,8 @@ def cache_tag() -> str:
     return s if isinstance(s, str) else f"pallas-{s.bn}-{s.bk}-{s.splits}-{s.warps}-{s.stages}"
 
 
-def _pow2(n: int) -> bool:
+def pow2(n: int) -> bool:
+    """Whether ``n`` is a power of two (Triton's block sizes)."""
     return n > 0 and n & (n - 1) == 0
 
 
