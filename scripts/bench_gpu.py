@@ -49,7 +49,8 @@ MODES = {"bf16": {"amp": "bf16"}, "int8": {"amp": "bf16", "quant": "int8"}, "f32
 CB = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION"  # XLA's default command-buffer kinds
 # named variants for --variants: environment for the model's graphs (aotlm.core.backend): the decode
 # loop's group (AOTLM_DECODE_GROUP; unset: the backend's default) and XLA compile options merged over
-# aotlm's defaults (AOTLM_XLA_OPTIONS); decode products on XLA's dots or the Pallas kernel (AOTLM_GPU_MATMUL)
+# aotlm's defaults (AOTLM_XLA_OPTIONS); decode products on XLA's dots or the Pallas kernel (AOTLM_GPU_MATMUL),
+# decode attention on XLA's ops or the Pallas kernel (AOTLM_GPU_ATTENTION)
 VARIANTS = {
     "default": {},
     "g0": {"group": 0},  # a round trip to the host every step (the CPU loop)
@@ -68,6 +69,9 @@ VARIANTS = {
     "g8-pallas-s1": {"group": 8, "gpu_matmul": "pallas:bn=64,bk=128,splits=1"},
     "g8-pallas-bn128": {"group": 8, "gpu_matmul": "pallas:bn=128,bk=256,splits=1,warps=8,stages=3"},
     "g8-pallas-bn32": {"group": 8, "gpu_matmul": "pallas:bn=32,bk=256,splits=2,warps=4,stages=4"},
+    # decode attention in one Pallas kernel a layer (aotlm.kernels.gpu_attention), alone / with the products'
+    "g8-pallas-attn": {"group": 8, "gpu_attention": "pallas"},
+    "g8-pallas-all": {"group": 8, "gpu_matmul": "pallas", "gpu_attention": "pallas"},
 }
 
 
@@ -78,6 +82,7 @@ def use_variant(name: str) -> None:
         os.environ["AOTLM_DECODE_GROUP"] = str(v["group"])
     os.environ["AOTLM_XLA_OPTIONS"] = json.dumps(v.get("options", {}))
     os.environ["AOTLM_GPU_MATMUL"] = v.get("gpu_matmul", "xla")
+    os.environ["AOTLM_GPU_ATTENTION"] = v.get("gpu_attention", "xla")
 
 
 def parse() -> argparse.Namespace:

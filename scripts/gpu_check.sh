@@ -8,12 +8,17 @@
 # The wheels, made where there is a package index and carried along (a git-ignored folder, e.g. dist/):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 -d dist/wheels transformers==5.24.0
 #
-# Time boxes (seconds, environment): TESTS_S (180) for the tests, BENCH_S (420) for the bench, SERVE_S (0:
-# skipped) for serving after it (bench_serve.py on the bench's 1B checkpoint); BENCH_ARGS replaces the
-# bench's arguments. The defaults fit a 15-minute device budget with the machine's start: eight bench
-# rows (batch 1 and 64; bf16 and int8; XLA's dots and the Pallas kernel), each a load and a compile of
-# ~30 s on an H200. Each step runs even if the one before failed; the exit status is the
-# first failure's.
+# STEPS (default "tests bench attn") picks the steps after the install, which always runs (~20 s):
+#   tests  the GPU tests (TESTS_S, 180 s)
+#   bench  bf16 and int8 weights at batch 1 and 64, decode products on XLA's dots and on the Pallas kernel
+#          (eight rows, each a load and a compile of ~30 s on an H200; BENCH_S, 400 s; BENCH_ARGS replaces
+#          the arguments)
+#   attn   bf16 at batch 1 and 64 with both Pallas kernels, the products' and the attention's (ATTN_S, 150 s;
+#          ATTN_ARGS replaces the arguments)
+#   serve  aotlm serve on the bench's 1B checkpoint at 1 / 16 / 64 clients (SERVE_S, 300 s)
+# A device command may run 10 minutes, the session's device time is 15 with the machine's start: run
+# STEPS="tests bench" first, then at once (the machine stays warm ~30 s) STEPS="attn" (and "serve" if time
+# is left). Each step runs even if the one before failed; the exit status is the first failure's.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 WHEELS=${1:-}
@@ -33,22 +38,32 @@ step() {  # name, command...: run one step, keep its log, remember the first fai
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 wheels=()
 if [ -n "$WHEELS" ]; then wheels=("$WHEELS"/*.whl); fi
-step install pip install --no-index --no-deps --no-build-isolation --target /tmp/site "${wheels[@]}" .
+step install pip install --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site "${wheels[@]}" .
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several test workers share the GPU
 step devices python -c "import jax, aotlm; print(jax.devices(), jax.__version__)"
-# the kernel (compiled here, not interpreted), exact f32 (HIGHEST precision), every family's conformance
+want() { [[ " ${STEPS:-tests bench attn} " == *" $1 "* ]]; }
+# the kernels (compiled here, not interpreted), exact f32 (HIGHEST precision), every family's conformance
 # to transformers, sampling, the decode loop's step groups
-step tests timeout "${TESTS_S:-180}" python -m pytest -q --maxfail=10 -n 4 -p no:cacheprovider \
-  tests/kernels/test_gpu_matmul.py tests/core/test_precision_matmul.py tests/core/test_backend.py \
-  tests/families/test_conformance_llama_style.py tests/families/test_conformance_gpt_style.py \
-  tests/core/test_sampling.py
+if want tests; then
+  step tests timeout "${TESTS_S:-180}" python -m pytest -q --maxfail=10 -n 4 -p no:cacheprovider \
+    tests/kernels/test_gpu_matmul.py tests/kernels/test_gpu_attention.py tests/core/test_precision_matmul.py \
+    tests/core/test_backend.py tests/families/test_conformance_llama_style.py \
+    tests/families/test_conformance_gpt_style.py tests/core/test_sampling.py
+fi
 # bf16 and int8 weights, their decode products on XLA's dots and on the Pallas kernel, one run
 read -r -a bench_args <<<"${BENCH_ARGS:---batch 1 64 --modes bf16 int8 --variants default g8-pallas --peers --long-prompt 0 --runs 3}"
-step bench timeout "${BENCH_S:-420}" python scripts/bench_gpu.py "${bench_args[@]}" --json "$OUT/bench.json"
-# serving on the GPU (SERVE_S > 0): aotlm serve on the bench's 1B checkpoint at 1 / 16 / 64 clients
-if [ "${SERVE_S:-0}" -gt 0 ]; then
-  step serve timeout "$SERVE_S" python scripts/bench_serve.py --checkpoint /tmp/aotlm-bench-gpu/llama-1b \
+if want bench; then
+  step bench timeout "${BENCH_S:-400}" python scripts/bench_gpu.py "${bench_args[@]}" --json "$OUT/bench.json"
+fi
+# both Pallas kernels (the decode products' and the attention's), against the rows above
+if want attn; then
+  read -r -a attn_args <<<"${ATTN_ARGS:---batch 1 64 --modes bf16 --variants g8-pallas-all --peers --long-prompt 0 --runs 3}"
+  step attn timeout "${ATTN_S:-150}" python scripts/bench_gpu.py "${attn_args[@]}" --json "$OUT/attn.json"
+fi
+# serving on the GPU: aotlm serve on the bench's 1B checkpoint at 1 / 16 / 64 clients
+if want serve; then
+  step serve timeout "${SERVE_S:-300}" python scripts/bench_serve.py --checkpoint /tmp/aotlm-bench-gpu/llama-1b \
     --engines aotlm-bf16 aotlm-bf16-int8 --clients 1 16 64 --batch-size 64 --requests-per-client 1 \
     --work /tmp/aotlm-bench-serve --json "$OUT/serve.json"
 fi

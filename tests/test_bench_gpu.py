@@ -1,7 +1,7 @@
 """``scripts/bench_gpu.py``'s variants, checked on CPU so a GPU session does not find a typo: each sets
-the environment its name says, every fixed-tile setting parses, and under each the Pallas kernel takes
-every decode product of the Llama-3.2-1B / 3.1-8B shapes it benches (a tile that does not divide a
-shape would silently leave that product on XLA's dot)."""
+the environment its name says, every fixed-tile setting parses, and under each the Pallas kernels take
+every decode product and attention step of the Llama-3.2-1B / 3.1-8B shapes it benches (a tile that
+does not divide a shape would silently leave that product on XLA's dot)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import bench_gpu  # noqa: E402
 
-from aotlm.kernels import gpu_matmul  # noqa: E402
+from aotlm.kernels import gpu_attention, gpu_matmul  # noqa: E402
 
 
 def products(shape: str) -> list[tuple[int, int]]:
@@ -30,13 +30,15 @@ def products(shape: str) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("name", list(bench_gpu.VARIANTS))
 def test_variants_set_their_environment(name, monkeypatch):
-    for var in ("AOTLM_DECODE_GROUP", "AOTLM_XLA_OPTIONS", gpu_matmul.ENV):
+    for var in ("AOTLM_DECODE_GROUP", "AOTLM_XLA_OPTIONS", gpu_matmul.ENV, gpu_attention.ENV):
         monkeypatch.setenv(var, "")  # recorded as it was, so the variant's os.environ edits are undone
         monkeypatch.delenv(var)
     bench_gpu.use_variant(name)
     v = bench_gpu.VARIANTS[name]
     assert os.environ.get("AOTLM_DECODE_GROUP") == (str(v["group"]) if "group" in v else None)
     assert os.environ[gpu_matmul.ENV] == v.get("gpu_matmul", "xla")
+    assert os.environ[gpu_attention.ENV] == v.get("gpu_attention", "xla")
+    attention_steps_take_the_kernel(name, "gpu_attention" in v)
     setting = gpu_matmul.setting()  # parses, or raises naming the variable
     if "gpu_matmul" not in v:
         assert setting == "xla"
@@ -47,3 +49,20 @@ def test_variants_set_their_environment(name, monkeypatch):
                 x = jax.ShapeDtypeStruct((rows, k), jnp.bfloat16)
                 w = jax.ShapeDtypeStruct((k, n), jnp.int8)
                 assert gpu_matmul.config(x, w) is not None, (name, shape, rows, k, n)
+
+
+def attention_steps_take_the_kernel(name: str, on: bool) -> None:
+    """Under an attention variant, every decode step the bench runs (batch 1 / 64, the buckets of a
+    128-token prompt, 128 new tokens, and of the 1,024-token one) gets blocks; else the setting is XLA's."""
+    setting = gpu_attention.setting()  # parses, or raises naming the variable
+    if not on:
+        assert setting == "xla"
+        return
+    for shape in ("1b", "8b"):
+        c = {**bench_gpu.COMMON, **bench_gpu.SHAPES[shape]}
+        h, kh, dh = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        for b in (1, 64):
+            for width in (128, 256, 1024, 1152):
+                q = jax.ShapeDtypeStruct((b * kh, h // kh, dh), jnp.bfloat16)
+                keys = jax.ShapeDtypeStruct((b * kh, 1152, dh), jnp.bfloat16)
+                assert gpu_attention.config(q, keys, width) is not None, (name, shape, b, width)
