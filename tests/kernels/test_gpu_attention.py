@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_gpu_matmul import tiny_llama
+from test_gpu_matmul import switched_on, tiny_llama
 
 from aotlm import AutoModelForSampling
 from aotlm.kernels import gpu_attention as ga
@@ -147,20 +147,9 @@ def run_bf16(path, ids, mask):
 
 
 def as_on_a_gpu(monkeypatch, simulate: bool = True) -> list:
-    """The kernel switched on (``simulate``: the backend taken for a GPU, Pallas interpreting); the
-    list its calls' blocks go to."""
-    calls, real = [], ga._call
-
-    def counted(lim, q, keys, values, mask, kh, b, scale, interpret):
-        calls.append((q.shape, keys.shape, mask.shape, b))
-        return real(lim, q, keys, values, mask, kh, b, scale, interpret)
-
-    monkeypatch.setattr(ga, "_call", counted)
-    if simulate:
-        monkeypatch.setattr(ga, "on_gpu", lambda: True)
-        monkeypatch.setattr(ga, "INTERPRET", True)
-    monkeypatch.setenv(ga.ENV, "pallas")
-    return calls
+    """The attention kernel switched on (``test_gpu_matmul.switched_on``); its calls' shapes and blocks."""
+    record = lambda lim, q, keys, values, mask, *rest: (q.shape, keys.shape, mask.shape, rest[1])
+    return switched_on(monkeypatch, ga, record, simulate)
 
 
 def test_model_decode_through_the_kernel_gives_xlas_tokens(tmp_path, monkeypatch):

@@ -140,21 +140,26 @@ def run_bf16(path, ids, quant: str | None = "int8"):
     return m, m.sample(ids, max_new_tokens=12), np.asarray(m.forward(ids), np.float32)
 
 
-def as_on_a_gpu(monkeypatch, simulate: bool = True) -> list:
-    """The kernel switched on (``simulate``: the backend taken for a GPU, Pallas interpreting); the
-    list its calls' ``(w shape, nt)`` go to."""
-    calls, real = [], g._call
+def switched_on(monkeypatch, mod, record, simulate: bool = True) -> list:
+    """Kernel module ``mod``'s kernel switched on (``simulate``: the backend taken for a GPU, Pallas
+    interpreting); the list ``record(*args)`` of each of its calls goes to."""
+    calls, real = [], mod._call
 
-    def counted(x2, w2, t, nt, interpret):
-        calls.append((w2.shape, nt))
-        return real(x2, w2, t, nt, interpret)
+    def counted(*args):
+        calls.append(record(*args))
+        return real(*args)
 
-    monkeypatch.setattr(g, "_call", counted)
+    monkeypatch.setattr(mod, "_call", counted)
     if simulate:
-        monkeypatch.setattr(g, "on_gpu", lambda: True)
-        monkeypatch.setattr(g, "INTERPRET", True)
-    monkeypatch.setenv(g.ENV, "pallas")
+        monkeypatch.setattr(mod, "on_gpu", lambda: True)
+        monkeypatch.setattr(mod, "INTERPRET", True)
+    monkeypatch.setenv(mod.ENV, "pallas")
     return calls
+
+
+def as_on_a_gpu(monkeypatch, simulate: bool = True) -> list:
+    """The products' kernel switched on; its calls' ``(w shape, nt)``."""
+    return switched_on(monkeypatch, g, lambda x2, w2, t, nt, interpret: (w2.shape, nt), simulate)
 
 
 @pytest.mark.parametrize("quant,vocab,tied", [("int8", 96, False), (None, 128, True)])
