@@ -3,6 +3,7 @@ gives it alone, admits and retires requests independently, and compiles nothing 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -225,13 +226,16 @@ def test_compile_serve_precompiles_every_serving_graph(gpt2_path, tmp_path, caps
     assert {k[0] for k in model.graph_keys()} == kinds
 
 
-def record_rows(monkeypatch) -> list[int]:
-    """The ``rows`` every decode call is given (the scheduler's busy rows)."""
+def record_rows(monkeypatch, gate: threading.Event | None = None) -> list[int]:
+    """The ``rows`` every decode call is given (the scheduler's busy rows); with ``gate``, each call
+    waits until it is set."""
     seen: list[int] = []
     real = SlotBatch.decode
 
     def decode(self, steps, top, rows, cancel=None):
         seen.append(rows)
+        if gate is not None:
+            assert gate.wait(timeout=60), "the test never opened the gate"
         return real(self, steps, top, rows, cancel)
 
     monkeypatch.setattr(SlotBatch, "decode", decode)
@@ -242,8 +246,11 @@ def test_tokens_and_logprobs_do_not_depend_on_the_batch(served, monkeypatch):
     """Batch invariance: a request's greedy tokens, seeded samples and log-probs are bitwise
     those it gets alone (the one-row graph), whatever else shares the batch, whichever ladder
     graph runs it and after being moved down rows as the requests below it end."""
-    rows = record_rows(monkeypatch)
-    eng = Engine(served[0], eos_token_id=[], prefix_cache=False).start()
+    gate = threading.Event()
+    gate.set()
+    rows = record_rows(monkeypatch, gate)
+    # no solo chunks: a request planned alone decodes at most 8 steps a call
+    eng = Engine(served[0], eos_token_id=[], prefix_cache=False, solo_chunk=None).start()
     try:
         targets = [
             (prompt(10, 40), SamplingParams(max_tokens=30, temperature=0, logprobs=2)),
@@ -253,11 +260,17 @@ def test_tokens_and_logprobs_do_not_depend_on_the_batch(served, monkeypatch):
         assert set(rows) == {1}
         with count_compiles() as compiled:
             for (p, sp), (want, _) in zip(targets, alone, strict=True):
+                # decode calls wait until all three are queued, and the first of the company outlives
+                # its first call (<= 1 + 8 tokens, should it run alone): three rows meet, however slow
+                # this thread is between the submissions
+                gate.clear()
                 company = [
-                    eng.submit(prompt(4 + i, 50 + i), SamplingParams(max_tokens=3 + 5 * i, temperature=0))
+                    eng.submit(prompt(4 + i, 50 + i), SamplingParams(max_tokens=12 + 5 * i, temperature=0))
                     for i in range(2)
                 ]
-                got, _ = collect(eng.submit(p, sp))  # row 2, moved to 1, then 0 as the others end
+                req = eng.submit(p, sp)
+                gate.set()
+                got, _ = collect(req)  # row 2, moved to 1, then 0 as the others end
                 assert [(t.id, t.logprob, t.top) for t in got] == [(t.id, t.logprob, t.top) for t in want]
                 assert all(collect(r)[1].reason == "length" for r in company)
         assert compiled["backend"] == 0, f"{compiled['backend']} compilations after warm-up"
