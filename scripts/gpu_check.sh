@@ -16,9 +16,11 @@
 #   attn   bf16 at batch 1 and 64 with both Pallas kernels, the products' and the attention's (ATTN_S, 150 s;
 #          ATTN_ARGS replaces the arguments)
 #   serve  aotlm serve on the bench's 1B checkpoint at 1 / 16 / 64 clients (SERVE_S, 300 s)
+#   profile  a trace of batch-1 bf16 decode on XLA's ops and on both Pallas kernels, the device ops by time
+#          in the log (PROFILE_S, 150 s; PROFILE_ARGS; the trace itself stays in /tmp/gpu-prof)
 # A device command may run 10 minutes, the session's device time is 15 with the machine's start: run
-# STEPS="tests bench" first, then at once (the machine stays warm ~30 s) STEPS="attn" (and "serve" if time
-# is left). Each step runs even if the one before failed; the exit status is the first failure's.
+# STEPS="tests bench" first, then at once (the machine stays warm ~30 s) STEPS="attn" (and "serve" or
+# "profile" if time is left). Each step runs even if the one before failed; the exit status is the first failure's.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 WHEELS=${1:-}
@@ -66,5 +68,10 @@ if want serve; then
   step serve timeout "${SERVE_S:-300}" python scripts/bench_serve.py --checkpoint /tmp/aotlm-bench-gpu/llama-1b \
     --engines aotlm-bf16 aotlm-bf16-int8 --clients 1 16 64 --batch-size 64 --requests-per-client 1 \
     --work /tmp/aotlm-bench-serve --json "$OUT/serve.json"
+fi
+# where a batch-1 step's time goes (bench_gpu.py --profile: gpu_trace.py's summary in the log)
+if want profile; then
+  read -r -a prof_args <<<"${PROFILE_ARGS:---batch 1 --modes bf16 --variants default g8-pallas-all --peers --long-prompt 0 --runs 1 --new 32}"
+  step profile timeout "${PROFILE_S:-150}" python scripts/bench_gpu.py "${prof_args[@]}" --profile /tmp/gpu-prof
 fi
 exit "$rc"
