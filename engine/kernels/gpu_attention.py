@@ -28,7 +28,15 @@ import jax
 import jax.numpy as jnp
 
 from aotlm.kernels.context import one_device
-from aotlm.kernels.gpu_matmul import TARGET_PROGRAMS, X_DTYPES, on_gpu, padded_rows, pow2
+from aotlm.kernels.gpu_matmul import (
+    TARGET_PROGRAMS,
+    X_DTYPES,
+    on_gpu,
+    padded_rows,
+    parse_setting,
+    pow2,
+    setting_tag,
+)
 
 ENV = "AOTLM_GPU_ATTENTION"
 NEG = -1e30  # a masked score: finite (exp(NEG - NEG) is a number); masked slots' weights are zeroed
@@ -47,32 +55,20 @@ class Blocks:
 
 def setting() -> Blocks | str:
     """``AOTLM_GPU_ATTENTION``: ``"xla"`` (the default), ``"pallas"`` (blocks per shape) or ``Blocks``."""
-    raw = os.environ.get(ENV, "").strip()
-    if raw in ("", "xla", "pallas"):
-        return raw or "xla"
-    head, _, rest = raw.partition(":")
-    try:
-        if head != "pallas" or not rest:
-            raise ValueError
-        fields = dict(kv.split("=") for kv in rest.split(","))
-        if not fields.keys() <= {"bs", "splits", "warps", "stages"}:
-            raise ValueError
-        blocks = Blocks(**{k: int(v) for k, v in fields.items()})
-    except (ValueError, TypeError):
-        raise ValueError(
-            f"{ENV}={raw!r}: give xla, pallas or pallas:bs=64,splits=2,warps=4,stages=2 "
-            "(bs a power of two >= 16)"
-        ) from None
+    blocks = parse_setting(ENV, Blocks, "pallas:bs=64,splits=2,warps=4,stages=2 (bs a power of two >= 16)")
+    if isinstance(blocks, str):
+        return blocks
     ok = pow2(blocks.bs) and pow2(blocks.warps) and blocks.bs >= 16
     if not ok or min(blocks.splits, blocks.stages) < 1:
-        raise ValueError(f"{ENV}={raw!r}: bs and warps powers of two, bs >= 16, splits and stages >= 1")
+        raise ValueError(
+            f"{ENV}={os.environ[ENV]!r}: bs and warps powers of two, bs >= 16, splits and stages >= 1"
+        )
     return blocks
 
 
 def cache_tag() -> str:
     """Compile-cache key field: graphs with the Pallas kernel (and its blocks) differ from XLA's."""
-    s = setting()
-    return s if isinstance(s, str) else f"pallas-{s.bs}-{s.splits}-{s.warps}-{s.stages}"
+    return setting_tag(setting())
 
 
 def blocks(rows: int, width: int) -> Blocks | None:

@@ -19,6 +19,7 @@ needed) is checked there too.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -48,30 +49,41 @@ class Tiles:
     stages: int = 3
 
 
-def setting() -> Tiles | str:
-    """``AOTLM_GPU_MATMUL``: ``"xla"`` (the default), ``"pallas"`` (tiles per shape) or fixed ``Tiles``."""
-    raw = os.environ.get(ENV, "").strip()
-    if raw in ("", "xla"):
-        return "xla"
-    if raw == "pallas":
-        return raw
+def parse_setting(env: str, cls: type, example: str):
+    """A Pallas kernel's switch ``env``: ``"xla"`` (unset: the default), ``"pallas"`` or ``pallas:k=v,...``
+    as a ``cls`` (fields by name, ints; not yet range-checked); one line naming ``example`` otherwise."""
+    raw = os.environ.get(env, "").strip()
+    if raw in ("", "xla", "pallas"):
+        return raw or "xla"
     head, _, rest = raw.partition(":")
     try:
         if head != "pallas" or not rest:
             raise ValueError
         fields = dict(kv.split("=") for kv in rest.split(","))
-        keys = {"bn", "bk", "splits", "warps", "stages"}
-        if not fields.keys() <= keys:
+        if not fields.keys() <= {f.name for f in dataclasses.fields(cls)}:
             raise ValueError
-        tiles = Tiles(**{k: int(v) for k, v in fields.items()})
+        return cls(**{k: int(v) for k, v in fields.items()})
     except (ValueError, TypeError):
-        raise ValueError(
-            f"{ENV}={raw!r}: give xla, pallas or pallas:bn=64,bk=128,splits=1,warps=4,stages=3 "
-            "(powers of two, bn and bk >= 16)"
-        ) from None
+        raise ValueError(f"{env}={raw!r}: give xla, pallas or {example}") from None
+
+
+def setting_tag(s) -> str:
+    """A switch's compile-cache key field: ``"xla"``, ``"pallas"`` or ``pallas-<fields>``."""
+    return s if isinstance(s, str) else "pallas-" + "-".join(str(v) for v in dataclasses.astuple(s))
+
+
+def setting() -> Tiles | str:
+    """``AOTLM_GPU_MATMUL``: ``"xla"`` (the default), ``"pallas"`` (tiles per shape) or fixed ``Tiles``."""
+    tiles = parse_setting(
+        ENV, Tiles, "pallas:bn=64,bk=128,splits=1,warps=4,stages=3 (powers of two, bn and bk >= 16)"
+    )
+    if isinstance(tiles, str):
+        return tiles
     sizes = (tiles.bn, tiles.bk, tiles.splits, tiles.warps)
     if not all(pow2(v) for v in sizes) or min(tiles.bn, tiles.bk) < 16 or tiles.stages < 1:
-        raise ValueError(f"{ENV}={raw!r}: bn, bk, splits and warps must be powers of two, bn and bk >= 16")
+        raise ValueError(
+            f"{ENV}={os.environ[ENV]!r}: bn, bk, splits and warps must be powers of two, bn and bk >= 16"
+        )
     return tiles
 
 
@@ -88,8 +100,7 @@ def head_copy(quant) -> bool:
 
 def cache_tag() -> str:
     """Compile-cache key field: graphs with the Pallas kernel (and its tiles) differ from XLA's."""
-    s = setting()
-    return s if isinstance(s, str) else f"pallas-{s.bn}-{s.bk}-{s.splits}-{s.warps}-{s.stages}"
+    return setting_tag(setting())
 
 
 def pow2(n: int) -> bool:
