@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from aotlm import kernels
-from aotlm.models import adapters, flash, lookup, lowp, packing, quant4, quant8
+from aotlm.models import adapters, flash, lookup, lowp, packing, quant4, quant8, quant_fp8
 from aotlm.models import layers as L
 from aotlm.models import projections as P
 from aotlm.models.arch import ArchConfig
@@ -228,7 +228,9 @@ def logits(cfg: ArchConfig, params, h):
     )
     pk = packing.packed_k(name, w.ndim)
     a8, graph_a8 = lowp.w8a8_rows(hf, w, scale, 1, name, pk)  # W8A8: h rounded to int8 as in layers.dense
-    if quant4.is_int4(w, scale):  # 4-bit lm_head / embedding copy (aotlm.models.quant4)
+    if quant_fp8.is_fp8(w, scale):  # fp8 lm_head / embedding copy [V, D] (aotlm.models.quant_fp8)
+        out = quant_fp8.dense(hf, w, scale, 1, nt=tied)
+    elif quant4.is_int4(w, scale):  # 4-bit lm_head / embedding copy (aotlm.models.quant4)
         out = quant4.dense4(hf, w, scale, 1, name)
     elif quant8.is_int8_groups(w, scale):  # a GGUF file's Q8_0 lm_head as stored (aotlm.models.quant8)
         out = quant8.dense8(hf, w, scale, 1, name)

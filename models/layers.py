@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 
 from aotlm import kernels
-from aotlm.models import lowp, packing, quant4, quant8
+from aotlm.models import lowp, packing, quant4, quant8, quant_fp8
 
 NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
 
@@ -327,8 +327,12 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     weights (W8A8, ``lowp.w8a8``), to bf16 with bf16 weights (``lowp.bf16a``); W8A8 decode rows too
     (the row kernel rounds them itself, ``kernels.w8a8_rows``; under tensor parallelism they stay f32).
     ``act`` (an ``activation`` name) is applied to the result: by the kernel itself, with the bias,
-    where ``kernels.gemm_fuses`` says it can (one pass over the output instead of XLA's two).
+    where ``kernels.gemm_fuses`` says it can (one pass over the output instead of XLA's two). fp8 weights
+    (``quant="fp8"``): every product fp8 x fp8 (``quant_fp8.dense``) on any backend.
     """
+    if quant_fp8.is_fp8(w, scale):
+        y = add_bias(quant_fp8.dense(x, w, scale, axes), b)
+        return (y if act is None else activation(act, y)).astype(x.dtype)
     four = quant4.is_int4(w, scale)
     if four or quant8.is_int8_groups(w, scale):  # group-scaled codes (quant4, quant8): kernel or dequantized
         kact = "gelu_tanh" if act in GELU_TANH else act

@@ -33,15 +33,16 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from aotlm.models import codes4, quant4, quant8
+from aotlm.models import codes4, quant4, quant8, quant_fp8
 from aotlm.models.axes import CONTRACT_AXES, Path
 from aotlm.models.checkpoint import transposed
+from aotlm.models.fusing import fuse_qkv_heads
 from aotlm.models.lookup import GroupedRows
 from aotlm.models.packing import PACK_CONTRACT
 
 logger = logging.getLogger("aotlm.models.quant")
 
-QUANT_DTYPES = ("s8", "int8", "bf16", "f16", "int4")
+QUANT_DTYPES = ("s8", "int8", "bf16", "f16", "int4", "f8")
 DEQUANT_DTYPES = ("bf16", "f16", "f32")  # transformers-neuronx's names; must equal the model's amp
 FLOAT_DTYPES = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}  # weight-only float storage
 
@@ -76,7 +77,9 @@ class QuantizationConfig:
     ``quant_dtype="int4"`` (aotlm's): 4-bit codes in groups of ``group_size`` (32, 64, 128) input rows with
     f16 scales, ``asymmetric`` adding a per-group minimum (``aotlm.models.quant4``); activations rounded
     to int8 per group as llama.cpp's, as int16 (two int8 digits, 2x the integer products) with
-    ``activations="s16"`` (``"int4-a16"``), or in three int8 parts (3x, f32's precision) with ``"f32"``."""
+    ``activations="s16"`` (``"int4-a16"``), or in three int8 parts (3x, f32's precision) with ``"f32"``.
+    ``quant_dtype="f8"`` (``quant="fp8"``): e4m3 weights per output channel, every product's rows rounded
+    to e4m3 too (``aotlm.models.quant_fp8``: GPUs with fp8 tensor cores)."""
 
     quant_dtype: str = "s8"
     lm_head: bool = True
@@ -114,6 +117,11 @@ class QuantizationConfig:
         return self.activations == "bf16"
 
     @property
+    def fp8(self) -> bool:
+        """e4m3 weights and activations (``aotlm.models.quant_fp8``)."""
+        return self.quant_dtype == "f8"
+
+    @property
     def int4(self) -> bool:
         """4-bit group-wise weights (``aotlm.models.quant4``)."""
         return self.quant_dtype == "int4"
@@ -123,7 +131,7 @@ class QuantizationConfig:
         """The storage in one word, e.g. ``int8``, ``bf16``, ``int4-g32``, ``int4-g64-asym``."""
         if self.int4:
             return f"int4-g{self.group_size}" + "-asym" * self.asymmetric + X_SUFFIX.get(self.activations, "")
-        return {"s8": "int8"}.get(self.quant_dtype, self.quant_dtype)
+        return {"s8": "int8", "f8": "fp8"}.get(self.quant_dtype, self.quant_dtype)
 
 
 def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig | None:
@@ -138,13 +146,14 @@ def quant_config(quant: str | QuantizationConfig | None) -> QuantizationConfig |
         return quant
     if isinstance(quant, str) and quant in QUANT_DTYPES:
         return QuantizationConfig(quant_dtype=quant)
-    named = {"w8a8": ("s8", "s8"), "bf16a": ("bf16", "bf16")}  # weights, activations
+    named = {"w8a8": ("s8", "s8"), "bf16a": ("bf16", "bf16"), "fp8": ("f8", None)}  # weights, activations
     if isinstance(quant, str) and quant in named:
         return QuantizationConfig(quant_dtype=named[quant][0], activations=named[quant][1])
     if isinstance(quant, str) and quant in INT4_NAMES:
         return INT4_NAMES[quant]
     raise ValueError(
-        f"quant={quant!r} is not supported; use None, 'none', 'int8', 'w8a8', 'bf16', 'bf16a', 'f16', 'int4' "
+        f"quant={quant!r} is not supported; use None, 'none', 'int8', 'w8a8', 'bf16', 'bf16a', 'f16', 'fp8', "
+        "'int4' "
         "('int4-g64', 'int4-g128', '-asym' for a per-group minimum, '-a16' for int16 activations, "
         "'-f32a' for f32-precise ones) or a QuantizationConfig"
     )
@@ -231,37 +240,6 @@ def int8_from_rows(
     return Int8Matrix(transposed(q), scale)
 
 
-def fuse_qkv_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, head_axis: int) -> np.ndarray:
-    """``q [.., H, Dh]``, ``k/v [.., K, Dh]`` (heads at ``head_axis``) -> ``[.., K, H/K + 2, Dh]``.
-
-    Query head ``h`` reads kv head ``h // (H/K)`` (transformers' ``repeat_kv``), so group ``k``
-    holds query heads ``k*G .. k*G+G-1`` and then kv head ``k``'s key and value.
-    """
-    n_kv = k.shape[head_axis]
-    g = q.shape[head_axis] // n_kv
-    qg = q.reshape(*q.shape[:head_axis], n_kv, g, *q.shape[head_axis + 1 :])
-    kv = [np.expand_dims(a, head_axis + 1) for a in (k, v)]
-    return np.ascontiguousarray(np.concatenate([qg, *kv], axis=head_axis + 1))
-
-
-def regroup_qkv(fused: np.ndarray, kv_axis: int, r: int) -> np.ndarray:
-    """Repeat every kv head of a fused ``[.., K, G+2, Dh]`` ``r`` times -> ``[.., K*r, G/r+2, Dh]``.
-
-    The fused form of ``replicated-heads`` (``aotlm.core.sharding``): new group ``k*r + j`` holds
-    query heads ``(k*r + j)*G/r ..`` and a copy of kv head ``k``.
-    """
-    if r == 1:
-        return fused
-    g = fused.shape[kv_axis + 1] - 2
-    if g % r:
-        raise ValueError(f"cannot regroup {g} query heads per kv head into {r} replicas")
-    take = lambda sl: fused[(slice(None),) * (kv_axis + 1) + (sl,)]
-    q = take(slice(0, g))
-    q = q.reshape(*q.shape[:kv_axis], q.shape[kv_axis] * r, g // r, *q.shape[kv_axis + 2 :])
-    k, v = (np.repeat(take(slice(i, i + 1)), r, axis=kv_axis) for i in (g, g + 1))
-    return np.ascontiguousarray(np.concatenate([q, k, v], axis=kv_axis + 1))
-
-
 Q4_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # GGUF 4-bit blocks of 32 input rows: int4 groups keep them
 # blocks int4 storage keeps as stored: the 4-bit ones, the 5- and 6-bit ones' codes (q5scales, k*scales)
 INT4_KEEPS = (*Q4_BLOCK_TYPES, "Q5_0", "Q5_1", "Q5_K", "Q6_K")
@@ -293,7 +271,9 @@ class ParamRewriter:
         self.blocks = blocks if blocks and int4_g32 and gguf_blocks else None
         # the int4 lm_head copy is made on every backend (the kernels' and XLA's logits then agree)
         # (an untied model's lm_head is its own: no copy)
-        self.embed_view = tied and (embed_view or (quant is not None and quant.int4 and not gguf_blocks))
+        # (fp8: its own copy on any backend too)
+        own = quant is not None and (quant.int4 and not gguf_blocks or quant.fp8)
+        self.embed_view = tied and (embed_view or own)
         # a file's embedding may stay as its grouped codes (lookup.GroupedRows) where the logits do not
         # read it (untied, or a tied lm_head's own copy) and the weights are stored quantized
         head_copy = quant is not None and quant.lm_head and self.embed_view
@@ -322,7 +302,7 @@ class ParamRewriter:
         """Is matrix ``path`` (a ``Linear`` weight whose contracted axis is its HF rows' own) stored as
         int8, unfused, so a loader may hand it over already rounded (``Int8Matrix``)?"""
         q, name = self.quant, path[-1]
-        if q is None or q.quant_dtype in FLOAT_DTYPES or CONTRACT_AXES.get(name) != (0,):
+        if q is None or q.quant_dtype in FLOAT_DTYPES or q.fp8 or CONTRACT_AXES.get(name) != (0,):
             return False
         if self.fuses(path) or (name == "lm_head" and not q.lm_head):
             return False
@@ -333,7 +313,7 @@ class ParamRewriter:
         stored) where this storage would round it per output channel (a tied embedding's logits' copy
         ``embed_q`` too)? Not under W8A8 (int8 x per row)."""
         q, name = self.quant, path[-1]
-        if src not in Q8_BLOCK_TYPES or q is None or q.w8a8 or q.quant_dtype in FLOAT_DTYPES:
+        if src not in Q8_BLOCK_TYPES or q is None or q.w8a8 or q.fp8 or q.quant_dtype in FLOAT_DTYPES:
             return False
         if name not in PACK_CONTRACT or (name == "lm_head" and not q.lm_head):
             return False
@@ -397,6 +377,8 @@ class ParamRewriter:
                 q, scale = to_float(arr, self.quant.quant_dtype), np.ones(arr.shape[0], np.float32)
             elif self.quant.int4 and not self.gguf_blocks and quant4.packable(arr.shape, (1,), 32, True):
                 return [*lookup, *self._int4((*path[:-1], "embed_q"), arr, (1,))]
+            elif self.quant.fp8:
+                q, scale = quant_fp8.quantize(arr, (1,))
             elif self.int8_groups((*path[:-1], "embed_q"), arr.shape, src):  # a Q8_0 table's own groups
                 q, scale = quant8.quantize_groups(arr, (1,), *quant8.TYPES[src])
             else:
@@ -413,7 +395,9 @@ class ParamRewriter:
         as_stored = not self.gguf_blocks or src in INT4_KEEPS and src not in Q8_BLOCK_TYPES
         if self.quant.int4 and name in PACK_CONTRACT and as_stored:
             return self._int4(path, arr, PACK_CONTRACT[name]) or [(path, arr)]
-        if self.int8_groups(path, arr.shape, src):  # a file's Q8_0 / Q5_* blocks: their own codes, scales
+        if self.quant.fp8:
+            q, scale = quant_fp8.quantize(arr, CONTRACT_AXES[name])
+        elif self.int8_groups(path, arr.shape, src):  # a file's Q8_0 / Q5_* blocks: their own codes, scales
             q, scale = quant8.quantize_groups(arr, PACK_CONTRACT[name], *quant8.TYPES[src])
         else:
             q, scale = quantize_int8(arr, CONTRACT_AXES[name])

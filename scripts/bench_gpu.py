@@ -7,7 +7,8 @@
     python scripts/bench_gpu.py --modes bf16 int8 --variants default g8-pallas   # decode on the Pallas kernel
     python scripts/bench_gpu.py --profile /tmp/prof --batch 1    # a trace of batch-1 decode, summarized
 
-Rows: aotlm modes (``bf16``: ``amp="bf16"``; ``int8``: int8 weights, bf16 compute; ``f32``), the
+Rows: aotlm modes (``bf16``: ``amp="bf16"``; ``int8``: int8 weights, bf16 compute; ``fp8``: e4m3 weights and
+products' rows, bf16 compute; ``f32``), the
 plain-JAX floor (``--floor``: a minimal Llama decode loop of fixed trip count, greedy, no sampler, the
 same shapes: what XLA alone gives), transformers eager (``hf-eager``) and with a static cache and
 ``torch.compile`` (``hf-compile``), all bf16 on the same checkpoint. Decode tokens/s = batch x
@@ -45,7 +46,8 @@ COMMON = dict(
     rope_scaling=dict(factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0,
                       original_max_position_embeddings=8192, rope_type="llama3"),
 )  # fmt: skip
-MODES = {"bf16": {"amp": "bf16"}, "int8": {"amp": "bf16", "quant": "int8"}, "f32": {"amp": "f32"}}
+MODES = {"bf16": {"amp": "bf16"}, "int8": {"amp": "bf16", "quant": "int8"}, "f32": {"amp": "f32"},
+         "fp8": {"amp": "bf16", "quant": "fp8"}}  # fmt: skip
 CB = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION"  # XLA's default command-buffer kinds
 # named variants for --variants: environment for the model's graphs (aotlm.core.backend): the decode
 # loop's group (AOTLM_DECODE_GROUP; unset: the backend's default) and XLA compile options merged over
@@ -245,7 +247,7 @@ def aotlm_rows(path: Path, b: int, mode: str, variant: str, args, ids, long_ids)
     t_pre, t_gen = timed(pre, args.runs), timed(gen, args.runs)
     t_long = timed(lambda: model.forward(long_ids), args.runs) if long_ids is not None else float("nan")
     weights = sum(a.nbytes for a in jax.tree.leaves(model.params))
-    if "embed_q" in model.params:  # the logits read the tied table's int8 copy; the table: B rows a step
+    if "embed_q" in model.params:  # the logits read the tied table's int8 / fp8 copy; the table: B rows
         weights -= model.params["embed"].nbytes
     row = dict(engine=f"aotlm {mode}" + ("" if variant == "default" else f" [{variant}]"), batch=b,
                t_pre=t_pre, t_gen=t_gen, t_long=t_long, load_s=t_load, compile_s=t_compile,

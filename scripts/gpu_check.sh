@@ -15,12 +15,14 @@
 #          the arguments)
 #   attn   bf16 at batch 1 and 64 with both Pallas kernels, the products' and the attention's (ATTN_S, 150 s;
 #          ATTN_ARGS replaces the arguments)
+#   fp8    fp8 weights and products (quant="fp8": cuBLASLt's fp8 GEMMs on Hopper) at batch 1 and 64 (FP8_S,
+#          150 s; FP8_ARGS replaces the arguments)
 #   serve  aotlm serve on the bench's 1B checkpoint at 1 / 16 / 64 clients (SERVE_S, 300 s)
 #   profile  a trace of batch-1 bf16 decode on XLA's ops and on both Pallas kernels, the device ops by time
 #          in the log (PROFILE_S, 150 s; PROFILE_ARGS; the trace itself stays in /tmp/gpu-prof)
 # A device command may run 10 minutes, the session's device time is 15 with the machine's start: run
-# STEPS="tests bench" first, then at once (the machine stays warm ~30 s) STEPS="attn" (and "serve" or
-# "profile" if time is left). Each step runs even if the one before failed; the exit status is the first failure's.
+# STEPS="tests bench" first, then at once (the machine stays warm ~30 s) STEPS="attn" (and "fp8", "serve"
+# or "profile" if time is left). Each step runs even if the one before failed; the exit status is the first failure's.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 WHEELS=${1:-}
@@ -51,7 +53,7 @@ if want tests; then
   step tests timeout "${TESTS_S:-180}" python -m pytest -q --maxfail=10 -n 4 -p no:cacheprovider \
     tests/kernels/test_gpu_matmul.py tests/kernels/test_gpu_attention.py tests/core/test_precision_matmul.py \
     tests/core/test_backend.py tests/families/test_conformance_llama_style.py \
-    tests/families/test_conformance_gpt_style.py tests/core/test_sampling.py
+    tests/families/test_conformance_gpt_style.py tests/core/test_sampling.py tests/models/test_quant_fp8.py
 fi
 # bf16 and int8 weights, their decode products on XLA's dots and on the Pallas kernel, one run
 read -r -a bench_args <<<"${BENCH_ARGS:---batch 1 64 --modes bf16 int8 --variants default g8-pallas --peers --long-prompt 0 --runs 3}"
@@ -62,6 +64,11 @@ fi
 if want attn; then
   read -r -a attn_args <<<"${ATTN_ARGS:---batch 1 64 --modes bf16 --variants g8-pallas-all --peers --long-prompt 0 --runs 3}"
   step attn timeout "${ATTN_S:-150}" python scripts/bench_gpu.py "${attn_args[@]}" --json "$OUT/attn.json"
+fi
+# fp8 weights and products against the bf16 and int8 rows above
+if want fp8; then
+  read -r -a fp8_args <<<"${FP8_ARGS:---batch 1 64 --modes fp8 --variants default --peers --long-prompt 0 --runs 3}"
+  step fp8 timeout "${FP8_S:-150}" python scripts/bench_gpu.py "${fp8_args[@]}" --json "$OUT/fp8.json"
 fi
 # serving on the GPU: aotlm serve on the bench's 1B checkpoint at 1 / 16 / 64 clients
 if want serve; then

@@ -6,6 +6,7 @@ does not divide a shape would silently leave that product on XLA's dot)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -66,3 +67,20 @@ def attention_steps_take_the_kernel(name: str, on: bool) -> None:
                 q = jax.ShapeDtypeStruct((b * kh, h // kh, dh), jnp.bfloat16)
                 keys = jax.ShapeDtypeStruct((b * kh, 1152, dh), jnp.bfloat16)
                 assert gpu_attention.config(q, keys, width) is not None, (name, shape, b, width)
+
+
+def test_gpu_check_steps_pass_arguments_the_bench_takes(monkeypatch):
+    """Every step of ``scripts/gpu_check.sh`` that runs the bench passes arguments ``bench_gpu.parse``
+    takes (a typo there would cost a GPU session's step), and every mode builds a precision."""
+    from aotlm.core.precision import resolve
+
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh").read_text()
+    defaults = re.findall(r'\$\{[A-Z0-9]+_ARGS:-(--[^}"]+)\}', script)
+    assert len(defaults) >= 4, defaults  # bench, attn, fp8, profile
+    for line in defaults:
+        monkeypatch.setattr(sys, "argv", ["bench_gpu.py", *line.split()])
+        args = bench_gpu.parse()
+        assert all(v in bench_gpu.VARIANTS for v in args.variants), line
+    for kw in bench_gpu.MODES.values():
+        resolve(kw["amp"], kw.get("quant"), kernels_on=False)  # raises for a bad option
+    assert "fp8" in re.search(r'FP8_ARGS:-([^}"]+)', script).group(1)

@@ -380,6 +380,7 @@ COVERED = {
     "aotlm.models.checkpoint.resolve": "tests/text/test_pipeline.py: resolution of run dirs and variables",
     "aotlm.models.decoder": "tests/families/test_conformance_gpt_style.py: every family's decoder vs HF",
     "aotlm.models.falcon": "tests/families/test_conformance_gpt_style.py: Falcon variants vs transformers",
+    "aotlm.models.fusing": "tests/models/test_quant.py: fuse_qkv exact for every family, regrouped heads",
     "aotlm.models.gemma": "tests/families/test_conformance_llama_style.py: Gemma / Gemma2 vs transformers",
     "aotlm.models.gpt2": "tests/core/test_model.py: test_gpt2_conformance",
     "aotlm.models.gpt_bigcode": "tests/families/test_conformance_gpt_style.py: GPTBigCode vs transformers",

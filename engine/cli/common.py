@@ -117,9 +117,10 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
     p.add_argument(
         "--quant",
         default=None,
-        choices=["int8", "w8a8", "bf16", "bf16a", "none", *INT4_NAMES],
+        choices=["int8", "w8a8", "bf16", "bf16a", "fp8", "none", *INT4_NAMES],
         help="int8 (per-channel scales) or bf16 weight storage; w8a8: int8 weights and matmul activations; "
-        "bf16a: bf16 weights and prefill activations; "
+        "bf16a: bf16 weights and prefill activations; fp8: e4m3 weights and matmul activations (GPUs with "
+        "fp8 tensor cores); "
         "int4[-g64|-g128][-asym][-a16|-f32a]: 4-bit groups of 32 (64, 128) with f16 scales (+ minimums), "
         "activations rounded to int8 per group (-a16: int16, 2x the products; -f32a: held as f32 holds "
         "them, 3x); "

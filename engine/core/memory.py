@@ -114,7 +114,7 @@ class Storage:
         self.lookup = lookup  # bytes per weight of a GGUF embedding kept as its codes (aotlm.models.lookup)
         int4 = q is not None and q.int4
         # the embedding copy for a tied lm_head: the CPU kernels', or the GPU int8 kernel's (not packed)
-        self.view = q is not None and (kernels_on or gpu_matmul.head_copy(q))
+        self.view = q is not None and (kernels_on or gpu_matmul.head_copy(q) or q.fp8)  # fp8: on any backend
         self.packed = (q is not None and kernels_on) or int4 or (kernels_on and compute == 4)  # panel layout
 
     def leaves(self, path: tuple, shape: tuple, tied: bool) -> list[tuple[tuple, tuple, float]]:
@@ -160,7 +160,7 @@ class Storage:
         s8 = quant8.scale_rows(typ) if typ in Q8_BLOCK_TYPES else 0
         if name == "embed_q":  # a tied table's logits copy: its own groups where the table has them
             s8 = quant8.scale_rows(self.head)
-        if s8 and not q.w8a8 and name in PACK_CONTRACT:
+        if s8 and not q.w8a8 and not q.fp8 and name in PACK_CONTRACT:
             if quant8.packable(shape, contract, vocab):  # as ParamRewriter.int8_groups decides
                 k = _prod(shape[c] for c in contract)
                 return [(path, shape, 1), (scale, (k // quant8.GROUP, s8, *channels), 2)]

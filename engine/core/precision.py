@@ -68,6 +68,7 @@ ACTIVATIONS_SAID = {
     "bf16": ", bf16 prefill",
     "s16": ", int16 int4 matmul",
     "f32": ", f32-exact int4 matmul",
+    "f8": ", fp8 matmul",
 }
 
 
@@ -119,6 +120,7 @@ class Precision:
         weights = self.quant.label if self.quant is not None else self.amp
         name = lambda d: {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[jnp.dtype(d).name]
         low = self.quant.activations if self.quant is not None else None
+        low = "f8" if self.quant is not None and self.quant.fp8 else low  # every product's rows: e4m3
         acts = name(self.compute) + ACTIVATIONS_SAID.get(low, "")
         return f"amp={self.amp}: {weights} weights, {acts} activations, {name(self.kv)} KV"
 

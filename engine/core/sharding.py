@@ -34,8 +34,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from aotlm.models.fusing import regroup_qkv
 from aotlm.models.packing import logical_axes
-from aotlm.models.quant import regroup_qkv
 
 TP = "tp"
 GQA_STRATEGIES = ("shard-over-heads", "replicated-heads", "shard-over-batch")

@@ -32,7 +32,7 @@ def _quant_name(q) -> str:
         return q.label
     if q.activations:  # prefill activations rounded too
         return "w8a8" if q.w8a8 else "bf16a"
-    return {"s8": "int8"}.get(q.quant_dtype, q.quant_dtype)
+    return q.label  # "int8", "bf16", "f16", "fp8"
 
 
 def model_args(model, quant=None) -> dict:

@@ -1,14 +1,15 @@
-"""Decode rows' products on a GPU: a Pallas kernel (Triton lowering) for bf16 / f16 and int8 weights.
+"""Decode rows' products on a GPU: a Pallas kernel (Triton lowering) for bf16 / f16, int8 and fp8 weights.
 
 On one H200, XLA's step for Llama-3.2-1B's shape read its weights at under half the HBM bandwidth
 (cuBLAS / XLA GEMVs), and int8 weights decoded slower than bf16: ``w.astype(bf16)`` before the dot can
 make a step read a converted copy. Here every tile of the stored matrix is loaded once and (int8)
 converted in registers: ``y = (x @ w) * scale`` with ``x [..., K]`` bf16 / f16, ``w`` ``[K, N]`` (or
 ``[N, K]`` with ``nt``: a tied lm_head's table or its int8 copy ``embed_q``) in x's dtype (no scale) or
-int8 with the per-output-channel ``scale [N]``; products summed in float32. The rows (at most
-``MAX_ROWS``: decode batches) are padded to a power of two of at least 16 (Triton's smallest dot); the
-grid is ``N / bn`` column blocks times ``splits`` slices of K, each program looping over its slice in
-steps of ``bk`` rows; the slices' float32 partial sums are added by XLA in a fixed order
+int8 with the per-output-channel ``scale [N]``, or e4m3 (``quant="fp8"``, with its scale) times x's rows
+already rounded to e4m3 (both widened to bf16 in registers: exact products); summed in float32. The
+rows (at most ``MAX_ROWS``: decode batches) are padded to a power of two of at least 16 (Triton's
+smallest dot); the grid is ``N / bn`` column blocks times ``splits`` slices of K, each program looping
+over its slice in steps of ``bk`` rows; the slices' float32 partial sums are added by XLA in a fixed order
 (deterministic, unlike atomics).
 
 Off by default: ``AOTLM_GPU_MATMUL=pallas`` turns it on (``pallas:bn=64,bk=128,splits=2,warps=4,stages=3``
@@ -33,6 +34,8 @@ from aotlm.kernels.context import one_device
 ENV = "AOTLM_GPU_MATMUL"
 MAX_ROWS = 64  # decode rows (batch x tokens per step); prefill keeps XLA's dot
 X_DTYPES = (jnp.bfloat16, jnp.float16)  # f32 x keeps XLA's dot at HIGHEST precision (exact)
+F8 = jnp.dtype(jnp.float8_e4m3fn)  # fp8 x fp8 (aotlm.models.quant_fp8): both widened to bf16 in the kernel
+SCALED = (jnp.dtype(jnp.int8), F8)  # weights stored with a per-output-channel scale
 TARGET_PROGRAMS = 264  # two per SM of an H100 / H200 (132 SMs)
 MIN_PROGRAMS = 32
 INTERPRET = False  # tests on CPU: run the kernel in Pallas' interpreter
@@ -146,6 +149,7 @@ def _kernel(x_ref, w_ref, o_ref, *, pl, bk: int, steps: int, nt: bool):
     def step(i, acc):
         ks = pl.ds(pl.multiple_of(i * bk, bk), bk)
         xa = x_ref[:, ks]
+        xa = xa.astype(jnp.bfloat16) if xa.dtype == F8 else xa
         wa = (w_ref[:, ks] if nt else w_ref[ks, :]).astype(xa.dtype)
         dims = (((1,), (1 if nt else 0,)), ((), ()))
         return acc + jax.lax.dot_general(xa, wa, dims, preferred_element_type=jnp.float32)
@@ -186,7 +190,8 @@ def config(x, w, axes: int = 1, nt: bool = False) -> Tiles | None:
     """Static (shapes / dtypes): the tiles ``matmul`` would use for this product, None if it cannot."""
     rows = math.prod(x.shape[: x.ndim - axes])
     xd, wd = jnp.dtype(x.dtype), jnp.dtype(w.dtype)
-    if xd not in X_DTYPES or wd not in (jnp.dtype(jnp.int8), xd) or not 1 <= rows <= MAX_ROWS:
+    pair = wd == F8 if xd == F8 else xd in X_DTYPES and wd in (jnp.dtype(jnp.int8), xd)
+    if not pair or not 1 <= rows <= MAX_ROWS:
         return None
     k = math.prod(x.shape[x.ndim - axes :])
     n = w.shape[0] if nt else math.prod(w.shape[axes:])
@@ -199,8 +204,9 @@ def config(x, w, axes: int = 1, nt: bool = False) -> Tiles | None:
 
 def takes(x, w, scale, axes: int = 1, nt: bool = False) -> bool:
     """Static: does ``matmul`` take this product on this backend (a GPU, ``AOTLM_GPU_MATMUL`` set, one
-    device, bf16 / f16 decode rows, a weight in their dtype or int8 with its per-channel scale)?"""
-    if (scale is not None) != (jnp.dtype(w.dtype) == jnp.int8) or setting() == "xla" or not on_gpu():
+    device, bf16 / f16 decode rows, a weight in their dtype or int8 with its per-channel scale; e4m3 rows and
+    an e4m3 weight with its scale)?"""
+    if (scale is not None) != (jnp.dtype(w.dtype) in SCALED) or setting() == "xla" or not on_gpu():
         return False
     return one_device() and config(x, w, axes, nt) is not None
 

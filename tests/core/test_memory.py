@@ -1,4 +1,4 @@
-"""Memory plans count weights as stored: int8, int4 groups (with and without a minimum), bf16, the
+"""Memory plans count weights as stored: int8, fp8, int4 groups (with and without a minimum), bf16, the
 embedding copy a tied lm_head gets, the kernels' vocab padding, a GGUF embedding kept as its blocks'
 codes, a GGUF Q4_K file's own block scales under int4, a file mixing block types (each matrix in its
 own form) -- compared with real models' parameters.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-QUANTS = ("none", "int8", "int4", "int4-asym", "bf16")
+QUANTS = ("none", "int8", "int4", "int4-asym", "bf16", "fp8")
 
 
 def measure(ckpts: list[str]) -> list[dict]:
@@ -112,7 +112,8 @@ def test_plan_weight_bytes_equal_the_stored_params(cases):
         for tp in (1, 2):
             f32, i8, i4, i4a = (by[(ck, tp, 1, q)] for q in ("none", "int8", "int4", "int4-asym"))
             assert f32 > i8 > i4a > i4, (ck, tp)
-    forms = {"float32", "int8", "int4-g32", "int4-g32-asym", "bf16"}
+            assert f32 > by[(ck, tp, 1, "fp8")] > i4a, (ck, tp)  # one byte a weight, as int8
+    forms = {"float32", "int8", "int4-g32", "int4-g32-asym", "bf16", "fp8"}
     assert {c["plan"]["weights"] for c in cases} == forms | gguf_forms
 
 

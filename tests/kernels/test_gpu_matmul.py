@@ -29,15 +29,22 @@ CASES = [
     (9, (512,), (256,), 1, True, None, "bf16"),  # a tied lm_head's table
     (64, (1024,), (96,), 1, True, g.Tiles(32, 128, 4, 2, 2), "int8"),
     (64, (1024,), (96,), 1, False, g.Tiles(32, 128, 4, 2, 2), "bf16"),
+    (1, (256,), (512,), 1, False, None, "f8"),  # quant="fp8": e4m3 rows times an e4m3 weight
+    (16, (4, 64), (128,), 2, False, None, "f8"),
+    (33, (2048,), (128,), 1, True, None, "f8"),  # a tied lm_head's e4m3 copy
 ]
 FLOATS = {"bf16": jnp.bfloat16, "f16": jnp.float16}
 
 
 def operands(rows, kd, nd, nt, wtype="int8", seed=0):
-    """x in bf16 (f16 with f16 weights), w and its scale (None for a float weight)."""
+    """x in bf16 (f16 with f16 weights, e4m3 with e4m3 ones), w and its scale (None for a float weight)."""
     rng = np.random.default_rng(seed)
     x = jnp.asarray(rng.normal(size=(rows, *kd)), FLOATS.get(wtype, jnp.bfloat16))
     shape = (*nd, *kd) if nt else (*kd, *nd)
+    if wtype == "f8":  # values over e4m3's range, subnormals included
+        x = jnp.asarray(rng.normal(size=x.shape) * 50, jnp.float8_e4m3fn)
+        w = jnp.asarray(np.clip(rng.normal(size=shape) * 100, -448, 448), jnp.float8_e4m3fn)
+        return x, w, jnp.asarray(rng.uniform(1e-3, 1e-2, nd), jnp.float32)
     if wtype != "int8":
         return x, jnp.asarray(rng.normal(size=shape) * 0.05, x.dtype), None
     w = jnp.asarray(rng.integers(-127, 128, shape), jnp.int8)
@@ -121,6 +128,9 @@ def test_takes_only_gpu_matmul_decode_rows(monkeypatch):
     assert not g.takes(x, w.astype(jnp.bfloat16), s)
     assert not g.takes(x, w.astype(jnp.float16), None)  # weights in another dtype than x
     assert not g.takes(jnp.zeros((4, 200), jnp.bfloat16), jnp.zeros((200, 128), jnp.int8), s)  # no tile
+    x8, w8 = x.astype(jnp.float8_e4m3fn), w.astype(jnp.float8_e4m3fn)
+    assert g.takes(x8, w8, s)  # quant="fp8": e4m3 rows and weight
+    assert not g.takes(x8, w8, None) and not g.takes(x, w8, s) and not g.takes(x8, w, s)
     monkeypatch.setenv(g.ENV, "xla")
     assert not g.takes(x, w, s)
 
@@ -162,9 +172,9 @@ def as_on_a_gpu(monkeypatch, simulate: bool = True) -> list:
     return switched_on(monkeypatch, g, lambda x2, w2, t, nt, interpret: (w2.shape, nt), simulate)
 
 
-@pytest.mark.parametrize("quant,vocab,tied", [("int8", 96, False), (None, 128, True)])
+@pytest.mark.parametrize("quant,vocab,tied", [("int8", 96, False), (None, 128, True), ("fp8", 128, True)])
 def test_model_decode_through_the_kernel_gives_xlas_tokens(tmp_path, monkeypatch, quant, vocab, tied):
-    """amp bf16 as on a GPU (the CPU kernels off), int8 or bf16 weights, a Llama whose vocabulary is
+    """amp bf16 as on a GPU (the CPU kernels off), int8, bf16 or fp8 weights, a Llama whose vocabulary is
     whole tiles: with the kernel (interpreted) every product of up to 64 rows, the lm_head's (the tied
     table's) too, goes through it, and the greedy tokens are XLA's path's."""
     monkeypatch.setenv("AOTLM_KERNELS", "0")
@@ -207,7 +217,7 @@ def test_compiled_kernel_on_a_gpu(rows, kd, nd, axes, nt, tiles, wtype):
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU: the compiled Triton kernel")
-@pytest.mark.parametrize("quant", ["int8", None])
+@pytest.mark.parametrize("quant", ["int8", None, "fp8"])
 def test_model_on_a_gpu_through_the_compiled_kernel(tmp_path, monkeypatch, quant):
     """On a GPU, ``AOTLM_GPU_MATMUL=pallas``: the same greedy tokens as XLA's path, logits close."""
     path, ids = tiny_llama(tmp_path, 96, False), np.random.default_rng(0).integers(3, 90, (2, 9))

@@ -38,7 +38,8 @@ from aotlm.core import sharding
 from aotlm.core.compile_cache import entry_key
 from aotlm.models import decoder, packing
 from aotlm.models.axes import CONTRACT_AXES
-from aotlm.models.quant import QuantizationConfig, fuse_qkv_heads, quantize_int8, regroup_qkv
+from aotlm.models.fusing import fuse_qkv_heads, regroup_qkv
+from aotlm.models.quant import QuantizationConfig, quantize_int8
 
 T = transformers
 N_POS, NEW = 32, 16
@@ -77,6 +78,8 @@ def tp_proc(ckpt_dir, tmp_path_factory):
         ["kv1 fuse tp2", str(mqa), 2, None, None, True],  # MQA at tp=2: replicated-heads, regrouped
         ["kv1 int8 tp1", str(mqa), 1, None, "int8", False],
         ["kv1 int8+fuse tp2", str(mqa), 2, None, "int8", True],
+        ["kv2 fp8 tp1", str(gqa), 1, None, "fp8", False],
+        ["kv2 fp8+fuse tp2", str(gqa), 2, None, "fp8", True],  # x's rows' max over K shards: a collective
     ]
     tmp = tmp_path_factory.mktemp("wo_tp")
     (tmp / "job.json").write_text(json.dumps({"out": str(tmp / "out.json"), "cases": cases}))
@@ -226,8 +229,8 @@ def test_options_change_the_compile_fingerprint(peaked_runs, ckpt_dir):
     assert len(keys) == len(ms)
     with pytest.raises(ValueError, match="quant='int2' is not supported"):
         _load(path, quant="int2")
-    with pytest.raises(ValueError, match="quant_dtype='f8' is not supported"):
-        QuantizationConfig(quant_dtype="f8")
+    with pytest.raises(ValueError, match="quant_dtype='f4' is not supported"):
+        QuantizationConfig(quant_dtype="f4")
 
 
 # ------------------------------------------------------------------ fuse_qkv
@@ -389,6 +392,7 @@ def test_int8_and_fuse_qkv_under_tp2(tp_proc):
         ("kv2 int8+fuse tp2", "kv2 int8 tp1"),
         ("kv1 fuse tp2", "kv1 f32 tp1"),
         ("kv1 int8+fuse tp2", "kv1 int8 tp1"),
+        ("kv2 fp8+fuse tp2", "kv2 fp8 tp1"),
     ]:
         got, want = runs[name], runs[ref]
         diff = np.abs(np.array(got["logits"]) - np.array(want["logits"])).max()

@@ -1,0 +1,78 @@
+"""fp8 weights and activations (``quant="fp8"``): the products of a GPU with fp8 tensor cores (Hopper, Ada).
+
+Storage: every big matrix (``CONTRACT_AXES``, as int8's) is ``float8_e4m3fn`` with a float32 scale per
+output channel, ``max|w| / 448`` over the contracted dims (448: e4m3's largest finite value), leaf
+``<name>_scale`` -- int8's leaves with another code. A tied lm_head gets its own fp8 copy of the
+embedding rows (``embed_q [V, D]``, a scale per vocab row) on every backend, so the logits read one
+byte a weight too.
+
+Math (every product, prefill and decode alike, so a row's numbers do not depend on its batch): each row
+of x is rounded to e4m3 with its own scale ``max|x| / 448`` (computed in the graph: no calibration),
+the two fp8 operands go to one ``dot_general`` with float32 results at ``HIGHEST`` precision (float32
+sums; on a GPU that is also what keeps cuBLASLt's fp8 "fast accumulation" off), then
+``* s_x[row] * scale[col]``. XLA:GPU lowers a dot of two fp8 operands to cuBLASLt's fp8 GEMM on
+Hopper / Ada (other GPUs convert them); XLA:CPU converts them to f32 (correct, no faster than f32
+weights: aotlm's CPU kernels have no fp8 path, use ``int8`` / ``int4`` there). The same rounding as
+vLLM's dynamic fp8 (per-token activation scales, per-channel weight scales).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+
+from aotlm import kernels
+
+E4M3_MAX = 448.0  # float8_e4m3fn's largest finite value (no infinities: past it a cast gives NaN)
+FP8 = ml_dtypes.float8_e4m3fn
+
+
+def is_fp8(w, scale) -> bool:
+    """Static: is ``w`` an fp8 matrix with its per-channel ``scale`` (this module's storage)?"""
+    return scale is not None and jnp.dtype(w.dtype) == jnp.dtype(jnp.float8_e4m3fn)
+
+
+def quantize(w: np.ndarray, contract: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Host side: ``(q e4m3 of w's shape, s float32 of w's shape without the contract axes)`` with
+    ``q * s ~ w``, ``s = max|w| / 448`` per output channel, round to nearest even; an all-zero channel
+    (tp padding) gets scale 0 and zero codes."""
+    w = np.asarray(w, np.float32)
+    hi, lo = np.max(w, axis=contract, keepdims=True), np.min(w, axis=contract, keepdims=True)
+    scale = np.maximum(hi, -lo) / np.float32(E4M3_MAX)
+    safe = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.empty(w.shape, FP8)
+    step = max(1, (1 << 16) // max(1, w[0].size))  # a few rows at a time: one small f32 temporary
+    for i in range(0, w.shape[0], step):
+        t = np.divide(w[i : i + step], safe if safe.shape[0] == 1 else safe[i : i + step])
+        q[i : i + step] = np.clip(t, -E4M3_MAX, E4M3_MAX, out=t).astype(FP8)
+    return q, np.squeeze(scale, axis=contract).astype(np.float32)
+
+
+def quantize_rows(x, axes: int = 1):
+    """In the graph: each row of ``x [..., *K]`` (its last ``axes`` dims) as e4m3 with scale
+    ``max|x| / 448`` (1 for an all-zero row): ``(q [..., *K] e4m3, s [...] f32)``, ``q * s ~ x``."""
+    xf = x.astype(jnp.float32)
+    red = tuple(range(x.ndim - axes, x.ndim))
+    amax = jnp.max(jnp.abs(xf), axis=red)
+    s = jnp.where(amax > 0, amax / E4M3_MAX, 1.0)
+    t = xf / s.reshape(*s.shape, *(1,) * axes)
+    return jnp.clip(t, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn), s
+
+
+def dense(x, w, scale, axes: int = 1, nt: bool = False):
+    """``x @ (w * scale)`` in float32 as fp8 x fp8: ``x [..., *K]`` (its last ``axes`` dims contracted
+    with ``w``'s first ``axes``; ``nt``: ``w [N, K]``, its last dim contracted), ``scale`` per output
+    channel. Output ``[..., *N]``. Decode rows on a GPU with ``AOTLM_GPU_MATMUL=pallas`` take the Pallas
+    kernel (``kernels.matmul_gpu``: the e4m3 operands widened to bf16 in registers, the same products)."""
+    xq, sx = quantize_rows(x, axes)
+    if kernels.gpu_matmul_ok(xq, w, scale, axes, nt):
+        y = kernels.matmul_gpu(xq, w, scale, axes, nt)
+    else:
+        lhs = tuple(range(x.ndim - axes, x.ndim))
+        rhs = (w.ndim - 1,) if nt else tuple(range(axes))
+        dims = ((lhs, rhs), ((), ()))
+        y = lax.dot_general(xq, w, dims, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+        y = y * scale.astype(jnp.float32)
+    return y * sx.reshape(*sx.shape, *(1,) * (y.ndim - sx.ndim))
