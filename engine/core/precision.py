@@ -50,6 +50,7 @@ exactly ``quant="int8"``'s graphs.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import jax
@@ -57,6 +58,8 @@ import jax.numpy as jnp
 
 from aotlm import kernels
 from aotlm.models.quant import QuantizationConfig, quant_config
+
+logger = logging.getLogger("aotlm.core.precision")
 
 AMP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 # kv_cache_dtype names (None: follow amp, as above); long names are accepted and canonicalized
@@ -137,6 +140,13 @@ def kv_cache_name(kv_cache_dtype: str | None) -> str | None:
             f"{[None, *dict.fromkeys(KV_CACHE_DTYPES.values())]} (None follows amp)"
         )
     return name
+
+
+def warn_slow(quant: QuantizationConfig | None) -> None:
+    """One log line where a storage has no fast path on this backend: fp8 on a CPU (XLA converts the
+    e4m3 operands of every product; ``aotlm.models.quant_fp8``)."""
+    if quant is not None and quant.fp8 and jax.default_backend() == "cpu":
+        logger.warning("quant='fp8' is for GPUs with fp8 tensor cores; on a CPU use int8 or int4 (faster)")
 
 
 def check_dequant(amp: str, quant: QuantizationConfig | None) -> None:

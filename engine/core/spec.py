@@ -101,6 +101,7 @@ class ModelSpec:
                 f"positions; use n_positions <= {cfg.max_positions}"
             )
         gqa = None if gqa is None else str(getattr(gqa, "value", gqa))  # aotlm.config.GQA members too
+        precision.warn_slow(quant_config(quant))
         return cls(
             cfg=cfg,
             batch_size=int(batch_size),

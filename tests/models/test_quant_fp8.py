@@ -102,6 +102,15 @@ def test_fp8_names_and_precision():
         quant_config("fp4")
 
 
+def test_a_cpu_says_it_has_no_fp8_path(gpt2_path, caplog):
+    with caplog.at_level("WARNING", logger="aotlm.core.precision"):
+        _load(gpt2_path, quant="int8")
+        assert not caplog.records
+        _load(gpt2_path, quant="fp8")
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["quant='fp8' is for GPUs with fp8 tensor cores; on a CPU use int8 or int4 (faster)"]
+
+
 @pytest.fixture(scope="module")
 def runs(peaked):
     return {name: _load(peaked, **kw) for name, kw in {"f32": {}, "fp8": {"quant": "fp8"}}.items()}
