@@ -229,7 +229,7 @@ def logits(cfg: ArchConfig, params, h):
     pk = packing.packed_k(name, w.ndim)
     a8, graph_a8 = lowp.w8a8_rows(hf, w, scale, 1, name, pk)  # W8A8: h rounded to int8 as in layers.dense
     if quant_fp8.is_fp8(w, scale):  # fp8 lm_head / embedding copy [V, D] (aotlm.models.quant_fp8)
-        out = quant_fp8.dense(hf, w, scale, 1, nt=tied)
+        out = quant_fp8.dense(hf, w, scale, 1, nt=tied, name=name)
     elif quant4.is_int4(w, scale):  # 4-bit lm_head / embedding copy (aotlm.models.quant4)
         out = quant4.dense4(hf, w, scale, 1, name)
     elif quant8.is_int8_groups(w, scale):  # a GGUF file's Q8_0 lm_head as stored (aotlm.models.quant8)

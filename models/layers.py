@@ -331,7 +331,7 @@ def dense(x, w, b=None, scale=None, axes: int = 1, name: str | None = None, act:
     (``quant="fp8"``): every product fp8 x fp8 (``quant_fp8.dense``) on any backend.
     """
     if quant_fp8.is_fp8(w, scale):
-        y = add_bias(quant_fp8.dense(x, w, scale, axes), b)
+        y = add_bias(quant_fp8.dense(x, w, scale, axes, name=name), b)
         return (y if act is None else activation(act, y)).astype(x.dtype)
     four = quant4.is_int4(w, scale)
     if four or quant8.is_int8_groups(w, scale):  # group-scaled codes (quant4, quant8): kernel or dequantized

@@ -32,7 +32,7 @@ import numpy as np
 from aotlm import kernels
 from aotlm.kernels import layout
 from aotlm.kernels.layout import PANEL, Q5_ROWS
-from aotlm.models import kscales
+from aotlm.models import kscales, quant_fp8
 from aotlm.models.axes import CONTRACT_AXES, LOGICAL_AXES, QUANT_SCALES, Path
 
 DTYPES = ("int8", "bfloat16", "float16", "float32")  # stored dtypes the panel kernels read
@@ -98,10 +98,13 @@ def unpack_scales(sm, nn: int):
 def logical_axes(path: Path, ndim: int) -> tuple[str | None, ...]:
     """Logical axes of a parameter (norm scales and other small leaves: replicated); a leaf in
     the kernels' packed int8 layout (this module) has two more dims, and so has a group-scaled weight's
-    scale leaf ``[G, S, *Nd]`` (its group axis: the weight's first contracted axis), three packed."""
+    scale leaf ``[G, S, *Nd]`` (its group axis: the weight's first contracted axis), three packed; an fp8
+    matrix stored K-minor (``quant_fp8.is_tn``) one more."""
     axes = LOGICAL_AXES.get(path[-1], (None,) * ndim)
     if len(axes) + 2 == ndim and is_packed(path[-1], ndim):
         return packed_axes(path[-1], axes)
+    if quant_fp8.is_tn(path[-1], ndim):
+        return quant_fp8.tn_axes(path[-1], axes)
     if len(axes) + 2 <= ndim <= len(axes) + 3 and path[-1] in SCALE_OF:
         w = SCALE_OF[path[-1]]
         group_axis = LOGICAL_AXES[w][PACK_CONTRACT[w][0]]

@@ -395,8 +395,9 @@ class ParamRewriter:
         as_stored = not self.gguf_blocks or src in INT4_KEEPS and src not in Q8_BLOCK_TYPES
         if self.quant.int4 and name in PACK_CONTRACT and as_stored:
             return self._int4(path, arr, PACK_CONTRACT[name]) or [(path, arr)]
-        if self.quant.fp8:
+        if self.quant.fp8:  # K-minor where a dense layer reads it (quant_fp8.TN_LEAVES)
             q, scale = quant_fp8.quantize(arr, CONTRACT_AXES[name])
+            q = quant_fp8.tn(q, CONTRACT_AXES[name]) if name in quant_fp8.TN_LEAVES else q
         elif self.int8_groups(path, arr.shape, src):  # a file's Q8_0 / Q5_* blocks: their own codes, scales
             q, scale = quant8.quantize_groups(arr, PACK_CONTRACT[name], *quant8.TYPES[src])
         else:

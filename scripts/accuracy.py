@@ -1,5 +1,6 @@
 """Accuracy of the weight options: held-out perplexity on SmolLM2-135M-Instruct and logits error on
-GPT-2-small-sized random weights, for f32, bf16, int8 and int4 (groups of 32 / 64 / 128, asymmetric).
+GPT-2-small-sized random weights, for f32, bf16, int8, w8a8, fp8 and int4 (groups of 32 / 64 / 128,
+asymmetric).
 
     python scripts/accuracy.py [--windows 24] [--modes f32 int8 int4 ...] [--no-llama]
 
@@ -40,6 +41,8 @@ MODES = {  # name -> aotlm score flags
     "f32": ("--quant", "none"),
     "bf16": ("--quant", "none", "--amp", "bf16"),
     "int8": ("--quant", "int8"),
+    "w8a8": ("--quant", "w8a8"),  # int8 weights and activations
+    "fp8": ("--quant", "fp8"),  # e4m3 weights and activations (a GPU's fp8 GEMMs; XLA converts on CPU)
     "int4": ("--quant", "int4-g32"),
     "int4-g64": ("--quant", "int4-g64"),
     "int4-g128": ("--quant", "int4-g128"),

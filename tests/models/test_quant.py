@@ -80,6 +80,8 @@ def tp_proc(ckpt_dir, tmp_path_factory):
         ["kv1 int8+fuse tp2", str(mqa), 2, None, "int8", True],
         ["kv2 fp8 tp1", str(gqa), 1, None, "fp8", False],
         ["kv2 fp8+fuse tp2", str(gqa), 2, None, "fp8", True],  # x's rows' max over K shards: a collective
+        ["kv1 fp8 tp1", str(mqa), 1, None, "fp8", False],
+        ["kv1 fp8+fuse tp2", str(mqa), 2, None, "fp8", True],  # K-minor wqkv regrouped (replicated-heads)
     ]
     tmp = tmp_path_factory.mktemp("wo_tp")
     (tmp / "job.json").write_text(json.dumps({"out": str(tmp / "out.json"), "cases": cases}))
@@ -393,6 +395,7 @@ def test_int8_and_fuse_qkv_under_tp2(tp_proc):
         ("kv1 fuse tp2", "kv1 f32 tp1"),
         ("kv1 int8+fuse tp2", "kv1 int8 tp1"),
         ("kv2 fp8+fuse tp2", "kv2 fp8 tp1"),
+        ("kv1 fp8+fuse tp2", "kv1 fp8 tp1"),
     ]:
         got, want = runs[name], runs[ref]
         diff = np.abs(np.array(got["logits"]) - np.array(want["logits"])).max()
@@ -401,6 +404,9 @@ def test_int8_and_fuse_qkv_under_tp2(tp_proc):
         bad = [k for k, leaf in got["leaves"].items() if leaf["sharded_evenly"] is False]
         assert not bad, f"{name}: uneven shards {bad}"
     assert runs["kv1 fuse tp2"]["gqa"] == "replicated-heads"
+    fp8 = runs["kv2 fp8+fuse tp2"]["leaves"]  # K-minor [*N, *K, 1] (models.quant_fp8): the same axes split
+    assert fp8["['layers'][0]['wqkv']"]["spec"] == ["tp", "None", "None", "None", "None"]
+    assert fp8["['layers'][0]['w_down']"]["spec"] == ["None", "tp", "None"]
     leaves = runs["kv2 int8 tp2"]["leaves"]
     layer = "['layers'][0]"
 

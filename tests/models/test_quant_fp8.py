@@ -22,7 +22,7 @@ from builders import PROMPTS, rel_error
 from aotlm import AutoModelForSampling
 from aotlm.core.compile_cache import entry_key
 from aotlm.core.precision import resolve
-from aotlm.models import quant_fp8
+from aotlm.models import packing, quant_fp8
 from aotlm.models.axes import CONTRACT_AXES, LOGICAL_AXES
 from aotlm.models.quant import QuantizationConfig, quant_config
 
@@ -125,15 +125,38 @@ def test_fp8_graphs_have_their_own_compile_cache_key(runs):
     assert len({entry_key(m.fingerprint(), ("decode", N_POS), m.mesh)[0] for m in ms}) == 2
 
 
-def test_every_big_matrix_is_e4m3_with_a_scale_per_output_channel(runs):
-    m = runs["fp8"]
+def test_every_big_matrix_is_e4m3_k_minor_with_a_scale_per_output_channel(runs):
+    m, m32 = runs["fp8"], runs["f32"]
     big = _big(m.params)
     assert len(big) == 1 + 7 * m.cfg.n_layers  # untied lm_head + q/k/v/o/gate/up/down per layer
     for name, w, p in big:
-        assert w.dtype == jnp.float8_e4m3fn and w.ndim == len(LOGICAL_AXES[name]), name  # not packed
-        want = tuple(n for i, n in enumerate(w.shape) if i not in CONTRACT_AXES[name])
+        assert w.dtype == jnp.float8_e4m3fn and quant_fp8.is_tn(name, w.ndim), name  # [*N, *K, 1]
+        nk = len(CONTRACT_AXES[name])
+        want = w.shape[: w.ndim - 1 - nk]
         assert p[name + "_scale"].dtype == jnp.float32 and p[name + "_scale"].shape == want, name
+    # the values: layer 0's w_down [F, D] is stored [D, F, 1], each output row its input column's codes
+    w32 = m32.params["layers"][0]["w_down"]
+    w32 = packing.unpack(w32, "w_down") if packing.is_packed("w_down", w32.ndim) else w32  # the CPU panels
+    q, s = quant_fp8.quantize(np.asarray(w32, np.float32), (0,))
+    got = np.asarray(m.params["layers"][0]["w_down"])
+    np.testing.assert_array_equal(got.astype(np.float32), quant_fp8.tn(q, (0,)).astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(m.params["layers"][0]["w_down_scale"]), s)
     assert m.params["embed"].dtype == jnp.float32 and "embed_q" not in m.params  # untied: no copy
+
+
+def test_k_minor_axes_shard_as_the_logical_ones():
+    assert quant_fp8.tn_axes("wo", LOGICAL_AXES["wo"]) == (
+        *LOGICAL_AXES["wo"][2:],
+        *LOGICAL_AXES["wo"][:2],
+        None,
+    )
+    assert packing.logical_axes(("layers", 0, "wq"), 4) == (
+        *LOGICAL_AXES["wq"][1:],
+        LOGICAL_AXES["wq"][0],
+        None,
+    )
+    w = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)  # wo-like [H, Dh, D], contract (0, 1)
+    np.testing.assert_array_equal(quant_fp8.tn(w, (0, 1))[..., 0], w.transpose(2, 0, 1))
 
 
 @pytest.mark.parametrize("kernels", ["1", "0"])
@@ -172,7 +195,10 @@ def test_gpt2_tied_logits_bounded(gpt2_path):
     assert 0 < err <= REL
 
 
-F8_DOT = re.compile(r"stablehlo\.dot_general[^\n]*\(tensor<[^>]*xf8E4M3FN>, tensor<[^>]*xf8E4M3FN>\)")
+F8_DOT = re.compile(
+    r"stablehlo\.dot_general[^\n]*contracting_dims = \[([\d, ]*)\] x \[([\d, ]*)\][^\n]*"
+    r"\(tensor<[^>]*xf8E4M3FN>, tensor<([\dx]*)xf8E4M3FN>\)"
+)
 F8_CONVERT = re.compile(r"stablehlo\.convert[^\n]*\(tensor<[^>]*xf8E4M3FN>\)")
 
 
@@ -186,6 +212,9 @@ def test_gpu_graphs_multiply_two_e4m3_operands(peaked, monkeypatch, kind):
     text = m.lower(key).as_text()
     dots = F8_DOT.findall(text)
     assert len(dots) == len(_big(m.params)), (len(dots), len(_big(m.params)))
+    for _, rhs, shape in dots:  # K contiguous in the weight (cuBLASLt's fp8 layout: no transpose)
+        n, dims = shape.count("x") + 1, [int(d) for d in rhs.split(",")]
+        assert dims == list(range(n - len(dims), n)), (rhs, shape)
     assert not F8_CONVERT.findall(text)
     monkeypatch.delenv("AOTLM_KERNELS")
 
