@@ -15,8 +15,8 @@
 #          the arguments)
 #   attn   bf16 at batch 1 and 64 with both Pallas kernels, the products' and the attention's (ATTN_S, 150 s;
 #          ATTN_ARGS replaces the arguments)
-#   fp8    fp8 weights and products (quant="fp8": cuBLASLt's fp8 GEMMs on Hopper) at batch 1 and 64 (FP8_S,
-#          150 s; FP8_ARGS replaces the arguments)
+#   fp8    fp8 weights and products (quant="fp8") at batch 1 and 64, on cuBLASLt's fp8 GEMMs and with decode
+#          rows on the Pallas kernel (four rows; FP8_S, 200 s; FP8_ARGS replaces the arguments)
 #   serve  aotlm serve on the bench's 1B checkpoint at 1 / 16 / 64 clients (SERVE_S, 300 s)
 #   profile  a trace of batch-1 bf16 decode on XLA's ops and on both Pallas kernels, the device ops by time
 #          in the log (PROFILE_S, 150 s; PROFILE_ARGS; the trace itself stays in /tmp/gpu-prof)
@@ -67,8 +67,8 @@ if want attn; then
 fi
 # fp8 weights and products against the bf16 and int8 rows above
 if want fp8; then
-  read -r -a fp8_args <<<"${FP8_ARGS:---batch 1 64 --modes fp8 --variants default --peers --long-prompt 0 --runs 3}"
-  step fp8 timeout "${FP8_S:-150}" python scripts/bench_gpu.py "${fp8_args[@]}" --json "$OUT/fp8.json"
+  read -r -a fp8_args <<<"${FP8_ARGS:---batch 1 64 --modes fp8 --variants default g8-pallas --peers --long-prompt 0 --runs 3}"
+  step fp8 timeout "${FP8_S:-200}" python scripts/bench_gpu.py "${fp8_args[@]}" --json "$OUT/fp8.json"
 fi
 # serving on the GPU: aotlm serve on the bench's 1B checkpoint at 1 / 16 / 64 clients
 if want serve; then
