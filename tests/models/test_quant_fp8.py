@@ -1,11 +1,12 @@
 """fp8 weights and activations (``quant="fp8"``, ``aotlm.models.quant_fp8``).
 
 The rounding and the products against a float64 reference of the same e4m3 values; models stored that
-way (every big matrix e4m3 with a scale per output channel, a tied lm_head's own e4m3 copy, the memory
-plan equal to what is stored); their logits against f32 (bound ~3x the worst measured) and greedy
-tokens on the peaked checkpoint (``test_quant.py``: fp32 top-1 margins >= 20% of the largest logit);
-the graphs lowered for a GPU hold dots of two e4m3 operands (what XLA:GPU gives cuBLASLt's fp8 GEMM)
-and no e4m3 weight converted to a wider type.
+way (every big matrix e4m3, K-minor, with a scale per output channel; a tied lm_head's own e4m3 copy;
+the memory plan against the stored bytes and tensor parallelism: ``test_memory.py``, ``test_quant.py``);
+their logits against f32 (bound ~3x the worst measured) and greedy tokens on the peaked checkpoint
+(``test_quant.py``: fp32 top-1 margins >= 20% of the largest logit); the graphs lowered for a GPU hold
+dots of two e4m3 operands with the weight's K contiguous (what cuBLASLt's fp8 GEMM takes without a
+copy) and no e4m3 weight converted to a wider type. On a GPU: cuBLASLt's fp8 GEMMs in the compiled graph.
 """
 
 from __future__ import annotations
