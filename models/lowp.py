@@ -28,7 +28,7 @@ import threading
 import jax.numpy as jnp
 
 from aotlm import kernels
-from aotlm.models import packing
+from aotlm.models import packing, rounding
 
 # "s16" / "f32": 4-bit weights' x as int16 in two int8 digits / in three int8 parts (quant4.dense4), every row
 KINDS = (None, "s8", "bf16", "s16", "f32")
@@ -58,12 +58,7 @@ def quantize_rows(x, axes: int = 1):
     """Per-row symmetric int8 of ``x [..., *K]`` over its last ``axes`` dims: ``(q int8, s f32 [...])``
     with ``s = max|x| / 127`` (1 for an all-zero row), ``q * s ~ x``. Dynamic (computed in the graph
     from each prompt's activations), so no calibration data is needed."""
-    xf = x.astype(jnp.float32)
-    red = tuple(range(x.ndim - axes, x.ndim))
-    amax = jnp.max(jnp.abs(xf), axis=red)
-    s = jnp.where(amax > 0, amax / 127.0, 1.0)
-    q = jnp.clip(jnp.round(xf / s.reshape(*s.shape, *(1,) * axes)), -127, 127).astype(jnp.int8)
-    return q, s
+    return rounding.per_row(x, axes, 127.0, jnp.int8)
 
 
 def dense(

@@ -28,6 +28,7 @@ import numpy as np
 from jax import lax
 
 from aotlm import kernels
+from aotlm.models import rounding
 from aotlm.models.axes import CONTRACT_AXES, LOGICAL_AXES
 
 E4M3_MAX = 448.0  # float8_e4m3fn's largest finite value (no infinities: past it a cast gives NaN)
@@ -62,27 +63,13 @@ def quantize(w: np.ndarray, contract: tuple[int, ...]) -> tuple[np.ndarray, np.n
     """Host side: ``(q e4m3 of w's shape, s float32 of w's shape without the contract axes)`` with
     ``q * s ~ w``, ``s = max|w| / 448`` per output channel, round to nearest even; an all-zero channel
     (tp padding) gets scale 0 and zero codes."""
-    w = np.asarray(w, np.float32)
-    hi, lo = np.max(w, axis=contract, keepdims=True), np.min(w, axis=contract, keepdims=True)
-    scale = np.maximum(hi, -lo) / np.float32(E4M3_MAX)
-    safe = np.where(scale > 0, scale, 1.0).astype(np.float32)
-    q = np.empty(w.shape, FP8)
-    step = max(1, (1 << 16) // max(1, w[0].size))  # a few rows at a time: one small f32 temporary
-    for i in range(0, w.shape[0], step):
-        t = np.divide(w[i : i + step], safe if safe.shape[0] == 1 else safe[i : i + step])
-        q[i : i + step] = np.clip(t, -E4M3_MAX, E4M3_MAX, out=t).astype(FP8)
-    return q, np.squeeze(scale, axis=contract).astype(np.float32)
+    return rounding.per_channel(w, contract, E4M3_MAX, FP8)
 
 
 def quantize_rows(x, axes: int = 1):
     """In the graph: each row of ``x [..., *K]`` (its last ``axes`` dims) as e4m3 with scale
     ``max|x| / 448`` (1 for an all-zero row): ``(q [..., *K] e4m3, s [...] f32)``, ``q * s ~ x``."""
-    xf = x.astype(jnp.float32)
-    red = tuple(range(x.ndim - axes, x.ndim))
-    amax = jnp.max(jnp.abs(xf), axis=red)
-    s = jnp.where(amax > 0, amax / E4M3_MAX, 1.0)
-    t = xf / s.reshape(*s.shape, *(1,) * axes)
-    return jnp.clip(t, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn), s
+    return rounding.per_row(x, axes, E4M3_MAX, jnp.float8_e4m3fn)
 
 
 def dense(x, w, scale, axes: int = 1, nt: bool = False, name: str | None = None):

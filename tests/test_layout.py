@@ -401,6 +401,7 @@ COVERED = {
     "aotlm.models.projections": "tests/families/test_conformance_gpt_style.py: every family's projections",
     "aotlm.models.phi3": "tests/families/test_conformance_llama_style.py: Phi-3 against transformers",
     "aotlm.models.quant4": "tests/kernels/test_q4.py: quantize_int4, the packed layout, names",
+    "aotlm.models.rounding": "tests/models/test_quant.py: quantize_int8's formula (fp8: test_quant_fp8.py)",
     "aotlm.models.qwen": "tests/families/test_conformance_llama_style.py: Qwen2 / Qwen3 against transformers",
     "aotlm.models.weights": "tests/checkpoint/test_formats.py: safetensors shards and .bin load alike",
     "aotlm.progress": "tests/cli/test_text.py: --quiet gives no bars and no logs",
