@@ -69,6 +69,15 @@ def register(sub) -> None:
 
 
 # ---------------------------------------------------------------------- reading prompts
+def readable(path: Path, what: str) -> Path:
+    """``path`` if it can be read as a file (a pipe such as ``<(...)`` too); else a one-line error."""
+    if not path.exists():
+        raise ValueError(f"{what} {path} does not exist")
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a directory; give a file")
+    return path
+
+
 def read_prompts(args) -> list[dict]:
     """Input records, each with a non-empty ``prompt`` string; errors name the line."""
     if args.prompt is not None and args.prompts_file is not None:
@@ -84,9 +93,7 @@ def read_prompts(args) -> list[dict]:
     if name == "-":
         lines = sys.stdin.read().splitlines()
     else:
-        path = expand(name)
-        if not path.is_file():
-            raise ValueError(f"prompts file {path} does not exist")
+        path = readable(expand(name), "prompts file")
         lines = path.read_text(encoding="utf-8").splitlines()
     records = []
     for n, line in enumerate(lines, 1):
@@ -216,9 +223,7 @@ def record_constraints(args, records: list[dict]) -> list | None:
     ``response_format``; None when nothing is constrained. Errors name the file or record."""
     default = None
     if args.json_schema is not None:
-        path = expand(args.json_schema)
-        if not path.is_file():
-            raise ValueError(f"--json-schema: {path} does not exist")
+        path = readable(expand(args.json_schema), "--json-schema:")
         try:
             default = Constraint.json_schema(path.read_text(encoding="utf-8"))
         except ConstraintError as e:
@@ -244,13 +249,13 @@ def _generate(args, files, tok, kw: dict, prompts: list[str], constraints=None):
         model.compile_graph(key)
     hits = sum(r.get("hit", False) for r in model.compile_report)
     log.info(
-        "%s: weights loaded in %.2fs; %d graphs ready in %.2fs (%d from the compile cache %s)",
+        "%s: weights loaded in %.2fs; %d graphs ready in %.2fs (%d from the compile cache at %s)",
         files.checkpoint,
         t_load,
         len(model.compile_report),
         time.perf_counter() - t0,
         hits,
-        model.compile_cache.dir or "(memory only)",
+        os.path.abspath(model.compile_cache.dir) if model.compile_cache.dir else "(memory only)",
     )
     pipe = TextGenerationPipeline(model, tok, progress_bars=not args.quiet)
     gen_kw = dict(args.gen)

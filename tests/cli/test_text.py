@@ -125,6 +125,29 @@ def test_bad_input_is_one_line_exit_2(shared, tmp_path, case):
     assert len(lines) == 1 and want in lines[0] and lines[0].startswith("aotlm generate: error:"), out.stderr
 
 
+def test_prompts_file_may_be_a_pipe_not_a_directory(tmp_path):
+    """``--prompts-file <(...)`` (a pipe, not a regular file) is read; a directory or a missing path is a
+    one-line error naming it."""
+    import argparse
+    import threading
+
+    from aotlm.cli.text import read_prompts
+
+    fifo = tmp_path / "prompts.fifo"
+    os.mkfifo(fifo)
+    text = '{"prompt": "a"}\n{"prompt": "b"}\n'
+    writer = threading.Thread(target=lambda: fifo.write_text(text), daemon=True)
+    writer.start()
+    assert read_prompts(argparse.Namespace(prompt=None, prompts_file=str(fifo))) == [
+        {"prompt": "a"},
+        {"prompt": "b"},
+    ]
+    writer.join()
+    for path, want in ((tmp_path, "is a directory; give a file"), (tmp_path / "nope", "does not exist")):
+        with pytest.raises(ValueError, match=want):
+            read_prompts(argparse.Namespace(prompt=None, prompts_file=str(path)))
+
+
 def test_stream_prints_incrementally_with_sampling_flags(shared, tmp_path):
     """The text reaches stdout piece by piece while generating; the record goes to --output."""
     ckpt, cache = shared
