@@ -89,8 +89,8 @@ class Engine:
         if max_queue < 1 or decode_chunk < 1 or (solo_chunk is not None and solo_chunk < 1):
             raise ValueError("max_queue, decode_chunk and solo_chunk must be >= 1")
         batch = model if isinstance(model, SlotRunner) else SlotBatch(model, eos_token_id, pad_token_id)
-        if warm_up and isinstance(batch, SlotBatch):
-            batch.warm_up()
+        # (graphs run, graphs in all) by warm_up, None without it
+        self.warmed = batch.warm_up() if warm_up and isinstance(batch, SlotBatch) else None
         self.batch: SlotRunner = batch
         self.eos_token_id = tuple(int(t) for t in eos_token_id)  # what ends a constrained answer
         self.n_positions = batch.n_positions

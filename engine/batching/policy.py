@@ -9,7 +9,8 @@ snapshot (``RoundState``), with no clock, lock or device, so each rule is tested
 * ``plan_round``: once they are in, the round's prefill calls (``PrefillCall``: the oldest pending
   request first, chunks up to the token budget, whole short prompts of one bucket together) and
   the steps of its decode call (``decode_steps``, on the rows as the prefill leaves them);
-* ``move_down``: which row moves into a row its request left, so busy rows stay ``0 .. n-1``.
+* ``move_down``: which row moves into a row its request left, so busy rows stay ``0 .. n-1``;
+* ``warmed``: which graphs start-up runs once (``SlotBatch.warm_up``), by ``prefill_flops``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aotlm.core.buckets import PrefillStep
+from aotlm.models.arch import ArchConfig
+
+# Start-up runs a serving graph once (an executable's first run builds XLA:CPU's YNNPACK dot
+# runtimes: SmolLM2-135M, window 4096, 0.2-0.6 s more a prefill graph) unless it is estimated at
+# more than this many FLOPs: then its own compute, seconds on a small CPU, dwarfs what a first request
+# would save, and its first request pays instead (SmolLM2-135M: chunks of 1024 and 2048 tokens).
+WARM_FLOPS = 2e11
 
 
 @dataclass(frozen=True)
@@ -159,3 +167,28 @@ def move_down(busy: Sequence[bool], freed: int) -> int | None:
     above ``freed`` (None: ``freed`` is the top, nothing moves), so busy rows stay ``0 .. n-1``."""
     top = max((i for i, b in enumerate(busy) if b), default=-1)
     return top if top > freed else None
+
+
+def prefill_flops(cfg: ArchConfig, key: tuple) -> float:
+    """Multiply-adds x 2 of a serving graph's prompt tokens (the layers' matrices per token, the
+    attention of each token over the graph's width); 0 for graphs that encode no prompt."""
+    if key[0] == "slot_prefill":
+        tokens, width = key[1], key[2]
+    elif key[0] == "slot_prefill_rows":
+        tokens, width = key[1] * key[2], key[1]
+    else:
+        return 0.0
+    d, heads = cfg.hidden_size, cfg.head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
+    mlp = (3 if cfg.gated_mlp else 2) * d * cfg.intermediate_size * max(1, cfg.experts_per_token)
+    attention = 4 * cfg.n_heads * cfg.head_dim * width
+    return 2.0 * tokens * cfg.n_layers * (d * heads + mlp) + tokens * cfg.n_layers * attention
+
+
+def warmed(cfg: ArchConfig, keys: Sequence[tuple], max_flops: float | None = WARM_FLOPS) -> list[tuple]:
+    """The graphs of ``keys`` start-up runs once: those of at most ``max_flops`` (None: every one),
+    and always the cheapest ``slot_prefill`` (its logits feed the insert and decode graphs)."""
+    out = [k for k in keys if max_flops is None or prefill_flops(cfg, k) <= max_flops]
+    prefills = [k for k in keys if k[0] == "slot_prefill"]
+    if prefills and not any(k[0] == "slot_prefill" for k in out):
+        out.insert(0, min(prefills, key=lambda k: prefill_flops(cfg, k)))
+    return out

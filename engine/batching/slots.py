@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import numpy as np
 
-from aotlm.batching import slot_graphs
+from aotlm.batching import policy, slot_graphs
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampler_params, sampling, sharding
 from aotlm.core.contract import GraphHost
@@ -269,14 +269,17 @@ class SlotBatch:
             exe = m.executable(("slot_insert",))
             self.state = exe(self.state, logits, m.put_tree(r), m.put(np.int32(row)))
 
-    def warm_up(self) -> None:
-        """Run every slot graph once on free rows (their K/V and states are overwritten by the
-        next request that uses them; none holds tokens for reuse). An executable's first run
-        costs more than later ones (SmolLM2-135M on a Xeon: 15-30 ms more a prefill bucket, ~5
-        ms a decode graph), which the first requests after a start would otherwise pay."""
+    def warm_up(self, max_flops: float | None = policy.WARM_FLOPS) -> tuple[int, int]:
+        """Run the slot graphs once on free rows (their K/V and states are overwritten by the next
+        request that uses them; none holds tokens for reuse): an executable's first run costs more
+        than later ones, which the first requests after a start would otherwise pay. Prefill graphs
+        estimated above ``max_flops`` (``policy.warmed``; None: none) are left to their first
+        request. Returns (graphs run, graphs in all)."""
         m, one = self.model, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
         logits = None
-        for key in slot_graphs.graph_keys(m.ctx_buckets, m.tg_buckets, self.slots):
+        keys = slot_graphs.graph_keys(m.ctx_buckets, m.tg_buckets, self.slots)
+        run = policy.warmed(m.cfg, keys, max_flops)
+        for key in run:
             if key[0] == "slot_prefill":  # the chunk ends at the width's last slot
                 _, c, w = key
                 step = bk.PrefillStep(start=w - c, bucket=c, width=w, n_real=c)
@@ -291,7 +294,8 @@ class SlotBatch:
             elif key[0] == "slot_kv_out":
                 self.restore(0, self.save(0, key[1])[0])
         self.swap(0, 1, 0)  # (the swap graph) row 0 is done already
-        jax.block_until_ready(self.state)
+        jax.block_until_ready((self.state, m.cache))
+        return len(run), len(keys)
 
     # ------------------------------------------------------------------ decode
     def constrain(self, matchers: dict[int, constraints.Matcher]) -> None:

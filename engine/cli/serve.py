@@ -6,8 +6,9 @@ aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-s
             [--lora NAME=DIR ...] [--max-loras N] [--max-lora-rank R]
 
 The model is compiled for every bucket before the port opens, so the first request does not
-compile, and every serving graph runs once (``SlotBatch.warm_up``; ``--no-warmup`` skips it),
-so the first requests do not pay an executable's costlier first run either. Without
+compile, and the serving graphs run once (``SlotBatch.warm_up``; ``--no-warmup`` skips it),
+so the first requests do not pay an executable's costlier first run either; the prefills whose
+compute dwarfs that (``batching.policy.warmed``) are left to their first request. Without
 ``--n-positions`` it serves the checkpoint's whole context window (capped at 4096 by
 ``serve_kwargs``, as ``aotlm compile --serve`` does; token buckets are the powers of two up
 to it). SIGTERM / SIGINT:
@@ -24,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 from aotlm.api.causal_lm import AutoModelForSampling
@@ -36,6 +39,8 @@ from aotlm.cli.common import add_model_args, model_kwargs, serve_kwargs, setup_l
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import create_app
 from aotlm.text.tokens import eos_ids, tokenizer_for
+
+log = logging.getLogger("aotlm.serve")
 
 SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")
 
@@ -71,7 +76,7 @@ def register(sub) -> None:
         help="MB of K/V kept for reuse after the slot holding it is reused (default 512; 0: none)",
     )
     p.add_argument(
-        "--no-warmup", action="store_true", help="do not run every graph once before the port opens"
+        "--no-warmup", action="store_true", help="do not run the graphs once before the port opens"
     )
     p.add_argument(
         "--lenient-schemas",
@@ -117,8 +122,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sock = _bind(args.host, args.port)  # before the model loads: a port in use fails in a second
     kw = serve_kwargs(model_kwargs(args), args.checkpoint)  # model_kwargs resolves args.checkpoint
     tokenizer = tokenizer_for(args.checkpoint)
-    model = AutoModelForSampling.from_pretrained(args.checkpoint, **kw)
-    model.compile()
+    model = _load(args.checkpoint, kw)
+    t0 = time.perf_counter()
     engine = Engine(
         model,
         eos_token_id=eos_ids(args.checkpoint, model.hf_config, tokenizer),
@@ -128,6 +133,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         prefix_store_bytes=int(args.prefix_cache_mb * 2**20),
         warm_up=not args.no_warmup,
     ).start()
+    if engine.warmed is not None:
+        n, total = engine.warmed
+        log.info(
+            "%d of %d serving graphs run once in %.2fs (the rest, long prompts' biggest prefills, on their "
+            "first request; --no-warmup skips it)",
+            n, total, time.perf_counter() - t0,
+        )  # fmt: skip
     name = _model_name(args, args.checkpoint)
     try:
         adapters = Adapters(model, engine, name) if model.adapter_slots is not None else None
@@ -141,6 +153,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown(timeout=min(args.shutdown_timeout, 5.0))  # in-flight requests drained above
     return 0
+
+
+def _load(checkpoint: str, kw: dict):
+    """The model with every serving graph compiled or loaded from the compile cache; a line per phase
+    (a first start compiles them all, which takes minutes on a small CPU: no silent wait)."""
+    t0 = time.perf_counter()
+    model = AutoModelForSampling.from_pretrained(checkpoint, **kw)
+    n = len(model.graph_keys())
+    log.info(
+        "weights loaded in %.2fs; %d serving graphs to compile or load from the compile cache "
+        "(`aotlm compile CKPT --serve` makes them ahead)",
+        time.perf_counter() - t0,
+        n,
+    )
+    t0 = time.perf_counter()
+    model.compile()
+    hits = sum(r.get("hit", False) for r in model.compile_report)
+    where = os.path.abspath(model.compile_cache.dir) if model.compile_cache.dir else "(memory only)"
+    log.info(
+        "%d graphs ready in %.2fs (%d from the compile cache at %s)", n, time.perf_counter() - t0, hits, where
+    )
+    return model
 
 
 def _bind(host: str, port: int) -> socket.socket:

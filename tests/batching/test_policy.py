@@ -93,3 +93,31 @@ def test_busy_rows_stay_compact():
     assert policy.move_down([True, False, True, True], 1) == 3  # the top request fills the gap
     assert policy.move_down([True, True, False, False], 2) is None  # the top row left: nothing moves
     assert policy.move_down([False, False], 0) is None
+
+
+def test_warm_up_skips_the_prefills_whose_compute_dwarfs_a_first_run():
+    # SmolLM2-135M's shape: 30 layers of 576, 9 heads (3 kv) of 64, gated mlp of 1536
+    from aotlm.batching import slot_graphs
+    from aotlm.models.arch import ArchConfig
+
+    cfg = ArchConfig("llama", 49152, 576, 30, 9, 3, 64, 1536, 8192)
+    per_token = 2 * 30 * (576 * 64 * 24 + 3 * 576 * 1536)  # q, k, v, o and the three mlp matrices
+    assert policy.prefill_flops(cfg, ("slot_prefill", 512, 1024)) == 512 * (
+        per_token + 30 * 4 * 9 * 64 * 1024
+    )
+    assert policy.prefill_flops(cfg, ("slot_prefill_rows", 128, 8)) == 1024 * (
+        per_token + 30 * 4 * 9 * 64 * 128
+    )
+    assert (
+        policy.prefill_flops(cfg, ("slot_decode", 4096, 8)) == policy.prefill_flops(cfg, ("slot_swap",)) == 0
+    )
+    keys = slot_graphs.graph_keys((64, 128, 256, 512, 1024, 2048), (128, 256, 512, 1024, 2048, 4096), 8)
+    skipped = set(keys) - set(policy.warmed(cfg, keys))
+    big = {k for k in keys if k[0] == "slot_prefill" and (k[1] >= 1024 or k[1:] == (512, 4096))}
+    assert {k for k in skipped if k[0] == "slot_prefill"} == big  # long prompts' chunks
+    assert skipped - {k for k in skipped if k[0] == "slot_prefill"} == {("slot_prefill_rows", 128, 8)}
+    assert policy.warmed(cfg, keys, None) == keys
+    # a model so big that no prefill passes keeps the cheapest: its logits feed the insert graph
+    assert policy.warmed(cfg, keys, 1.0) == [("slot_prefill", 64, 64)] + [
+        k for k in keys if "prefill" not in k[0]
+    ]

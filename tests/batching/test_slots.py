@@ -11,7 +11,7 @@ import pytest
 from compile_counter import count_compiles
 
 from aotlm.api.causal_lm import AutoModelForSampling
-from aotlm.batching import slot_graphs
+from aotlm.batching import policy, slot_graphs
 from aotlm.batching.engine import Engine
 from aotlm.batching.slots import SlotBatch
 from aotlm.batching.types import EngineStopped, Finish, InvalidRequest, QueueFull, SamplingParams, Token
@@ -83,8 +83,15 @@ def test_warm_up_runs_every_serving_graph(served, monkeypatch):
     model, seen = served[0], []
     real = model.executable
     monkeypatch.setattr(model, "executable", lambda key: seen.append(key) or real(key))
-    SlotBatch(model, []).warm_up()
-    assert set(seen) == set(slot_graphs.graph_keys(model.ctx_buckets, model.tg_buckets, model.batch_size))
+    keys = slot_graphs.graph_keys(model.ctx_buckets, model.tg_buckets, model.batch_size)
+    assert SlotBatch(model, []).warm_up(max_flops=None) == (len(keys), len(keys))
+    assert set(seen) == set(keys)
+    # with a bound the bigger prefills wait for their first request; the cheapest one still runs
+    bound = sorted(policy.prefill_flops(model.cfg, k) for k in keys if k[0] == "slot_prefill")[1]
+    seen.clear()
+    n, total = SlotBatch(model, []).warm_up(max_flops=bound)
+    assert set(seen) == set(policy.warmed(model.cfg, keys, bound)) and n < total == len(keys)
+    assert {k for k in keys if "prefill" not in k[0]} <= set(seen)
 
 
 def test_short_request_finishes_while_a_long_one_runs(engine, monkeypatch):

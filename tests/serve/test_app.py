@@ -554,7 +554,7 @@ def test_cli_serve_starts_answers_and_exits_0_on_sigterm(srv):
     env = dict(os.environ, AOTLM_API_KEY="cli-key")
     shapes = ["--batch-size", "4", "--n-positions", "64", "--cache-dir", str(srv.cache)]
     cmd = [sys.executable, "-m", "aotlm.cli", "serve", str(srv.ckpt), "--port", "0", *shapes]
-    cmd += ["--served-model-name", "m", "--quiet"]
+    cmd += ["--served-model-name", "m"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline().strip()
@@ -569,6 +569,9 @@ def test_cli_serve_starts_answers_and_exits_0_on_sigterm(srv):
             openai.OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0).models.list()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+        log = proc.stderr.read()  # a line per start-up phase: a cold start is never a silent wait
+        for phase in ("weights loaded in", "serving graphs to compile", "graphs ready in", "run once in"):
+            assert phase in log, log
     finally:
         proc.kill()
         proc.wait()
