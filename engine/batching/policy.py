@@ -22,9 +22,9 @@ from aotlm.core.buckets import PrefillStep
 from aotlm.models.arch import ArchConfig
 
 # Start-up runs a serving graph once (an executable's first run builds XLA:CPU's YNNPACK dot
-# runtimes: SmolLM2-135M, window 4096, 0.2-0.6 s more a prefill graph) unless it is estimated at
-# more than this many FLOPs: then its own compute, seconds on a small CPU, dwarfs what a first request
-# would save, and its first request pays instead (SmolLM2-135M: chunks of 1024 and 2048 tokens).
+# runtimes, which the first requests would otherwise pay) unless it is estimated at more than this
+# many FLOPs: then its own compute dwarfs what warming saves, and its first request pays instead
+# (figures: engine/serve/README.md, "Compile ahead of time and warm-up").
 WARM_FLOPS = 2e11
 
 

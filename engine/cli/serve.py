@@ -136,8 +136,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if engine.warmed is not None:
         n, total = engine.warmed
         log.info(
-            "%d of %d serving graphs run once in %.2fs (the rest, long prompts' biggest prefills, on their "
-            "first request; --no-warmup skips it)",
+            "%d of %d serving graphs run once in %.2fs (the costliest prefills run first for a request; "
+            "--no-warmup skips it)",
             n, total, time.perf_counter() - t0,
         )  # fmt: skip
     name = _model_name(args, args.checkpoint)
