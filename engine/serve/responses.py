@@ -13,6 +13,14 @@ from aotlm.serve.detok import Piece
 from aotlm.serve.structured import Structured, read_calls
 
 COMPLETION, CHAT = "text_completion", "chat.completion"
+# A log-probability JSON can carry: a token that top-k / top-p / min-p or a penalty cut has -inf,
+# which strict JSON has no number for (vLLM's floor, the same for the same reason)
+LOGPROB_FLOOR = -9999.0
+
+
+def finite(logprob: float | None) -> float | None:
+    """``logprob`` with -inf raised to ``LOGPROB_FLOOR`` (None stays None)."""
+    return None if logprob is None else max(float(logprob), LOGPROB_FLOOR)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
@@ -38,14 +46,14 @@ def completion_logprobs(piece: Piece, text_of: Callable[[int], str]) -> dict:
     """
     return {
         "tokens": [text_of(t.id) for t in piece.tokens],
-        "token_logprobs": [t.logprob for t in piece.tokens],
-        "top_logprobs": [{text_of(i): lp for i, lp in t.top} for t in piece.tokens],
+        "token_logprobs": [finite(t.logprob) for t in piece.tokens],
+        "top_logprobs": [{text_of(i): finite(lp) for i, lp in t.top} for t in piece.tokens],
         "text_offset": list(piece.offsets),
     }
 
 
 def _entry(text: str, logprob: float | None) -> dict:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return {"token": text, "logprob": finite(logprob), "bytes": list(text.encode("utf-8"))}
 
 
 def chat_logprobs(piece: Piece, text_of: Callable[[int], str]) -> dict:

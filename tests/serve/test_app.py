@@ -411,6 +411,36 @@ def test_malformed_and_oversized_bodies(srv, content, status):
     assert r.status_code == status and set(r.json()["error"]) == ERROR_KEYS
 
 
+def test_logprobs_of_cut_tokens_are_strict_json(srv):
+    """Tokens that top_k cut have log-probability -inf, which JSON has no number for: the server sends
+    ``responses.LOGPROB_FLOOR`` (vLLM's -9999.0), streamed or not, on both endpoints."""
+
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in {text[:200]}"))
+
+    sampled = {"max_tokens": 3, "temperature": 1.0, "top_k": 1, "seed": 1, "ignore_eos": True}
+    bodies = {
+        "completions": {"prompt": "def", "logprobs": 3},
+        "chat/completions": {
+            "messages": [{"role": "user", "content": "hi"}],
+            "logprobs": True,
+            "top_logprobs": 3,
+        },
+    }
+    for path, body in bodies.items():
+        body = {"model": NAME, **sampled, **body}
+        r = srv.post(f"/v1/{path}", body, timeout=60)
+        assert r.status_code == 200, r.text
+        lp = strict(r.text)["choices"][0]["logprobs"]
+        tops = lp["top_logprobs"] if path == "completions" else [t["top_logprobs"] for t in lp["content"]]
+        values = [sorted(t.values() if path == "completions" else [x["logprob"] for x in t]) for t in tops]
+        assert values and all(v == [-9999.0, -9999.0, 0.0] for v in values), values
+        auth = {"Authorization": f"Bearer {KEY}"}
+        with httpx.stream("POST", f"{srv.url}/v1/{path}", json={**body, "stream": True}, headers=auth) as r:
+            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and all(strict(e) for e in events[:-1])
+
+
 def test_logprobs_limit_message_names_it(srv):
     with pytest.raises(openai.BadRequestError) as e:
         srv.client().completions.create(model=NAME, prompt="x", logprobs=6)
