@@ -79,7 +79,9 @@ def cmd_batch_generate(args) -> int:
         "cache_dir": args.cache_dir,
         "lora": _lora(args),
     }
-    shard = f" (shard {args.shard[0]}/{args.shard[1]}: {len(mine)} of {len(groups)} groups)"
+    n_mine = sum(len(g.records) for g in mine)
+    i, n = args.shard
+    shard = f" (shard {i}/{n}: {n_mine} records in {len(mine)} of {len(groups)} groups)"
     log.info("pre-flight ok: %d records, %d model groups%s", len(records), len(groups), shard)
     if args.dry_run:
         print(table(plan_rows(mine, opts, todo), PLAN_HEADER))

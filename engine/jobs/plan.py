@@ -16,6 +16,7 @@ group: one model load serves all of them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -271,6 +272,17 @@ def prepare(groups: list[Group], cli: dict, path: str) -> None:
 
 
 def select_shard(groups: list[Group], shard: tuple[int, int]) -> list[Group]:
-    """Whole groups per shard (``g % N == I``), so no checkpoint is loaded by two shards."""
+    """Shard ``I`` of ``N``'s share, each shard loading as few checkpoints as it can.
+
+    With at least ``N`` groups: whole groups (``g % N == I``), so no checkpoint is loaded by two
+    shards. With fewer (a one-model job, the usual case): shard ``I`` serves group ``I % G`` only,
+    whose records are dealt out among that group's shards (``I``, ``I + G``, ... below ``N``), so
+    every shard has work and loads one checkpoint.
+    """
     i, n = shard
-    return [g for k, g in enumerate(groups) if k % n == i]
+    if len(groups) >= n or not groups:
+        return [g for k, g in enumerate(groups) if k % n == i]
+    g = groups[i % len(groups)]
+    mine = range(i % len(groups), n, len(groups))  # this group's shards
+    part = [r for k, r in enumerate(g.records) if k % len(mine) == mine.index(i)]
+    return [dataclasses.replace(g, records=part)] if part else []

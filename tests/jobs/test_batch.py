@@ -224,6 +224,30 @@ def test_shards_kill_resume_recombine_to_the_unsharded_output(env, jsonl):
     assert read(merged) == read(expected)  # no duplicates, no gaps, input order, same completions
 
 
+def test_shards_of_a_job_with_fewer_models_than_shards_split_the_records():
+    """With fewer model groups than shards every shard gets work and loads one checkpoint: shard I
+    serves group I % G, whose records are dealt out among its shards; with as many groups as shards
+    or more, whole groups (the test above)."""
+    from aotlm.jobs.plan import Group, select_shard
+
+    def share(groups, n):  # per shard: (model, record) pairs
+        return [[(g.key[0], r) for g in select_shard(groups, (i, n)) for r in g.records] for i in range(n)]
+
+    one = [Group(("m1", "f32", "m1"), list(range(7)))]
+    assert share(one, 3) == [
+        [("m1", 0), ("m1", 3), ("m1", 6)],
+        [("m1", 1), ("m1", 4)],
+        [("m1", 2), ("m1", 5)],
+    ]
+    two = [Group((m, "f32", m), list(range(5))) for m in ("a", "b")]
+    a, b = [("a", r) for r in range(5)], [("b", r) for r in range(5)]
+    assert share(two, 4) == [a[0::2], b[0::2], a[1::2], b[1::2]]
+    three = [Group((m, "f32", m), [0]) for m in ("a", "b", "c")]
+    assert share(three, 2) == [[("a", 0), ("c", 0)], [("b", 0)]]  # whole groups
+    assert share([Group(("m1", "f32", "m1"), [0, 1])], 4) == [[("m1", 0)], [("m1", 1)], [], []]
+    assert one[0].records == list(range(7))  # the groups themselves are left whole
+
+
 # ------------------------------------------------------------------------ run-h5
 L, START = 20, [500, 501]  # start tokens outside the vocabulary (320)
 
