@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from aotlm.core.buckets import PrefillStep
 from aotlm.models.arch import ArchConfig
 
-# Start-up runs a serving graph once (an executable's first run builds XLA:CPU's YNNPACK dot
-# runtimes, which the first requests would otherwise pay) unless it is estimated at more than this
-# many FLOPs: then its own compute dwarfs what warming saves, and its first request pays instead
-# (figures: engine/serve/README.md, "Compile ahead of time and warm-up").
-WARM_FLOPS = 2e11
+# Start-up runs a serving graph once (an executable's first run costs more: on XLA:CPU it builds the
+# YNNPACK dot runtimes, which the first requests would otherwise pay) unless it is estimated at more
+# than its backend's bound here in FLOPs: then its own compute dwarfs what warming saves, and its first
+# request pays instead (figures: engine/serve/README.md, "Compile ahead of time and warm-up"). A
+# backend not listed (a GPU: 2e11 FLOPs take it a fraction of a millisecond) warms every graph.
+WARM_FLOPS = {"cpu": 2e11}
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,12 @@ def prefill_flops(cfg: ArchConfig, key: tuple) -> float:
     return 2.0 * tokens * cfg.n_layers * (d * heads + mlp) + tokens * cfg.n_layers * attention
 
 
-def warmed(cfg: ArchConfig, keys: Sequence[tuple], max_flops: float | None = WARM_FLOPS) -> list[tuple]:
+def warm_bound(platform: str) -> float | None:
+    """``WARM_FLOPS`` for jax's ``platform`` name (None: warm every graph)."""
+    return WARM_FLOPS.get(platform)
+
+
+def warmed(cfg: ArchConfig, keys: Sequence[tuple], max_flops: float | None) -> list[tuple]:
     """The graphs of ``keys`` start-up runs once: those of at most ``max_flops`` (None: every one),
     and always the cheapest ``slot_prefill`` (its logits feed the insert and decode graphs)."""
     out = [k for k in keys if max_flops is None or prefill_flops(cfg, k) <= max_flops]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import jax
 import numpy as np
@@ -269,14 +269,16 @@ class SlotBatch:
             exe = m.executable(("slot_insert",))
             self.state = exe(self.state, logits, m.put_tree(r), m.put(np.int32(row)))
 
-    def warm_up(self, max_flops: float | None = policy.WARM_FLOPS) -> tuple[int, int]:
+    def warm_up(self, max_flops: float | None | Literal["backend"] = "backend") -> tuple[int, int]:
         """Run the slot graphs once on free rows (their K/V and states are overwritten by the next
         request that uses them; none holds tokens for reuse): an executable's first run costs more
         than later ones, which the first requests after a start would otherwise pay. Prefill graphs
-        estimated above ``max_flops`` (``policy.warmed``; None: none) are left to their first
-        request. Returns (graphs run, graphs in all)."""
+        estimated above ``max_flops`` (``policy.warmed``; None: none; default: the backend's
+        ``policy.warm_bound``) are left to their first request. Returns (graphs run, graphs in all)."""
         m, one = self.model, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
         logits = None
+        if max_flops == "backend":
+            max_flops = policy.warm_bound(jax.default_backend())
         keys = slot_graphs.graph_keys(m.ctx_buckets, m.tg_buckets, self.slots)
         run = policy.warmed(m.cfg, keys, max_flops)
         for key in run:

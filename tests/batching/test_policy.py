@@ -112,11 +112,13 @@ def test_warm_up_skips_the_prefills_whose_compute_dwarfs_a_first_run():
         policy.prefill_flops(cfg, ("slot_decode", 4096, 8)) == policy.prefill_flops(cfg, ("slot_swap",)) == 0
     )
     keys = slot_graphs.graph_keys((64, 128, 256, 512, 1024, 2048), (128, 256, 512, 1024, 2048, 4096), 8)
-    skipped = set(keys) - set(policy.warmed(cfg, keys))
+    skipped = set(keys) - set(policy.warmed(cfg, keys, policy.warm_bound("cpu")))
     big = {k for k in keys if k[0] == "slot_prefill" and (k[1] >= 1024 or k[1:] == (512, 4096))}
     assert {k for k in skipped if k[0] == "slot_prefill"} == big  # long prompts' chunks
     assert skipped - {k for k in skipped if k[0] == "slot_prefill"} == {("slot_prefill_rows", 128, 8)}
-    assert policy.warmed(cfg, keys, None) == keys
+    assert (
+        policy.warmed(cfg, keys, None) == policy.warmed(cfg, keys, policy.warm_bound("cuda")) == keys
+    )  # a GPU
     # a model so big that no prefill passes keeps the cheapest: its logits feed the insert graph
     assert policy.warmed(cfg, keys, 1.0) == [("slot_prefill", 64, 64)] + [
         k for k in keys if "prefill" not in k[0]

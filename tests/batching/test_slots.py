@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import jax
 import numpy as np
 import pytest
 from compile_counter import count_compiles
@@ -84,7 +85,7 @@ def test_warm_up_runs_every_serving_graph(served, monkeypatch):
     real = model.executable
     monkeypatch.setattr(model, "executable", lambda key: seen.append(key) or real(key))
     keys = slot_graphs.graph_keys(model.ctx_buckets, model.tg_buckets, model.batch_size)
-    assert SlotBatch(model, []).warm_up(max_flops=None) == (len(keys), len(keys))
+    assert SlotBatch(model, []).warm_up() == SlotBatch(model, []).warm_up(None) == (len(keys), len(keys))
     assert set(seen) == set(keys)
     # with a bound the bigger prefills wait for their first request; the cheapest one still runs
     bound = sorted(policy.prefill_flops(model.cfg, k) for k in keys if k[0] == "slot_prefill")[1]
@@ -92,6 +93,8 @@ def test_warm_up_runs_every_serving_graph(served, monkeypatch):
     n, total = SlotBatch(model, []).warm_up(max_flops=bound)
     assert set(seen) == set(policy.warmed(model.cfg, keys, bound)) and n < total == len(keys)
     assert {k for k in keys if "prefill" not in k[0]} <= set(seen)
+    monkeypatch.setitem(policy.WARM_FLOPS, jax.default_backend(), bound)  # the default: this backend's
+    assert SlotBatch(model, []).warm_up() == (n, total)
 
 
 def test_short_request_finishes_while_a_long_one_runs(engine, monkeypatch):
