@@ -117,8 +117,14 @@ class TextGenerationPipeline:
             generation_kwargs["stop_sequences"] = stops
         unknown = set(generation_kwargs) - self._sample_params
         if unknown:
+            beams = (
+                "; beam search: model.sample(ids, num_beams=N) (a compiled batch of prompts x N rows) or the "
+                "HF adapter's generate()"
+                if "num_beams" in unknown
+                else ""
+            )
             raise TypeError(
-                f"sample() of this aotlm does not take {sorted(unknown)}; supported: "
+                f"pipeline() does not take {sorted(unknown)}{beams}; it takes: "
                 f"{sorted(self._sample_params - {'self', 'input_ids', 'generation_kwargs'})}"
             )
         if streamer is not None and n != 1:

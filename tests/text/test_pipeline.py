@@ -92,6 +92,10 @@ def test_pipeline_errors_name_the_prompt(pipes):
         ours(["def " * 40], max_new_tokens=40)
     with pytest.raises(ValueError, match="max_new_tokens has 1 values for 2 prompts"):
         ours(["a", "b"], max_new_tokens=[3])
+    with pytest.raises(TypeError, match=r"does not take \['bogus'\]; it takes: \[.*'top_p'"):
+        ours("a", max_new_tokens=2, bogus=1)
+    with pytest.raises(TypeError, match=r"\['num_beams'\]; beam search: model.sample\(ids, num_beams=N\)"):
+        ours("a", max_new_tokens=2, num_beams=2)
 
 
 def test_incremental_decoder_never_splits_characters(tmp_path):
