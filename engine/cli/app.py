@@ -251,7 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args, extra = ap.parse_known_args(argv)
+    if extra:  # named by the command they were given to, as its own usage errors are
+        sub = f"aotlm {args.command}"
+        ap.exit(2, f"{sub}: error: unrecognized arguments: {' '.join(extra)}; see '{sub} --help'\n")
 
     # warnings (e.g. an unusable compile cache) as one line each, not file:line + source
     old_format = warnings.formatwarning

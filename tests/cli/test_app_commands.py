@@ -60,3 +60,8 @@ def test_sample_prints_rows_and_reports_bad_input(tiny, tmp_path, capsys):
     assert "not a valid token id" in capsys.readouterr().err
     assert main([*args, "--prompt-ids", "1,2", "--max-new-tokens", "100"]) == 2
     assert "exceeds n_positions=64" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # an unknown flag names the command it was given to
+        main([*args, "--prompt-ids", "1,2", "--bogus", "3"])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "aotlm sample: error: unrecognized arguments: --bogus 3; see 'aotlm sample --help'\n"
+    )
