@@ -13,8 +13,8 @@ from aotlm.serve.detok import Piece
 from aotlm.serve.structured import Structured, read_calls
 
 COMPLETION, CHAT = "text_completion", "chat.completion"
-# A log-probability JSON can carry: a token that top-k / top-p / min-p or a penalty cut has -inf,
-# which strict JSON has no number for (vLLM's floor, the same for the same reason)
+# The lowest log-probability sent: a token that top-k / top-p / min-p cut has -inf, which JSON has no
+# number for (vLLM sends the same floor)
 LOGPROB_FLOOR = -9999.0
 
 
