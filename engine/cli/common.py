@@ -44,6 +44,14 @@ def add_job_args(p: argparse.ArgumentParser, shard_help: str) -> None:
     p.add_argument("--shard", type=shard_arg, default=(0, 1), help=shard_help)
 
 
+def graphs_ready(model, seconds: float) -> str:
+    """``N graphs ready in S s (H from the compile cache at DIR)``: what a command logs once compiled."""
+    hits = sum(r.get("hit", False) for r in model.compile_report)
+    where = os.path.abspath(model.compile_cache.dir) if model.compile_cache.dir else "(memory only)"
+    n = len(model.compile_report)
+    return f"{n} graphs ready in {seconds:.2f}s ({hits} from the compile cache at {where})"
+
+
 def setup_logging(quiet: bool) -> None:
     """INFO lines of aotlm's own loggers to stderr (third-party loggers untouched)."""
     root = logging.getLogger("aotlm")

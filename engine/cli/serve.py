@@ -35,7 +35,7 @@ from pathlib import Path
 
 from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.batching.engine import PREFIX_STORE_BYTES, Engine
-from aotlm.cli.common import add_model_args, model_kwargs, serve_kwargs, setup_logging
+from aotlm.cli.common import add_model_args, graphs_ready, model_kwargs, serve_kwargs, setup_logging
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import create_app
 from aotlm.text.tokens import eos_ids, tokenizer_for
@@ -169,11 +169,7 @@ def _load(checkpoint: str, kw: dict):
     )
     t0 = time.perf_counter()
     model.compile()
-    hits = sum(r.get("hit", False) for r in model.compile_report)
-    where = os.path.abspath(model.compile_cache.dir) if model.compile_cache.dir else "(memory only)"
-    log.info(
-        "%d graphs ready in %.2fs (%d from the compile cache at %s)", n, time.perf_counter() - t0, hits, where
-    )
+    log.info("%s", graphs_ready(model, time.perf_counter() - t0))
     return model
 
 

@@ -23,6 +23,7 @@ from aotlm.cli.common import (
     add_model_args,
     add_sampling_args,
     generation_settings,
+    graphs_ready,
     model_kwargs,
     setup_logging,
 )
@@ -247,16 +248,8 @@ def _generate(args, files, tok, kw: dict, prompts: list[str], constraints=None):
         needed_graphs(model, lengths, args.max_new_tokens), "compiling buckets", unit="graph"
     ):
         model.compile_graph(key)
-    hits = sum(r.get("hit", False) for r in model.compile_report)
-    log.info(
-        "%s: weights loaded in %.2fs; %d graphs ready in %.2fs (%d from the compile cache at %s)",
-        files.checkpoint,
-        t_load,
-        len(model.compile_report),
-        time.perf_counter() - t0,
-        hits,
-        os.path.abspath(model.compile_cache.dir) if model.compile_cache.dir else "(memory only)",
-    )
+    ready = graphs_ready(model, time.perf_counter() - t0)
+    log.info("%s: weights loaded in %.2fs; %s", files.checkpoint, t_load, ready)
     pipe = TextGenerationPipeline(model, tok, progress_bars=not args.quiet)
     gen_kw = dict(args.gen)
     streamer = None

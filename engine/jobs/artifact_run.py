@@ -28,11 +28,9 @@ ARG_KEYS = MODEL_KEYS
 
 def _quant_name(q) -> str:
     """A ``QuantizationConfig`` as the string option that rebuilds it (its dequant dtype is the amp)."""
-    if q.int4:  # 4-bit weights: group, minimum and how x is held in the label ("int4-g64-asym-a16")
-        return q.label
-    if q.activations:  # prefill activations rounded too
+    if q.activations and not q.int4:  # prefill activations rounded too
         return "w8a8" if q.w8a8 else "bf16a"
-    return q.label  # "int8", "bf16", "f16", "fp8"
+    return q.label  # "int8", "bf16", "f16", "fp8", "int4-g64-asym-a16" (how an int4 x is held included)
 
 
 def model_args(model, quant=None) -> dict:
