@@ -406,7 +406,9 @@ def main() -> int:
     if kernels.enabled():  # the level (AOTLM_KERNEL_ISA forces a lower one) and its measured limits
         fma, i8, b16 = kernels.fma_peak(3), kernels.int8_peak(3), kernels.bf16_peak(3)
         bf = f", bf16 {b16:.0f} GFLOP/s" if b16 else ""
-        print(f"kernel ISA: {kernels.isa_level()}; peaks: f32 FMA {fma:.0f} GFLOP/s, int8 {i8:.0f} Gop/s{bf}")
+        tiles = " (AMX tiles)" if kernels.amx_tiles() else ""
+        peaks = f"f32 FMA {fma:.0f} GFLOP/s, int8 {i8:.0f} Gop/s{bf}"
+        print(f"kernel ISA: {kernels.isa_level()}{tiles}; peaks: {peaks}")
     print(
         f"checkpoint {path}; prompt {args.prompt}, {args.new} new tokens, greedy, tp={args.tp}, median of "
         f"{args.runs}; aotlm kernels: {kernels.cache_tag()} ({kernels.threads()} threads); "

@@ -1,9 +1,9 @@
-// AMX tiles (Sapphire Rapids and later; the amx level of aotlm.kernels.isa: -mamx-tile -mamx-int8), included
+// AMX tiles (Sapphire Rapids and later; the amx level of aotlm.kernels.isa: -mamx-tile -mamx-int8 -mamx-bf16), included
 // by wmatmul.cc before the GEMMs. Linux grants the tile state per process (arch_prctl(ARCH_REQ_XCOMP_PERM)):
 // asked once, on first use; refused (an old kernel, a hypervisor that hides it), the vpdpbusd code runs.
 #pragma once
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
 #define AOTLM_AMX 1  // the amx build: the code below and what tests this macro
 namespace aotlm_amx {
 constexpr int64_t MIN_ROWS = 16;  // decode rows (<= kernels.MAX_ROWS) stay on the row kernels

@@ -202,6 +202,14 @@ def bf16_peak(runs: int = 5) -> float | None:
     return float(lib.aotlm_bf16_peak(ctypes.c_int(runs)))
 
 
+def amx_tiles() -> bool:
+    """Whether the prefill GEMMs run on AMX tiles: the ``amx`` level and Linux granted this process the
+    tile state (``arch_prctl``; a kernel or hypervisor that refuses it leaves them on ``vpdpbusd`` /
+    ``vdpbf16ps``)."""
+    lib = _load()
+    return bool(lib is not None and lib.aotlm_amx_tiles())
+
+
 def transpose(a: np.ndarray) -> np.ndarray | None:
     """``a.T`` of a 2-D array as a new C-contiguous array, copied in tiles by the kernels' threads
     (``host.h``, through ctypes: the GIL is released meanwhile); None without the kernels or for an

@@ -320,5 +320,8 @@ inline void bf16_gemm_dp(const uint16_t* x, const uint16_t* w, const float* scal
         out.put(m * N + n0, r, int(ld));
       });
 }
+#if defined(AOTLM_AMX)
+#include "amx16.h"  // bf16 panels on AMX tiles: bf16 x, and f32 x in three bf16 parts (the amx level)
+#endif
 #endif  // __AVX512BF16__
 #endif  // __AVX512F__

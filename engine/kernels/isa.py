@@ -8,9 +8,10 @@ Levels, lowest first (each needs every feature of the ones before it):
   and the int8 row kernels on ``vpdpwssd`` (``vpmaddwd`` and its add in one).
 * ``avx512bf16``: AVX512-BF16 too, ``quant="bf16a"``'s prefill GEMM on ``vdpbf16ps`` (bf16 activations
   times bf16 weights, 32 multiply-adds per instruction). Ice Lake has VNNI without it (``avx512vnni``).
-* ``amx``: AMX-TILE + AMX-INT8 too (Sapphire Rapids and later), W8A8's prefill GEMM on ``tdpbssd``
-  tiles (16,384 int8 multiply-adds per instruction; ``amx.h``, ``amx8.h``) once Linux grants the
-  process the tile state (asked on first use; refused, the ``vpdpbusd`` GEMM runs).
+* ``amx``: AMX-TILE + AMX-INT8 + AMX-BF16 too (Sapphire Rapids and later), W8A8's prefill GEMM on
+  ``tdpbssd`` tiles (16,384 int8 multiply-adds per instruction; ``amx.h``, ``amx8.h``) and the bf16
+  panels' on ``tdpbf16ps`` (8,192 bf16 ones; f32 x in three bf16 parts, bf16 x as it is: ``amx16.h``)
+  once Linux grants the process the tile state (asked on first use; refused, the AVX-512 GEMMs run).
 
 The level is the highest the CPU has, or ``AOTLM_KERNEL_ISA`` (a lower one, e.g. to compare or to
 build a cache for older CPUs); an unknown name or a level this CPU lacks is a ``KernelIsaError``.
@@ -32,7 +33,7 @@ LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "avx512vnni": (("avx512_vnni",), ("-mavx512vnni",)),
     "avx512bf16": (("avx512_bf16",), ("-mavx512bf16",)),
-    "amx": (("amx_tile", "amx_int8"), ("-mamx-tile", "-mamx-int8")),
+    "amx": (("amx_tile", "amx_int8", "amx_bf16"), ("-mamx-tile", "-mamx-int8", "-mamx-bf16")),
 }
 ENV = "AOTLM_KERNEL_ISA"
 

@@ -121,9 +121,13 @@ ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::
       if (w.element_type() != DataType::BF16)
         return ffi::Error::InvalidArgument("aotlm_gemm_pk: bf16 x needs bf16 w panels");
       const uint16_t* xb = static_cast<const uint16_t*>(x.untyped_data());
-#if defined(__AVX512BF16__)  // vdpbf16ps on the bf16 pairs as they are (gemm512.h)
+#if defined(__AVX512BF16__)  // vdpbf16ps on the bf16 pairs as they are (gemm512.h), tiles past 16 rows (amx16.h)
       aotlm_lr::live_rows(xb, lv, M, K, N, b, act, out, [&](const uint16_t* xr, int64_t Mr, const Out& o) {
-        aotlm_gm::bf16_gemm_dp(xr, static_cast<const uint16_t*>(w.untyped_data()), s, b, act, Mr, K, N, o);
+        const uint16_t* wb = static_cast<const uint16_t*>(w.untyped_data());
+#if defined(AOTLM_AMX)
+        if (Mr > aotlm_amx::MIN_ROWS && aotlm_amx::ready()) return aotlm_gm::bf16_gemm_amx(xr, wb, s, b, act, Mr, K, N, o);
+#endif
+        aotlm_gm::bf16_gemm_dp(xr, wb, s, b, act, Mr, K, N, o);
       });
       return ffi::Error::Success();
 #endif
@@ -132,6 +136,10 @@ ffi::Error gemm_pk(ffi::ThreadPool tp, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::
       xf = wide.data();
     }
     aotlm_lr::live_rows(xf, lv, M, K, N, b, act, out, [&](const float* xr, int64_t Mr, const Out& o) {
+#if defined(AOTLM_AMX)  // bf16 panels: x in three bf16 parts on tiles (amx16.h)
+      if (w.element_type() == DataType::BF16 && Mr > aotlm_amx::MIN_ROWS && aotlm_amx::ready())
+        return aotlm_gm::f32x_bf16_gemm_amx(xr, static_cast<const uint16_t*>(w.untyped_data()), s, b, act, Mr, K, N, o);
+#endif
       aotlm_gm::gemm(aotlm_gm::PanelW{w.element_type(), w.untyped_data(), K / 2}, xr, s, b, act, Mr, K, N, o);
     });
     return ffi::Error::Success();

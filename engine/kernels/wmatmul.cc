@@ -407,7 +407,8 @@ extern "C" int aotlm_kernels_cpu_ok() {
   ok = ok && __builtin_cpu_supports("avx512bf16");
 #endif
 #if defined(AOTLM_AMX)
-  ok = ok && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8");
+  ok = ok && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") &&
+       __builtin_cpu_supports("amx-bf16");
 #endif
   return ok;
 }
@@ -426,6 +427,14 @@ extern "C" const char* aotlm_kernels_isa() {
 #endif
 }
 extern "C" int aotlm_kernels_threads() { return aotlm::pool_size(); }
+// 1 where this build has AMX code (the amx level) and Linux granted the process the tile state (amx.h).
+extern "C" int aotlm_amx_tiles() {
+#if defined(AOTLM_AMX)
+  return int(aotlm_amx::ready());
+#else
+  return 0;
+#endif
+}
 // f32 FMA, int8 and bf16 multiply-add peaks (G(FL)OP/s) of the pool's threads, best of ``runs`` (peak.h).
 extern "C" double aotlm_fma_peak(int runs) { return aotlm_peak::fma_peak(runs); }
 extern "C" double aotlm_int8_peak(int runs) { return aotlm_peak::int8_peak(runs); }

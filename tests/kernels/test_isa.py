@@ -46,6 +46,7 @@ def test_level_choice_from_cpu_flags():
     assert isa.supported_levels(ZEN4) == ["avx2", "avx512", "avx512vnni", "avx512bf16"]
     assert isa.supported_levels(SPR)[-2:] == ["avx512bf16", "amx"]
     assert isa.supported_levels(ICL | {"amx_tile", "amx_int8"}) == isa.supported_levels(ICL)
+    assert isa.supported_levels(SPR - {"amx_bf16"})[-1] == "avx512bf16"  # amx: int8 and bf16 tiles
     assert isa.supported_levels(ZEN4 - {"avx512bw"}) == ["avx2"]  # a level needs all of its features
     assert isa.supported_levels(SKX | {"avx512_bf16"}) == ["avx2", "avx512"]  # and every lower level's
     choices = [isa.choose(None, f) for f in (ZEN2, SKX, ICL, ZEN4, SPR)]
