@@ -18,7 +18,8 @@ Used when: the default backend is CPU, the CPU has AVX2+FMA+F16C, the build succ
 has -- ``avx2``, ``avx512`` (F/BW/VL/DQ: 16-lane FMAs in the GEMMs and prompt attention) or
 ``avx512vnni`` (also ``vpdpbusd`` for W8A8, ``vpdpwssd`` in the int8 row kernels) or ``avx512bf16``
 (also ``vdpbf16ps`` for ``quant="bf16a"``'s bf16-activation GEMM) or ``amx`` (W8A8's prefill GEMM on
-``tdpbssd`` tiles, bf16 panels' on ``tdpbf16ps``: ``amx_tiles()`` says whether the tiles run) -- or for
+``tdpbssd`` tiles, bf16 panels' on ``tdpbf16ps``, int8 panels' prefill rows on int16 x's two int8 digits:
+``amx_tiles()`` says whether the tiles run) -- or for
 ``AOTLM_KERNEL_ISA``; ``isa_level()`` says which. The level is in the build hash and ``cache_tag()``.
 Weights of every dtype take the kernel for 1..``MAX_ROWS`` rows
 (decode, batched decode, the ``k + 1`` tokens a speculative check feeds). More rows (prefill):

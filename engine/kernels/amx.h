@@ -7,6 +7,9 @@
 #define AOTLM_AMX 1  // the amx build: the code below and what tests this macro
 namespace aotlm_amx {
 constexpr int64_t MIN_ROWS = 16;  // decode rows (<= kernels.MAX_ROWS) stay on the row kernels
+// int16 x times int8 panels (amx16i.h): up to 32 rows the row kernels, which read W once where the tiles
+// regroup it first (kernels README, AMX)
+constexpr int64_t MIN_ROWS_I16 = 32;
 
 inline bool ready() {
   static const bool ok = [] {

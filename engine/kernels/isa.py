@@ -10,8 +10,9 @@ Levels, lowest first (each needs every feature of the ones before it):
   times bf16 weights, 32 multiply-adds per instruction). Ice Lake has VNNI without it (``avx512vnni``).
 * ``amx``: AMX-TILE + AMX-INT8 + AMX-BF16 too (Sapphire Rapids and later), W8A8's prefill GEMM on
   ``tdpbssd`` tiles (16,384 int8 multiply-adds per instruction; ``amx.h``, ``amx8.h``) and the bf16
-  panels' on ``tdpbf16ps`` (8,192 bf16 ones; f32 x in three bf16 parts, bf16 x as it is: ``amx16.h``)
-  once Linux grants the process the tile state (asked on first use; refused, the AVX-512 GEMMs run).
+  panels' on ``tdpbf16ps`` (8,192 bf16 ones; f32 x in three bf16 parts, bf16 x as it is: ``amx16.h``) and
+  ``quant="int8"``'s prefill rows (int16 x in two int8 digits, the row kernels' sums: ``amx16i.h``) once
+  Linux grants the process the tile state (asked on first use; refused, the AVX-512 kernels run).
 
 The level is the highest the CPU has, or ``AOTLM_KERNEL_ISA`` (a lower one, e.g. to compare or to
 build a cache for older CPUs); an unknown name or a level this CPU lacks is a ``KernelIsaError``.

@@ -357,6 +357,11 @@ inline void run_s8(const float* x, const int8_t* w, const float* scale, const fl
         [&](int64_t p0, int64_t p1, float* buf, int64_t ld) { rows(xq.data(), Kp, M, w, K / 2, p0, p1, buf, ld); });
 }
 
+#if defined(AOTLM_AMX)
+void i16_rows_amx(const float* x, const int8_t* w, const float* scale, const float* bias, int32_t act, int64_t M,
+                  int64_t K, int64_t N, const Out& out);  // amx16i.h (after gemm.h: its panel regrouping)
+#endif
+
 // y [M, N] = x [M, K] @ W (* scale) for packed W (wt: S8, BF16, F16 or F32; K even, N a multiple of 16);
 // a8: int8 W times x rounded to int8 (run_s8), else int16 x.
 inline void run(DataType wt, const float* x, const void* wp, const float* scale, const float* bias, int32_t act,
@@ -382,11 +387,14 @@ inline void run(DataType wt, const float* x, const void* wp, const float* scale,
     run_s8(x, static_cast<const int8_t*>(wp), scale, bias, act, M, K, N, out);
     return;
   }
+  const int8_t* w = static_cast<const int8_t*>(wp);
+#if defined(AOTLM_AMX)  // prefill rows on AMX tiles, the same sums bit for bit (amx16i.h)
+  if (M > aotlm_amx::MIN_ROWS_I16 && aotlm_amx::ready()) return i16_rows_amx(x, w, scale, bias, act, M, K, N, out);
+#endif
   const int64_t Kp = (K + 16) / 16 * 16;
   std::vector<int16_t> xq(M * Kp);
   std::vector<float> sx(M);
   aotlm_i8::quantize_rows(x, M, K, Kp, xq.data(), sx.data());
-  const int8_t* w = static_cast<const int8_t*>(wp);
   drive(M, N, sx.data(), scale, bias, act, out,
         [&](int64_t p0, int64_t p1, float* buf, int64_t ld) { rows(xq.data(), Kp, M, w, K / 2, p0, p1, buf, ld); });
 }

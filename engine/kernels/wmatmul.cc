@@ -51,6 +51,9 @@ namespace {
 #include "live.h"      // prefill rows of zeros (padding): written without their products
 #include "packed.h"   // int8 / bf16 / f16 / f32 weights in the panel layout (decode matmuls, prefill unpacking)
 #include "gemm.h"     // prefill GEMMs: f32 W, int8 panels (weight-only and W8A8)
+#if defined(AOTLM_AMX)
+#include "amx16i.h"  // int8 panels' prefill rows (int16 x) on AMX tiles: after gemm.h, for its regrouping
+#endif
 #include "peak.h"     // measured f32 FMA and int8 multiply-add peaks
 #include "attn.h"     // prefill attention over the call's own tokens
 #include "argmax.h"   // greedy decoding's argmax over the vocabulary

@@ -2,7 +2,9 @@
 parts (``amp="bf16"`` / ``quant="bf16"`` prefill) and bf16 x (``quant="bf16a"``), against float64 products
 on odd shapes (K off the tile's 32, one panel or an odd count of them, rows off the tiles' 32), held to f32
 summation error, tighter than the widened-panel GEMM's tests; x's infinities and NaN come through as the
-float64 product has them. On a CPU without AMX (or where Linux refuses the tile state) they skip."""
+float64 product has them; int8 panels times x rounded to int16 (``quant="int8"`` prefill, ``amx16i.h``)
+equal to the row kernels bit for bit. On a CPU without AMX (or where Linux refuses the tile state) they
+skip."""
 
 from __future__ import annotations
 
@@ -88,3 +90,38 @@ def test_infinities_and_nan_in_x_come_through():
     rest = np.ones(m, bool)
     rest[[3, 7, 9]] = False
     assert rel_error(y[rest], ref[rest]) <= 1e-6
+
+
+def _int16_rows_reference(x: np.ndarray, w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The int8 row kernels' math (``packed.h``): x rounded to int16 per row (``sx = max|x| / 32767``), exact
+    int32 sums per block of 256 rows of K, each converted to f32 and added in order, times ``s * sx``."""
+    sx = np.where(np.abs(x).max(1) > 0, np.abs(x).max(1) / np.float32(32767), 1).astype(np.float32)
+    q = np.rint((x * (np.float32(1) / sx)[:, None]).astype(np.float32)).astype(np.int64)
+    acc = np.zeros((x.shape[0], w.shape[1]), np.float32)
+    for k0 in range(0, x.shape[1], 256):
+        acc = acc + (q[:, k0 : k0 + 256] @ w[k0 : k0 + 256].astype(np.int64)).astype(np.float32)
+    return acc * (s[None, :] * sx[:, None]).astype(np.float32)
+
+
+def test_int8_prefill_rows_on_tiles_equal_the_row_kernels():
+    """int16 x in two int8 digits on tiles (``amx16i.h``, more than 32 rows): bit for bit the row kernels'
+    sums (the reference above, and the same rows called 16 at a time, as decode rows run), with K over
+    several 256-row blocks and off the tiles' 64; an inf / NaN row gives NaN in its own outputs only."""
+    rng = np.random.default_rng(3)
+    f = jax.jit(lambda a, b, s: kernels.matmul(a, b, s, packed_k=1))
+    for m in (33, 64, 100, 300):
+        for k, n in ((38, 16), (250, 48), (600, 32), (1030, 16)):
+            w = rng.integers(-127, 128, (k, n)).astype(np.int8)
+            s = (rng.random(n) / 100).astype(np.float32)
+            x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+            x[1] = 0.0
+            wp = jnp.asarray(packing.pack(w, (0,)))
+            got = np.asarray(f(jnp.asarray(x), wp, s))
+            np.testing.assert_array_equal(got, _int16_rows_reference(x, w, s), err_msg=str((m, k, n)))
+            rows16 = np.concatenate(
+                [np.asarray(f(jnp.asarray(x[i : i + 16]), wp, s)) for i in range(0, m, 16)]
+            )
+            np.testing.assert_array_equal(got, rows16, err_msg=str((m, k, n)))
+            x[0, k - 1], x[2, 3] = np.inf, np.nan
+            bad = np.asarray(f(jnp.asarray(x), wp, s))
+            assert np.isnan(bad[[0, 2]]).all() and np.array_equal(bad[3:], got[3:]) and (bad[1] == 0).all()
