@@ -14,18 +14,6 @@
 namespace aotlm_amx16 {
 constexpr int64_t L2_ROWS_BYTES = int64_t(1) << 20;  // x rows kept under a thread's panels (L2 per core)
 
-// bf16 x [M, K] -> xp [Mp][Kp] (rows past M and k past K: 0).
-inline void pack(const uint16_t* x, int64_t M, int64_t K, int64_t Mp, int64_t Kp, uint16_t* xp) {
-  aotlm::parallel_for(int(Mp / 16), [&](int b) {
-    for (int64_t m = b * 16; m < b * 16 + 16; ++m) {
-      uint16_t* dst = xp + m * Kp;
-      const int64_t n = m < M ? K : 0;
-      if (n) std::memcpy(dst, x + m * K, size_t(n) * 2);
-      std::memset(dst + n, 0, size_t(Kp - n) * 2);
-    }
-  });
-}
-
 // f32 -> bf16 (round to nearest even) and back, 16 lanes.
 inline __m256i round16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 inline __m512 widen16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
@@ -114,14 +102,8 @@ inline void gemm(const uint16_t* xp, int64_t M, int64_t Mp, int64_t Kp, const ui
           block<P>(xp + m0 * Kp, Mp * Kp, Kp, Kh, w + p * Kh * 2 * NR, w1, buf.data() + (m0 - mc) * ld + (p - p0) * NR,
                    ld);
       }
-      for (int64_t m = mc; m < std::min(M, me); ++m) {
-        float* r = buf.data() + (m - mc) * ld;
-        for (int64_t j = 0; j < ld; j += 8) {
-          const __m256 sv = scale ? _mm256_loadu_ps(scale + n0 + j) : _mm256_set1_ps(1.f);
-          _mm256_storeu_ps(r + j, finish(_mm256_loadu_ps(r + j), sv, bias ? bias + n0 + j : nullptr, act));
-        }
-        out.put(m * N + n0, r, int(ld));
-      }
+      for (int64_t m = mc; m < std::min(M, me); ++m)
+        bf16_finish(buf.data() + (m - mc) * ld, scale, bias, act, n0, ld, out, m * N + n0);
     }
     _tile_release();
   });
@@ -133,7 +115,7 @@ inline void bf16_gemm_amx(const uint16_t* x, const uint16_t* w, const float* sca
                           int64_t M, int64_t K, int64_t N, const Out& out) {
   const int64_t Kp = (K + 31) / 32 * 32, Mp = (M + 31) / 32 * 32;
   uint16_t* xp = scratch<uint16_t>(size_t(Mp * Kp));
-  aotlm_amx16::pack(x, M, K, Mp, Kp, xp);
+  amx_pack_x(x, M, K, Mp, Kp, xp);
   aotlm_amx16::gemm<1>(xp, M, Mp, Kp, w, scale, bias, act, K, N, out);
 }
 

@@ -51,7 +51,8 @@ inline void amx_i16_block(const int8_t* hi, const uint8_t* lo, int64_t Kt, const
     _tile_stored(3, s[3], 64);
     for (int64_t r = 0; r < 32; ++r) {
       const int h = r < 16 ? 0 : 2, i = int(r % 16) * 16;
-      const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(s[h] + i), 8), _mm512_load_si512(s[h + 1] + i));
+      const __m512i sum =
+          _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(s[h] + i), 8), _mm512_load_si512(s[h + 1] + i));
       _mm512_store_ps(f + r * 16, _mm512_add_ps(_mm512_load_ps(f + r * 16), _mm512_cvtepi32_ps(sum)));
     }
   }
@@ -75,7 +76,8 @@ void i16_rows_amx(const float* x, const int8_t* w, const float* scale, const flo
   drive(M, N, sx.data(), scale, bias, act, out, [&](int64_t p0, int64_t p1, float* buf, int64_t ld) {
     thread_local std::vector<uint8_t> wb;
     wb.assign(size_t((p1 - p0) * Kt * 16), 0);  // the range's panels regrouped, zero past K
-    for (int64_t p = p0; p < p1; ++p) aotlm_gm::vnni_regroup(w + p * Kh * 2 * P, Kh, wb.data() + (p - p0) * Kt * 16, false);
+    for (int64_t p = p0; p < p1; ++p)
+      aotlm_gm::vnni_regroup(w + p * Kh * 2 * P, Kh, wb.data() + (p - p0) * Kt * 16, false);
     alignas(64) float f[32 * 16];
     aotlm_amx::config_16x64();
     for (int64_t mc = 0; mc < Mp; mc += 128)

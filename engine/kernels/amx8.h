@@ -7,14 +7,16 @@
 // bit for bit (a row's output does not depend on which path, or which rows, share its call).
 #pragma once
 
-// x int8 [M, K] -> xp [Mp][Kp] (rows past M and k past K: 0), Kp = K up to 64.
-inline void amx_pack_x(const int8_t* x, int64_t M, int64_t K, int64_t Mp, int64_t Kp, int8_t* xp) {
+// x [M, K] (int8 here, bf16 bits in amx16.h) -> xp [Mp][Kp] (rows past M and k past K: 0), Kp: K padded
+// to the tiles' row of 64 bytes.
+template <class T>
+inline void amx_pack_x(const T* x, int64_t M, int64_t K, int64_t Mp, int64_t Kp, T* xp) {
   aotlm::parallel_for(int(Mp / 16), [&](int b) {
     for (int64_t m = b * 16; m < b * 16 + 16; ++m) {
-      int8_t* dst = xp + m * Kp;
+      T* dst = xp + m * Kp;
       const int64_t n = m < M ? K : 0;
-      if (n) std::memcpy(dst, x + m * K, size_t(n));
-      std::memset(dst + n, 0, size_t(Kp - n));
+      if (n) std::memcpy(dst, x + m * K, size_t(n) * sizeof(T));
+      std::memset(dst + n, 0, size_t(Kp - n) * sizeof(T));
     }
   });
 }

@@ -300,6 +300,17 @@ inline void bf16_micro(const uint32_t* a, const uint16_t* panel, int64_t Kh, flo
   for (int64_t m = 0; m < mr; ++m) _mm512_storeu_ps(out + m * ld, acc[m]);
 }
 
+// The bf16 GEMMs' output pass over one row r [ld] of sums (columns n0..): * scale[n] (null: 1), + bias[n]
+// (null: none), the activation, written to out at off.
+inline void bf16_finish(float* r, const float* scale, const float* bias, int32_t act, int64_t n0, int64_t ld,
+                        const Out& out, int64_t off) {
+  for (int64_t j = 0; j < ld; j += 8) {
+    const __m256 sv = scale ? _mm256_loadu_ps(scale + n0 + j) : _mm256_set1_ps(1.f);
+    _mm256_storeu_ps(r + j, finish(_mm256_loadu_ps(r + j), sv, bias ? bias + n0 + j : nullptr, act));
+  }
+  out.put(off, r, int(ld));
+}
+
 // y [M, N] = act(x @ W * scale[n] + bias[n]) for bf16 x and bf16 W panels (scale / bias may be null), on
 // vdpbf16ps: the blocking of i8_gemm_vnni (threads take panel ranges, MC groups of packed x per pass).
 inline void bf16_gemm_dp(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, int32_t act,
@@ -312,13 +323,7 @@ inline void bf16_gemm_dp(const uint16_t* x, const uint16_t* w, const float* scal
       [&](int64_t g, int64_t p, float* c, int64_t ld, int64_t mr) {
         bf16_micro(xp + g * Kh * MRV, w + p * Kh * 2 * NR, Kh, c, ld, mr);
       },
-      [&](int64_t m, float* r, int64_t n0, int64_t ld) {
-        for (int64_t j = 0; j < ld; j += 8) {
-          const __m256 sv = scale ? _mm256_loadu_ps(scale + n0 + j) : _mm256_set1_ps(1.f);
-          _mm256_storeu_ps(r + j, finish(_mm256_loadu_ps(r + j), sv, bias ? bias + n0 + j : nullptr, act));
-        }
-        out.put(m * N + n0, r, int(ld));
-      });
+      [&](int64_t m, float* r, int64_t n0, int64_t ld) { bf16_finish(r, scale, bias, act, n0, ld, out, m * N + n0); });
 }
 #if defined(AOTLM_AMX)
 #include "amx16.h"  // bf16 panels on AMX tiles: bf16 x, and f32 x in three bf16 parts (the amx level)
