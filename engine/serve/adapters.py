@@ -2,8 +2,9 @@
 base model), ``/v1/models`` lists the adapters after the base model, and ``POST
 /v1/load_lora_adapter`` (``{"lora_name", "lora_path"}``) / ``POST /v1/unload_lora_adapter``
 (``{"lora_name"}``) change them while the server runs: a slot of the model's adapter tables is
-written (``aotlm.core.lora_slots``), nothing compiles. An adapter a queued or running request
-uses is not unloaded or replaced (400).
+written (``aotlm.core.lora_slots``), nothing compiles. A name already loaded is replaced only with
+``"load_inplace": true`` (else 400, as vLLM); an adapter a queued or running request uses is not
+unloaded or replaced (400).
 """
 
 import os
@@ -42,6 +43,14 @@ class Adapters:
         name, path = _field(body, "lora_name"), _field(body, "lora_path")
         if name == self.base_name:
             raise bad(f"'{name}' is the base model's name; give the adapter another", "lora_name")
+        inplace = body.get("load_inplace", False)
+        if not isinstance(inplace, bool):
+            raise bad("'load_inplace' must be true or false", "load_inplace")
+        if name in self.names() and not inplace:
+            raise bad(
+                f"the LoRA adapter '{name}' is already loaded; to replace it, set 'load_inplace' to true",
+                "lora_name",
+            )
         if not os.path.isdir(os.path.expanduser(path)):
             raise bad(f"lora_path {path!r} is not a directory on the server", "lora_path")
         try:

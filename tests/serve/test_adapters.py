@@ -115,6 +115,14 @@ def test_models_list_and_adapters_load_and_unload_at_run_time(served):
         s["url"] + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(s["paths"]["sql"])}
     )
     assert full.status_code == 400 and "slots are taken" in full.json()["error"]["message"]
+    again = {"lora_name": "late", "lora_path": str(s["paths"]["sql"])}  # a loaded name, as vLLM: 400
+    r = httpx.post(s["url"] + "/v1/load_lora_adapter", json=again)
+    assert r.status_code == 400 and "set 'load_inplace' to true" in r.json()["error"]["message"], r.text
+    assert completion(s, prompt, "late")[0] == expected(s, prompt, "late")  # still the first adapter
+    r = httpx.post(s["url"] + "/v1/load_lora_adapter", json={**again, "load_inplace": "yes"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "load_inplace"
+    r = httpx.post(s["url"] + "/v1/load_lora_adapter", json={**again, "load_inplace": True})
+    assert r.status_code == 200 and completion(s, prompt, "late")[0] == expected(s, prompt, "sql")
     r = httpx.post(s["url"] + "/v1/unload_lora_adapter", json={"lora_name": "late"})
     assert r.status_code == 200 and [m.id for m in client(s).models.list().data] == [NAME, "sql", "poet"]
     with pytest.raises(openai.NotFoundError, match="the model 'late' does not exist"):
