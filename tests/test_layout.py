@@ -404,7 +404,6 @@ COVERED = {
     "aotlm.models.rounding": "tests/models/test_quant.py: quantize_int8's formula (fp8: test_quant_fp8.py)",
     "aotlm.models.qwen": "tests/families/test_conformance_llama_style.py: Qwen2 / Qwen3 against transformers",
     "aotlm.models.weights": "tests/checkpoint/test_formats.py: safetensors shards and .bin load alike",
-    "aotlm.progress": "tests/cli/test_text.py: --quiet gives no bars and no logs",
     "aotlm.serve.chat": "tests/serve/test_app.py: test_chat_fallback_template_and_no_model_field",
     "aotlm.serve.detok": "tests/serve/test_app.py: test_stop_string_text_is_held_back_then_cut (ChoiceText)",
     "aotlm.serve.engine": "tests/test_layout.py: test_former_import_paths_still_work (a re-export)",

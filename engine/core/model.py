@@ -305,6 +305,9 @@ class CompiledModel(SpecAttributes, WeightLoading, AdapterHost):
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 for _ in bar(pool.map(self.executable, misses), "compiling buckets", len(misses), "graph"):
                     pass
+        else:
+            for _ in bar(map(self.executable, misses), "compiling buckets", len(misses), "graph"):
+                pass
         for key in self.graph_keys():
             self.executable(key)
         heap.release()  # what loading and compiling freed, out of the resident set
