@@ -22,6 +22,24 @@ class Clock:
         return self.now
 
 
+@pytest.fixture(autouse=True)
+def progress_on(caplog):
+    """Progress on and the ``aotlm`` logger's records seen, whatever earlier tests did (a CLI test's
+    ``--quiet`` turns progress off for the process; ``setup_logging`` stops propagation)."""
+    before = progress.enabled()
+    progress.set_enabled(True)
+    log = logging.getLogger("aotlm")
+    level, propagate = log.level, log.propagate
+    log.addHandler(caplog.handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # each record once (caplog's handler is on the root logger too)
+    yield
+    log.removeHandler(caplog.handler)
+    log.setLevel(level)
+    log.propagate = propagate
+    progress.set_enabled(before)
+
+
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
