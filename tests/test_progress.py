@@ -57,7 +57,6 @@ def run(items, clock, step_s: float, **kw) -> list:
 
 
 def test_a_long_loop_logs_a_line_every_log_every_seconds(clock, caplog):
-    caplog.set_level(logging.INFO, logger="aotlm")
     assert run(range(10), clock, 11.0, total=10) == list(range(10))  # 110 s in all
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["compiling buckets: 3 of 10 graphs, 33 s", "compiling buckets: 6 of 10 graphs, 66 s",
@@ -72,14 +71,13 @@ def test_a_long_loop_logs_a_line_every_log_every_seconds(clock, caplog):
 
 
 def test_a_short_loop_and_a_quiet_one_log_nothing(clock, caplog):
-    caplog.set_level(logging.INFO, logger="aotlm")
     run(range(20), clock, 1.0, total=20)  # 20 s: under LOG_EVERY
     with progress.quiet():
         run(range(5), clock, 60.0, total=5)
     assert caplog.records == []
 
 
-def test_a_terminal_gets_the_bar_not_log_lines(monkeypatch, caplog):
+def test_a_terminal_gets_the_bar_not_log_lines(monkeypatch):
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
