@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from dataclasses import dataclass, field
 
 from aotlm import progress
@@ -28,6 +29,7 @@ from aotlm.cli.common import (
     add_sampling_args,
     default_window,
     generation_settings,
+    graphs_ready,
     model_kwargs,
     setup_logging,
 )
@@ -124,9 +126,7 @@ class ChatSession:
     def _generate(self):
         """Stream the answer to the conversation so far (compiling the graphs it needs first)."""
         prompt, add_special, n = self._prompt(self.new)
-        with progress.quiet(self.args.quiet):
-            for key in needed_graphs(self.model, [n], self.new):
-                self.model.compile_graph(key)
+        self._compile([k for k in needed_graphs(self.model, [n], self.new) if not self.model.is_compiled(k)])
         return self.pipe.generate(
             [prompt],
             max_new_tokens=self.new,
@@ -135,6 +135,15 @@ class ChatSession:
             add_special_tokens=add_special,
             **self.args.gen,
         )[0]
+
+    def _compile(self, keys: list[tuple]) -> None:
+        """Compile (or load from the cache) the graphs a turn needs, with a bar, then one line."""
+        if not keys:
+            return
+        t0, before = time.perf_counter(), len(self.model.compile_report)
+        for key in progress.bar(keys, "compiling buckets", len(keys), "graph"):
+            self.model.compile_graph(key)
+        log.info("%s", graphs_ready(self.model, time.perf_counter() - t0, before))
 
     def answer(self, message: str) -> str:
         """Add the user's message, stream the answer to stdout, remember it; returns its text."""

@@ -44,11 +44,13 @@ def add_job_args(p: argparse.ArgumentParser, shard_help: str) -> None:
     p.add_argument("--shard", type=shard_arg, default=(0, 1), help=shard_help)
 
 
-def graphs_ready(model, seconds: float) -> str:
-    """``N graphs ready in S s (H from the compile cache at DIR)``: what a command logs once compiled."""
-    hits = sum(r.get("hit", False) for r in model.compile_report)
+def graphs_ready(model, seconds: float, since: int = 0) -> str:
+    """``N graphs ready in S s (H from the compile cache at DIR)``: what a command logs once compiled
+    (the graphs of ``model.compile_report[since:]``)."""
+    report = model.compile_report[since:]
+    hits = sum(r.get("hit", False) for r in report)
     where = os.path.abspath(model.compile_cache.dir) if model.compile_cache.dir else "(memory only)"
-    n = len(model.compile_report)
+    n = len(report)
     return f"{n} graphs ready in {seconds:.2f}s ({hits} from the compile cache at {where})"
 
 

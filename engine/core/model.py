@@ -272,6 +272,10 @@ class CompiledModel(SpecAttributes, WeightLoading, AdapterHost):
             exe = self._keep(key, exe, info, time.perf_counter() - t0)
         return exe
 
+    def is_compiled(self, key: tuple) -> bool:
+        """Whether graph ``key`` is ready in memory (compiled or loaded from the cache)."""
+        return key in self._executables
+
     @locked
     def compile_graph(self, key: tuple):
         """Compile (or load from the cache) one graph, e.g. ``("decode", 128)``."""

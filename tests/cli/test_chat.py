@@ -16,6 +16,7 @@ TEMPLATE = (
     "{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ 'a:' }}{% endif %}"
 )
+READY = re.compile(r"aotlm: \d+ graphs ready in [\d.]+s \(\d+ from the compile cache at ")
 STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s, first token [\d.]+s, prompt (\d+) tokens, (\w+)\]")
 
 
@@ -70,6 +71,17 @@ def test_piped_turns_keep_history_and_reset_forgets_it(chat_model):
     assert p3 == p1  # after /reset the same message is the same prompt
     answers = r.stdout.splitlines()
     assert answers[0] == answers[-1]  # ... and greedy gives the same answer
+    # a line when a turn compiles (or loads) graphs, none when it needs no new one (turn 3's are turn 1's)
+    ready = [m.end() for m in READY.finditer(r.stderr)]
+    second = [m.end() for m in STATS.finditer(r.stderr)][1]
+    assert ready and ready[0] < r.stderr.index("[") and ready[-1] < second
+
+
+def test_quiet_prints_only_the_answer(chat_model):
+    path, cache = chat_model
+    r = chat(path, cache, "--quiet", "--max-new-tokens", "4", "import os")
+    assert r.returncode == 0 and r.stdout.strip()
+    assert not READY.search(r.stderr) and not STATS.search(r.stderr)
 
 
 def test_trims_the_oldest_turns_to_fit_the_window(chat_model):
