@@ -4,7 +4,8 @@ base model), ``/v1/models`` lists the adapters after the base model, and ``POST
 (``{"lora_name"}``) change them while the server runs: a slot of the model's adapter tables is
 written (``aotlm.core.lora_slots``), nothing compiles. A name already loaded is replaced only with
 ``"load_inplace": true`` (else 400, as vLLM); an adapter a queued or running request uses is not
-unloaded or replaced (400).
+unloaded or replaced (400). The checks run under the engine's lock with the change, so concurrent
+requests see each other's result.
 """
 
 import os
@@ -46,27 +47,35 @@ class Adapters:
         inplace = body.get("load_inplace", False)
         if not isinstance(inplace, bool):
             raise bad("'load_inplace' must be true or false", "load_inplace")
-        if name in self.names() and not inplace:
-            raise bad(
-                f"the LoRA adapter '{name}' is already loaded; to replace it, set 'load_inplace' to true",
-                "lora_name",
-            )
         if not os.path.isdir(os.path.expanduser(path)):
             raise bad(f"lora_path {path!r} is not a directory on the server", "lora_path")
+
+        def load():  # checked under the engine's lock: of two loads of one new name, one wins
+            if name in self.names() and not inplace:
+                raise bad(
+                    f"the LoRA adapter '{name}' is already loaded; to replace it, set 'load_inplace' to true",
+                    "lora_name",
+                )
+            return self.model.load_adapter(name, path)
+
         try:
-            self.engine.change_adapter(name, lambda: self.model.load_adapter(name, path))
+            self.engine.change_adapter(name, load)
         except ValueError as e:  # a bad adapter, no free slot, in use (InvalidRequest is one)
             raise bad(str(e), getattr(e, "param", None) or "lora_path") from None
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def unload(self, body: dict) -> str:
         name = _field(body, "lora_name")
-        if name not in self.names():
-            raise APIError(
-                404, f"no LoRA adapter named '{name}' is loaded", "lora_name", code="model_not_found"
-            )
+
+        def unload():  # checked under the engine's lock, as in load
+            if name not in self.names():
+                raise APIError(
+                    404, f"no LoRA adapter named '{name}' is loaded", "lora_name", code="model_not_found"
+                )
+            return self.model.unload_adapter(name)
+
         try:
-            self.engine.change_adapter(name, lambda: self.model.unload_adapter(name))
+            self.engine.change_adapter(name, unload)
         except ValueError as e:
             raise bad(str(e), "lora_name") from None
         return f"Success: LoRA adapter '{name}' removed successfully."

@@ -8,6 +8,8 @@ prefixes are not reused across adapters. Also ``aotlm batch-generate --lora NAME
 from __future__ import annotations
 
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -23,6 +25,7 @@ from aotlm.batching.engine import Engine
 from aotlm.cli.app import main
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import create_app
+from aotlm.serve.protocol import APIError
 from aotlm.text.tokens import cut_at_eos, eos_ids, tokenizer_for
 
 peft = pytest.importorskip("peft", reason="the adapters are made with peft (the [test] extra)")
@@ -170,3 +173,46 @@ def test_batch_generate_records_name_their_adapter(served, tmp_path, capsys):
         == 2
     )
     assert "adapter 'nope' is not given; add --lora nope=DIR" in capsys.readouterr().err
+
+
+class _SlowSlots:
+    """A model's adapter slots whose changes take a while; an engine that runs changes one at a time."""
+
+    def __init__(self):
+        self.adapters: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def load_adapter(self, name, path):
+        time.sleep(0.3)
+        self.adapters[name] = path
+
+    def unload_adapter(self, name):
+        time.sleep(0.3)
+        del self.adapters[name]
+
+    def change_adapter(self, name, change):
+        with self._lock:
+            return change()
+
+
+def _try(fn, body):
+    try:
+        return fn(body)
+    except APIError as e:
+        return e
+
+
+def test_concurrent_changes_of_one_name_check_each_others_result(tmp_path):
+    slots = _SlowSlots()
+    adapters = Adapters(slots, slots, "base")
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    with ThreadPoolExecutor(2) as pool:
+        bodies = [{"lora_name": "new", "lora_path": str(tmp_path / d)} for d in "ab"]
+        got = list(pool.map(lambda b: _try(adapters.load, b), bodies))
+    errors = [r for r in got if isinstance(r, APIError)]
+    assert len(errors) == 1 and "already loaded" in errors[0].message, got
+    winner = "a" if errors[0] is got[1] else "b"
+    assert slots.adapters == {"new": str(tmp_path / winner)}  # the second did not replace the first
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda _: _try(adapters.unload, {"lora_name": "new"}), range(2)))
+    assert sorted(getattr(r, "status", 200) for r in got) == [200, 404] and slots.adapters == {}
