@@ -17,6 +17,8 @@ from aotlm.models.checkpoint.resolve import resolve
 from aotlm.models.quant import INT4_NAMES
 from aotlm.text import defaults
 
+log = logging.getLogger("aotlm")
+
 
 def int_list(text: str) -> list[int]:
     try:
@@ -205,6 +207,16 @@ def generation_settings(args, checkpoint, lengths: list[int], default_max: int) 
     if args.greedy:
         given["do_sample"] = False
     args.gen = defaults.merged({k: v for k, v in found.items() if k not in defaults.LENGTH_KEYS}, given)
+    bad = sampler_params.violations(args.gen)  # before the weights load and the graphs compile
+    if bad:
+        raise ValueError(bad[0][1])
+    idle = [k for k in sampler_params.WARPERS if given.get(k) is not None]
+    if idle and not args.gen.get("do_sample"):  # as transformers' GenerationConfig warns
+        flags = ", ".join("--" + k.replace("_", "-") for k in idle)
+        why = "--greedy is given" if args.greedy else "neither --do-sample nor generation_config.json samples"
+        log.warning("%s apply only when sampling, and %s: decoding is greedy (add --do-sample)", flags, why)
+    if "" in (getattr(args, "stop", None) or []):
+        raise ValueError("a stop string is empty; give at least one character")
     if args.max_new_tokens is None:
         if "max_new_tokens" in found:
             args.max_new_tokens = int(found["max_new_tokens"])

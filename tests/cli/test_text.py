@@ -97,7 +97,10 @@ def test_prompts_file_order_fields_output_file_and_run_dir(shared, tmp_path):
 
 @pytest.mark.parametrize(
     "case",
-    ["missing model", "no tokenizer", "empty prompt", "invalid json", "no prompt field", "two sources"],
+    [
+        *("missing model", "no tokenizer", "empty prompt", "invalid json", "no prompt field", "two sources"),
+        *("bad temperature", "empty stop"),  # refused before the weights load (no "graphs ready" line)
+    ],
 )
 def test_bad_input_is_one_line_exit_2(shared, tmp_path, case):
     ckpt, _ = shared
@@ -117,12 +120,41 @@ def test_bad_input_is_one_line_exit_2(shared, tmp_path, case):
         "invalid json": (["--model", str(ckpt), "--prompts-file", str(pf)], "p.jsonl line 3: invalid JSON"),
         "no prompt field": (["--model", str(ckpt), "--prompts-file", str(pf2)], 'line 2: no "prompt" field'),
         "two sources": (["--prompt", "a", "--prompts-file", str(pf2)], "not both"),
+        "bad temperature": (
+            ["--model", str(ckpt), "--prompt", "a", "--temperature", "-1"],
+            "temperature=-1.0",
+        ),
+        "empty stop": (["--model", str(ckpt), "--prompt", "a", "--stop", ""], "a stop string is empty"),
     }[case]
     out = run(args)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and want in lines[0] and lines[0].startswith("aotlm generate: error:"), out.stderr
+
+
+def test_a_warper_flag_without_sampling_warns_and_decodes_greedily(shared):
+    ckpt, cache = shared
+    common = [
+        "--model",
+        str(ckpt),
+        "--prompt",
+        "def f(x):",
+        "--max-new-tokens",
+        "6",
+        "--cache-dir",
+        str(cache),
+    ]
+    warned = run([*common, "--temperature", "0.7", "--top-p", "0.5"])
+    greedy = run(common)
+    assert warned.returncode == 0 and greedy.returncode == 0, warned.stderr + greedy.stderr
+    assert (
+        "--temperature, --top-p apply only when sampling" in warned.stderr and "--do-sample" in warned.stderr
+    )
+    assert "apply only when sampling" not in greedy.stderr
+    assert records(warned.stdout)[0]["completion"] == records(greedy.stdout)[0]["completion"]
+    sampled = run([*common, "--temperature", "0.7", "--do-sample", "--seed", "1"])
+    assert sampled.returncode == 0 and "apply only when sampling" not in sampled.stderr
 
 
 def test_prompts_file_may_be_a_pipe_not_a_directory(tmp_path):
