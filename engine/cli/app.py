@@ -154,6 +154,15 @@ def cmd_models(args) -> int:
 
 
 def cmd_cache(args) -> int:
+    where = os.path.abspath(os.path.expanduser(args.cache_dir or CompileCache.default_dir()))
+    if not os.path.exists(where):  # looking must not create it (a mistyped --cache-dir)
+        if args.action == "clear":
+            print(f"nothing to clear: {where} does not exist")
+            return 0
+        raise ValueError(
+            f"no compile cache at {where}: the directory does not exist; give --cache-dir (or "
+            "$AOTLM_CACHE_DIR) of the cache the commands wrote"
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cache = CompileCache.create(args.cache_dir)

@@ -244,8 +244,13 @@ class CompileCache:
         if spec is False:
             return cls(None)
         if spec is None or spec is True:
-            spec = os.environ.get("AOTLM_CACHE_DIR", DEFAULT_DIR)
+            spec = cls.default_dir()
         return cls(spec)
+
+    @staticmethod
+    def default_dir() -> str:
+        """Where a cache goes when none is named: ``$AOTLM_CACHE_DIR`` or ``./compile_cache``."""
+        return os.environ.get("AOTLM_CACHE_DIR", DEFAULT_DIR)
 
     # ----------------------------------------------------------------- core
     def lookup(self, fingerprint: dict, graph_key: tuple, mesh) -> tuple[Any, dict] | None:

@@ -398,6 +398,11 @@ def _cli_cases(ckpt, tmp):
         (["cache", "clear", "--older-than", "nan"], "got 'nan'"),
         (["cache", "list", "--cache-dir", bad_json], "not writable.*pass --cache-dir with a writable"),
         (["cache", "verify", "--cache-dir", "/proc/self"], "not writable"),
+        (
+            ["cache", "list", "--cache-dir", tmp / "typo"],
+            "no compile cache at .*typo: the directory does not exist",
+        ),
+        (["cache", "verify", "--cache-dir", tmp / "typo"], "no compile cache at .*typo"),
         (["cache", "frobnicate"], "invalid choice: 'frobnicate'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: command"),
@@ -416,6 +421,7 @@ def test_cli_user_errors_exit_2_with_one_line(gpt2_path, tmp_path, capsys):
             failures.append(f"{argv}: exit {code}, stderr {err!r}")
     assert not failures, "\n".join(failures)
     assert (tmp_path / "keep" / "notes.txt").read_text() == "mine"  # demo/make-tiny never delete a user's dir
+    assert not (tmp_path / "typo").exists()  # cache list / verify do not create the directory they look in
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,8 @@ def test_compile_then_hits_and_cache_tools(tiny, tmp_path, capsys):
     assert "removed 0 entries" in capsys.readouterr().out
     assert main(["cache", "clear", "--cache-dir", cache]) == 0
     assert "removed 7 entries" in capsys.readouterr().out
+    assert main(["cache", "clear", "--cache-dir", str(tmp_path / "typo")]) == 0
+    assert "nothing to clear" in capsys.readouterr().out and not (tmp_path / "typo").exists()
 
 
 def test_config_file_dry_run_and_memory_check(tiny, tmp_path, capsys):
