@@ -163,8 +163,14 @@ def model_spec(rec: dict, cli: dict, where: str) -> tuple[str, str | None, str]:
 def json_records(path: str, fields: set) -> Iterator[tuple[int, str, dict]]:
     """``(line number, "PATH line N", record)`` for every non-blank line of a JSONL input; invalid
     JSON, a line that is not an object or a field outside ``fields`` is a ``ValueError`` naming it."""
-    with open(expand(path), encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    try:
+        f = open(expand(path), encoding="utf-8")  # closed by the with below
+    except OSError as e:  # missing, a directory, unreadable: one line naming the file
+        raise ValueError(
+            f"cannot read the input {path} ({e.strerror}); give a JSONL file of records"
+        ) from None
+    with f:
+        for n, line in enumerate(_lines(f, path), 1):
             if not line.strip():
                 continue
             where = f"{path} line {n}"
@@ -178,6 +184,13 @@ def json_records(path: str, fields: set) -> Iterator[tuple[int, str, dict]]:
             if unknown:
                 raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(fields)}")
             yield n, where, rec
+
+
+def _lines(f, path: str) -> Iterator[str]:
+    try:
+        yield from f
+    except UnicodeDecodeError:
+        raise ValueError(f"the input {path} is not UTF-8 text; give a JSONL file") from None
 
 
 def parse(path: str, cli: dict) -> list[Record]:

@@ -188,6 +188,19 @@ def test_preflight_errors_name_the_line_and_load_nothing(env, kind, tmp_path):
     assert not loads(p.stderr) and not (tmp_path / "o.jsonl").exists()
 
 
+@pytest.mark.parametrize("kind", ["missing", "directory", "binary"])
+def test_an_unreadable_input_is_one_line_naming_it(env, kind, tmp_path):
+    path = tmp_path / "in.jsonl"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "binary":
+        path.write_bytes(b'{"prompt": "a"}\n\xff\xfe\x00')
+    p = bg(env, path, tmp_path / "o.jsonl", "--dry-run", check=False)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1, p.stderr
+    assert str(path) in err[0] and ("cannot read the input" in err[0] or "not UTF-8" in err[0]), err[0]
+
+
 def test_dry_run_plan_sees_the_compile_cache(env, jsonl, tmp_path):
     path, _, _ = jsonl
     p = bg(env, path, tmp_path / "o.jsonl", "--dry-run")
