@@ -54,7 +54,7 @@ def register(sub) -> None:
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default 64)")
     p.add_argument(
         "--api-key",
-        default=os.environ.get("AOTLM_API_KEY"),
+        default=None,
         help="require 'Authorization: Bearer KEY' on /v1/* (default $AOTLM_API_KEY; none: open)",
     )
     p.add_argument("--max-tokens-cap", type=int, default=None, help="upper bound of any request's max_tokens")
@@ -118,6 +118,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
     if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
         raise ValueError(f"--max-tokens-cap must be >= 1, got {args.max_tokens_cap}")
+    if args.api_key is not None and not args.api_key.strip():  # e.g. --api-key "$KEY" with KEY unset
+        raise ValueError("--api-key is empty; give the key, or leave the flag out to serve without one")
+    args.api_key = args.api_key or os.environ.get("AOTLM_API_KEY") or None
     setup_logging(args.quiet)
     sock = _bind(args.host, args.port)  # before the model loads: a port in use fails in a second
     kw = serve_kwargs(model_kwargs(args), args.checkpoint)  # model_kwargs resolves args.checkpoint
@@ -144,7 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         adapters = Adapters(model, engine, name) if model.adapter_slots is not None else None
         app = create_app(
-            engine, tokenizer, name, api_key=args.api_key or None, lenient_schemas=args.lenient_schemas,
+            engine, tokenizer, name, api_key=args.api_key, lenient_schemas=args.lenient_schemas,
             adapters=adapters,
         )  # fmt: skip
         port = sock.getsockname()[1]  # --port 0: the one the system picked

@@ -106,6 +106,10 @@ class AdapterHost:
     def _init_adapters(self, rows, prefixes, lora_adapters, max_loras, max_lora_rank) -> None:
         """Build the tables when asked (``max_loras`` or ``lora_adapters`` without merging)."""
         wanted = dict(lora_adapters or {})
+        if max_loras is not None and max_loras < 0:
+            raise ValueError(f"max_loras (adapter slots) must be >= 0, got {max_loras}")
+        if max_lora_rank is not None and max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {max_lora_rank}")
         if not wanted and not max_loras:
             return
         n = max_loras if max_loras is not None else max(len(wanted), 1)

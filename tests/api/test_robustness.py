@@ -404,6 +404,12 @@ def _cli_cases(ckpt, tmp):
         ),
         (["cache", "verify", "--cache-dir", tmp / "typo"], "no compile cache at .*typo"),
         (["cache", "frobnicate"], "invalid choice: 'frobnicate'"),
+        (
+            ["serve", ckpt, "--port", "0", "--api-key", ""],
+            "--api-key is empty; give the key, or leave the flag",
+        ),
+        ([*model, "--max-loras", "-1"], r"max_loras \(adapter slots\) must be >= 0, got -1"),
+        ([*model, "--max-loras", "2", "--max-lora-rank", "0"], "max_lora_rank must be >= 1, got 0"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: command"),
     ]
