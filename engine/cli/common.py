@@ -51,9 +51,10 @@ def graphs_ready(model, seconds: float, since: int = 0) -> str:
     (the graphs of ``model.compile_report[since:]``)."""
     report = model.compile_report[since:]
     hits = sum(r.get("hit", False) for r in report)
-    where = os.path.abspath(model.compile_cache.dir) if model.compile_cache.dir else "(memory only)"
+    d = model.compile_cache.dir
+    cached = f"{hits} from the compile cache at {os.path.abspath(d)}" if d else "no compile cache on disk"
     n = len(report)
-    return f"{n} graphs ready in {seconds:.2f}s ({hits} from the compile cache at {where})"
+    return f"{n} graph{'' if n == 1 else 's'} ready in {seconds:.2f}s ({cached})"
 
 
 def setup_logging(quiet: bool) -> None:

@@ -16,7 +16,7 @@ TEMPLATE = (
     "{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ 'a:' }}{% endif %}"
 )
-READY = re.compile(r"aotlm: \d+ graphs ready in [\d.]+s \(\d+ from the compile cache at ")
+READY = re.compile(r"aotlm: \d+ graphs? ready in [\d.]+s \(\d+ from the compile cache at ")
 STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s, first token [\d.]+s, prompt (\d+) tokens, (\w+)\]")
 
 
