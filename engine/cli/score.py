@@ -18,7 +18,7 @@ from aotlm.jobs.batch import done_keys, is_done
 from aotlm.jobs.dryrun import model_graph_status
 from aotlm.jobs.model_refs import load_tokenizer, resolve
 from aotlm.models.checkpoint import load_hf_config
-from aotlm.models.checkpoint.resolve import default_model
+from aotlm.models.checkpoint.resolve import default_model, shown
 
 log = logging.getLogger("aotlm.jobs.score")
 DEFAULT_BATCH = 4
@@ -77,7 +77,7 @@ def cmd_score(args) -> int:
             model.compile_graph(key)
     tok = load_tokenizer(tok_dir) if tok_dir is not None else None
     t1 = time.perf_counter()
-    opts = {"model": ckpt, "amp": model.amp, "max_length": max_len, "stride": stride}
+    opts = {"model": shown(ckpt), "amp": model.amp, "max_length": max_len, "stride": stride}
     written, errors, total = job.run(model, tok, records, args.output, args.resume, opts)
     dt = time.perf_counter() - t1
     print(f"{written} records scored into {args.output} in {dt:.2f}s (load + compile {t1 - t0:.2f}s, "

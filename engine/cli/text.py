@@ -29,7 +29,7 @@ from aotlm.cli.common import (
 )
 from aotlm.core import buckets as bk
 from aotlm.generate.constraints import Constraint, ConstraintError, from_response_format
-from aotlm.models.checkpoint.resolve import default_model, expand, validate_checkpoint
+from aotlm.models.checkpoint.resolve import default_model, expand, shown, validate_checkpoint
 from aotlm.text import tokens as text
 from aotlm.text.pipeline import TextGenerationPipeline
 
@@ -249,7 +249,7 @@ def _generate(args, files, tok, kw: dict, prompts: list[str], constraints=None):
     ):
         model.compile_graph(key)
     ready = graphs_ready(model, time.perf_counter() - t0)
-    log.info("%s: weights loaded in %.2fs; %s", files.checkpoint, t_load, ready)
+    log.info("%s: weights loaded in %.2fs; %s", shown(files.checkpoint), t_load, ready)
     pipe = TextGenerationPipeline(model, tok, progress_bars=not args.quiet)
     gen_kw = dict(args.gen)
     streamer = None
@@ -274,8 +274,8 @@ def _generate(args, files, tok, kw: dict, prompts: list[str], constraints=None):
 
 def _record(rec: dict, g, args, files, model) -> dict:
     gen = {
-        "model": str(files.checkpoint),
-        "tokenizer": str(files.tokenizer),
+        "model": shown(files.checkpoint),
+        "tokenizer": shown(files.tokenizer),
         "dtype": model.amp,
         "batch_size": model.batch_size,
         "n_positions": model.n_positions,

@@ -22,6 +22,7 @@ from aotlm.generate import rows
 from aotlm.generate.constraints import Grammars
 from aotlm.jobs.model_refs import load_tokenizer
 from aotlm.jobs.plan import Group, Record
+from aotlm.models.checkpoint.resolve import shown
 from aotlm.text.tokens import eos_ids
 
 log = logging.getLogger("aotlm.jobs.batch")
@@ -54,7 +55,7 @@ def is_done(r: Record, lines: set, ids: set) -> bool:
 
 def _generation_block(r: Record, g: Group) -> dict:
     gen = {k: v for k, v in r.gen.items()}
-    gen.update(model=g.key[0], dtype=g.key[1], tokenizer=g.key[2])
+    gen.update(model=shown(g.key[0]), dtype=g.key[1], tokenizer=shown(g.key[2]) if g.key[2] else g.key[2])
     return gen
 
 

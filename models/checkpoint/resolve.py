@@ -204,6 +204,13 @@ def validate_checkpoint(
     return CheckpointFiles(ckpt, cfg, weights, tok, run, model_type)
 
 
+def shown(checkpoint: str | os.PathLike) -> str:
+    """How outputs and logs name a resolved checkpoint: a GGUF model by its ``.gguf`` file (not the
+    cached directory it was converted into), any other by its path."""
+    source = source_of(checkpoint)
+    return str(source if source is not None else checkpoint)
+
+
 def default_model() -> str:
     """The name every command uses when no model is given (the bundled one)."""
     return DEFAULT_MODEL
