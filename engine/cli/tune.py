@@ -20,6 +20,7 @@ from aotlm.core.buckets import context_buckets, token_buckets
 from aotlm.core.memory import GIB, plan_for_checkpoint
 from aotlm.models import family_for
 from aotlm.models.checkpoint import load_hf_config
+from aotlm.models.checkpoint.resolve import find_tokenizer, resolve
 from aotlm.tiny import cpu_model
 from aotlm.tune import lengths
 from aotlm.tune import measure as run
@@ -31,14 +32,16 @@ def _log(msg: str) -> None:
 
 
 def _common(p) -> None:
-    p.add_argument("--model", required=True, help="HF checkpoint directory")
+    p.add_argument(
+        "--model", required=True, help="checkpoint dir, .gguf file, model name (aotlm models) or bundled name"
+    )
     p.add_argument(
         "--lengths",
         required=True,
         help="histogram .json/.csv (prompt_len,new_tokens,count), .jsonl prompts, Cerebras .h5, "
-        "or normal:MEAN:STD[:LO:HI]",
+        "normal:MEAN:STD[:LO:HI] or prompt lengths 12,40,300",
     )
-    p.add_argument("--tokenizer", default=None, help="local tokenizer dir for .jsonl prompt text")
+    p.add_argument("--tokenizer", default=None, help="for .jsonl prompt text (default: the model's)")
     p.add_argument("--new-tokens", type=int, default=None, help="new tokens per request (fills in/overrides)")
     p.add_argument("--start-token", type=int, default=None, help=".h5: the token id that ends each prompt")
     p.add_argument("--n-positions", type=int, default=None, help="upper limit on the largest token bucket")
@@ -90,6 +93,13 @@ def _limit(args) -> int:
 
 
 def load_dist(args) -> lengths.LengthDist:
+    """The length distribution; first ``args.model`` resolved as every command resolves a model (a name,
+    a .gguf file, a run dir) and ``args.tokenizer`` defaulted to the model's."""
+    ckpt = resolve(args.model)
+    args.model = str(ckpt)
+    if args.tokenizer is None:
+        found = find_tokenizer(ckpt)
+        args.tokenizer = None if found is None else str(found)
     return lengths.load_lengths(args.lengths, args.tokenizer, args.new_tokens, args.start_token)
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 COLUMNS = ("prompt_len", "new_tokens", "count")
-_NEW_KEYS = ("new_tokens", "output_len", "output_tokens")
+# a request's output length: these keys, or batch-generate's "generation": {"max_new_tokens": N}
+_NEW_KEYS = ("new_tokens", "output_len", "output_tokens", "max_new_tokens", "max_tokens")
 _OUT_TEXT_KEYS = ("completion", "output", "response")
 
 
@@ -113,7 +115,9 @@ def _jsonl(path: str, tokenizer: str | None) -> tuple[LengthDist, bool]:
                 raise ValueError(f"{path}:{i}: expected a 'prompt', 'text' or 'prompt_ids' field")
             tok = tok or _tokenizer(tokenizer, path)
             p.append(len(tok(text)["input_ids"]))
-        new = next((row[k] for k in _NEW_KEYS if k in row), None)
+        gen = row.get("generation")
+        given = {**row, **gen} if isinstance(gen, dict) else row
+        new = next((given[k] for k in _NEW_KEYS if k in given), None)
         if new is None and any(k in row for k in _OUT_TEXT_KEYS):
             tok = tok or _tokenizer(tokenizer, path)
             out = next(row[k] for k in _OUT_TEXT_KEYS if k in row)
@@ -173,6 +177,14 @@ def _normal(spec: str, seed: int = 0, n: int = 20000) -> LengthDist:
     return from_counts(v, np.ones_like(v), c, spec)
 
 
+LISTED = re.compile(r"\s*\d+(\s*,\s*\d+)*\s*")  # "12,40,300": prompt lengths seen, once each
+
+
+def _listed(spec: str) -> LengthDist:
+    v = [int(x) for x in spec.split(",")]
+    return from_counts(v, np.ones(len(v), np.int64), np.ones(len(v), np.int64), f"--lengths {spec}")
+
+
 def load_lengths(
     source: str,
     tokenizer: str | None = None,
@@ -182,9 +194,14 @@ def load_lengths(
     """Read a length distribution; ``new_tokens`` fills in (or overrides) every output length."""
     if source.startswith("normal:"):
         dist, has_new = _normal(source), False
+    elif not os.path.isfile(source) and LISTED.fullmatch(source):
+        dist, has_new = _listed(source), False
     else:
         if not os.path.isfile(source):
-            raise ValueError(f"cannot read --lengths {source}: no such file")
+            raise ValueError(
+                f"cannot read --lengths {source}: no such file; give a histogram .json / .csv, a .jsonl of "
+                "prompts, a .h5, normal:MEAN:STD or prompt lengths such as 12,40,300"
+            )
         ext = os.path.splitext(source)[1].lower()
         try:
             if ext in (".h5", ".hdf5"):

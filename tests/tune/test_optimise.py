@@ -208,6 +208,28 @@ def test_tune_cli_bad_inputs_exit_2(gpt2_path, tmp_path, capsys):
     assert main(["explore-batch", "--model", str(gpt2_path), "--lengths", str(long)]) == 2
 
 
+def test_lengths_listed_on_the_command_line_and_a_model_by_name(tmp_path, capsys):
+    import argparse
+
+    from aotlm.cli.tune import load_dist
+    from aotlm.models.checkpoint.resolve import resolve
+
+    dist = lengths.load_lengths("10, 20,300,20", new_tokens=4)
+    assert dist.prompt_len.tolist() == [10, 20, 300] and dist.weight.tolist() == [0.25, 0.5, 0.25]
+    with pytest.raises(ValueError, match="no output lengths; pass --new-tokens"):
+        lengths.load_lengths("10,20")
+    with pytest.raises(ValueError, match="no such file; give .* prompt lengths such as"):
+        lengths.load_lengths("10,2o", new_tokens=4)
+    prompts = tmp_path / "p.jsonl"  # prompt text: the model's own tokenizer counts it (no --tokenizer)
+    prompts.write_text('{"prompt": "def f(x):", "generation": {"max_new_tokens": 3}}\n')  # batch-generate's
+    args = argparse.Namespace(model="aotlm/tiny-py", lengths=str(prompts), tokenizer=None, new_tokens=None,
+                              start_token=None)  # fmt: skip
+    dist = load_dist(args)
+    assert args.model == str(resolve("aotlm/tiny-py")) and dist.new_tokens.tolist() == [3]
+    assert main(["tune", "--model", "aotlm/tiny-py", "--lengths", "4000", "--new-tokens", "4"]) == 2
+    assert "longest request needs 4004 positions" in capsys.readouterr().err  # resolved, then checked
+
+
 def test_plot_writes_a_png_or_says_why_not(tmp_path, capsys):
     from aotlm.cli.tune import plot
 
