@@ -102,6 +102,10 @@ class PipelineForSampling(Sampler):
         """``("stage", s, *key)`` for every graph of every stage."""
         return [("stage", s, *k) for s, st in enumerate(self.stages) for k in st.graph_keys()]
 
+    def is_compiled(self, key: tuple) -> bool:
+        """Whether graph ``("stage", s, *stage_key)`` is ready in memory."""
+        return self.stages[key[1]].is_compiled(tuple(key[2:]))
+
     @locked
     def compile_graph(self, key: tuple):
         """Compile (or load) one graph of ``graph_keys()``: ``("stage", s, *stage_key)``."""

@@ -34,8 +34,10 @@ def chat_model(tmp_path_factory):
     return path, cache
 
 
-def chat(model, cache, *args, stdin: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+def chat(
+    model, cache, *args, stdin: str | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     cmd = [sys.executable, "-m", "aotlm.cli", "chat", "--model", str(model), "--cache-dir", str(cache)]
     return subprocess.run(
         [*cmd, "--greedy", *args], input=stdin or "", capture_output=True, text=True, env=env, timeout=600
@@ -75,6 +77,15 @@ def test_piped_turns_keep_history_and_reset_forgets_it(chat_model):
     ready = [m.end() for m in READY.finditer(r.stderr)]
     second = [m.end() for m in STATS.finditer(r.stderr)][1]
     assert ready and ready[0] < r.stderr.index("[") and ready[-1] < second
+
+
+def test_pipeline_stages_answer_as_one_stage(chat_model):
+    path, cache = chat_model
+    one = chat(path, cache, "--max-new-tokens", "4", "import os")
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    two = chat(path, cache, "--max-new-tokens", "4", "--pp-degree", "2", "import os", env=env)
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    assert two.stdout == one.stdout and READY.search(two.stderr)
 
 
 def test_quiet_prints_only_the_answer(chat_model):
