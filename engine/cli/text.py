@@ -29,6 +29,7 @@ from aotlm.cli.common import (
 )
 from aotlm.core import buckets as bk
 from aotlm.generate.constraints import Constraint, ConstraintError, from_response_format
+from aotlm.generate.constraints import check as check_constraint
 from aotlm.models.checkpoint.resolve import default_model, expand, shown, validate_checkpoint
 from aotlm.text import tokens as text
 from aotlm.text.pipeline import TextGenerationPipeline
@@ -227,12 +228,15 @@ def record_constraints(args, records: list[dict]) -> list | None:
         path = readable(expand(args.json_schema), "--json-schema:")
         try:
             default = Constraint.json_schema(path.read_text(encoding="utf-8"))
+            check_constraint(default)  # before the model loads
         except ConstraintError as e:
             raise ValueError(f"--json-schema {path}: {e}") from None
     out = []
     for i, rec in enumerate(records, 1):
         try:
             own = from_response_format(rec.get("response_format"))
+            if own is not None:
+                check_constraint(own)
         except ConstraintError as e:
             raise ValueError(f"record {i}: {e}") from None
         out.append(own or default)

@@ -203,6 +203,34 @@ class Matcher:
         return self._m.get_error() if self._m.is_error() else ""
 
 
+def grammar_text(c: Constraint) -> str:
+    """llguidance's grammar text for ``c`` (not yet checked)."""
+    llg = _llguidance()
+    if c.kind == "json_schema":
+        return llg.LLMatcher.grammar_from_json_schema(c.source, defaults=JSON_OPTIONS)
+    if c.kind == "json_object":
+        return llg.LLMatcher.grammar_from_json_schema('{"type":"object"}', defaults=JSON_OPTIONS)
+    if c.kind == "regex":
+        return llg.LLMatcher.grammar_from_regex(c.source)
+    if c.kind == "grammar":
+        try:
+            return llg.grammar_from("grammar", c.source)
+        except ValueError as e:
+            raise ConstraintError(str(e)) from None
+    raise ConstraintError(f"unknown constraint kind {c.kind!r}; use one of {', '.join(KINDS)}")
+
+
+def check(c: Constraint) -> None:
+    """``ConstraintError`` with llguidance's message when ``c``'s schema, regex or grammar is invalid;
+    needs no tokenizer, so a command checks its constraints before a model loads."""
+    try:
+        error = _llguidance().LLMatcher.validate_grammar(grammar_text(c), None)
+    except ValueError as e:
+        raise ConstraintError(str(e)) from None
+    if error:
+        raise ConstraintError(error)
+
+
 class Grammars:
     """llguidance's view of one tokenizer and the grammars compiled against it (LRU cache).
 
@@ -223,22 +251,6 @@ class Grammars:
         self._size = cache_size
         self._lock = threading.Lock()
 
-    def grammar(self, c: Constraint) -> str:
-        """llguidance's grammar text for ``c`` (not yet checked)."""
-        llg = _llguidance()
-        if c.kind == "json_schema":
-            return llg.LLMatcher.grammar_from_json_schema(c.source, defaults=JSON_OPTIONS)
-        if c.kind == "json_object":
-            return llg.LLMatcher.grammar_from_json_schema('{"type":"object"}', defaults=JSON_OPTIONS)
-        if c.kind == "regex":
-            return llg.LLMatcher.grammar_from_regex(c.source)
-        if c.kind == "grammar":
-            try:
-                return llg.grammar_from("grammar", c.source)
-            except ValueError as e:
-                raise ConstraintError(str(e)) from None
-        raise ConstraintError(f"unknown constraint kind {c.kind!r}; use one of {', '.join(KINDS)}")
-
     def compile(self, c: Constraint):
         """The compiled (fresh) matcher of ``c``, cached; ``ConstraintError`` with the library's
         message when the schema, regex or grammar is invalid."""
@@ -249,7 +261,7 @@ class Grammars:
                 return hit
         llg = _llguidance()
         try:
-            text = self.grammar(c)
+            text = grammar_text(c)
         except ValueError as e:
             raise ConstraintError(str(e)) from None
         proto = llg.LLMatcher(self.tokenizer, text, log_level=0)

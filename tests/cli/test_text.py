@@ -99,7 +99,7 @@ def test_prompts_file_order_fields_output_file_and_run_dir(shared, tmp_path):
     "case",
     [
         *("missing model", "no tokenizer", "empty prompt", "invalid json", "no prompt field", "two sources"),
-        *("bad temperature", "empty stop"),  # refused before the weights load (no "graphs ready" line)
+        *("bad temperature", "empty stop", "bad schema"),  # refused before the weights load (one line)
     ],
 )
 def test_bad_input_is_one_line_exit_2(shared, tmp_path, case):
@@ -108,6 +108,8 @@ def test_bad_input_is_one_line_exit_2(shared, tmp_path, case):
     shutil.copytree(ckpt, bare, ignore=shutil.ignore_patterns("*token*", "vocab*", "merges*"))
     pf = tmp_path / "p.jsonl"
     pf.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c",\n')
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "objec"}')
     pf2 = tmp_path / "q.jsonl"
     pf2.write_text('{"prompt": "a"}\n{"text": "b"}\n')
     args, want = {
@@ -125,6 +127,10 @@ def test_bad_input_is_one_line_exit_2(shared, tmp_path, case):
             "temperature=-1.0",
         ),
         "empty stop": (["--model", str(ckpt), "--prompt", "a", "--stop", ""], "a stop string is empty"),
+        "bad schema": (
+            ["--model", str(ckpt), "--prompt", "a", "--json-schema", str(schema)],
+            "Invalid type: objec",
+        ),
     }[case]
     out = run(args)
     assert out.returncode == 2, out.stderr
