@@ -57,6 +57,16 @@ def graphs_ready(model, seconds: float, since: int = 0) -> str:
     return f"{n} graph{'' if n == 1 else 's'} ready in {seconds:.2f}s ({cached})"
 
 
+def distinct_files(source: str | None, output: str | None, flags: str) -> None:
+    """A one-line error when ``output`` names the file ``source`` is (``--overwrite`` or a crash
+    would lose the input); stdin (``-``) or a missing path never clashes."""
+    if not source or not output or "-" in (source, output):
+        return
+    a, b = (os.path.realpath(os.path.expandvars(os.path.expanduser(p))) for p in (source, output))
+    if a == b or (os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)):
+        raise ValueError(f"{flags} name the same file {source}; write the output to another file")
+
+
 def setup_logging(quiet: bool) -> None:
     """INFO lines of aotlm's own loggers to stderr (third-party loggers untouched)."""
     root = logging.getLogger("aotlm")

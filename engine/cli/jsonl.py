@@ -10,6 +10,7 @@ import time
 from aotlm.cli.common import (
     add_job_args,
     add_table_flags,
+    distinct_files,
     int_list,
     lora_kwargs,
     setup_logging,
@@ -56,6 +57,7 @@ def cmd_batch_generate(args) -> int:
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    distinct_files(args.input, args.output, "--input and --output")
     if os.path.exists(args.output) and os.path.getsize(args.output) and not (args.resume or args.overwrite):
         if not args.dry_run:
             raise ValueError(
@@ -107,6 +109,8 @@ def cmd_batch_generate(args) -> int:
 
 def cmd_batch_merge(args) -> int:
     """Concatenate shard outputs back into input order (by ``input_line``), refusing duplicates."""
+    for path in args.inputs:  # a shard replaced by the merge would be lost if the merge is wrong
+        distinct_files(path, args.output, "an input and --output")
     recs = [r for path in args.inputs for r in read_jsonl(path)]
     seen: dict = {}
     for r in recs:

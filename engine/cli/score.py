@@ -12,7 +12,7 @@ import os
 import time
 
 from aotlm.api.causal_lm import AutoModelForSampling
-from aotlm.cli.common import add_job_args, add_model_args, model_kwargs, setup_logging, table
+from aotlm.cli.common import add_job_args, add_model_args, distinct_files, model_kwargs, setup_logging, table
 from aotlm.jobs import score as job
 from aotlm.jobs.batch import done_keys, is_done
 from aotlm.jobs.dryrun import model_graph_status
@@ -37,6 +37,7 @@ def _window(args, n_positions: int) -> tuple[int, int]:
 
 def cmd_score(args) -> int:
     setup_logging(args.quiet)
+    distinct_files(args.input, args.output, "--input and --output")
     if os.path.exists(args.output) and os.path.getsize(args.output) and not (args.resume or args.overwrite):
         if not args.dry_run:
             raise ValueError(

@@ -22,6 +22,7 @@ from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.cli.common import (
     add_model_args,
     add_sampling_args,
+    distinct_files,
     generation_settings,
     graphs_ready,
     model_kwargs,
@@ -92,6 +93,7 @@ def read_prompts(args) -> list[dict]:
     if args.prompts_file is None:
         raise ValueError('give --prompt TEXT or --prompts-file FILE.jsonl (one {"prompt": ...} per line)')
     name = args.prompts_file
+    distinct_files(name, args.output, "--prompts-file and --output")
     if name == "-":
         lines = sys.stdin.read().splitlines()
     else:

@@ -404,6 +404,7 @@ def _cli_cases(ckpt, tmp):
         ),
         (["cache", "verify", "--cache-dir", tmp / "typo"], "no compile cache at .*typo"),
         (["cache", "frobnicate"], "invalid choice: 'frobnicate'"),
+        (["score", "--input", bad_json, "--output", bad_json], "--input and --output name the same file"),
         (
             ["serve", ckpt, "--port", "0", "--api-key", ""],
             "--api-key is empty; give the key, or leave the flag",

@@ -100,6 +100,7 @@ def test_prompts_file_order_fields_output_file_and_run_dir(shared, tmp_path):
     [
         *("missing model", "no tokenizer", "empty prompt", "invalid json", "no prompt field", "two sources"),
         *("bad temperature", "empty stop", "bad schema"),  # refused before the weights load (one line)
+        "output is the input",
     ],
 )
 def test_bad_input_is_one_line_exit_2(shared, tmp_path, case):
@@ -127,6 +128,10 @@ def test_bad_input_is_one_line_exit_2(shared, tmp_path, case):
             "temperature=-1.0",
         ),
         "empty stop": (["--model", str(ckpt), "--prompt", "a", "--stop", ""], "a stop string is empty"),
+        "output is the input": (
+            ["--model", str(ckpt), "--prompts-file", str(pf2), "--output", str(pf2)],
+            "--prompts-file and --output name the same file",
+        ),
         "bad schema": (
             ["--model", str(ckpt), "--prompt", "a", "--json-schema", str(schema)],
             "Invalid type: objec",

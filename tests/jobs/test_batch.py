@@ -201,6 +201,18 @@ def test_an_unreadable_input_is_one_line_naming_it(env, kind, tmp_path):
     assert str(path) in err[0] and ("cannot read the input" in err[0] or "not UTF-8" in err[0]), err[0]
 
 
+def test_output_naming_the_input_is_refused_and_the_input_kept(env, tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"prompt": "a"}\n')
+    (tmp_path / "link.jsonl").symlink_to(path)
+    for out in (path, tmp_path / "." / "in.jsonl", tmp_path / "link.jsonl"):
+        p = bg(env, path, out, "--overwrite", check=False)
+        assert p.returncode == 2 and "--input and --output name the same file" in p.stderr, p.stderr
+    p = aot(env, "batch-merge", "--output", path, path, check=False)
+    assert p.returncode == 2 and "an input and --output name the same file" in p.stderr, p.stderr
+    assert path.read_text() == '{"prompt": "a"}\n'
+
+
 def test_dry_run_plan_sees_the_compile_cache(env, jsonl, tmp_path):
     path, _, _ = jsonl
     p = bg(env, path, tmp_path / "o.jsonl", "--dry-run")
