@@ -93,7 +93,6 @@ def read_prompts(args) -> list[dict]:
     if args.prompts_file is None:
         raise ValueError('give --prompt TEXT or --prompts-file FILE.jsonl (one {"prompt": ...} per line)')
     name = args.prompts_file
-    distinct_files(name, args.output, "--prompts-file and --output")
     if name == "-":
         lines = sys.stdin.read().splitlines()
     else:
@@ -182,6 +181,7 @@ def cmd_generate(args) -> int:
     if args.quiet:
         progress.set_enabled(False)
     setup_logging(args.quiet)
+    distinct_files(args.prompts_file, args.output, "--prompts-file and --output")
     records = read_prompts(args)
     specs = record_constraints(args, records)
     if args.stream and len(records) != 1:
