@@ -154,7 +154,7 @@ def cmd_models(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    where = os.path.abspath(os.path.expanduser(args.cache_dir or CompileCache.default_dir()))
+    where = os.path.abspath(args.cache_dir or CompileCache.default_dir())  # as CompileCache reads it
     if not os.path.exists(where):  # looking must not create it (a mistyped --cache-dir)
         if args.action == "clear":
             print(f"nothing to clear: {where} does not exist")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from aotlm.core import distributed, sampler_params
 from aotlm.core.spec import MODEL_KEYS
 from aotlm.generate.params import SAMPLING_FIELDS
-from aotlm.models.checkpoint.resolve import resolve
+from aotlm.models.checkpoint.resolve import expand, resolve
 from aotlm.models.quant import INT4_NAMES
 from aotlm.text import defaults
 
@@ -62,7 +62,7 @@ def distinct_files(source: str | None, output: str | None, flags: str) -> None:
     would lose the input); stdin (``-``) or a missing path never clashes."""
     if not source or not output or "-" in (source, output):
         return
-    a, b = (os.path.realpath(os.path.expandvars(os.path.expanduser(p))) for p in (source, output))
+    a, b = (os.path.realpath(expand(p)) for p in (source, output))
     if a == b or (os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)):
         raise ValueError(f"{flags} name the same file {source}; write the output to another file")
 
