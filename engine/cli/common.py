@@ -46,6 +46,11 @@ def add_job_args(p: argparse.ArgumentParser, shard_help: str) -> None:
     p.add_argument("--shard", type=shard_arg, default=(0, 1), help=shard_help)
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 record`` / ``2 records``: a count with its noun, as summaries print it."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def graphs_ready(model, seconds: float, since: int = 0) -> str:
     """``N graphs ready in S s (H from the compile cache at DIR)``: what a command logs once compiled
     (the graphs of ``model.compile_report[since:]``)."""
@@ -53,8 +58,7 @@ def graphs_ready(model, seconds: float, since: int = 0) -> str:
     hits = sum(r.get("hit", False) for r in report)
     d = model.compile_cache.dir
     cached = f"{hits} from the compile cache at {os.path.abspath(d)}" if d else "no compile cache on disk"
-    n = len(report)
-    return f"{n} graph{'' if n == 1 else 's'} ready in {seconds:.2f}s ({cached})"
+    return f"{counted(len(report), 'graph')} ready in {seconds:.2f}s ({cached})"
 
 
 def distinct_files(source: str | None, output: str | None, flags: str) -> None:

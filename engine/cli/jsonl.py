@@ -10,6 +10,7 @@ import time
 from aotlm.cli.common import (
     add_job_args,
     add_table_flags,
+    counted,
     distinct_files,
     int_list,
     lora_kwargs,
@@ -87,7 +88,7 @@ def cmd_batch_generate(args) -> int:
     log.info("pre-flight ok: %d records, %d model groups%s", len(records), len(groups), shard)
     if args.dry_run:
         print(table(plan_rows(mine, opts, todo), PLAN_HEADER))
-        print(f"dry run: {sum(todo.values())} records to generate; nothing loaded")
+        print(f"dry run: {counted(sum(todo.values()), 'record')} to generate; nothing loaded")
         return 0
     if args.overwrite and os.path.exists(args.output):
         os.remove(args.output)
@@ -103,7 +104,7 @@ def cmd_batch_generate(args) -> int:
     else:
         written, errors = batch.run(mine, opts, args.output, args.resume)
     dt = time.perf_counter() - t0
-    print(f"{written} records written to {args.output} in {dt:.2f}s ({errors} with errors)")
+    print(f"{counted(written, 'record')} written to {args.output} in {dt:.2f}s ({errors} with errors)")
     return 0
 
 
@@ -122,7 +123,7 @@ def cmd_batch_merge(args) -> int:
             )
         seen[r["input_line"]] = r
     atomic_write_jsonl(args.output, [seen[k] for k in sorted(seen)])
-    print(f"{len(seen)} records from {len(args.inputs)} files written to {args.output}")
+    print(f"{counted(len(seen), 'record')} from {counted(len(args.inputs), 'file')} written to {args.output}")
     return 0
 
 

@@ -12,7 +12,15 @@ import os
 import time
 
 from aotlm.api.causal_lm import AutoModelForSampling
-from aotlm.cli.common import add_job_args, add_model_args, distinct_files, model_kwargs, setup_logging, table
+from aotlm.cli.common import (
+    add_job_args,
+    add_model_args,
+    counted,
+    distinct_files,
+    model_kwargs,
+    setup_logging,
+    table,
+)
 from aotlm.jobs import score as job
 from aotlm.jobs.batch import done_keys, is_done
 from aotlm.jobs.dryrun import model_graph_status
@@ -66,7 +74,7 @@ def cmd_score(args) -> int:
         buckets = ",".join("x".join(map(str, k[1:])) for k, _ in status)
         rows = [(ckpt, f"{todo}/{len(records)}", buckets, f"{len(status) - cached} compile, {cached} cached")]
         print(table(rows, ("model", "records", "score graphs (CxW)", "graphs")))
-        print(f"dry run: {todo} records to score; nothing loaded")
+        print(f"dry run: {counted(todo, 'record')} to score; nothing loaded")
         return 0
     if args.overwrite and os.path.exists(args.output):
         os.remove(args.output)
@@ -81,12 +89,14 @@ def cmd_score(args) -> int:
     opts = {"model": shown(ckpt), "amp": model.amp, "max_length": max_len, "stride": stride}
     written, errors, total = job.run(model, tok, records, args.output, args.resume, opts)
     dt = time.perf_counter() - t1
-    print(f"{written} records scored into {args.output} in {dt:.2f}s (load + compile {t1 - t0:.2f}s, "
-          f"{errors} with errors)")  # fmt: skip
+    done = counted(written, "record")
+    print(
+        f"{done} scored into {args.output} in {dt:.2f}s (load + compile {t1 - t0:.2f}s, {errors} with errors)"
+    )
     if total["tokens"]:
         nats = -total["logprob"] / total["tokens"]
-        print(f"texts: {total['records']} records, {total['tokens']} tokens, {nats:.4f} nats/token, "
-              f"perplexity {math.exp(nats):.2f}")  # fmt: skip
+        texts = f"{counted(total['records'], 'record')}, {counted(total['tokens'], 'token')}"
+        print(f"texts: {texts}, {nats:.4f} nats/token, perplexity {math.exp(nats):.2f}")
     return 0
 
 

@@ -101,6 +101,7 @@ def test_prompts_file_order_fields_output_file_and_run_dir(shared, tmp_path):
         *("missing model", "no tokenizer", "empty prompt", "invalid json", "no prompt field", "two sources"),
         *("bad temperature", "empty stop", "bad schema"),  # refused before the weights load (one line)
         "output is the input",
+        "prompt too long",
     ],
 )
 def test_bad_input_is_one_line_exit_2(shared, tmp_path, case):
@@ -131,6 +132,11 @@ def test_bad_input_is_one_line_exit_2(shared, tmp_path, case):
         "output is the input": (
             ["--model", str(ckpt), "--prompts-file", str(pf2), "--output", str(pf2)],
             "--prompts-file and --output name the same file",
+        ),
+        "prompt too long": (
+            ["--model", str(ckpt), "--prompt", "a", "--prompt", "a b c d e f g h i j"]
+            + ["--n-positions", "8", "--max-new-tokens", "2"],
+            "prompt 2 has ",
         ),
         "bad schema": (
             ["--model", str(ckpt), "--prompt", "a", "--json-schema", str(schema)],

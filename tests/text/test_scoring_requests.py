@@ -129,8 +129,14 @@ def test_score_cli(tmp_path, tmp_path_factory, capsys):
     parts = [str(tmp_path / f"part{i}.jsonl") for i in range(2)]
     for i, part in enumerate(parts):
         assert main(["score", "--input", inp, "--output", part, *flags, "--shard", f"{i}/2", "--quiet"]) == 0
+    capsys.readouterr()
     assert main(["batch-merge", "--output", str(tmp_path / "merged.jsonl"), *parts]) == 0
     assert (tmp_path / "merged.jsonl").read_bytes() == full
+    assert "6 records from 2 files written" in capsys.readouterr().out
+    one = write(tmp_path / "one.jsonl", RECORDS[:1])
+    assert main(["score", "--input", one, "--output", str(tmp_path / "one_out.jsonl"), *flags]) == 0
+    printed = capsys.readouterr().out  # counts with their nouns: no "1 records"
+    assert "1 record scored into" in printed and "texts: 1 record, " in printed, printed
 
 
 def test_score_cli_errors(tmp_path, tmp_path_factory, capsys):
