@@ -101,6 +101,20 @@ def _model_name(args, checkpoint: str) -> str:
     return given if given else Path(checkpoint).name
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Server flags out of range, each named with its value, before anything binds or loads."""
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+    if args.max_queue < 1:
+        raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.prefix_cache_mb < 0:
+        raise ValueError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+    if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
+        raise ValueError(f"--max-tokens-cap must be >= 1, got {args.max_tokens_cap}")
+    if args.api_key is not None and not args.api_key.strip():  # e.g. --api-key "$KEY" with KEY unset
+        raise ValueError("--api-key is empty; give the key, or leave the flag out to serve without one")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     missing = _missing_extra()
     if missing:
@@ -112,14 +126,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"give the model once: positional {args.checkpoint!r} or --model {args.model_alias!r}"
         )
     args.checkpoint = args.checkpoint_given = args.checkpoint or args.model_alias
-    if args.port < 0 or args.port > 65535 or args.max_queue < 1:
-        raise ValueError("--port must be in 0..65535 and --max-queue >= 1")
-    if args.prefix_cache_mb < 0:
-        raise ValueError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
-    if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
-        raise ValueError(f"--max-tokens-cap must be >= 1, got {args.max_tokens_cap}")
-    if args.api_key is not None and not args.api_key.strip():  # e.g. --api-key "$KEY" with KEY unset
-        raise ValueError("--api-key is empty; give the key, or leave the flag out to serve without one")
+    _check_flags(args)
     args.api_key = args.api_key or os.environ.get("AOTLM_API_KEY") or None
     setup_logging(args.quiet)
     sock = _bind(args.host, args.port)  # before the model loads: a port in use fails in a second

@@ -409,6 +409,8 @@ def _cli_cases(ckpt, tmp):
             ["serve", ckpt, "--port", "0", "--api-key", ""],
             "--api-key is empty; give the key, or leave the flag",
         ),
+        (["serve", ckpt, "--port", "70000"], r"--port must be in 0\.\.65535 \(0: any free port\), got 70000"),
+        (["serve", ckpt, "--port", "0", "--max-queue", "0"], "--max-queue must be >= 1, got 0"),
         ([*model, "--max-loras", "-1"], r"max_loras \(adapter slots\) must be >= 0, got -1"),
         ([*model, "--max-loras", "2", "--max-lora-rank", "0"], "max_lora_rank must be >= 1, got 0"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
