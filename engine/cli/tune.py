@@ -10,6 +10,7 @@ The same code runs as ``scripts/tune_buckets.py`` and ``scripts/explore_batch.py
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -92,6 +93,38 @@ def _limit(args) -> int:
     return limit
 
 
+_AT_LEAST_1 = (
+    "batch_size",
+    "max_batch",
+    "batches",
+    "max_graphs",
+    "granularity",
+    "measure_runs",
+    "n_positions",
+)
+_ABOVE_0 = ("memory_gb", "max_latency_ms", "compile_budget_s")
+
+
+def check_flags(args) -> None:
+    """Flags out of range (each named with its value) and output folders that do not exist, refused
+    before the model loads or a graph is measured. ``tune``'s own flags are checked where present."""
+    for k in _AT_LEAST_1:
+        v = getattr(args, k, None)
+        if v is not None and v < 1:
+            raise ValueError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+    for k in _ABOVE_0:
+        v = getattr(args, k, None)
+        if v is not None and not v > 0:
+            raise ValueError(f"--{k.replace('_', '-')} must be > 0, got {v}")
+    if getattr(args, "replay", 0) < 0:
+        raise ValueError(f"--replay must be >= 0 (0: skip the replay), got {args.replay}")
+    for flag in ("out", "plot"):
+        path = getattr(args, flag, None)
+        folder = os.path.dirname(os.path.abspath(os.path.expanduser(path))) if path else None
+        if folder is not None and not os.path.isdir(folder):
+            raise ValueError(f"--{flag} {path}: the directory {folder} does not exist; create it first")
+
+
 def load_dist(args) -> lengths.LengthDist:
     """The length distribution; first ``args.model`` resolved as every command resolves a model (a name,
     a .gguf file, a run dir) and ``args.tokenizer`` defaulted to the model's."""
@@ -116,6 +149,7 @@ def _kv_gb(args, tg) -> float:
 
 
 def cmd_tune(args) -> int:
+    check_flags(args)
     dist = load_dist(args)
     limit = _limit(args)
     if dist.max_total > limit:
@@ -161,9 +195,8 @@ def cmd_tune(args) -> int:
         table(out_rows, ("config", "context buckets", "token buckets", "graphs", "est. compile s", "KV GiB",
                          "expected ms/request", "expected tok/s"))
     )  # fmt: skip
-    print(
-        f"limits: max graphs {max_graphs}, compile budget {args.compile_budget_s} s, n_positions <= {limit}"
-    )
+    budget = "none" if args.compile_budget_s is None else f"{args.compile_budget_s} s"
+    print(f"limits: max graphs {max_graphs}, compile budget {budget}, n_positions <= {limit}")
     data = write_bucket_config(
         args.out, choice.ctx, choice.tg, args.batch_size if args.batch_size > 1 else None
     )
@@ -226,6 +259,7 @@ def _explore(args, dist, ctx, tg) -> None:
 
 
 def cmd_explore_batch(args) -> int:
+    check_flags(args)
     dist = load_dist(args)
     if args.bucket_config:
         bc = load_bucket_config(args.bucket_config)

@@ -14,6 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from aotlm.durable import atomic_write_bytes
+
 KEYS = ("n_positions", "context_length_estimate", "batch_size")
 
 
@@ -58,6 +60,5 @@ def write_bucket_config(path: str | os.PathLike, ctx, tg, batch_size: int | None
     if batch_size is not None:
         data["batch_size"] = int(batch_size)
     load_bucket_config(data)
-    with open(path, "w") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
+    atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())  # never half-written
     return data

@@ -172,6 +172,10 @@ def _normal(spec: str, seed: int = 0, n: int = 20000) -> LengthDist:
         lo, hi = (parts[2], parts[3]) if len(parts) >= 4 else (1, mean + 4 * std)
     except (IndexError, ValueError) as e:
         raise ValueError(f"bad --lengths spec {spec!r}; use normal:MEAN:STD[:LO:HI]") from e
+    if not (std >= 0 and mean >= 1 and 1 <= lo <= hi):
+        raise ValueError(
+            f"bad --lengths spec {spec!r}: needs MEAN >= 1, STD >= 0 and 1 <= LO <= HI (prompt tokens)"
+        )
     x = np.clip(np.round(np.random.default_rng(seed).normal(mean, std, n)), lo, hi).astype(int)
     v, c = np.unique(x, return_counts=True)
     return from_counts(v, np.ones_like(v), c, spec)
@@ -217,5 +221,5 @@ def load_lengths(
     if new_tokens is not None:
         return with_new_tokens(dist, int(new_tokens))
     if not has_new:
-        raise ValueError(f"{source} has no output lengths; pass --new-tokens N")
+        raise ValueError(f"--lengths {source} gives prompt lengths only; pass --new-tokens N (per request)")
     return dist

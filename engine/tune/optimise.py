@@ -240,8 +240,9 @@ def optimise(
                             if a[1] + b[1] <= budget and (best is None or a[0] + b[0] < best[0] - 1e-15):
                                 best = (a[0] + b[0], a[2], b[2])
     if best is None:
+        budget_s = "no compile budget" if compile_budget_s is None else f"compile budget {compile_budget_s}s"
         raise ValueError(
-            f"no bucket configuration fits max_graphs={max_graphs} and compile budget {compile_budget_s}s; "
+            f"no bucket configuration fits max_graphs={max_graphs} and {budget_s}; "
             "raise --max-graphs or --compile-budget-s"
         )
     return Choice(tuple(best[1]), tuple(best[2]), best[0])

@@ -113,7 +113,10 @@ def resolve(path: str | os.PathLike | None) -> Path:
     if (p / "config.json").is_file():
         return p
     if not p.exists():
-        raise CheckpointError(f"model path {p} does not exist; check the path (or give a bundled model name)")
+        raise CheckpointError(
+            f"model path {p} does not exist; check the path, or give a model name: "
+            f"{', '.join(sorted(named.NAMED_MODELS))} (aotlm models) or {', '.join(sorted(BUNDLED_MODELS))}"
+        )
     if not p.is_dir():
         raise CheckpointError(
             f"model path {p} is a file; give the checkpoint directory that holds config.json"

@@ -381,7 +381,7 @@ def _cli_cases(ckpt, tmp):
         ([*model, "--config", not_obj], "must hold a JSON object"),
         ([*model, "--config", bad_type], "batch_size='2' has the wrong type; expected int"),
         ([*model, "--config", unknown], r"unknown keys in .*\['batch'\]; allowed"),
-        (["compile", tmp / "no-ckpt"], "does not exist; check the path"),
+        (["compile", tmp / "no-ckpt"], "does not exist; check the path, or give a model name: .*smollm2"),
         ([*sample, "a,b"], "expected comma-separated integers, got 'a,b'"),
         ([*sample, ""], "the prompt is empty"),
         ([*sample, "1,2", "--prompt-ids", "3"], "ragged"),

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -206,6 +207,26 @@ def test_tune_cli_bad_inputs_exit_2(gpt2_path, tmp_path, capsys):
         assert main([*base, "--lengths", lengths_arg]) == 2
         assert want in capsys.readouterr().err
     assert main(["explore-batch", "--model", str(gpt2_path), "--lengths", str(long)]) == 2
+    capsys.readouterr()
+    # flags out of range: refused before any graph is measured, each naming the flag and its value
+    ok = [*base, "--lengths", "12", "--new-tokens", "4"]
+    for flags, want in [
+        (["--max-graphs", "0"], "--max-graphs must be >= 1, got 0"),
+        (["--granularity", "0"], "--granularity must be >= 1, got 0"),
+        (["--measure-runs", "0"], "--measure-runs must be >= 1, got 0"),
+        (["--memory-gb", "-1"], "--memory-gb must be > 0, got -1.0"),
+        (["--compile-budget-s", "0"], "--compile-budget-s must be > 0, got 0.0"),
+        (["--batch", "--batches", "0"], "--batches must be >= 1, got 0"),
+        (["--replay", "-1"], "--replay must be >= 0"),
+        (["--plot", str(tmp_path / "no" / "p.png")], "the directory .*no does not exist; create it first"),
+        (["--lengths", "normal:40:-3"], "needs MEAN >= 1, STD >= 0"),
+    ]:
+        assert main([*ok, *flags]) == 2, flags
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and re.search(want, err[0]), (flags, err)
+    assert main(["explore-batch", "--model", str(gpt2_path), "--lengths", "12", "--max-batch", "0"]) == 2
+    assert "--max-batch must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
 
 
 def test_lengths_listed_on_the_command_line_and_a_model_by_name(tmp_path, capsys):
@@ -216,7 +237,7 @@ def test_lengths_listed_on_the_command_line_and_a_model_by_name(tmp_path, capsys
 
     dist = lengths.load_lengths("10, 20,300,20", new_tokens=4)
     assert dist.prompt_len.tolist() == [10, 20, 300] and dist.weight.tolist() == [0.25, 0.5, 0.25]
-    with pytest.raises(ValueError, match="no output lengths; pass --new-tokens"):
+    with pytest.raises(ValueError, match="prompt lengths only; pass --new-tokens"):
         lengths.load_lengths("10,20")
     with pytest.raises(ValueError, match="no such file; give .* prompt lengths such as"):
         lengths.load_lengths("10,2o", new_tokens=4)
