@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from aotlm import kernels
 from aotlm.core import buckets as bk
 from aotlm.core import pipeline, precision, sharding
-from aotlm.core.spec import DEFAULT_N_POSITIONS
+from aotlm.core.spec import DEFAULT_N_POSITIONS, check_shapes
 from aotlm.kernels import gpu_matmul, layout
 from aotlm.models import family_for, kscales, quant4, quant8
 from aotlm.models.arch import ArchConfig
@@ -336,6 +336,7 @@ def plan_for_checkpoint(
     if n_positions is None:  # the engine's default (core/model.py)
         n_positions = min(DEFAULT_N_POSITIONS, cfg.max_positions)
     tg = bk.token_buckets(n_positions)
+    check_shapes(cfg, batch_size, tg)
     ctx = bk.context_buckets(context_length_estimate, tg)
     plan = memory_plan(
         cfg, batch_size, max(tg), amp, tp_degree, gqa, None, pp_degree, micro_batches, kv_cache_dtype,

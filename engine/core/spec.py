@@ -87,19 +87,13 @@ class ModelSpec:
     ) -> ModelSpec:
         """Check the arguments against ``cfg`` and fill in the defaults."""
         batch_size = 1 if batch_size is None else batch_size
-        if inputs.count(batch_size, "batch_size") < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         # weight storage (models/quant.py): int8 + per-channel scales, fused q/k/v and gate/up.
         # Both change the params pytree, hence the compile-cache fingerprint (``param_tree``).
         quant = quant_config(quant)  # as given (artifacts record it)
         if n_positions is None:  # transformers-neuronx's default, capped at the checkpoint's positions
             n_positions = min(DEFAULT_N_POSITIONS, cfg.max_positions)
         tg = bk.token_buckets(n_positions)
-        if cfg.position == "learned" and max(tg) > cfg.max_positions:
-            raise ValueError(
-                f"n_positions={max(tg)} exceeds this model's {cfg.max_positions} learned "
-                f"positions; use n_positions <= {cfg.max_positions}"
-            )
+        check_shapes(cfg, batch_size, tg)
         gqa = None if gqa is None else str(getattr(gqa, "value", gqa))  # aotlm.config.GQA members too
         precision.warn_slow(quant_config(quant))
         return cls(
@@ -147,3 +141,15 @@ class SpecAttributes:
 
 for _name in [f.name for f in dataclasses.fields(ModelSpec)] + ["n_positions", "dtype"]:
     setattr(SpecAttributes, _name, property(lambda self, _n=_name: getattr(self.spec, _n)))
+
+
+def check_shapes(cfg: ArchConfig, batch_size: int, tg_buckets: tuple[int, ...]) -> None:
+    """What every configuration is refused for on any backend (``from_pretrained`` and the memory plan
+    of ``aotlm compile --dry-run`` alike): no rows, or more positions than learned ones."""
+    if inputs.count(batch_size, "batch_size") < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if cfg.position == "learned" and max(tg_buckets) > cfg.max_positions:
+        raise ValueError(
+            f"n_positions={max(tg_buckets)} exceeds this model's {cfg.max_positions} learned "
+            f"positions; use n_positions <= {cfg.max_positions}"
+        )

@@ -369,6 +369,9 @@ def _cli_cases(ckpt, tmp):
     return [
         ([*model, "--batch-size", "x"], "invalid int value: 'x'"),
         ([*model, "--batch-size", "0"], "batch_size must be >= 1"),
+        ([*model, "--dry-run", "--batch-size", "0"], "batch_size must be >= 1"),  # the plan checks too
+        ([*model, "--dry-run", "--n-positions", "100000"], "exceeds this model's 256 learned positions"),
+        ([*model, "--dry-run", "--tp-degree", "3"], r"4 attention heads cannot be split over tp=3"),
         ([*model, "--n-positions", "0"], "n_positions must be positive"),
         ([*model, "--n-positions", "x"], "expected comma-separated integers"),
         ([*model, "--tp-degree", "3"], r"4 attention heads cannot be split over tp=3; use tp in"),
