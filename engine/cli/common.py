@@ -27,6 +27,28 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
 
 
+def bucket_list(text: str) -> list[int]:
+    """``--n-positions`` / ``--context-length-estimate``: bucket lengths, each >= 1."""
+    try:
+        out = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated bucket lengths >= 1, got {text!r}")
+    return out
+
+
+def positive_int(text: str) -> int:
+    """A count of devices or rows: an integer >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return n
+
+
 def shard_arg(text: str) -> tuple[int, int]:
     """``I/N`` with 0 <= I < N (SLURM: ``--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT``)."""
     try:
@@ -133,9 +155,11 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
             help="checkpoint dir, training run dir or bundled name (default: the bundled model)",
         )
     p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1; serve: 8)")
-    p.add_argument("--n-positions", type=int_list, default=None, help="token-generation buckets, e.g. 64,128")
     p.add_argument(
-        "--context-length-estimate", type=int_list, default=None, help="context buckets, e.g. 16,32"
+        "--n-positions", type=bucket_list, default=None, help="token-generation buckets, e.g. 64,128"
+    )
+    p.add_argument(
+        "--context-length-estimate", type=bucket_list, default=None, help="context buckets, e.g. 16,32"
     )
     p.add_argument("--tp-degree", type=int, default=None, help="tensor-parallel degree (default 1)")
     p.add_argument("--pp-degree", type=int, default=None, help="pipeline stages (default 1; pp x tp devices)")

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from aotlm.api.causal_lm import AutoModelForSampling
-from aotlm.cli.common import int_list, setup_logging, shard_arg
+from aotlm.cli.common import bucket_list, positive_int, setup_logging, shard_arg
 from aotlm.cli.jsonl import add_ray_args, check_ray_args
 from aotlm.core.memory import check_fits, format_plan, plan_for_checkpoint
 from aotlm.jobs import h5 as h5job
@@ -111,11 +111,11 @@ def register(sub) -> None:
     p.add_argument("--inference-steps", type=int, default=None, help="run at most the first N global steps")
     p.add_argument("--shard", type=shard_arg, default=(0, 1), help="I/N: only steps with (step-1) %% N == I")
     p.add_argument(
-        "--n-positions", type=int_list, default=None, help="KV-cache buckets (default: from the data)"
+        "--n-positions", type=bucket_list, default=None, help="KV-cache buckets (default: from the data)"
     )
-    p.add_argument("--context-length-estimate", type=int_list, default=None, help="context buckets")
-    p.add_argument("--tp-degree", type=int, default=1)
-    p.add_argument("--pp-degree", type=int, default=1, help="pipeline stages (pp x tp devices)")
+    p.add_argument("--context-length-estimate", type=bucket_list, default=None, help="context buckets")
+    p.add_argument("--tp-degree", type=positive_int, default=1)
+    p.add_argument("--pp-degree", type=positive_int, default=1, help="pipeline stages (pp x tp devices)")
     p.add_argument("--amp", default="f32", choices=["f32", "bf16", "f16"])
     p.add_argument(
         "--cache-dir", default=None, help="compile cache (default $AOTLM_CACHE_DIR or ./compile_cache)"

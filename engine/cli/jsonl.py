@@ -10,10 +10,11 @@ import time
 from aotlm.cli.common import (
     add_job_args,
     add_table_flags,
+    bucket_list,
     counted,
     distinct_files,
-    int_list,
     lora_kwargs,
+    positive_int,
     setup_logging,
     table,
     table_values,
@@ -22,6 +23,7 @@ from aotlm.durable import atomic_write_jsonl, read_jsonl
 from aotlm.jobs import batch, ray_data, ray_jobs
 from aotlm.jobs import plan as batch_plan
 from aotlm.jobs.dryrun import PLAN_HEADER, plan_rows
+from aotlm.jobs.model_refs import amp_for
 
 log = logging.getLogger("aotlm.jobs.batch")
 
@@ -65,6 +67,10 @@ def cmd_batch_generate(args) -> int:
                 f"{args.output} exists; pass --resume to continue it or --overwrite to replace it"
             )
     check_ray_args(args)
+    try:
+        amp_for(args.dtype)  # the records' default: named as the flag, not as a record's
+    except ValueError as e:
+        raise ValueError(f"--dtype: {e}") from None
     cli = _cli_defaults(args)
     merged = batch_plan.merged_generation(cli["generation"], {}, "command-line defaults")
     cli["generation"] = {k: v for k, v in merged.items() if k in cli["generation"]}
@@ -172,13 +178,13 @@ def register(sub) -> None:
         help="a PEFT LoRA adapter records may name in 'adapter' (repeatable; one set of graphs for all)",
     )  # fmt: skip
     p.add_argument("--max-lora-rank", type=int, default=None, help="largest adapter rank (default 16)")
-    p.add_argument("--batch-size", type=int, default=4, help="compiled batch size (default 4)")
+    p.add_argument("--batch-size", type=positive_int, default=4, help="compiled batch size (default 4)")
     p.add_argument(
-        "--n-positions", type=int_list, default=None, help="KV-cache buckets (default: from the prompts)"
+        "--n-positions", type=bucket_list, default=None, help="KV-cache buckets (default: from the prompts)"
     )
-    p.add_argument("--context-length-estimate", type=int_list, default=None)
-    p.add_argument("--tp-degree", type=int, default=1)
-    p.add_argument("--pp-degree", type=int, default=1, help="pipeline stages (pp x tp devices)")
+    p.add_argument("--context-length-estimate", type=bucket_list, default=None)
+    p.add_argument("--tp-degree", type=positive_int, default=1)
+    p.add_argument("--pp-degree", type=positive_int, default=1, help="pipeline stages (pp x tp devices)")
     p.add_argument("--cache-dir", default=None)
     add_job_args(p, "I/N: only model groups with g %% N == I")
     add_ray_args(p)

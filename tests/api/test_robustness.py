@@ -372,8 +372,20 @@ def _cli_cases(ckpt, tmp):
         ([*model, "--dry-run", "--batch-size", "0"], "batch_size must be >= 1"),  # the plan checks too
         ([*model, "--dry-run", "--n-positions", "100000"], "exceeds this model's 256 learned positions"),
         ([*model, "--dry-run", "--tp-degree", "3"], r"4 attention heads cannot be split over tp=3"),
-        ([*model, "--n-positions", "0"], "n_positions must be positive"),
-        ([*model, "--n-positions", "x"], "expected comma-separated integers"),
+        (
+            [*model, "--n-positions", "0"],
+            "--n-positions: expected comma-separated bucket lengths >= 1, got '0'",
+        ),
+        ([*model, "--n-positions", "x"], "expected comma-separated bucket lengths"),
+        ([*model, "--context-length-estimate", "16,-2"], "bucket lengths >= 1, got '16,-2'"),
+        (
+            ["batch-generate", "--input", bad_json, "--output", tmp / "o.jsonl", "--n-positions", "0"],
+            "got '0'",
+        ),
+        (
+            ["batch-generate", "--input", bad_json, "--output", tmp / "o.jsonl", "--tp-degree", "0"],
+            ">= 1, got '0'",
+        ),
         ([*model, "--tp-degree", "3"], r"4 attention heads cannot be split over tp=3; use tp in"),
         ([*model, "--tp-degree", many_tp], f"tp_degree={many_tp} needs {many_tp} devices"),
         ([*model, "--gqa", "bogus"], "unknown gqa strategy 'bogus'; choose one of"),
