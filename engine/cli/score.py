@@ -34,10 +34,10 @@ DEFAULT_BATCH = 4
 
 def _window(args, n_positions: int) -> tuple[int, int]:
     """(max input tokens per window, stride), checked against the model's n_positions."""
-    max_len = args.max_length or n_positions
+    max_len = n_positions if args.max_length is None else args.max_length
     if not 1 <= max_len <= n_positions:
         raise ValueError(f"--max-length must be in [1, n_positions={n_positions}], got {max_len}")
-    stride = args.stride or max_len
+    stride = max_len if args.stride is None else args.stride
     if not 1 <= stride <= max_len:
         raise ValueError(f"--stride must be in [1, --max-length={max_len}], got {stride}")
     return max_len, stride
@@ -45,6 +45,9 @@ def _window(args, n_positions: int) -> tuple[int, int]:
 
 def cmd_score(args) -> int:
     setup_logging(args.quiet)
+    for flag, v in (("--max-length", args.max_length), ("--stride", args.stride)):
+        if v is not None and v < 1:  # before the model loads (the upper bounds need its n_positions)
+            raise ValueError(f"{flag} must be >= 1, got {v}")
     distinct_files(args.input, args.output, "--input and --output")
     if os.path.exists(args.output) and os.path.getsize(args.output) and not (args.resume or args.overwrite):
         if not args.dry_run:

@@ -161,6 +161,9 @@ def test_score_cli_errors(tmp_path, tmp_path_factory, capsys):
     assert "pass --resume" in capsys.readouterr().err
     assert main(["score", "--input", inp, "--output", out, *flags, "--overwrite", "--stride", "999"]) == 2
     assert "--stride must be in" in capsys.readouterr().err
+    for flag in ("--max-length", "--stride"):  # 0 is not "the default"
+        assert main(["score", "--input", inp, "--output", out, *flags, "--overwrite", flag, "0"]) == 2
+        assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(
