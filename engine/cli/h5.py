@@ -108,7 +108,9 @@ def register(sub) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (or run directory)")
     p.add_argument("--model-dir", required=True, help="outputs go to MODEL_DIR/predictions/")
     p.add_argument("--compile-only", action="store_true", help="compile and check memory, then exit")
-    p.add_argument("--inference-steps", type=int, default=None, help="run at most the first N global steps")
+    p.add_argument(
+        "--inference-steps", type=positive_int, default=None, help="run at most the first N global steps"
+    )
     p.add_argument("--shard", type=shard_arg, default=(0, 1), help="I/N: only steps with (step-1) %% N == I")
     p.add_argument(
         "--n-positions", type=bucket_list, default=None, help="KV-cache buckets (default: from the data)"

@@ -365,6 +365,7 @@ def _cli_cases(ckpt, tmp):
     (tmp / "keep" / "notes.txt").write_text("mine")
     model = ["compile", ckpt, "--cache-dir", tmp / "c"]
     sample = ["sample", ckpt, "--cache-dir", tmp / "c", "--n-positions", "32", "--prompt-ids"]
+    h5 = ["run-h5", "--params", bad_json, "--checkpoint", ckpt, "--model-dir", tmp]
     many_tp = 2 * jax.device_count() if 4 % (2 * jax.device_count()) == 0 else None
     return [
         ([*model, "--batch-size", "x"], "invalid int value: 'x'"),
@@ -428,6 +429,7 @@ def _cli_cases(ckpt, tmp):
         (["serve", ckpt, "--port", "0", "--max-queue", "0"], "--max-queue must be >= 1, got 0"),
         ([*model, "--max-loras", "-1"], r"max_loras \(adapter slots\) must be >= 0, got -1"),
         ([*model, "--max-loras", "2", "--max-lora-rank", "0"], "max_lora_rank must be >= 1, got 0"),
+        ([*h5, "--inference-steps", "0"], "--inference-steps: expected an integer >= 1, got '0'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: command"),
     ]
