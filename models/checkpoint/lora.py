@@ -58,8 +58,9 @@ def _config(path: Path) -> dict:
     try:
         cfg = json.loads(f.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        why = f"no {ADAPTER_CONFIG}" if path.is_dir() else "the directory does not exist"
         raise CheckpointError(
-            f"{path} is not a PEFT adapter: no {ADAPTER_CONFIG}; give the directory save_pretrained wrote"
+            f"{path} is not a PEFT adapter: {why}; give the directory save_pretrained wrote"
         ) from None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{f} is unreadable ({e}); re-save the adapter") from e

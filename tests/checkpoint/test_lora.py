@@ -70,8 +70,10 @@ def test_what_cannot_be_applied_is_refused(llama_path, gpt2_path, tmp_path):
     dora = make_adapter(llama_path, tmp_path / "dora", ["q_proj"], r=2, use_dora=True)
     with pytest.raises(CheckpointError, match="DoRA adapters are not supported"):
         load(lora_adapters={"a": str(dora)}, merge_lora=True)
-    with pytest.raises(CheckpointError, match="is not a PEFT adapter"):
+    with pytest.raises(CheckpointError, match="is not a PEFT adapter: no adapter_config.json"):
         load(lora_adapters={"a": str(tmp_path)}, merge_lora=True)
+    with pytest.raises(CheckpointError, match="is not a PEFT adapter: the directory does not exist"):
+        load(lora_adapters={"a": str(tmp_path / "typo")}, merge_lora=True)
 
 
 def test_a_merged_adapter_has_its_own_converted_weights(llama_path, tmp_path, monkeypatch):
