@@ -17,6 +17,7 @@ from aotlm.core.compile_cache import CompileCounter
 from aotlm.generate import rows
 from aotlm.jobs.artifact_run import load_from_artifacts
 from aotlm.jobs.model_refs import load_tokenizer, resolve
+from aotlm.jobs.plan import json_records
 from aotlm.text.tokens import eos_ids
 
 log = logging.getLogger("aotlm.jobs.batch")
@@ -24,24 +25,23 @@ log = logging.getLogger("aotlm.jobs.batch")
 
 # ---------------------------------------------------------------------------- run
 def _run_prompts(args, tokenizer_dir):
-    """[(record to echo, token ids)] from --prompt-ids / --prompt / --prompts-file."""
+    """[(record to echo, token ids)] from --prompt-ids / --prompt / --prompts-file (checked before the
+    executables load; a record's other fields are echoed)."""
     items = [({"prompt_ids": ids}, ids) for ids in args.prompt_ids or []]
     texts = [{"prompt": t} for t in args.prompt or []]
-    if args.prompts_file:
-        with open(args.prompts_file, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{args.prompts_file} line {n}: invalid JSON ({e.msg})") from e
-                if not isinstance(rec, dict) or not ("prompt" in rec or "prompt_ids" in rec):
-                    raise ValueError(f"{args.prompts_file} line {n}: needs a 'prompt' or 'prompt_ids' field")
-                if "prompt_ids" in rec:
-                    items.append((rec, [int(t) for t in rec["prompt_ids"]]))
-                else:
-                    texts.append(rec)
+    for i, t in enumerate(args.prompt or [], 1):
+        if not t:
+            raise ValueError(f"--prompt number {i} is empty; give at least one character")
+    for _, where, rec in json_records(args.prompts_file, None) if args.prompts_file else ():
+        if "prompt_ids" in rec:
+            ids = rec["prompt_ids"]
+            if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
+                raise ValueError(f"{where}: 'prompt_ids' must be a non-empty list of token ids (ints)")
+            items.append((rec, ids))
+        elif isinstance(rec.get("prompt"), str) and rec["prompt"]:
+            texts.append(rec)
+        else:
+            raise ValueError(f"{where}: needs a non-empty 'prompt' string or a 'prompt_ids' list")
     tok = None
     if texts:
         if tokenizer_dir is None:
@@ -61,9 +61,9 @@ def cmd_run(args) -> int:
 
     ckpt, tok_dir = resolve(args.checkpoint, args.tokenizer, need_tokenizer=False)
     t0 = time.perf_counter()
+    items, tok = _run_prompts(args, tok_dir)
     log.info("loading model %s with the executables in %s", ckpt, args.artifacts)
     model = load_from_artifacts(args.artifacts, ckpt)
-    items, tok = _run_prompts(args, tok_dir)
     t1 = time.perf_counter()
     eos = [args.eos_token_id] if args.eos_token_id is not None else []
     if not eos and tok is not None:  # text prompts stop where aotlm generate stops

@@ -160,9 +160,10 @@ def model_spec(rec: dict, cli: dict, where: str) -> tuple[str, str | None, str]:
         raise ValueError(f"{where}: {e}") from e
 
 
-def json_records(path: str, fields: set) -> Iterator[tuple[int, str, dict]]:
+def json_records(path: str, fields: set | None) -> Iterator[tuple[int, str, dict]]:
     """``(line number, "PATH line N", record)`` for every non-blank line of a JSONL input; invalid
-    JSON, a line that is not an object or a field outside ``fields`` is a ``ValueError`` naming it."""
+    JSON, a line that is not an object or a field outside ``fields`` (None: any field) is a
+    ``ValueError`` naming it."""
     try:
         f = open(expand(path), encoding="utf-8")  # closed by the with below
     except OSError as e:  # missing, a directory, unreadable: one line naming the file
@@ -180,7 +181,7 @@ def json_records(path: str, fields: set) -> Iterator[tuple[int, str, dict]]:
                 raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
             if not isinstance(rec, dict):
                 raise ValueError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
-            unknown = sorted(set(rec) - fields)
+            unknown = sorted(set(rec) - fields) if fields is not None else []
             if unknown:
                 raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(fields)}")
             yield n, where, rec

@@ -10,6 +10,7 @@ zero compilations (counted) and a refused mismatched checkpoint.
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -412,6 +413,21 @@ def test_h5_kill_resume_shards_and_compile_only(env, h5):
 
 
 # ------------------------------------------------------------------------ compile / run split
+def test_run_prompt_errors_come_before_the_executables_load(env):
+    """``aotlm run`` checks its prompts first (a missing artifacts dir would be the later error)."""
+    bad = env["root"] / "bad_run.jsonl"
+    bad.write_text('{"prompt_ids": [1, 2], "id": 7}\n{"prompt_ids": ["a"]}\n')
+    base = ("run", "--artifacts", env["root"] / "no-artifacts", "--checkpoint", env["m1"])
+    for flags, want in [
+        (("--prompts-file", env["root"] / "missing.jsonl"), "cannot read the input .*missing.jsonl"),
+        (("--prompts-file", bad), "bad_run.jsonl line 2: 'prompt_ids' must be a non-empty list"),
+        (("--prompt", "a", "--prompt", ""), "--prompt number 2 is empty"),
+    ]:
+        q = aot(env, *base, *flags, check=False)
+        err = q.stderr.strip().splitlines()
+        assert q.returncode == 2 and len(err) == 1 and re.search(want, err[0]), q.stderr
+
+
 def test_compile_artifacts_then_run_compiles_nothing(env):
     from aotlm import AutoModelForSampling
 
