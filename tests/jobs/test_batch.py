@@ -458,6 +458,9 @@ def test_compile_artifacts_then_run_compiles_nothing(env):
     for line, ids in zip(lines, ([1, 2, 3], list(range(4, 14))), strict=False):
         assert line == ",".join(map(str, model.sample([ids], max_new_tokens=6)[0].tolist()))
     assert json.loads(lines[2])["completion"] == reference(env["m1"], "def fib", 6, cache)  # text, eos
+    q = aot(env, "run", "--artifacts", moved, "--checkpoint", env["m1"], "--prompt-ids", "1,2",
+            "--max-new-tokens", 40, check=False)  # fmt: skip
+    assert q.returncode == 2 and "recompile with aotlm compile --n-positions 42" in q.stderr, q.stderr
     q = aot(env, "run", "--artifacts", moved, "--checkpoint", env["m2"], "--prompt-ids", "1,2", check=False)
     err = q.stderr.strip().splitlines()
     assert q.returncode == 2 and "does not match the architecture" in err[-1] and "n_layers 2 vs 1" in err[-1]
