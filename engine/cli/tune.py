@@ -101,6 +101,7 @@ _AT_LEAST_1 = (
     "granularity",
     "measure_runs",
     "n_positions",
+    "new_tokens",
 )
 _ABOVE_0 = ("memory_gb", "max_latency_ms", "compile_budget_s")
 
