@@ -279,9 +279,11 @@ def prepare(groups: list[Group], cli: dict, path: str) -> None:
                 cap = min(cap, g.max_positions)
             g.n_positions = cap
         if need > cap:
+            fix = f"raise --n-positions to {need}" if cli.get("n_positions") else "shorten it"
             raise ValueError(
                 f"{path} line {need_line}: prompt + max_new_tokens = {need} tokens exceeds the "
-                f"{'n_positions' if cli.get('n_positions') else 'model limit'} of {cap}; shorten it"
+                f"{'--n-positions' if cli.get('n_positions') else 'model limit'} of {cap}; "
+                f"{fix} or lower max_new_tokens"
             )
 
 

@@ -365,6 +365,9 @@ def _cli_cases(ckpt, tmp):
     (tmp / "keep" / "notes.txt").write_text("mine")
     model = ["compile", ckpt, "--cache-dir", tmp / "c"]
     sample = ["sample", ckpt, "--cache-dir", tmp / "c", "--n-positions", "32", "--prompt-ids"]
+    one = tmp / "one.jsonl"
+    one.write_text('{"prompt": "def f(x):"}\n')
+    bg = ["batch-generate", "--input", one, "--output", tmp / "o.jsonl"]
     h5 = ["run-h5", "--params", bad_json, "--checkpoint", ckpt, "--model-dir", tmp]
     many_tp = 2 * jax.device_count() if 4 % (2 * jax.device_count()) == 0 else None
     return [
@@ -429,6 +432,7 @@ def _cli_cases(ckpt, tmp):
         (["serve", ckpt, "--port", "0", "--max-queue", "0"], "--max-queue must be >= 1, got 0"),
         ([*model, "--max-loras", "-1"], r"max_loras \(adapter slots\) must be >= 0, got -1"),
         ([*model, "--max-loras", "2", "--max-lora-rank", "0"], "max_lora_rank must be >= 1, got 0"),
+        ([*bg, "--n-positions", "4"], "the --n-positions of 4; raise --n-positions to"),
         ([*h5, "--inference-steps", "0"], "--inference-steps: expected an integer >= 1, got '0'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: command"),
