@@ -12,7 +12,7 @@ import json
 import logging
 import time
 
-from aotlm.cli.common import add_table_flags, counted, int_list, setup_logging, table_values
+from aotlm.cli.common import add_table_flags, check_room, counted, int_list, setup_logging, table_values
 from aotlm.core.compile_cache import CompileCounter
 from aotlm.generate import rows
 from aotlm.jobs.artifact_run import load_from_artifacts
@@ -55,20 +55,6 @@ def _run_prompts(args, tokenizer_dir):
     return items, tok
 
 
-def _check_room(items, max_new: int, n_positions: int) -> None:
-    """A request longer than the compiled cache names the fix: recompile, or ask for fewer tokens."""
-    if max_new < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new}")
-    for i, (_, ids) in enumerate(items, 1):
-        need = len(ids) + max_new
-        if need > n_positions:
-            raise ValueError(
-                f"prompt {i} has {len(ids)} tokens; with --max-new-tokens {max_new} it needs {need} "
-                f"positions but the artifacts hold n_positions={n_positions}: lower --max-new-tokens or "
-                f"recompile with aotlm compile --n-positions {need} --output-artifacts DIR"
-            )
-
-
 def cmd_run(args) -> int:
     setup_logging(args.quiet)
     counter = CompileCounter()
@@ -78,7 +64,10 @@ def cmd_run(args) -> int:
     items, tok = _run_prompts(args, tok_dir)
     log.info("loading model %s with the executables in %s", ckpt, args.artifacts)
     model = load_from_artifacts(args.artifacts, ckpt)
-    _check_room(items, args.max_new_tokens, model.n_positions)
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    fix = "lower --max-new-tokens or recompile with aotlm compile --n-positions {need} --output-artifacts DIR"
+    check_room([len(ids) for _, ids in items], args.max_new_tokens, model.n_positions, fix)
     t1 = time.perf_counter()
     eos = [args.eos_token_id] if args.eos_token_id is not None else []
     if not eos and tok is not None:  # text prompts stop where aotlm generate stops

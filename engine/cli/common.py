@@ -30,8 +30,8 @@ def int_list(text: str) -> list[int]:
 def bucket_list(text: str) -> list[int]:
     """``--n-positions`` / ``--context-length-estimate``: bucket lengths, each >= 1."""
     try:
-        out = [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError:
+        out = int_list(text)
+    except argparse.ArgumentTypeError:
         out = []
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated bucket lengths >= 1, got {text!r}")
@@ -66,6 +66,19 @@ def add_job_args(p: argparse.ArgumentParser, shard_help: str) -> None:
     p.add_argument("--resume", action="store_true", help="skip records already in --output")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--shard", type=shard_arg, default=(0, 1), help=shard_help)
+
+
+def check_room(lengths: list[int], max_new: int, n_positions: int | list[int], fix: str) -> None:
+    """Refuse the longest prompt when its tokens plus ``max_new`` overrun the cache (``n_positions``:
+    the largest bucket, or the bucket list); ``fix`` is the command's own way out."""
+    n = max(n_positions) if isinstance(n_positions, list) else int(n_positions)
+    i = max(range(len(lengths)), key=lengths.__getitem__)
+    need = lengths[i] + max_new
+    if need > n:
+        raise ValueError(
+            f"prompt {i + 1} has {lengths[i]} tokens; with --max-new-tokens {max_new} it needs {need} "
+            f"positions, more than n_positions={n}: {fix.format(need=need)}"
+        )
 
 
 def counted(n: int, noun: str) -> str:

@@ -22,6 +22,7 @@ from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.cli.common import (
     add_model_args,
     add_sampling_args,
+    check_room,
     distinct_files,
     generation_settings,
     graphs_ready,
@@ -137,18 +138,6 @@ def default_shapes(kw: dict, lengths: list[int], max_new: int, max_positions: in
     return out
 
 
-def check_room(lengths: list[int], max_new: int, n_positions: int | list[int]) -> None:
-    """Refuse, before the weights load, a prompt whose tokens plus ``max_new`` overrun the cache."""
-    n = max(n_positions) if isinstance(n_positions, list) else int(n_positions)
-    i = max(range(len(lengths)), key=lengths.__getitem__)
-    if lengths[i] + max_new > n:
-        raise ValueError(
-            f"prompt {i + 1} has {lengths[i]} tokens; with --max-new-tokens {max_new} it needs "
-            f"{lengths[i] + max_new} positions, more than --n-positions {n}: raise --n-positions "
-            f"to {lengths[i] + max_new} or lower --max-new-tokens"
-        )
-
-
 def _max_positions(config_file: Path) -> int | None:
     cfg = json.loads(config_file.read_text())
     for k in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"):
@@ -203,7 +192,12 @@ def cmd_generate(args) -> int:
     lengths = [len(r) for r in text.encode(tok, [r["prompt"] for r in records])]
     generation_settings(args, files.checkpoint, lengths, DEFAULT_MAX_NEW_TOKENS)
     kw = default_shapes(model_kwargs(args), lengths, args.max_new_tokens, _max_positions(files.config))
-    check_room(lengths, args.max_new_tokens, kw["n_positions"])
+    check_room(
+        lengths,
+        args.max_new_tokens,
+        kw["n_positions"],
+        "raise --n-positions to {need} or lower --max-new-tokens",
+    )
     output = _Output(args.output)
     ok = False
     try:
