@@ -16,7 +16,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from aotlm.api import neuron_config as nc
-from aotlm.core import inputs, pipeline, sharding
+from aotlm.core import artifacts, inputs, pipeline, sharding
 from aotlm.core.model import locked
 from aotlm.generate import generation, params, pp_run
 from aotlm.generate.sampler import Sampler
@@ -125,6 +125,7 @@ class PipelineForSampling(Sampler):
     @locked
     def save(self, directory: str | os.PathLike) -> None:
         """One artifacts directory per stage (``stage-0`` ..), written next to each other."""
+        artifacts.save_target(directory)
         self.compile()
         pipeline.save(self.stages, directory)
 

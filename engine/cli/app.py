@@ -30,6 +30,7 @@ from aotlm.cli.common import (
     serve_kwargs,
     table,
 )
+from aotlm.core.artifacts import save_target
 from aotlm.core.compile_cache import CompileCache
 from aotlm.core.memory import check_fits, format_plan, plan_for_checkpoint
 from aotlm.jobs.artifact_run import save_artifacts
@@ -60,6 +61,8 @@ def cmd_compile(args) -> int:
             print(table(rows, ("graph", "bucket", "batch")))
             print(f"{len(plan['graphs'])} graphs would be compiled (dry run: nothing compiled)")
             return 0
+    if args.output_artifacts:
+        save_target(args.output_artifacts)  # a file or a folder of other files: before any load
     t0 = time.perf_counter()
     model = AutoModelForSampling.from_pretrained(args.checkpoint, **kw)
     t_load = time.perf_counter() - t0

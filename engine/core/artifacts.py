@@ -26,6 +26,7 @@ from aotlm.core.compile_cache import (
 )
 
 MANIFEST = "aotlm_model.json"
+PIPELINE_MANIFEST = "aotlm_pipeline.json"  # ``pipeline.save``'s, over its stages' directories
 FORMAT = 1
 
 
@@ -48,8 +49,24 @@ def config_fields(model) -> dict:
     return json.loads(json.dumps(fields))  # tuples -> lists, as they come back from disk
 
 
+def save_target(directory: str | os.PathLike) -> Path:
+    """``directory`` as an absolute path ``save`` may replace whole: absent, an empty directory or an
+    earlier save (its manifest inside); a file or a directory of other files is a ``ValueError``."""
+    d = Path(os.path.abspath(directory))
+    if d.exists() and not d.is_dir():
+        raise ValueError(f"cannot save the model to {d}: it is a file; give a directory path")
+    if d.is_dir() and any(d.iterdir()) and not any((d / m).is_file() for m in (MANIFEST, PIPELINE_MANIFEST)):
+        raise ValueError(
+            f"cannot save the model to {d}: the directory holds other files and a save replaces its "
+            "directory whole; give a new or empty directory (or one an earlier save wrote)"
+        )
+    if d == Path.cwd() or d == d.parent:
+        raise ValueError(f"cannot save the model to {d}, the current or root directory; give a new directory")
+    return d
+
+
 def save(model, directory: str | os.PathLike) -> None:
-    directory = Path(directory)
+    directory = save_target(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex}")
     tmp.mkdir()

@@ -319,7 +319,9 @@ class CompiledModel(SpecAttributes, WeightLoading, AdapterHost):
 
     @locked
     def save(self, directory: str | os.PathLike) -> None:
-        """Write every compiled graph + a manifest to ``directory`` (relocatable)."""
+        """Write every compiled graph + a manifest to ``directory`` (relocatable); a file or a
+        directory of other files there is refused before anything compiles."""
+        artifacts.save_target(directory)
         self.compile()
         artifacts.save(self, directory)
 

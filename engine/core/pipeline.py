@@ -282,13 +282,13 @@ def last_step(cfg, width: int, stage: Stage, params, cache, x, state, replicated
 
 
 # ---------------------------------------------------------------------------- artifacts
-MANIFEST = "aotlm_pipeline.json"
+MANIFEST = artifacts.PIPELINE_MANIFEST
 
 
 def save(stages: list[StageModel], directory: str | os.PathLike) -> None:
     """``directory/stage-<s>`` per stage (``artifacts.save``) and a manifest naming the stages;
     written under a temporary name and renamed, so a crash leaves the old directory or none."""
-    directory = Path(directory)
+    directory = artifacts.save_target(directory)
     if jax.process_count() > 1:  # each host writes its own stages (each directory atomically)
         for st in stages:
             if st.local:

@@ -410,6 +410,8 @@ def _cli_cases(ckpt, tmp):
         ([*sample, "1,2", "--eos-token-id", "1.5"], "invalid int value: '1.5'"),
         (["sample", ckpt], "the following arguments are required: --prompt-ids"),
         (["demo", "--dir", tmp / "keep"], "exists and is not a tiny checkpoint; choose a new"),
+        ([*model, "--output-artifacts", tmp / "keep"], "holds other files and a save replaces"),
+        ([*model, "--output-artifacts", one], "it is a file; give a directory path"),
         (["make-tiny", tmp / "bad.json"], "exists and is not a tiny checkpoint"),
         (["make-tiny", "/proc/aotlm-tiny"], "aotlm-tiny"),
         (["cache", "clear", "--older-than", "abc"], "expected a number of days >= 0, got 'abc'"),
@@ -452,6 +454,7 @@ def test_cli_user_errors_exit_2_with_one_line(gpt2_path, tmp_path, capsys):
     assert not failures, "\n".join(failures)
     assert (tmp_path / "keep" / "notes.txt").read_text() == "mine"  # demo/make-tiny never delete a user's dir
     assert not (tmp_path / "typo").exists()  # cache list / verify do not create the directory they look in
+    assert (tmp_path / "one.jsonl").is_file()  # --output-artifacts never replaces a file
 
 
 @pytest.mark.parametrize(

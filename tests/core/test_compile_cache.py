@@ -167,3 +167,33 @@ def test_source_hash_ignores_where_code_lives_but_not_what_it_does(tmp_path):
     decoder = next(f for f in moved if f.name == "decoder.py")
     decoder.write_text(decoder.read_text().replace("cfg.norm_eps", "cfg.norm_eps * 2", 1))
     assert compile_cache.source_hash(moved) != before
+
+
+def test_save_refuses_a_file_or_a_folder_of_other_files_before_compiling(gpt2_path, tmp_path):
+    """A save replaces its directory whole, so it may replace only nothing, an empty directory or an
+    earlier save; anything else is a ValueError before a graph compiles, and stays as it was."""
+    import numpy as np
+
+    from aotlm import AutoModelForSampling
+
+    kw = dict(n_positions=16, context_length_estimate=[8], compile_cache=False)
+    model = AutoModelForSampling.from_pretrained(gpt2_path, **kw)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_text("keep me too")
+    with pytest.raises(ValueError, match="it is a file; give a directory path"):
+        model.save(notes)
+    with pytest.raises(ValueError, match="holds other files .* give a new or empty directory"):
+        model.save(home)
+    assert model.compile_report == []  # refused before compiling
+    assert notes.read_text() == "keep me" and [p.name for p in home.iterdir()] == ["thesis.tex"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    model.save(empty)
+    model.save(empty)  # an earlier save is replaced
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    again = AutoModelForSampling.from_pretrained(gpt2_path, **kw).load(empty)
+    ids = np.arange(1, 5)[None]
+    assert (again.sample(ids, max_new_tokens=3) == model.sample(ids, max_new_tokens=3)).all()
