@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from aotlm import progress as progress_mod
@@ -23,7 +23,7 @@ from aotlm.generate.params import FIELDS
 from aotlm.generate.params import PER_ROW_FIELDS as PER_PROMPT
 from aotlm.generate.sampler import Sampler
 from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
-from aotlm.text import defaults
+from aotlm.text import chats, defaults
 from aotlm.text import tokens as text
 
 DEFAULT_MAX_NEW_TOKENS = 256  # transformers' pipeline default, capped to what the model was compiled for
@@ -41,6 +41,18 @@ class Generation:
     time_to_first_token: float | None  # seconds from the start of its batch
     seconds: float  # wall time of its batch
     extra: dict = field(default_factory=dict)
+
+
+def _text_prompts(text_inputs) -> list[str]:
+    listed = isinstance(text_inputs, list | tuple)
+    wrong = [p for p in text_inputs if not isinstance(p, str)] if listed else [text_inputs]
+    if wrong:
+        got = ("a list holding " if listed else "") + type(wrong[0]).__name__
+        raise TypeError(
+            "text_inputs must be a string, a list of strings, a chat (a list of {'role', 'content'} "
+            f"messages) or a list of chats; got {got}"
+        )
+    return list(text_inputs)
 
 
 def _sample_params(model) -> set[str]:
@@ -65,19 +77,43 @@ class TextGenerationPipeline:
         self._grammars: Grammars | None = None  # structured outputs, built on first use
 
     # ------------------------------------------------------------------ transformers-shaped call
-    def __call__(self, text_inputs: str | Sequence[str], return_full_text: bool = False, **kwargs):
-        """``[{"generated_text": ...}]`` for one string, ``[[{...}], ...]`` for a list.
+    def __call__(
+        self,
+        text_inputs,
+        return_full_text: bool = True,
+        continue_final_message: bool | None = None,
+        tools: Sequence[dict] | None = None,
+        **kwargs,
+    ):
+        """``[{"generated_text": ...}]`` for one prompt or chat, ``[[{...}], ...]`` for a list.
 
-        ``return_full_text=True`` prepends the prompt, as transformers does. Other keywords:
-        ``max_new_tokens``, the sampling parameters of ``sample()``, ``stop`` (strings),
-        ``skip_special_tokens``, ``clean_up_tokenization_spaces``, ``streamer``.
+        ``text_inputs``: a string, a list of strings, a chat (a list of ``{"role", "content"}``
+        messages, rendered by the tokenizer's chat template; ``tools`` go to the template) or a list
+        of chats. As in transformers, ``generated_text`` is the prompt followed by the new text, or
+        for a chat the messages followed by the new assistant message (a chat ending in the
+        assistant's message is continued: ``continue_final_message``); ``return_full_text=False``
+        gives only the new text. Other keywords: ``max_new_tokens``, the sampling parameters of
+        ``sample()``, ``stop`` (strings), ``skip_special_tokens``, ``clean_up_tokenization_spaces``,
+        ``streamer``.
         """
         if kwargs.pop("num_return_sequences", 1) != 1:
             raise ValueError("num_return_sequences > 1 is not supported; repeat the prompt instead")
-        single = isinstance(text_inputs, str)
-        prompts = [text_inputs] if single else list(text_inputs)
-        gens = self.generate(prompts, **kwargs)
-        out = [[{"generated_text": (g.prompt + g.text) if return_full_text else g.text}] for g in gens]
+        if isinstance(text_inputs, Iterator):  # a generator of prompts or of chats, as transformers takes
+            text_inputs = list(text_inputs)
+        convs, single = chats.split(text_inputs)
+        if convs is not None:
+            kwargs.pop("add_special_tokens", None)  # the template writes them (transformers ignores it too)
+            finals = [chats.continues(c, continue_final_message) for c in convs]
+            prompts = [chats.render(self.tokenizer, c, f, tools) for c, f in zip(convs, finals, strict=True)]
+            gens = self.generate(prompts, add_special_tokens=False, **kwargs)
+            texts = [chats.reply(c, g.text, f) for c, g, f in zip(convs, gens, finals, strict=True)]
+        else:
+            single = isinstance(text_inputs, str)
+            prompts = [text_inputs] if single else _text_prompts(text_inputs)
+            gens = self.generate(prompts, **kwargs)
+            texts = [g.prompt + g.text for g in gens]
+        pairs = zip(texts, gens, strict=True)
+        out = [[{"generated_text": t if return_full_text else g.text}] for t, g in pairs]
         return out[0] if single else out
 
     # ------------------------------------------------------------------ the work

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
-from textkit import shared_text_checkpoint
+from textkit import chat_checkpoint, shared_text_checkpoint
 
-# a compact template: the tiny tokenizer spells ChatML's markers out in bytes, too long for 64 positions
-TEMPLATE = (
-    "{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'a:' }}{% endif %}"
-)
 READY = re.compile(r"aotlm: \d+ graphs? ready in [\d.]+s \(\d+ from the compile cache at ")
 STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s, first token [\d.]+s, prompt (\d+) tokens, (\w+)\]")
 
@@ -23,15 +17,7 @@ STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s, first token [\d.]+s, prompt (
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory):
     """The shared tiny text checkpoint with a chat template, and the shared compile cache."""
-    from transformers import AutoTokenizer
-
-    ckpt, cache = shared_text_checkpoint(tmp_path_factory)
-    path = tmp_path_factory.mktemp("chat") / "model"
-    shutil.copytree(ckpt, path)
-    tok = AutoTokenizer.from_pretrained(str(path))
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(str(path))
-    return path, cache
+    return chat_checkpoint(tmp_path_factory)
 
 
 def chat(

@@ -71,3 +71,24 @@ def shared_text_checkpoint(tmp_path_factory) -> tuple[Path, Path]:
 
 # shapes the CLI picks by default for this checkpoint with several prompts (max positions 64)
 PIPE_SHAPES = dict(batch_size=4, n_positions=64)
+
+# a compact chat template: the tiny tokenizer spells ChatML's markers out in bytes, too long for 64 positions
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'a:' }}{% endif %}"
+)
+
+
+def chat_checkpoint(tmp_path_factory) -> tuple[Path, Path]:
+    """The shared checkpoint copied with ``CHAT_TEMPLATE`` in its tokenizer, and the shared cache."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    ckpt, cache = shared_text_checkpoint(tmp_path_factory)
+    path = tmp_path_factory.mktemp("chat") / "model"
+    shutil.copytree(ckpt, path)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(str(path))
+    return path, cache
