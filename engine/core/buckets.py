@@ -13,14 +13,32 @@ Vocabulary (transformers-neuronx):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 MIN_TOKEN_BUCKET = 128
 
 
+def _length(v, what: str) -> int:
+    """A bucket length as given: an int (numpy's too); a float, string or bool is a TypeError."""
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} takes an int or a list of ints, got {v!r} ({type(v).__name__})") from None
+
+
+def _lengths(values, what: str) -> list[int] | int:
+    """An int or a list of ints, as ints."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        return _length(values, what)
+    return [_length(v, what) for v in values]
+
+
 def _as_sorted_unique(values: Sequence[int], what: str) -> tuple[int, ...]:
-    out = sorted({int(v) for v in values})
+    out = sorted(set(values))
     if not out:
         raise ValueError(f"{what}: the bucket list is empty; give at least one length")
     if out[0] <= 0:
@@ -34,17 +52,17 @@ def token_buckets(n_positions: int | Sequence[int]) -> tuple[int, ...]:
     An int gives powers of two from 128 up to it, the last being ``n_positions`` itself
     (a single bucket when ``n_positions <= 128``); a list is used as given (sorted).
     """
-    if isinstance(n_positions, int | float) and not isinstance(n_positions, bool):
-        n = int(n_positions)
-        if n <= 0:
-            raise ValueError(f"n_positions must be positive, got {n}")
-        out, w = [], MIN_TOKEN_BUCKET
-        while w < n:
-            out.append(w)
-            w *= 2
-        out.append(n)
-        return tuple(out)
-    return _as_sorted_unique(n_positions, "n_positions")
+    n = _lengths(n_positions, "n_positions")
+    if isinstance(n, list):
+        return _as_sorted_unique(n, "n_positions")
+    if n <= 0:
+        raise ValueError(f"n_positions must be positive, got {n}")
+    out, w = [], MIN_TOKEN_BUCKET
+    while w < n:
+        out.append(w)
+        w *= 2
+    out.append(n)
+    return tuple(out)
 
 
 def context_buckets(
@@ -53,10 +71,9 @@ def context_buckets(
     """Context-encoding buckets; default: half of each token-generation bucket."""
     if context_length_estimate is None:
         out = _as_sorted_unique([max(1, w // 2) for w in tg_buckets], "context_length_estimate")
-    elif isinstance(context_length_estimate, int):
-        out = (int(context_length_estimate),)
     else:
-        out = _as_sorted_unique(context_length_estimate, "context_length_estimate")
+        c = _lengths(context_length_estimate, "context_length_estimate")
+        out = _as_sorted_unique(c if isinstance(c, list) else [c], "context_length_estimate")
     if out[0] <= 0:
         raise ValueError(f"context_length_estimate must be positive, got {out}")
     if out[-1] > max(tg_buckets):

@@ -245,6 +245,11 @@ class CompileCache:
             return cls(None)
         if spec is None or spec is True:
             spec = cls.default_dir()
+        if not isinstance(spec, str | os.PathLike):
+            raise TypeError(
+                f"compile_cache takes a directory path, None (the default directory) or False (memory only), "
+                f"got {spec!r} ({type(spec).__name__})"
+            )
         return cls(spec)
 
     @staticmethod

@@ -14,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from aotlm.core import buckets as bk
 from aotlm.core import inputs, precision, sharding
 from aotlm.core.precision import Precision
@@ -87,6 +89,9 @@ class ModelSpec:
     ) -> ModelSpec:
         """Check the arguments against ``cfg`` and fill in the defaults."""
         batch_size = 1 if batch_size is None else batch_size
+        inputs.count(tp_degree, "tp_degree", allow_none=False)
+        if not isinstance(fuse_qkv, bool | np.bool_):
+            raise TypeError(f"fuse_qkv must be True or False, got {fuse_qkv!r} ({type(fuse_qkv).__name__})")
         # weight storage (models/quant.py): int8 + per-channel scales, fused q/k/v and gate/up.
         # Both change the params pytree, hence the compile-cache fingerprint (``param_tree``).
         quant = quant_config(quant)  # as given (artifacts record it)

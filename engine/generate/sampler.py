@@ -69,6 +69,14 @@ class Sampler(SpecAttributes):
         pipeline's ``json_schema=`` builds them); those rows follow their grammars, one token
         per call. ``adapter``: a LoRA adapter's name (or None) for all, or one per prompt (``load_adapter``).
         """
+        if generation_config is not None and not isinstance(generation_config, params.GenerationConfig):
+            kind = type(generation_config)
+            raise TypeError(
+                "generation_config must be an aotlm.GenerationConfig, "
+                f"got {kind.__module__}.{kind.__name__}; "
+                "pass its fields as keywords, or transformers' GenerationConfig to "
+                "HuggingFaceGenerationModelAdapter.generate()"
+            )
         cfg = generation_config or self.default_generation
         if stopping_criteria is not None and stopping_criteria_list is not None:
             raise ValueError("give stopping_criteria or stopping_criteria_list, not both")

@@ -31,11 +31,25 @@ def model(gpt2_path):
         (dict(input_ids=np.ones((1, 4), int), max_new_tokens=0), "max_new_tokens must be >= 1"),
         (dict(input_ids=np.ones((1, 4), int), start_ids=[9]), "start_ids must be in"),
         (dict(input_ids="hello"), "numpy array, nested list or torch tensor"),
+        (
+            dict(input_ids=[[1, 2]], generation_config={"max_new_tokens": 3}),
+            "must be an aotlm.GenerationConfig, got builtins.dict; pass its fields as keywords",
+        ),
     ],
 )
 def test_bad_sample_inputs(model, kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         model.sample(**kwargs)
+
+
+def test_transformers_generation_config_points_at_the_hf_adapter(model):
+    import transformers
+
+    cfg = transformers.GenerationConfig(max_new_tokens=3)
+    with pytest.raises(
+        TypeError, match=r"got transformers\..*GenerationConfig; .*HuggingFaceGenerationModelAdapter"
+    ):
+        model.sample([[1, 2]], generation_config=cfg)
 
 
 def test_bad_load_arguments(gpt2_path, tmp_path):
@@ -47,6 +61,16 @@ def test_bad_load_arguments(gpt2_path, tmp_path):
         AutoModelForSampling.from_pretrained(tmp_path / "nope", compile_cache=False)
     with pytest.raises(ValueError, match="tp_degree=4 needs 4 devices"):
         AutoModelForSampling.from_pretrained(gpt2_path, tp_degree=4, compile_cache=False)
+    for kw, match in [
+        (dict(n_positions="64"), r"n_positions takes an int or a list of ints, got '64' \(str\)"),
+        (dict(n_positions=64.5), "n_positions takes an int"),
+        (dict(context_length_estimate=[16.5]), "context_length_estimate takes an int"),
+        (dict(tp_degree=1.5), r"tp_degree must be an integer, got 1.5 \(float\)"),
+        (dict(fuse_qkv="false"), "fuse_qkv must be True or False, got 'false'"),
+        (dict(compile_cache=123), r"compile_cache takes a directory path, None .* or False .* got 123"),
+    ]:
+        with pytest.raises(TypeError, match=match):
+            AutoModelForSampling.from_pretrained(gpt2_path, **{"compile_cache": False, **kw})
 
 
 def test_unknown_architecture_lists_supported(gpt2_path, tmp_path):

@@ -21,6 +21,22 @@ def test_context_buckets_default_half_of_token_buckets():
         bk.token_buckets(0)
 
 
+def test_bucket_lengths_are_ints_as_given():
+    """A string was read character by character ("64" -> buckets 4 and 6) and a float truncated."""
+    import numpy as np
+
+    assert bk.token_buckets(np.int64(300)) == (128, 256, 300)
+    assert bk.token_buckets((np.int32(64), 32)) == (32, 64)
+    assert bk.context_buckets(np.int64(16), (64,)) == (16,)
+    for bad in ("64", 64.5, [64.0, 32], True, None, ["32"]):
+        with pytest.raises(TypeError, match="n_positions takes an int or a list of ints, got"):
+            bk.token_buckets(bad)
+    with pytest.raises(TypeError, match=r"context_length_estimate takes an int .* got 8.5 \(float\)"):
+        bk.context_buckets([16, 8.5], (64,))
+    with pytest.raises(ValueError, match="positive"):
+        bk.context_buckets(-3, (64,))
+
+
 def test_prefill_plan_single_bucket_and_chunks():
     assert bk.prefill_plan(10, (16, 32), (64, 128)) == (bk.PrefillStep(0, 16, 16, 10),)
     assert bk.prefill_plan(17, (16, 32), (64, 128)) == (bk.PrefillStep(0, 32, 32, 17),)
