@@ -411,6 +411,30 @@ def test_malformed_and_oversized_bodies(srv, content, status):
     assert r.status_code == status and set(r.json()["error"]) == ERROR_KEYS
 
 
+@pytest.mark.parametrize(
+    "path,content,where",
+    [
+        ("/v1/completions", b'{"prompt": "a<S>b", "max_tokens": 2}', "prompt"),
+        ("/v1/completions", b'{"prompt": ["ok", "x<S>"], "max_tokens": 2}', "prompt[1]"),
+        ("/v1/completions", b'{"prompt": "a", "stop": ["<S>"], "max_tokens": 2}', "stop[0]"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "<S>"}]}], "n": 1}',
+            "messages[0].content[0].text",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_where(srv, path, content, where):
+    """Valid JSON, but not text: the tokenizer raised a TypeError on it (a 500)."""
+    for lone in (b"\\ud800", b"\\udc00", b"\\ud83d"):
+        r = srv.post(path, content=content.replace(b"<S>", lone))
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["message"].startswith(f"'{where}' holds a lone UTF-16 surrogate"), err
+        assert err["param"] == where.split("[")[0]
+    assert srv.post(path, content=content.replace(b"<S>", b"\\ud83d\\ude00")).status_code == 200  # a pair
+
+
 def test_logprobs_of_cut_tokens_are_strict_json(srv):
     """Tokens that top_k cut have log-probability -inf, which JSON has no number for: the server sends
     ``responses.LOGPROB_FLOOR`` (vLLM's -9999.0), streamed or not, on both endpoints."""
