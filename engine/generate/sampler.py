@@ -69,22 +69,9 @@ class Sampler(SpecAttributes):
         pipeline's ``json_schema=`` builds them); those rows follow their grammars, one token
         per call. ``adapter``: a LoRA adapter's name (or None) for all, or one per prompt (``load_adapter``).
         """
-        if generation_config is not None and not isinstance(generation_config, params.GenerationConfig):
-            kind = type(generation_config)
-            raise TypeError(
-                "generation_config must be an aotlm.GenerationConfig, "
-                f"got {kind.__module__}.{kind.__name__}; "
-                "pass its fields as keywords, or transformers' GenerationConfig to "
-                "HuggingFaceGenerationModelAdapter.generate()"
-            )
-        cfg = generation_config or self.default_generation
+        cfg = _base_config(generation_config, generation_kwargs) or self.default_generation
         if stopping_criteria is not None and stopping_criteria_list is not None:
             raise ValueError("give stopping_criteria or stopping_criteria_list, not both")
-        unknown = set(generation_kwargs) - params.FIELDS
-        if unknown:
-            raise TypeError(
-                f"sample() got unknown generation arguments {sorted(unknown)}; known: {sorted(params.FIELDS)}"
-            )
         given = dict(eos_token_id=eos_token_id, pad_token_id=pad_token_id, max_new_tokens=max_new_tokens)
         cfg = cfg.replace(**{k: v for k, v in given.items() if v is not None}, **generation_kwargs)
         if not isinstance(cfg.top_logprobs, int) or not 0 <= cfg.top_logprobs <= sampling.TOP_LOGPROBS_MAX:
@@ -158,3 +145,21 @@ class Sampler(SpecAttributes):
                 f"n_positions >= {p_len + top}"
             )
         return new.astype(np.int32)
+
+
+def _base_config(generation_config, generation_kwargs: dict) -> params.GenerationConfig | None:
+    """``generation_config`` checked to be aotlm's (transformers' has other fields and semantics), and
+    the keywords checked to be its fields."""
+    if generation_config is not None and not isinstance(generation_config, params.GenerationConfig):
+        kind = type(generation_config)
+        raise TypeError(
+            f"generation_config must be an aotlm.GenerationConfig, got {kind.__module__}.{kind.__name__}; "
+            "pass its fields as keywords, or transformers' GenerationConfig to "
+            "HuggingFaceGenerationModelAdapter.generate()"
+        )
+    unknown = set(generation_kwargs) - params.FIELDS
+    if unknown:
+        raise TypeError(
+            f"sample() got unknown generation arguments {sorted(unknown)}; known: {sorted(params.FIELDS)}"
+        )
+    return generation_config

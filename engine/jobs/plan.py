@@ -29,6 +29,7 @@ from aotlm.jobs.model_refs import amp_for, expand, load_tokenizer, resolve
 from aotlm.models import family_for
 from aotlm.models.checkpoint import load_hf_config
 from aotlm.models.checkpoint.resolve import default_model
+from aotlm.text.unicode import NOT_TEXT, lone_surrogate
 
 TOP_FIELDS = {"prompt", "id", "model", "generation", "metadata", "response_format", "adapter"}
 MODEL_FIELDS = {"checkpoint", "output_dir", "dtype", "tokenizer"}
@@ -181,6 +182,9 @@ def json_records(path: str, fields: set | None) -> Iterator[tuple[int, str, dict
                 raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
             if not isinstance(rec, dict):
                 raise ValueError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
+            bad_text = lone_surrogate(rec)
+            if bad_text is not None:
+                raise ValueError(f"{where}: '{bad_text}' {NOT_TEXT}; give valid Unicode")
             unknown = sorted(set(rec) - fields) if fields is not None else []
             if unknown:
                 raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(fields)}")

@@ -25,7 +25,8 @@ from aotlm.serve.adapters import Adapters, add_adapter_routes
 from aotlm.serve.detok import TokenTexts
 from aotlm.serve.handlers import ClientGone, Served, Streamed, chat_completions, completions, engine_stopped
 from aotlm.serve.metrics import Metrics, StatusCounter
-from aotlm.serve.protocol import APIError, bad, error_body, lone_surrogate
+from aotlm.serve.protocol import APIError, bad, error_body
+from aotlm.text.unicode import NOT_TEXT, lone_surrogate
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -67,11 +68,7 @@ async def read_json(request, limit: int) -> dict:
         raise bad("the request body must be a JSON object")
     where = lone_surrogate(body)
     if where is not None:
-        raise bad(
-            f"'{where}' holds a lone UTF-16 surrogate escape (such as \\ud800), which is not text; "
-            "send valid Unicode",
-            where.split(".")[0].split("[")[0],
-        )
+        raise bad(f"'{where}' {NOT_TEXT}; send valid Unicode", where.split(".")[0].split("[")[0])
     return body
 
 

@@ -84,23 +84,6 @@ class ChatBody:
 
 
 # ------------------------------------------------------------------ field readers
-def lone_surrogate(value, path: str = "") -> str | None:
-    """Where in a decoded JSON value a string holds a lone UTF-16 surrogate (``"\\ud800"`` is valid
-    JSON but not text: no tokenizer encodes it), e.g. ``messages[0].content``; None if nowhere."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path or "the body"
-        return None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for k, v in items:
-        where = lone_surrogate(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
-        if where is not None:
-            return where
-    return None
-
-
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

@@ -25,6 +25,7 @@ from aotlm.generate.sampler import Sampler
 from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
 from aotlm.text import chats, defaults
 from aotlm.text import tokens as text
+from aotlm.text.unicode import check_text
 
 DEFAULT_MAX_NEW_TOKENS = 256  # transformers' pipeline default, capped to what the model was compiled for
 
@@ -147,6 +148,8 @@ class TextGenerationPipeline:
             if k in PER_PROMPT and isinstance(v, list | tuple) and len(v) != n:
                 raise ValueError(f"{k} has {len(v)} values for {n} prompts; give one value or one per prompt")
         if stop:
+            for i, s in enumerate(stop):
+                check_text(s, f"stop string {i}")
             stops = [self.tokenizer.encode(s, add_special_tokens=False) for s in stop]
             if any(not s for s in stops):
                 raise ValueError("a stop string is empty; give at least one character")

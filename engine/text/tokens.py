@@ -19,6 +19,7 @@ import numpy as np
 
 from aotlm.models.checkpoint import CheckpointError
 from aotlm.models.checkpoint.resolve import validate_checkpoint
+from aotlm.text.unicode import check_text
 
 
 def quiet_transformers() -> None:
@@ -64,6 +65,7 @@ def encode(tokenizer, prompts: Sequence[str], add_special_tokens: bool = True) -
     for i, text in enumerate(prompts):
         if not isinstance(text, str):
             raise TypeError(f"prompt {i} must be a string, got {type(text).__name__}")
+        check_text(text, f"prompt {i}")
         ids = list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]) if text else []
         if not ids:
             raise ValueError(f"prompt {i} is empty: give at least one character of text")

@@ -367,6 +367,8 @@ def _cli_cases(ckpt, tmp):
     sample = ["sample", ckpt, "--cache-dir", tmp / "c", "--n-positions", "32", "--prompt-ids"]
     one = tmp / "one.jsonl"
     one.write_text('{"prompt": "def f(x):"}\n')
+    lone = tmp / "lone.jsonl"
+    lone.write_text('{"prompt": "ok"}\n{"prompt": "a\\ud800b"}\n')
     bg = ["batch-generate", "--input", one, "--output", tmp / "o.jsonl"]
     h5 = ["run-h5", "--params", bad_json, "--checkpoint", ckpt, "--model-dir", tmp]
     many_tp = 2 * jax.device_count() if 4 % (2 * jax.device_count()) == 0 else None
@@ -412,6 +414,11 @@ def _cli_cases(ckpt, tmp):
         (["demo", "--dir", tmp / "keep"], "exists and is not a tiny checkpoint; choose a new"),
         ([*model, "--output-artifacts", tmp / "keep"], "holds other files and a save replaces"),
         ([*model, "--output-artifacts", one], "it is a file; give a directory path"),
+        (
+            ["batch-generate", "--input", lone, "--output", tmp / "o.jsonl"],
+            r"lone.jsonl line 2: 'prompt' holds a lone UTF-16 surrogate",
+        ),
+        (["generate", "--prompt", "a\udcffb"], "prompt 0 holds a lone UTF-16 surrogate"),
         (["make-tiny", tmp / "bad.json"], "exists and is not a tiny checkpoint"),
         (["make-tiny", "/proc/aotlm-tiny"], "aotlm-tiny"),
         (["cache", "clear", "--older-than", "abc"], "expected a number of days >= 0, got 'abc'"),
