@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aotlm.api import extensions
+from aotlm.api import arguments, extensions
 from aotlm.api import neuron_config as nc
 from aotlm.api.pipelined import PipelineForSampling
 from aotlm.batching import slot_graphs
@@ -102,6 +102,13 @@ class AutoModelForSampling(CausalLMForSampling):
     def from_pretrained(
         cls, path: str | os.PathLike, pp_degree: int = 1, **kwargs
     ) -> CausalLMForSampling | PipelineForSampling:
+        arguments.check_names(kwargs, cls.model_arguments(), "from_pretrained()")
         if pp_degree != 1:
             return PipelineForSampling(path, pp_degree=pp_degree, model_types=cls.model_types, **kwargs)
         return cls(path, **kwargs)
+
+    @classmethod
+    def model_arguments(cls) -> set[str]:
+        """The keyword arguments ``from_pretrained`` takes (besides the path)."""
+        inits = [c.__init__ for c in cls.__mro__ if "__init__" in vars(c)]
+        return arguments.accepted([*inits, PipelineForSampling.__init__]) - {"model_types"}

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from aotlm import progress as progress_mod
+from aotlm.api.arguments import check_names
 from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.generate.constraints import Constraint, Grammars
 from aotlm.generate.params import FIELDS
@@ -288,6 +289,7 @@ def pipeline(
     if task != "text-generation":
         raise ValueError(f"aotlm.pipeline supports task='text-generation', got {task!r}")
 
+    check_names(model_kwargs, AutoModelForSampling.model_arguments(), "pipeline()")
     text.quiet_transformers()
     if model is None:
         model = default_model()
