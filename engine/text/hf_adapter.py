@@ -46,6 +46,15 @@ _NO_OPS = {  # transformers' generation arguments with their no-op values
     "low_memory": (None, False),
     "prompt_lookup_num_tokens": (None,),
     "assistant_model": (None,),
+    # what would change the output, or its promises, if dropped: refused, never ignored
+    "output_attentions": (None, False),
+    "output_hidden_states": (None, False),
+    "output_logits": (None, False),
+    "max_time": (None,),
+    "stop_strings": (None,),
+    "token_healing": (None, False),
+    "watermarking_config": (None,),
+    "dola_layers": (None,),
 }
 # the arguments aotlm does not implement (not in the sampler's table): only their no-op values pass
 _ALLOWED_DEFAULTS = {k: v for k, v in _NO_OPS.items() if k not in sampler_params.BY_HF}
@@ -137,6 +146,12 @@ class HuggingFaceGenerationModelAdapter:
         n, plen = ids.shape
         nb, nrs = int(cfg.num_beams or 1), int(cfg.num_return_sequences or 1)
         self._check_rows(n, nb, nrs)
+        if cfg.return_dict_in_generate and cfg.output_scores and nb == 1:
+            raise ValueError(
+                "output_scores is supported with beam search only (sequences_scores); a greedy or sampled "
+                "step's scores stay in the graph: model.sample(..., return_dict=True) gives each chosen "
+                "token's log-probability (top_logprobs=k its k best alternatives)"
+            )
         new = int(cfg.max_new_tokens) if cfg.max_new_tokens is not None else int(cfg.max_length) - plen
         if new < 1:
             raise ValueError(f"max_length={cfg.max_length} leaves no room after the {plen}-token prompt")

@@ -88,3 +88,26 @@ def test_adapter_batch_rule(adapter):
         adapter.generate(ids, max_new_tokens=2, epsilon_cutoff=0.1)
     with pytest.raises(TypeError, match="unsupported arguments \\['bogus'\\]; supported: "):
         adapter.generate(ids, max_new_tokens=2, bogus=1)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(stop_strings=["\n"]),  # generation would not stop there
+        dict(max_time=0.5),  # nor after that time
+        dict(output_attentions=True, return_dict_in_generate=True),  # the output would lack them
+        dict(output_hidden_states=True, return_dict_in_generate=True),
+        dict(output_logits=True, return_dict_in_generate=True),
+    ],
+)
+def test_arguments_that_change_the_output_are_refused_not_ignored(adapter, kw):
+    ids = torch.ones((1, 4), dtype=torch.int64)
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=f"{name}=.* is not supported by aotlm's generate adapter"):
+        adapter.generate(ids, max_new_tokens=2, **kw)
+    with pytest.raises(ValueError, match="output_scores is supported with beam search only"):
+        adapter.generate(ids, max_new_tokens=2, return_dict_in_generate=True, output_scores=True)
+    beams = dict(num_beams=2, return_dict_in_generate=True, output_scores=True)
+    out = adapter.generate(ids, max_new_tokens=2, **beams)
+    assert out.sequences_scores.shape == (1,)
+    assert adapter.generate(ids, max_new_tokens=2, output_scores=True).shape == (1, 6)  # no dict: unused
