@@ -47,9 +47,6 @@ _NO_OPS = {  # transformers' generation arguments with their no-op values
     "prompt_lookup_num_tokens": (None,),
     "assistant_model": (None,),
     # what would change the output, or its promises, if dropped: refused, never ignored
-    "output_attentions": (None, False),
-    "output_hidden_states": (None, False),
-    "output_logits": (None, False),
     "max_time": (None,),
     "stop_strings": (None,),
     "token_healing": (None, False),
@@ -146,12 +143,7 @@ class HuggingFaceGenerationModelAdapter:
         n, plen = ids.shape
         nb, nrs = int(cfg.num_beams or 1), int(cfg.num_return_sequences or 1)
         self._check_rows(n, nb, nrs)
-        if cfg.return_dict_in_generate and cfg.output_scores and nb == 1:
-            raise ValueError(
-                "output_scores is supported with beam search only (sequences_scores); a greedy or sampled "
-                "step's scores stay in the graph: model.sample(..., return_dict=True) gives each chosen "
-                "token's log-probability (top_logprobs=k its k best alternatives)"
-            )
+        _check_outputs(cfg, nb)
         new = int(cfg.max_new_tokens) if cfg.max_new_tokens is not None else int(cfg.max_length) - plen
         if new < 1:
             raise ValueError(f"max_length={cfg.max_length} leaves no room after the {plen}-token prompt")
@@ -261,3 +253,24 @@ def _prompts(input_ids, attention_mask, cfg) -> tuple[np.ndarray, np.ndarray, li
         mask = attention_mask.detach().cpu().numpy() if hasattr(attention_mask, "detach") else attention_mask
         mask = np.asarray(mask, np.int64)
     return ids, mask, eos_list, pad
+
+
+_OUTPUTS = ("output_attentions", "output_hidden_states", "output_logits")
+
+
+def _check_outputs(cfg, nb: int) -> None:
+    """What a ``return_dict_in_generate`` output would hold that the graphs do not return."""
+    if not cfg.return_dict_in_generate:
+        return  # transformers ignores the output_* flags then
+    extras = [k for k in _OUTPUTS if getattr(cfg, k, None)]
+    if extras:
+        raise ValueError(
+            f"{extras[0]}=True is not supported by aotlm's generate adapter (the graphs return tokens "
+            "and scores only); pass return_dict_in_generate=False or drop it"
+        )
+    if cfg.output_scores and nb == 1:
+        raise ValueError(
+            "output_scores is supported with beam search only (sequences_scores); a greedy or sampled "
+            "step's scores stay in the graph: model.sample(..., return_dict=True) gives each chosen "
+            "token's log-probability (top_logprobs=k its k best alternatives)"
+        )

@@ -110,4 +110,5 @@ def test_arguments_that_change_the_output_are_refused_not_ignored(adapter, kw):
     beams = dict(num_beams=2, return_dict_in_generate=True, output_scores=True)
     out = adapter.generate(ids, max_new_tokens=2, **beams)
     assert out.sequences_scores.shape == (1,)
-    assert adapter.generate(ids, max_new_tokens=2, output_scores=True).shape == (1, 6)  # no dict: unused
+    for unused in ("output_scores", "output_attentions"):  # without return_dict_in_generate: unused
+        assert adapter.generate(ids, max_new_tokens=2, **{unused: True}).shape == (1, 6)
