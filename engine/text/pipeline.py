@@ -10,6 +10,7 @@ Generation defaults come from the checkpoint's ``generation_config.json`` as in 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import time
@@ -43,6 +44,7 @@ class Generation:
     time_to_first_token: float | None  # seconds from the start of its batch
     seconds: float  # wall time of its batch
     extra: dict = field(default_factory=dict)
+    prompt_ids: list[int] = field(default_factory=list)  # the prompt's token ids, as encoded
 
 
 def _text_prompts(text_inputs) -> list[str]:
@@ -55,6 +57,42 @@ def _text_prompts(text_inputs) -> list[str]:
             f"messages) or a list of chats; got {got}"
         )
     return list(text_inputs)
+
+
+def _return_type(full_text: bool | None, text: bool | None, tensors: bool | None) -> str:
+    """transformers' reading of the three flags: "full", "new" or "ids" (the first one given wins,
+    and they exclude each other, as in its ``_sanitize_parameters``)."""
+    if full_text is not None:
+        if text is not None or tensors is not None:
+            other = "return_text" if text is not None else "return_tensors"
+            raise ValueError(f"return_full_text is mutually exclusive with {other}")
+        return "full" if full_text else "new"
+    if tensors is not None:
+        if text is not None:
+            raise ValueError("return_text is mutually exclusive with return_tensors")
+        return "ids"
+    return "full"
+
+
+def _text_stop(toks, stops: Sequence[str], decode) -> int | None:
+    """The fewest leading tokens whose text holds a stop string, as transformers' ``stop_strings`` stop
+    (at the token that completes one, however the tokens spell it); None when none appears."""
+    if not stops or not any(s in decode(toks) for s in stops):
+        return None
+    lo, hi = 1, len(toks)  # holding a stop string only grows with the prefix: bisect
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in decode(toks[:mid]) for s in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _record(kind: str, full, g: Generation) -> dict:
+    if kind == "ids":
+        return {"generated_token_ids": [*map(int, g.prompt_ids), *map(int, g.tokens)]}
+    return {"generated_text": full if kind == "full" else g.text}
 
 
 def _sample_params(model) -> set[str]:
@@ -82,9 +120,12 @@ class TextGenerationPipeline:
     def __call__(
         self,
         text_inputs,
-        return_full_text: bool = True,
+        return_full_text: bool | None = None,
         continue_final_message: bool | None = None,
         tools: Sequence[dict] | None = None,
+        return_text: bool | None = None,
+        return_tensors: bool | None = None,
+        stop_sequence: str | Sequence[str] | None = None,
         **kwargs,
     ):
         """``[{"generated_text": ...}]`` for one prompt or chat, ``[[{...}], ...]`` for a list.
@@ -94,12 +135,18 @@ class TextGenerationPipeline:
         of chats. As in transformers, ``generated_text`` is the prompt followed by the new text, or
         for a chat the messages followed by the new assistant message (a chat ending in the
         assistant's message is continued: ``continue_final_message``); ``return_full_text=False``
-        gives only the new text. Other keywords: ``max_new_tokens``, the sampling parameters of
-        ``sample()``, ``stop`` (strings), ``skip_special_tokens``, ``clean_up_tokenization_spaces``,
+        gives only the new text, ``return_tensors`` ``{"generated_token_ids": prompt + new ids}``.
+        Other keywords: ``max_new_tokens``, the sampling parameters of ``sample()``, ``stop`` (or
+        ``stop_sequence``: strings), ``skip_special_tokens``, ``clean_up_tokenization_spaces``,
         ``streamer``.
         """
         if kwargs.pop("num_return_sequences", 1) != 1:
             raise ValueError("num_return_sequences > 1 is not supported; repeat the prompt instead")
+        kind = _return_type(return_full_text, return_text, return_tensors)
+        if stop_sequence is not None:  # transformers' name for stop strings
+            if kwargs.get("stop") is not None:
+                raise TypeError("give stop or stop_sequence, not both")
+            kwargs["stop"] = [stop_sequence] if isinstance(stop_sequence, str) else list(stop_sequence)
         if isinstance(text_inputs, Iterator):  # a generator of prompts or of chats, as transformers takes
             text_inputs = list(text_inputs)
         convs, single = chats.split(text_inputs)
@@ -114,8 +161,7 @@ class TextGenerationPipeline:
             prompts = [text_inputs] if single else _text_prompts(text_inputs)
             gens = self.generate(prompts, **kwargs)
             texts = [g.prompt + g.text for g in gens]
-        pairs = zip(texts, gens, strict=True)
-        out = [[{"generated_text": t if return_full_text else g.text}] for t, g in pairs]
+        out = [[_record(kind, t, g)] for t, g in zip(texts, gens, strict=True)]
         return out[0] if single else out
 
     # ------------------------------------------------------------------ the work
@@ -172,7 +218,9 @@ class TextGenerationPipeline:
         specs = self._constraints(n, json_schema, constraint)
         if specs is not None:
             generation_kwargs["constraints"] = specs
-        decode_kw = dict(skip_special=skip_special_tokens, cleanup=clean_up_tokenization_spaces)
+        decode_kw = dict(
+            skip_special=skip_special_tokens, cleanup=clean_up_tokenization_spaces, stops=tuple(stop or ())
+        )
         new = [self._new_tokens(i, len(r), self._pick(max_new_tokens, i)) for i, r in enumerate(rows)]
         b = self.model.batch_size
         order = sorted(range(n), key=lambda i: len(rows[i]))  # stable: equal lengths keep input order
@@ -244,7 +292,7 @@ class TextGenerationPipeline:
             )
         return int(asked)
 
-    def _run(self, rows, new, kwargs, streamer, skip_special, cleanup) -> list[Generation]:
+    def _run(self, rows, new, kwargs, streamer, skip_special, cleanup, stops) -> list[Generation]:
         pad = self.tokenizer.pad_token_id
         pad = int(pad) if pad is not None else (self.eos[0] if self.eos else 0)
         ids, mask = text.left_pad(rows, pad)
@@ -260,14 +308,18 @@ class TextGenerationPipeline:
         seconds = time.perf_counter() - t0
         seqs, first = out.sequences, out.time_to_first_token
         reasons = list(out.finish_reason)
+        decode = functools.partial(
+            self.tokenizer.decode, skip_special_tokens=skip_special, clean_up_tokenization_spaces=cleanup
+        )
         gens = []
         for r, row in enumerate(seqs[: len(rows)]):
             toks = text.cut_at_eos(row[p_len : p_len + new[r]], self.eos)
             reason = reasons[r]
-            words = self.tokenizer.decode(
-                toks, skip_special_tokens=skip_special, clean_up_tokenization_spaces=cleanup
-            )
-            gens.append(Generation("", words, toks, len(rows[r]), reason, first, seconds))
+            k = _text_stop(toks, stops, decode)
+            if k is not None:  # a stop string the token match missed (other tokens spell it): cut there
+                toks, reason = toks[:k], "stop_sequence"
+            words = decode(toks)
+            gens.append(Generation("", words, toks, len(rows[r]), reason, first, seconds, prompt_ids=rows[r]))
         return gens
 
 

@@ -202,3 +202,35 @@ def test_pipeline_sampling_and_stop_text(pipes):
     first = next(j for j in range(len(g)) if g[j : j + 2] == g[cut : cut + 2])  # its first occurrence
     assert stopped.finish_reason == "stop_sequence" and stopped.tokens == g[: first + 2]
     assert stopped.text.endswith(stop) and greedy.text.startswith(stopped.text)
+
+
+def test_return_flags_and_stop_sequence_as_transformers(pipes):
+    ours, ref = pipes
+    kw = dict(max_new_tokens=6)
+    for flags in (dict(return_tensors=True), dict(return_text=True), dict(return_full_text=False)):
+        got = ours(PROMPTS[0], **kw, **flags)
+        assert got == ref(PROMPTS[0], do_sample=False, **kw, **flags), flags
+    (ids,) = ours(PROMPTS[0], return_tensors=True, **kw)
+    assert (
+        ids["generated_token_ids"][: len(ours.tokenizer(PROMPTS[0])["input_ids"])]
+        == (ours.tokenizer(PROMPTS[0])["input_ids"])
+    )
+    (greedy,) = ours.generate([PROMPTS[0]], max_new_tokens=12)
+    tok = ours.tokenizer
+    for start in range(2, 9):  # stop texts across token boundaries and inside tokens, as transformers matches
+        stop = greedy.text[start : start + 2]
+        stopped = ours(PROMPTS[0], max_new_tokens=12, stop_sequence=stop)
+        assert stopped == ref(PROMPTS[0], do_sample=False, max_new_tokens=12, stop_sequence=stop), stop
+        assert len(stopped[0]["generated_text"]) < len(PROMPTS[0] + greedy.text)  # it did stop
+    g = list(greedy.tokens)
+
+    def spelt_alike(ids):  # the tokens hold the stop text's own encoding: a token match finds it
+        return any(g[i : i + len(ids)] == ids for i in range(len(g)))
+
+    assert not all(spelt_alike(tok.encode(greedy.text[s : s + 2])) for s in range(2, 9))
+    with pytest.raises(ValueError, match="return_full_text is mutually exclusive with return_tensors"):
+        ours(PROMPTS[0], return_full_text=True, return_tensors=True, **kw)
+    with pytest.raises(ValueError, match="return_text is mutually exclusive with return_tensors"):
+        ours(PROMPTS[0], return_text=True, return_tensors=True, **kw)
+    with pytest.raises(TypeError, match="give stop or stop_sequence, not both"):
+        ours(PROMPTS[0], stop=["a"], stop_sequence="b", **kw)
