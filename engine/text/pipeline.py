@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from aotlm import progress as progress_mod
 from aotlm.api.arguments import check_names
 from aotlm.api.causal_lm import AutoModelForSampling
+from aotlm.generate import stopping
 from aotlm.generate.constraints import Constraint, Grammars
 from aotlm.generate.params import FIELDS
 from aotlm.generate.params import PER_ROW_FIELDS as PER_PROMPT
@@ -87,6 +88,19 @@ def _text_stop(toks, stops: Sequence[str], decode) -> int | None:
         else:
             lo = mid + 1
     return lo
+
+
+class _TextStop:
+    """A stopping criterion (``(input_ids, scores) -> bool``) that ends the one streamed row once its
+    generated text holds a stop string, so a stream stops where the result is cut (the in-graph
+    match only sees a stop spelt by its own tokens)."""
+
+    def __init__(self, p_len: int, stops: Sequence[str], decode):
+        self.p_len, self.stops, self.decode = p_len, tuple(stops), decode
+
+    def __call__(self, input_ids, scores, **kwargs) -> bool:
+        row = [int(t) for t in input_ids[0][self.p_len :]]
+        return bool(row) and any(s in self.decode(row) for s in self.stops)
 
 
 def _record(kind: str, full, g: Generation) -> dict:
@@ -299,6 +313,13 @@ class TextGenerationPipeline:
         p_len = ids.shape[1]
         call = dict(kwargs, attention_mask=mask, max_new_tokens=new, return_dict=True, streamer=streamer)
         call.update(eos_token_id=self.eos or None, pad_token_id=pad)
+        decode = functools.partial(
+            self.tokenizer.decode, skip_special_tokens=skip_special, clean_up_tokenization_spaces=cleanup
+        )
+        if streamer is not None and stops:  # the stream stops at a text stop too, not only the result
+            key = "stopping_criteria_list" if call.get("stopping_criteria") is None else "stopping_criteria"
+            given = stopping.criteria_list(call.get(key))
+            call[key] = [*given, _TextStop(p_len, stops, decode)]
         if "constraints" in call:  # fresh matchers for this batch's rows
             call["constraints"] = [
                 None if c is None else self.grammars().matcher(c) for c in call["constraints"]
@@ -308,9 +329,6 @@ class TextGenerationPipeline:
         seconds = time.perf_counter() - t0
         seqs, first = out.sequences, out.time_to_first_token
         reasons = list(out.finish_reason)
-        decode = functools.partial(
-            self.tokenizer.decode, skip_special_tokens=skip_special, clean_up_tokenization_spaces=cleanup
-        )
         gens = []
         for r, row in enumerate(seqs[: len(rows)]):
             toks = text.cut_at_eos(row[p_len : p_len + new[r]], self.eos)

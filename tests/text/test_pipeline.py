@@ -234,3 +234,25 @@ def test_return_flags_and_stop_sequence_as_transformers(pipes):
         ours(PROMPTS[0], return_text=True, return_tensors=True, **kw)
     with pytest.raises(TypeError, match="give stop or stop_sequence, not both"):
         ours(PROMPTS[0], stop=["a"], stop_sequence="b", **kw)
+
+
+def test_a_stream_stops_at_a_stop_string_spelt_by_other_tokens(pipes):
+    ours, _ = pipes
+    (greedy,) = ours.generate([PROMPTS[0]], max_new_tokens=12)
+    seen = []
+    for start in range(2, 9):
+        stop = greedy.text[start : start + 2]
+        streamer = TextStreamer(ours.tokenizer, on_text=lambda _t: None)
+        calls = []
+        (g,) = ours.generate(
+            [PROMPTS[0]],
+            max_new_tokens=12,
+            stop=[stop],
+            streamer=streamer,
+            stopping_criteria=lambda ids, scores, calls=calls: calls.append(len(ids[0])),
+        )
+        assert stop in g.text and g.finish_reason == "stop_sequence", stop
+        assert streamer.text == g.text, stop  # the stream ended where the result is cut
+        assert len(calls) <= len(g.tokens), stop  # the user's criterion ran too, no step past the stop
+        seen.append(len(calls))
+    assert max(seen) > 0
