@@ -55,7 +55,11 @@ def register(sub) -> None:
         help="model name (aotlm models), .gguf file, checkpoint dir or bundled name",
     )
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: next to the checkpoint)")
-    p.add_argument("--system", default=None, help="system prompt, kept through /reset")
+    p.add_argument(
+        "--system",
+        default=None,
+        help="system prompt, kept through /reset ('': an empty one, which drops a template's default)",
+    )
     p.add_argument(
         "--max-new-tokens",
         type=int,
@@ -76,7 +80,8 @@ class Conversation:
     turns: list[dict] = field(default_factory=list)
 
     def messages(self) -> list[dict]:
-        head = [{"role": "system", "content": self.system}] if self.system else []
+        # --system '' is an empty system message (a template then leaves out its default one)
+        head = [] if self.system is None else [{"role": "system", "content": self.system}]
         return head + self.turns
 
     def reset(self) -> None:

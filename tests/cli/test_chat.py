@@ -104,3 +104,13 @@ def test_base_model_without_template_points_at_generate(chat_model, tmp_path_fac
     assert r.returncode == 2
     assert "has no chat template" in r.stderr and "aotlm generate" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_an_empty_system_prompt_is_a_message_and_survives_reset():
+    from aotlm.cli.chat import Conversation
+
+    assert Conversation().messages() == []
+    c = Conversation("")  # --system '': an empty system message, as transformers renders it
+    c.turns.append({"role": "user", "content": "hi"})
+    c.reset()
+    assert c.messages() == [{"role": "system", "content": ""}]
