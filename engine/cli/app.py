@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -267,7 +268,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = ap.parse_known_args(argv)
     if extra:  # named by the command they were given to, as its own usage errors are
         sub = f"aotlm {args.command}"
-        ap.exit(2, f"{sub}: error: unrecognized arguments: {' '.join(extra)}; see '{sub} --help'\n")
+        words = [w for w in extra if not w.startswith("-")]
+        hint = (
+            f"give a prompt as --prompt {shlex.quote(words[0])}; " if words and "prompt" in vars(args) else ""
+        )
+        ap.exit(2, f"{sub}: error: unrecognized arguments: {' '.join(extra)}; {hint}see '{sub} --help'\n")
 
     # warnings (e.g. an unusable compile cache) as one line each, not file:line + source
     old_format = warnings.formatwarning

@@ -67,3 +67,12 @@ def test_sample_prints_rows_and_reports_bad_input(tiny, tmp_path, capsys):
     assert e.value.code == 2 and capsys.readouterr().err == (
         "aotlm sample: error: unrecognized arguments: --bogus 3; see 'aotlm sample --help'\n"
     )
+
+
+def test_a_prompt_without_its_flag_is_named_with_the_fix(capsys):
+    with pytest.raises(SystemExit) as e:  # before anything loads
+        main(["generate", "--model", "smollm2", "what is it"])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "aotlm generate: error: unrecognized arguments: what is it; give a prompt as --prompt 'what is it'; "
+        "see 'aotlm generate --help'\n"
+    )
