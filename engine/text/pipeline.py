@@ -22,14 +22,14 @@ from aotlm.api.arguments import check_names
 from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.generate import stopping
 from aotlm.generate.constraints import Constraint, Grammars
-from aotlm.generate.params import FIELDS
-from aotlm.generate.params import PER_ROW_FIELDS as PER_PROMPT
+from aotlm.generate.params import FIELDS, PER_ROW_FIELDS
 from aotlm.generate.sampler import Sampler
 from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
 from aotlm.text import chats, defaults
 from aotlm.text import tokens as text
 from aotlm.text.unicode import check_text
 
+PER_PROMPT = (*PER_ROW_FIELDS, "seed")  # arguments that take one value per prompt
 DEFAULT_MAX_NEW_TOKENS = 256  # transformers' pipeline default, capped to what the model was compiled for
 
 
@@ -103,6 +103,29 @@ class _TextStop:
         return bool(row) and any(s in self.decode(row) for s in self.stops)
 
 
+def _repeated(kwargs: dict, n: int, k: int, sampling: bool) -> dict:
+    """``kwargs`` for each of ``n`` prompts repeated ``k`` times (``num_return_sequences``): per-prompt
+    lists repeated, and a given seed made one per copy (seed + j), so the copies differ."""
+    if k == 1:
+        return kwargs
+    if not sampling:
+        raise ValueError(
+            f"greedy search does not support num_return_sequences different than 1 (got {k}): every "
+            "copy would be the same; pass do_sample=True"
+        )
+    out = {}
+    for key, v in kwargs.items():
+        listed = key in PER_PROMPT and isinstance(v, list | tuple)
+        if listed and len(v) != n:
+            raise ValueError(f"{key} has {len(v)} values for {n} prompts; give one value or one per prompt")
+        out[key] = [x for x in v for _ in range(k)] if listed else v
+    seed = kwargs.get("seed")
+    if seed is not None:  # copy j gets seed + j, as sample(num_return_sequences=k) gives its copies
+        seeds = seed if isinstance(seed, list | tuple) else [seed] * n
+        out["seed"] = [(int(s) + j) % 2**32 for s in seeds for j in range(k)]
+    return out
+
+
 def _record(kind: str, full, g: Generation) -> dict:
     if kind == "ids":
         return {"generated_token_ids": [*map(int, g.prompt_ids), *map(int, g.tokens)]}
@@ -151,11 +174,14 @@ class TextGenerationPipeline:
         assistant's message is continued: ``continue_final_message``); ``return_full_text=False``
         gives only the new text, ``return_tensors`` ``{"generated_token_ids": prompt + new ids}``.
         Other keywords: ``max_new_tokens``, the sampling parameters of ``sample()``, ``stop`` (or
-        ``stop_sequence``: strings), ``skip_special_tokens``, ``clean_up_tokenization_spaces``,
+        ``stop_sequence``: strings), ``num_return_sequences`` (with sampling: that many records per
+        prompt, each copy its own seed), ``skip_special_tokens``, ``clean_up_tokenization_spaces``,
         ``streamer``.
         """
-        if kwargs.pop("num_return_sequences", 1) != 1:
-            raise ValueError("num_return_sequences > 1 is not supported; repeat the prompt instead")
+        k = kwargs.pop("num_return_sequences", None)
+        k = 1 if k is None else k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"num_return_sequences must be an int >= 1, got {k!r}")
         kind = _return_type(return_full_text, return_text, return_tensors)
         if stop_sequence is not None:  # transformers' name for stop strings
             if kwargs.get("stop") is not None:
@@ -168,14 +194,18 @@ class TextGenerationPipeline:
             kwargs.pop("add_special_tokens", None)  # the template writes them (transformers ignores it too)
             finals = [chats.continues(c, continue_final_message) for c in convs]
             prompts = [chats.render(self.tokenizer, c, f, tools) for c, f in zip(convs, finals, strict=True)]
-            gens = self.generate(prompts, add_special_tokens=False, **kwargs)
-            texts = [chats.reply(c, g.text, f) for c, g, f in zip(convs, gens, finals, strict=True)]
         else:
             single = isinstance(text_inputs, str)
             prompts = [text_inputs] if single else _text_prompts(text_inputs)
-            gens = self.generate(prompts, **kwargs)
+        sampling = bool(defaults.merged(self.defaults, kwargs).get("do_sample"))
+        kwargs = _repeated(kwargs, len(prompts), k, sampling)
+        gens = self.generate([p for p in prompts for _ in range(k)], **kwargs)
+        if convs is not None:
+            texts = [chats.reply(convs[i // k], g.text, finals[i // k]) for i, g in enumerate(gens)]
+        else:
             texts = [g.prompt + g.text for g in gens]
-        out = [[_record(kind, t, g)] for t, g in zip(texts, gens, strict=True)]
+        records = [_record(kind, t, g) for t, g in zip(texts, gens, strict=True)]
+        out = [records[i : i + k] for i in range(0, len(records), k)]
         return out[0] if single else out
 
     # ------------------------------------------------------------------ the work

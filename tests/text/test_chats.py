@@ -44,6 +44,8 @@ def test_chats_equal_transformers(pipes):
     opt = dict(continue_final_message=False, **kw)
     assert ours(CHATS[2], **opt) == ref(CHATS[2], do_sample=False, **opt)
     assert ours(iter(CHATS), **kw) == ours(CHATS, **kw)  # a generator of chats
+    copies = ours(CHATS[:2], num_return_sequences=2, do_sample=True, seed=1, **kw)  # each chat, twice
+    assert [[r["generated_text"][:-1] for r in rs] for rs in copies] == [[c, c] for c in CHATS[:2]]
 
 
 def test_text_prompts_default_to_the_full_text_as_transformers(pipes):

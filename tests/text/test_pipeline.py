@@ -256,3 +256,27 @@ def test_a_stream_stops_at_a_stop_string_spelt_by_other_tokens(pipes):
         assert len(calls) <= len(g.tokens), stop  # the user's criterion ran too, no step past the stop
         seen.append(len(calls))
     assert max(seen) > 0
+
+
+def test_num_return_sequences_as_transformers(pipes):
+    import transformers
+
+    ours, shared_ref = pipes
+    # its own transformers pipeline: a transformers pipeline keeps the keywords of every call for the next
+    ref = transformers.pipeline("text-generation", model=shared_ref.model, tokenizer=shared_ref.tokenizer)
+    for fn in (ours, ref):  # greedy copies would all be the same: refused by both
+        with pytest.raises(ValueError, match="num_return_sequences"):
+            fn(PROMPTS[0], num_return_sequences=2, max_new_tokens=4, do_sample=False)
+    kw = dict(max_new_tokens=8, do_sample=True, seed=3)
+    one = ours(PROMPTS[0], num_return_sequences=3, **kw)
+    assert len(one) == 3 and len({r["generated_text"] for r in one}) == 3  # each copy its own seed
+    theirs = ref(PROMPTS[0], num_return_sequences=3, max_new_tokens=8, do_sample=True)
+    assert [sorted(r) for r in one] == [sorted(r) for r in theirs]  # the same shape: a record per copy
+    many = ours(PROMPTS[:3], num_return_sequences=3, **kw)  # 9 rows over batches of the compiled size
+    assert [len(r) for r in many] == [3, 3, 3] and many[0] == one  # seeded: the same per prompt
+    assert all(r["generated_text"].startswith(p) for p, rs in zip(PROMPTS[:3], many, strict=True) for r in rs)
+    assert ours(PROMPTS[:3], num_return_sequences=1, **kw) == [
+        rs[:1] for rs in many
+    ]  # copy 0: the seed given
+    with pytest.raises(ValueError, match="num_return_sequences must be an int >= 1, got 0"):
+        ours(PROMPTS[0], num_return_sequences=0, **kw)
