@@ -30,7 +30,12 @@ from aotlm.text import tokens as text
 from aotlm.text.unicode import check_text
 
 PER_PROMPT = (*PER_ROW_FIELDS, "seed")  # arguments that take one value per prompt
-DEFAULT_MAX_NEW_TOKENS = 256  # transformers' pipeline default, capped to what the model was compiled for
+DEFAULT_MAX_NEW_TOKENS = 256
+_CALL_HINTS = {  # transformers' call keywords that have another place here
+    "num_beams": "; beam search: model.sample(ids, num_beams=N) (a compiled batch of prompts x N rows) or "
+    "the HF adapter's generate()",
+    "batch_size": "; the batch size is compiled: give it when loading, aotlm.pipeline(..., batch_size=N)",
+}  # transformers' pipeline default, capped to what the model was compiled for
 
 
 @dataclass
@@ -101,6 +106,12 @@ class _TextStop:
     def __call__(self, input_ids, scores, **kwargs) -> bool:
         row = [int(t) for t in input_ids[0][self.p_len :]]
         return bool(row) and any(s in self.decode(row) for s in self.stops)
+
+
+def _max_length(value) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise TypeError(f"max_length must be an int >= 1 (prompt + new tokens), got {value!r}")
+    return value
 
 
 def _repeated(kwargs: dict, n: int, k: int, sampling: bool) -> dict:
@@ -247,14 +258,9 @@ class TextGenerationPipeline:
             generation_kwargs["stop_sequences"] = stops
         unknown = set(generation_kwargs) - self._sample_params
         if unknown:
-            beams = (
-                "; beam search: model.sample(ids, num_beams=N) (a compiled batch of prompts x N rows) or the "
-                "HF adapter's generate()"
-                if "num_beams" in unknown
-                else ""
-            )
+            hints = "".join(h for k, h in _CALL_HINTS.items() if k in unknown)
             raise TypeError(
-                f"pipeline() does not take {sorted(unknown)}{beams}; it takes: "
+                f"pipeline() does not take {sorted(unknown)}{hints}; it takes: "
                 f"{sorted(self._sample_params - {'self', 'input_ids', 'generation_kwargs'})}"
             )
         if streamer is not None and n != 1:
@@ -265,7 +271,8 @@ class TextGenerationPipeline:
         decode_kw = dict(
             skip_special=skip_special_tokens, cleanup=clean_up_tokenization_spaces, stops=tuple(stop or ())
         )
-        new = [self._new_tokens(i, len(r), self._pick(max_new_tokens, i)) for i, r in enumerate(rows)]
+        length = _max_length(generation_kwargs.pop("max_length", None))  # prompt + new, as transformers
+        new = [self._new_tokens(i, len(r), self._pick(max_new_tokens, i), length) for i, r in enumerate(rows)]
         b = self.model.batch_size
         order = sorted(range(n), key=lambda i: len(rows[i]))  # stable: equal lengths keep input order
         batches = [order[s : s + b] for s in range(0, n, b)]
@@ -315,8 +322,21 @@ class TextGenerationPipeline:
             return [value[i] for i in idx]
         return value
 
-    def _new_tokens(self, i: int, p_len: int, asked: int | None) -> int:
+    def _new_tokens(self, i: int, p_len: int, asked: int | None, length: int | None = None) -> int:
         room = self.model.n_positions - p_len
+        if asked is None and length is not None:
+            asked = length - p_len
+            if asked < 1:  # as transformers refuses it
+                raise ValueError(
+                    f"prompt {i} has {p_len} tokens, max_length={length} leaves no new one; raise max_length "
+                    "(prompt + new tokens) or give max_new_tokens"
+                )
+            if asked > room:
+                raise ValueError(
+                    f"prompt {i} has {p_len} tokens; max_length={length} needs {p_len + asked} positions but "
+                    f"the model was compiled for n_positions={self.model.n_positions}; lower max_length or "
+                    "load the model with a larger n_positions"
+                )
         if asked is None and self.default_new is None and self.default_length is not None:
             asked = max(1, min(int(self.default_length) - p_len, room))  # transformers' max_length
         if asked is None:

@@ -94,6 +94,31 @@ def test_pipeline_errors_name_the_prompt(pipes):
         ours("a", max_new_tokens=2, bogus=1)
     with pytest.raises(TypeError, match=r"\['num_beams'\]; beam search: model.sample\(ids, num_beams=N\)"):
         ours("a", max_new_tokens=2, num_beams=2)
+    with pytest.raises(
+        TypeError, match=r"\['batch_size'\]; the batch size is compiled: .*pipeline\(\.\.\., batch_size=N\)"
+    ):
+        ours("a", max_new_tokens=2, batch_size=8)
+
+
+def test_max_length_counts_the_prompt_as_transformers(pipes):
+    import transformers
+
+    ours, shared_ref = pipes
+    # its own transformers pipeline: a transformers pipeline keeps the keywords of every call for the next
+    ref = transformers.pipeline("text-generation", model=shared_ref.model, tokenizer=shared_ref.tokenizer)
+    n = len(ours.tokenizer(PROMPTS[0])["input_ids"])
+    for length in (n + 1, n + 7):
+        got = ours(PROMPTS[0], max_length=length)
+        assert got == ref(PROMPTS[0], max_length=length, do_sample=False), length
+    for fn in (ours, ref):  # no room left for a new token: refused by both
+        with pytest.raises(ValueError, match="max_length"):
+            fn(PROMPTS[0], max_length=n, do_sample=False)
+    (g,) = ours.generate([PROMPTS[0]], max_length=n + 7)
+    assert len(g.tokens) == 7
+    with pytest.raises(ValueError, match="max_length=65 needs 65 positions .* n_positions=64"):
+        ours(PROMPTS[0], max_length=65)
+    with pytest.raises(TypeError, match="max_length must be an int >= 1"):
+        ours(PROMPTS[0], max_length="12")
 
 
 def test_incremental_decoder_never_splits_characters(tmp_path):
