@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -249,6 +250,7 @@ class TextGenerationPipeline:
         for k, v in per_prompt.items():
             if k in PER_PROMPT and isinstance(v, list | tuple) and len(v) != n:
                 raise ValueError(f"{k} has {len(v)} values for {n} prompts; give one value or one per prompt")
+        stop = [stop] if isinstance(stop, str) else stop  # one stop string, not its characters
         if stop:
             for i, s in enumerate(stop):
                 check_text(s, f"stop string {i}")
@@ -324,6 +326,10 @@ class TextGenerationPipeline:
 
     def _new_tokens(self, i: int, p_len: int, asked: int | None, length: int | None = None) -> int:
         room = self.model.n_positions - p_len
+        if asked is not None:  # numpy ints too; 3.5, "3" and True are no counts
+            if isinstance(asked, bool) or not hasattr(asked, "__index__"):
+                raise TypeError(f"max_new_tokens must be an int (or one per prompt), got {asked!r}")
+            asked = operator.index(asked)
         if asked is None and length is not None:
             asked = length - p_len
             if asked < 1:  # as transformers refuses it

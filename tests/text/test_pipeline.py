@@ -98,6 +98,14 @@ def test_pipeline_errors_name_the_prompt(pipes):
         TypeError, match=r"\['batch_size'\]; the batch size is compiled: .*pipeline\(\.\.\., batch_size=N\)"
     ):
         ours("a", max_new_tokens=2, batch_size=8)
+    for bad in (3.5, "3", True):
+        with pytest.raises(TypeError, match="max_new_tokens must be an int"):
+            ours("a", max_new_tokens=bad)
+    (g,) = ours.generate(["a"], max_new_tokens=np.int64(3))
+    assert len(g.tokens) <= 3
+    first = g.text[0]  # one stop string, not its characters (the first of which starts the text)
+    (g,) = ours.generate(["a"], max_new_tokens=3, stop=first + "\u2603")
+    assert g.finish_reason == "length" and g.text.startswith(first)
 
 
 def test_max_length_counts_the_prompt_as_transformers(pipes):
