@@ -88,6 +88,11 @@ def test_adapter_batch_rule(adapter):
         adapter.generate(ids, max_new_tokens=2, epsilon_cutoff=0.1)
     with pytest.raises(TypeError, match="unsupported arguments \\['bogus'\\]; supported: "):
         adapter.generate(ids, max_new_tokens=2, bogus=1)
+    for bad in (2.5, True):  # 2.5 was truncated to 2
+        with pytest.raises(TypeError, match="max_new_tokens must be an int"):
+            adapter.generate(ids, max_new_tokens=bad)
+    with pytest.raises(ValueError, match="max_length=4 leaves no room after the 4-token prompt"):
+        adapter.generate(ids, max_length=4, max_new_tokens=None)
 
 
 @pytest.mark.parametrize(
