@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import operator
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -23,14 +22,14 @@ from aotlm.api.arguments import check_names
 from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.generate import stopping
 from aotlm.generate.constraints import Constraint, Grammars
-from aotlm.generate.params import FIELDS, PER_ROW_FIELDS
+from aotlm.generate.params import FIELDS
 from aotlm.generate.sampler import Sampler
 from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
-from aotlm.text import chats, defaults
+from aotlm.text import call_args, chats, defaults
 from aotlm.text import tokens as text
+from aotlm.text.call_args import PER_PROMPT
 from aotlm.text.unicode import check_text
 
-PER_PROMPT = (*PER_ROW_FIELDS, "seed")  # arguments that take one value per prompt
 DEFAULT_MAX_NEW_TOKENS = 256
 _CALL_HINTS = {  # transformers' call keywords that have another place here
     "num_beams": "; beam search: model.sample(ids, num_beams=N) (a compiled batch of prompts x N rows) or "
@@ -52,33 +51,6 @@ class Generation:
     seconds: float  # wall time of its batch
     extra: dict = field(default_factory=dict)
     prompt_ids: list[int] = field(default_factory=list)  # the prompt's token ids, as encoded
-
-
-def _text_prompts(text_inputs) -> list[str]:
-    listed = isinstance(text_inputs, list | tuple)
-    wrong = [p for p in text_inputs if not isinstance(p, str)] if listed else [text_inputs]
-    if wrong:
-        got = ("a list holding " if listed else "") + type(wrong[0]).__name__
-        raise TypeError(
-            "text_inputs must be a string, a list of strings, a chat (a list of {'role', 'content'} "
-            f"messages) or a list of chats; got {got}"
-        )
-    return list(text_inputs)
-
-
-def _return_type(full_text: bool | None, text: bool | None, tensors: bool | None) -> str:
-    """transformers' reading of the three flags: "full", "new" or "ids" (the first one given wins,
-    and they exclude each other, as in its ``_sanitize_parameters``)."""
-    if full_text is not None:
-        if text is not None or tensors is not None:
-            other = "return_text" if text is not None else "return_tensors"
-            raise ValueError(f"return_full_text is mutually exclusive with {other}")
-        return "full" if full_text else "new"
-    if tensors is not None:
-        if text is not None:
-            raise ValueError("return_text is mutually exclusive with return_tensors")
-        return "ids"
-    return "full"
 
 
 def _text_stop(toks, stops: Sequence[str], decode) -> int | None:
@@ -107,35 +79,6 @@ class _TextStop:
     def __call__(self, input_ids, scores, **kwargs) -> bool:
         row = [int(t) for t in input_ids[0][self.p_len :]]
         return bool(row) and any(s in self.decode(row) for s in self.stops)
-
-
-def _max_length(value) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise TypeError(f"max_length must be an int >= 1 (prompt + new tokens), got {value!r}")
-    return value
-
-
-def _repeated(kwargs: dict, n: int, k: int, sampling: bool) -> dict:
-    """``kwargs`` for each of ``n`` prompts repeated ``k`` times (``num_return_sequences``): per-prompt
-    lists repeated, and a given seed made one per copy (seed + j), so the copies differ."""
-    if k == 1:
-        return kwargs
-    if not sampling:
-        raise ValueError(
-            f"greedy search does not support num_return_sequences different than 1 (got {k}): every "
-            "copy would be the same; pass do_sample=True"
-        )
-    out = {}
-    for key, v in kwargs.items():
-        listed = key in PER_PROMPT and isinstance(v, list | tuple)
-        if listed and len(v) != n:
-            raise ValueError(f"{key} has {len(v)} values for {n} prompts; give one value or one per prompt")
-        out[key] = [x for x in v for _ in range(k)] if listed else v
-    seed = kwargs.get("seed")
-    if seed is not None:  # copy j gets seed + j, as sample(num_return_sequences=k) gives its copies
-        seeds = seed if isinstance(seed, list | tuple) else [seed] * n
-        out["seed"] = [(int(s) + j) % 2**32 for s in seeds for j in range(k)]
-    return out
 
 
 def _record(kind: str, full, g: Generation) -> dict:
@@ -190,11 +133,8 @@ class TextGenerationPipeline:
         prompt, each copy its own seed), ``skip_special_tokens``, ``clean_up_tokenization_spaces``,
         ``streamer``.
         """
-        k = kwargs.pop("num_return_sequences", None)
-        k = 1 if k is None else k
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"num_return_sequences must be an int >= 1, got {k!r}")
-        kind = _return_type(return_full_text, return_text, return_tensors)
+        k = call_args.return_sequences(kwargs)
+        kind = call_args.return_type(return_full_text, return_text, return_tensors)
         if stop_sequence is not None:  # transformers' name for stop strings
             if kwargs.get("stop") is not None:
                 raise TypeError("give stop or stop_sequence, not both")
@@ -208,9 +148,9 @@ class TextGenerationPipeline:
             prompts = [chats.render(self.tokenizer, c, f, tools) for c, f in zip(convs, finals, strict=True)]
         else:
             single = isinstance(text_inputs, str)
-            prompts = [text_inputs] if single else _text_prompts(text_inputs)
+            prompts = [text_inputs] if single else call_args.text_prompts(text_inputs)
         sampling = bool(defaults.merged(self.defaults, kwargs).get("do_sample"))
-        kwargs = _repeated(kwargs, len(prompts), k, sampling)
+        kwargs = call_args.repeated(kwargs, len(prompts), k, sampling)
         gens = self.generate([p for p in prompts for _ in range(k)], **kwargs)
         if convs is not None:
             texts = [chats.reply(convs[i // k], g.text, finals[i // k]) for i, g in enumerate(gens)]
@@ -273,7 +213,10 @@ class TextGenerationPipeline:
         decode_kw = dict(
             skip_special=skip_special_tokens, cleanup=clean_up_tokenization_spaces, stops=tuple(stop or ())
         )
-        length = _max_length(generation_kwargs.pop("max_length", None))  # prompt + new, as transformers
+        given = {k: generation_kwargs.pop(k, None) for k in ("eos_token_id", "pad_token_id", "max_length")}
+        decode_kw["eos"] = call_args.token_ids(given["eos_token_id"], "eos_token_id", self.eos)
+        decode_kw["pad"] = call_args.pad_id(given["pad_token_id"])
+        length = call_args.max_length(given["max_length"])  # prompt + new tokens, as transformers
         new = [self._new_tokens(i, len(r), self._pick(max_new_tokens, i), length) for i, r in enumerate(rows)]
         b = self.model.batch_size
         order = sorted(range(n), key=lambda i: len(rows[i]))  # stable: equal lengths keep input order
@@ -326,10 +269,7 @@ class TextGenerationPipeline:
 
     def _new_tokens(self, i: int, p_len: int, asked: int | None, length: int | None = None) -> int:
         room = self.model.n_positions - p_len
-        if asked is not None:  # numpy ints too; 3.5, "3" and True are no counts
-            if isinstance(asked, bool) or not hasattr(asked, "__index__"):
-                raise TypeError(f"max_new_tokens must be an int (or one per prompt), got {asked!r}")
-            asked = operator.index(asked)
+        asked = call_args.new_tokens(asked)
         if asked is None and length is not None:
             asked = length - p_len
             if asked < 1:  # as transformers refuses it
@@ -362,13 +302,13 @@ class TextGenerationPipeline:
             )
         return int(asked)
 
-    def _run(self, rows, new, kwargs, streamer, skip_special, cleanup, stops) -> list[Generation]:
-        pad = self.tokenizer.pad_token_id
-        pad = int(pad) if pad is not None else (self.eos[0] if self.eos else 0)
+    def _run(self, rows, new, kwargs, streamer, skip_special, cleanup, stops, eos, pad) -> list[Generation]:
+        pad = self.tokenizer.pad_token_id if pad is None else pad
+        pad = int(pad) if pad is not None else (eos[0] if eos else 0)
         ids, mask = text.left_pad(rows, pad)
         p_len = ids.shape[1]
         call = dict(kwargs, attention_mask=mask, max_new_tokens=new, return_dict=True, streamer=streamer)
-        call.update(eos_token_id=self.eos or None, pad_token_id=pad)
+        call.update(eos_token_id=eos or None, pad_token_id=pad)
         decode = functools.partial(
             self.tokenizer.decode, skip_special_tokens=skip_special, clean_up_tokenization_spaces=cleanup
         )
@@ -387,7 +327,7 @@ class TextGenerationPipeline:
         reasons = list(out.finish_reason)
         gens = []
         for r, row in enumerate(seqs[: len(rows)]):
-            toks = text.cut_at_eos(row[p_len : p_len + new[r]], self.eos)
+            toks = text.cut_at_eos(row[p_len : p_len + new[r]], eos)
             reason = reasons[r]
             k = _text_stop(toks, stops, decode)
             if k is not None:  # a stop string the token match missed (other tokens spell it): cut there

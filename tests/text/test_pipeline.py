@@ -313,3 +313,21 @@ def test_num_return_sequences_as_transformers(pipes):
     ]  # copy 0: the seed given
     with pytest.raises(ValueError, match="num_return_sequences must be an int >= 1, got 0"):
         ours(PROMPTS[0], num_return_sequences=0, **kw)
+
+
+def test_an_eos_given_to_a_call_ends_generation_as_transformers(pipes):
+    import transformers
+
+    ours, shared_ref = pipes
+    ref = transformers.pipeline("text-generation", model=shared_ref.model, tokenizer=shared_ref.tokenizer)
+    (greedy,) = ours.generate([PROMPTS[0]], max_new_tokens=8)
+    t = greedy.tokens
+    k = next(i for i in range(1, len(t)) if t[i] not in t[:i])
+    eos = int(t[k])  # an ordinary token of the greedy text, first seen at k (it was silently ignored)
+    for given in (eos, [999, eos]):
+        got = ours(PROMPTS[0], max_new_tokens=8, eos_token_id=given)
+        assert got == ref(PROMPTS[0], max_new_tokens=8, eos_token_id=given, do_sample=False), given
+    (g,) = ours.generate([PROMPTS[0]], max_new_tokens=8, eos_token_id=eos, pad_token_id=1)
+    assert g.tokens == t[: k + 1] and g.finish_reason == "eos"
+    with pytest.raises(TypeError, match="eos_token_id must be a token id"):
+        ours(PROMPTS[0], max_new_tokens=2, eos_token_id="2")

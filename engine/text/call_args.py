@@ -1,0 +1,103 @@
+"""The pipeline's call arguments read as transformers reads them: prompts, the return flags, token
+ids, lengths, and ``num_return_sequences``' copies; each wrong value is a one-line error naming it."""
+
+from __future__ import annotations
+
+import operator
+
+from aotlm.generate.params import PER_ROW_FIELDS
+
+PER_PROMPT = (*PER_ROW_FIELDS, "seed")  # arguments that take one value per prompt
+
+
+def text_prompts(text_inputs) -> list[str]:
+    listed = isinstance(text_inputs, list | tuple)
+    wrong = [p for p in text_inputs if not isinstance(p, str)] if listed else [text_inputs]
+    if wrong:
+        got = ("a list holding " if listed else "") + type(wrong[0]).__name__
+        raise TypeError(
+            "text_inputs must be a string, a list of strings, a chat (a list of {'role', 'content'} "
+            f"messages) or a list of chats; got {got}"
+        )
+    return list(text_inputs)
+
+
+def return_type(full_text: bool | None, text: bool | None, tensors: bool | None) -> str:
+    """transformers' reading of the three flags: "full", "new" or "ids" (the first one given wins,
+    and they exclude each other, as in its ``_sanitize_parameters``)."""
+    if full_text is not None:
+        if text is not None or tensors is not None:
+            other = "return_text" if text is not None else "return_tensors"
+            raise ValueError(f"return_full_text is mutually exclusive with {other}")
+        return "full" if full_text else "new"
+    if tensors is not None:
+        if text is not None:
+            raise ValueError("return_text is mutually exclusive with return_tensors")
+        return "ids"
+    return "full"
+
+
+def token_ids(given, name: str, default: list) -> list:
+    """``eos_token_id`` / ``pad_token_id`` given to a call: one id or a list of them (None: ``default``)."""
+    if given is None:
+        return default
+    ids = [given] if hasattr(given, "__index__") else given
+    if not isinstance(ids, list | tuple) or any(
+        isinstance(t, bool) or not hasattr(t, "__index__") for t in ids
+    ):
+        raise TypeError(f"{name} must be a token id (an int) or a list of them, got {given!r}")
+    return [operator.index(t) for t in ids]
+
+
+def max_length(value) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise TypeError(f"max_length must be an int >= 1 (prompt + new tokens), got {value!r}")
+    return value
+
+
+def repeated(kwargs: dict, n: int, k: int, sampling: bool) -> dict:
+    """``kwargs`` for each of ``n`` prompts repeated ``k`` times (``num_return_sequences``): per-prompt
+    lists repeated, and a given seed made one per copy (seed + j), so the copies differ."""
+    if k == 1:
+        return kwargs
+    if not sampling:
+        raise ValueError(
+            f"greedy search does not support num_return_sequences different than 1 (got {k}): every "
+            "copy would be the same; pass do_sample=True"
+        )
+    out = {}
+    for key, v in kwargs.items():
+        listed = key in PER_PROMPT and isinstance(v, list | tuple)
+        if listed and len(v) != n:
+            raise ValueError(f"{key} has {len(v)} values for {n} prompts; give one value or one per prompt")
+        out[key] = [x for x in v for _ in range(k)] if listed else v
+    seed = kwargs.get("seed")
+    if seed is not None:  # copy j gets seed + j, as sample(num_return_sequences=k) gives its copies
+        seeds = seed if isinstance(seed, list | tuple) else [seed] * n
+        out["seed"] = [(int(s) + j) % 2**32 for s in seeds for j in range(k)]
+    return out
+
+
+def new_tokens(value) -> int | None:
+    """A ``max_new_tokens`` given to a call: None or an int (numpy ints too; 3.5, "3", True: no counts)."""
+    if value is not None:
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise TypeError(f"max_new_tokens must be an int (or one per prompt), got {value!r}")
+        value = operator.index(value)
+    return value
+
+
+def pad_id(given) -> int | None:
+    """A ``pad_token_id`` given to a call: None or one token id."""
+    if given is not None and (isinstance(given, bool) or not hasattr(given, "__index__")):
+        raise TypeError(f"pad_token_id must be a token id (an int), got {given!r}")
+    return None if given is None else operator.index(given)
+
+
+def return_sequences(kwargs: dict) -> int:
+    """``num_return_sequences`` taken out of ``kwargs`` (default 1)."""
+    k = kwargs.pop("num_return_sequences", None)
+    k = 1 if k is None else k
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"num_return_sequences must be an int >= 1, got {k!r}")
+    return k
