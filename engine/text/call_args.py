@@ -3,9 +3,10 @@ ids, lengths, and ``num_return_sequences``' copies; each wrong value is a one-li
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
-from aotlm.generate.params import PER_ROW_FIELDS
+from aotlm.generate.params import PER_ROW_FIELDS, GenerationConfig
 
 PER_PROMPT = (*PER_ROW_FIELDS, "seed")  # arguments that take one value per prompt
 
@@ -101,3 +102,52 @@ def return_sequences(kwargs: dict) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"num_return_sequences must be an int >= 1, got {k!r}")
     return k
+
+
+# what a transformers GenerationConfig may set that changes nothing a pipeline returns
+_NO_EFFECT = {
+    "transformers_version",
+    "_from_model_config",
+    "bos_token_id",
+    "decoder_start_token_id",
+    "use_cache",
+    "cache_implementation",
+    "output_scores",
+    "output_logits",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict_in_generate",
+}
+
+
+def _is_set(value, default) -> bool:
+    if value is None or value is default:
+        return False
+    try:
+        return bool(value != default)
+    except ValueError:  # an array of per-row values
+        return True
+
+
+def with_config(kwargs: dict) -> dict:
+    """``kwargs`` with a ``generation_config`` given to the call spread into keywords (the ones given
+    win): aotlm's ``GenerationConfig`` (its fields set away from the defaults) or transformers' (what
+    it sets); a field the pipeline does not apply is then named by the keyword check."""
+    config = kwargs.get("generation_config")
+    if config is None:
+        return kwargs
+    if isinstance(config, GenerationConfig):
+        fields = {
+            f.name: getattr(config, f.name)
+            for f in dataclasses.fields(config)
+            if _is_set(getattr(config, f.name), f.default)
+        }
+    elif callable(getattr(config, "to_diff_dict", None)):  # transformers.GenerationConfig
+        fields = {k: v for k, v in config.to_diff_dict().items() if k not in _NO_EFFECT}
+    else:
+        raise TypeError(
+            "generation_config must be an aotlm.GenerationConfig or a transformers GenerationConfig, "
+            f"got {type(config).__name__}"
+        )
+    rest = {k: v for k, v in kwargs.items() if k != "generation_config" and v is not None}
+    return {**fields, **rest}

@@ -35,6 +35,7 @@ _CALL_HINTS = {  # transformers' call keywords that have another place here
     "num_beams": "; beam search: model.sample(ids, num_beams=N) (a compiled batch of prompts x N rows) or "
     "the HF adapter's generate()",
     "batch_size": "; the batch size is compiled: give it when loading, aotlm.pipeline(..., batch_size=N)",
+    "attention_mask": "; the pipeline pads the prompts and makes their mask (token ids: model.sample())",
 }  # transformers' pipeline default, capped to what the model was compiled for
 
 
@@ -88,8 +89,10 @@ def _record(kind: str, full, g: Generation) -> dict:
 
 
 def _sample_params(model) -> set[str]:
-    """The keyword arguments ``model.sample`` takes (its signature plus GenerationConfig fields)."""
-    return set(inspect.signature(model.sample).parameters) | FIELDS
+    """The keyword arguments ``model.sample`` takes (its signature plus GenerationConfig fields) less
+    those the pipeline makes itself (the padded ids and their mask, the result's form)."""
+    made = {"self", "input_ids", "generation_kwargs", "attention_mask", "return_dict"}
+    return (set(inspect.signature(model.sample).parameters) | FIELDS) - made
 
 
 class TextGenerationPipeline:
@@ -133,6 +136,7 @@ class TextGenerationPipeline:
         prompt, each copy its own seed), ``skip_special_tokens``, ``clean_up_tokenization_spaces``,
         ``streamer``.
         """
+        kwargs = call_args.with_config(kwargs)
         k = call_args.return_sequences(kwargs)
         kind = call_args.return_type(return_full_text, return_text, return_tensors)
         if stop_sequence is not None:  # transformers' name for stop strings
@@ -183,6 +187,10 @@ class TextGenerationPipeline:
 
         Time to first token is measured by ``sample()`` (``GenerateOutput.time_to_first_token``).
         """
+        generation_kwargs = call_args.with_config(generation_kwargs)
+        if max_new_tokens is None:  # from a generation_config
+            max_new_tokens = generation_kwargs.pop("max_new_tokens", None)
+        generation_kwargs.pop("max_new_tokens", None)
         rows = text.encode(self.tokenizer, prompts, add_special_tokens)
         n = len(rows)
         generation_kwargs = defaults.merged(self.defaults, generation_kwargs)
@@ -202,8 +210,7 @@ class TextGenerationPipeline:
         if unknown:
             hints = "".join(h for k, h in _CALL_HINTS.items() if k in unknown)
             raise TypeError(
-                f"pipeline() does not take {sorted(unknown)}{hints}; it takes: "
-                f"{sorted(self._sample_params - {'self', 'input_ids', 'generation_kwargs'})}"
+                f"pipeline() does not take {sorted(unknown)}{hints}; it takes: {sorted(self._sample_params)}"
             )
         if streamer is not None and n != 1:
             raise ValueError(f"a streamer follows one prompt, got {n}")

@@ -63,3 +63,20 @@ def test_copies_repeat_per_prompt_values_and_get_seeds_of_their_own():
     for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match="num_return_sequences must be an int >= 1"):
             call_args.return_sequences({"num_return_sequences": bad})
+
+
+def test_a_generation_config_becomes_keywords_under_the_ones_given():
+    import transformers
+
+    from aotlm import GenerationConfig
+
+    assert call_args.with_config({"top_k": 3}) == {"top_k": 3}
+    ours = GenerationConfig(max_new_tokens=5, do_sample=True, seed=2)
+    got = call_args.with_config({"generation_config": ours, "seed": 7, "top_p": None})
+    assert got == {"max_new_tokens": 5, "do_sample": True, "seed": 7}
+    theirs = transformers.GenerationConfig(max_new_tokens=5, num_beams=2, output_scores=True)
+    assert call_args.with_config({"generation_config": theirs}) == {"max_new_tokens": 5, "num_beams": 2}
+    with pytest.raises(
+        TypeError, match="generation_config must be an aotlm.GenerationConfig or a transformers"
+    ):
+        call_args.with_config({"generation_config": {"max_new_tokens": 5}})

@@ -331,3 +331,18 @@ def test_an_eos_given_to_a_call_ends_generation_as_transformers(pipes):
     assert g.tokens == t[: k + 1] and g.finish_reason == "eos"
     with pytest.raises(TypeError, match="eos_token_id must be a token id"):
         ours(PROMPTS[0], max_new_tokens=2, eos_token_id="2")
+
+
+def test_a_generation_config_applies_as_transformers(pipes):
+    import transformers
+
+    ours, shared_ref = pipes
+    ref = transformers.pipeline("text-generation", model=shared_ref.model, tokenizer=shared_ref.tokenizer)
+    config = transformers.GenerationConfig(max_new_tokens=5, do_sample=False)
+    assert ours(PROMPTS[:2], generation_config=config) == ref(PROMPTS[:2], generation_config=config)
+    (g,) = ours.generate([PROMPTS[0]], generation_config=aotlm.GenerationConfig(max_new_tokens=3))
+    assert len(g.tokens) == 3  # it was overridden by the pipeline's default length
+    (h,) = ours.generate(
+        [PROMPTS[0]], max_new_tokens=4, generation_config=aotlm.GenerationConfig(max_new_tokens=3)
+    )
+    assert len(h.tokens) == 4  # a keyword given wins
