@@ -30,13 +30,13 @@ from aotlm.text import tokens as text
 from aotlm.text.call_args import PER_PROMPT
 from aotlm.text.unicode import check_text
 
-DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_MAX_NEW_TOKENS = 256  # transformers' pipeline default, capped to what the model was compiled for
 _CALL_HINTS = {  # transformers' call keywords that have another place here
     "num_beams": "; beam search: model.sample(ids, num_beams=N) (a compiled batch of prompts x N rows) or "
     "the HF adapter's generate()",
     "batch_size": "; the batch size is compiled: give it when loading, aotlm.pipeline(..., batch_size=N)",
     "attention_mask": "; the pipeline pads the prompts and makes their mask (token ids: model.sample())",
-}  # transformers' pipeline default, capped to what the model was compiled for
+}
 
 
 @dataclass
