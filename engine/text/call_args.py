@@ -7,6 +7,7 @@ import dataclasses
 import operator
 
 from aotlm.generate.params import PER_ROW_FIELDS, GenerationConfig
+from aotlm.text.defaults import NO_EFFECT
 
 PER_PROMPT = (*PER_ROW_FIELDS, "seed")  # arguments that take one value per prompt
 
@@ -104,22 +105,6 @@ def return_sequences(kwargs: dict) -> int:
     return k
 
 
-# what a transformers GenerationConfig may set that changes nothing a pipeline returns
-_NO_EFFECT = {
-    "transformers_version",
-    "_from_model_config",
-    "bos_token_id",
-    "decoder_start_token_id",
-    "use_cache",
-    "cache_implementation",
-    "output_scores",
-    "output_logits",
-    "output_attentions",
-    "output_hidden_states",
-    "return_dict_in_generate",
-}
-
-
 def _is_set(value, default) -> bool:
     if value is None or value is default:
         return False
@@ -143,7 +128,7 @@ def with_config(kwargs: dict) -> dict:
             if _is_set(getattr(config, f.name), f.default)
         }
     elif callable(getattr(config, "to_diff_dict", None)):  # transformers.GenerationConfig
-        fields = {k: v for k, v in config.to_diff_dict().items() if k not in _NO_EFFECT}
+        fields = {k: v for k, v in config.to_diff_dict().items() if k not in NO_EFFECT}
     else:
         raise TypeError(
             "generation_config must be an aotlm.GenerationConfig or a transformers GenerationConfig, "

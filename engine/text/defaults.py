@@ -22,21 +22,27 @@ log = logging.getLogger("aotlm")
 HF_DEFAULTS = sampler_params.HF_DEFAULTS
 WARPERS = sampler_params.WARPERS
 LENGTH_KEYS = ("max_new_tokens", "max_length")
-# fields a generation_config.json may hold that do not change what aotlm generates
-_INERT = {
-    "bos_token_id",
-    "eos_token_id",  # read by tokens.eos_ids
+# fields a generation config may set that change nothing aotlm generates or returns
+NO_EFFECT = frozenset(
+    {
+        "bos_token_id",
+        "decoder_start_token_id",
+        "transformers_version",
+        "_from_model_config",
+        "use_cache",
+        "cache_implementation",
+        "output_scores",
+        "output_logits",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict_in_generate",
+    }
+)
+# ... and in a checkpoint's generation_config.json also these (eos: read by tokens.eos_ids; the rest
+# belong to beam search and several sequences, which the defaults do not start)
+_INERT = NO_EFFECT | {
+    "eos_token_id",
     "pad_token_id",
-    "decoder_start_token_id",
-    "transformers_version",
-    "_from_model_config",
-    "use_cache",
-    "cache_implementation",
-    "output_scores",
-    "output_logits",
-    "output_attentions",
-    "output_hidden_states",
-    "return_dict_in_generate",
     "num_beams",
     "num_return_sequences",
     "length_penalty",
