@@ -39,22 +39,29 @@ def return_type(full_text: bool | None, text: bool | None, tensors: bool | None)
     return "full"
 
 
+def integer(value, error: str) -> int:
+    """``value`` as an int (numpy's too); a float, a string or a bool is ``TypeError(error)``."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(error)
+    return operator.index(value)
+
+
 def token_ids(given, name: str, default: list) -> list:
-    """``eos_token_id`` / ``pad_token_id`` given to a call: one id or a list of them (None: ``default``)."""
+    """``eos_token_id`` given to a call: one id or a list of them (None: ``default``)."""
     if given is None:
         return default
+    error = f"{name} must be a token id (an int) or a list of them, got {given!r}"
     ids = [given] if hasattr(given, "__index__") else given
-    if not isinstance(ids, list | tuple) or any(
-        isinstance(t, bool) or not hasattr(t, "__index__") for t in ids
-    ):
-        raise TypeError(f"{name} must be a token id (an int) or a list of them, got {given!r}")
-    return [operator.index(t) for t in ids]
+    if not isinstance(ids, list | tuple):
+        raise TypeError(error)
+    return [integer(t, error) for t in ids]
 
 
 def max_length(value) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise TypeError(f"max_length must be an int >= 1 (prompt + new tokens), got {value!r}")
-    return value
+    error = f"max_length must be an int >= 1 (prompt + new tokens), got {value!r}"
+    if value is not None and integer(value, error) < 1:
+        raise TypeError(error)
+    return None if value is None else operator.index(value)
 
 
 def repeated(kwargs: dict, n: int, k: int, sampling: bool) -> dict:
@@ -82,18 +89,16 @@ def repeated(kwargs: dict, n: int, k: int, sampling: bool) -> dict:
 
 def new_tokens(value) -> int | None:
     """A ``max_new_tokens`` given to a call: None or an int (numpy ints too; 3.5, "3", True: no counts)."""
-    if value is not None:
-        if isinstance(value, bool) or not hasattr(value, "__index__"):
-            raise TypeError(f"max_new_tokens must be an int (or one per prompt), got {value!r}")
-        value = operator.index(value)
-    return value
+    if value is None:
+        return None
+    return integer(value, f"max_new_tokens must be an int (or one per prompt), got {value!r}")
 
 
 def pad_id(given) -> int | None:
     """A ``pad_token_id`` given to a call: None or one token id."""
-    if given is not None and (isinstance(given, bool) or not hasattr(given, "__index__")):
-        raise TypeError(f"pad_token_id must be a token id (an int), got {given!r}")
-    return None if given is None else operator.index(given)
+    if given is None:
+        return None
+    return integer(given, f"pad_token_id must be a token id (an int), got {given!r}")
 
 
 def return_sequences(kwargs: dict) -> int:

@@ -18,13 +18,13 @@ numbers, before any device work.
 from __future__ import annotations
 
 import copy
-import operator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from aotlm.core import sampler_params
+from aotlm.text.call_args import integer
 
 _NO_OPS = {  # transformers' generation arguments with their no-op values
     "num_beam_groups": (1, None),
@@ -145,11 +145,9 @@ class HuggingFaceGenerationModelAdapter:
         nb, nrs = int(cfg.num_beams or 1), int(cfg.num_return_sequences or 1)
         self._check_rows(n, nb, nrs)
         _check_outputs(cfg, nb)
-        new = (
-            _count(cfg, "max_new_tokens")
-            if cfg.max_new_tokens is not None
-            else _count(cfg, "max_length") - plen
-        )
+        name = "max_new_tokens" if cfg.max_new_tokens is not None else "max_length"
+        count = integer(getattr(cfg, name), f"{name} must be an int, got {getattr(cfg, name)!r}")
+        new = count if name == "max_new_tokens" else count - plen
         if new < 1:
             raise ValueError(f"max_length={cfg.max_length} leaves no room after the {plen}-token prompt")
         call: dict = dict(
@@ -261,13 +259,6 @@ def _prompts(input_ids, attention_mask, cfg) -> tuple[np.ndarray, np.ndarray, li
 
 
 _OUTPUTS = ("output_attentions", "output_hidden_states", "output_logits")
-
-
-def _count(cfg, name: str) -> int:
-    value = getattr(cfg, name)
-    if isinstance(value, bool) or not hasattr(value, "__index__"):  # 3.5 is no count of tokens
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    return operator.index(value)
 
 
 def _check_outputs(cfg, nb: int) -> None:

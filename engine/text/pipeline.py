@@ -188,9 +188,8 @@ class TextGenerationPipeline:
         Time to first token is measured by ``sample()`` (``GenerateOutput.time_to_first_token``).
         """
         generation_kwargs = call_args.with_config(generation_kwargs)
-        if max_new_tokens is None:  # from a generation_config
-            max_new_tokens = generation_kwargs.pop("max_new_tokens", None)
-        generation_kwargs.pop("max_new_tokens", None)
+        from_config = generation_kwargs.pop("max_new_tokens", None)
+        max_new_tokens = from_config if max_new_tokens is None else max_new_tokens
         rows = text.encode(self.tokenizer, prompts, add_special_tokens)
         n = len(rows)
         generation_kwargs = defaults.merged(self.defaults, generation_kwargs)
