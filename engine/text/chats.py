@@ -39,14 +39,23 @@ def continues(chat: Sequence[dict], continue_final_message: bool | None) -> bool
     return bool(continue_final_message)
 
 
-def render(tokenizer, chat: Sequence[dict], final: bool, tools: Sequence[dict] | None = None) -> str:
-    """The chat's prompt text (encode it without added special tokens: the template writes them)."""
+def render(
+    tokenizer,
+    chat: Sequence[dict],
+    final: bool,
+    tools: Sequence[dict] | None = None,
+    documents: Sequence[dict] | None = None,
+) -> str:
+    """The chat's prompt text (encode it without added special tokens: the template writes them);
+    ``tools`` and ``documents`` (retrieval documents, for templates that take them) go to the template."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "the tokenizer has no chat template (a base model?): give the prompt as text, or a tokenizer "
             "with a chat_template"
         )
     kw = {"tools": list(tools)} if tools else {}
+    if documents:
+        kw["documents"] = list(documents)
     try:
         return tokenizer.apply_chat_template(
             list(chat), tokenize=False, add_generation_prompt=not final, continue_final_message=final, **kw

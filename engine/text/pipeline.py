@@ -25,12 +25,11 @@ from aotlm.generate.constraints import Constraint, Grammars
 from aotlm.generate.params import FIELDS
 from aotlm.generate.sampler import Sampler
 from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
-from aotlm.text import call_args, chats, defaults
+from aotlm.text import call_args, chats, defaults, lengths, preprocess
 from aotlm.text import tokens as text
 from aotlm.text.call_args import PER_PROMPT
 from aotlm.text.unicode import check_text
 
-DEFAULT_MAX_NEW_TOKENS = 256  # transformers' pipeline default, capped to what the model was compiled for
 _CALL_HINTS = {  # transformers' call keywords that have another place here
     "num_beams": "; beam search: model.sample(ids, num_beams=N) (a compiled batch of prompts x N rows) or "
     "the HF adapter's generate()",
@@ -106,8 +105,9 @@ class TextGenerationPipeline:
         # the checkpoint's generation_config.json: defaults under explicit arguments (text.defaults)
         found = defaults.sampling_defaults(model.path)
         self.defaults = {k: v for k, v in found.items() if k not in defaults.LENGTH_KEYS}
-        self.default_new = found.get("max_new_tokens")
-        self.default_length = found.get("max_length")
+        self.lengths = lengths.Lengths(
+            model.n_positions, found.get("max_new_tokens"), found.get("max_length")
+        )
         self._sample_params = _sample_params(model)
         self._grammars: Grammars | None = None  # structured outputs, built on first use
 
@@ -121,6 +121,12 @@ class TextGenerationPipeline:
         return_text: bool | None = None,
         return_tensors: bool | None = None,
         stop_sequence: str | Sequence[str] | None = None,
+        prefix: str | None = None,
+        handle_long_generation: str | None = None,
+        truncation: bool | str | None = None,
+        padding: bool | str | None = None,
+        tokenizer_encode_kwargs: dict | None = None,
+        documents: Sequence[dict] | None = None,
         **kwargs,
     ):
         """``[{"generated_text": ...}]`` for one prompt or chat, ``[[{...}], ...]`` for a list.
@@ -134,8 +140,11 @@ class TextGenerationPipeline:
         Other keywords: ``max_new_tokens``, the sampling parameters of ``sample()``, ``stop`` (or
         ``stop_sequence``: strings), ``num_return_sequences`` (with sampling: that many records per
         prompt, each copy its own seed), ``skip_special_tokens``, ``clean_up_tokenization_spaces``,
-        ``streamer``.
+        ``streamer``; transformers' prompt options ``prefix``, ``handle_long_generation``, ``truncation``,
+        ``padding``, ``tokenizer_encode_kwargs`` (:mod:`aotlm.text.preprocess`) and, for chats, ``documents``.
         """
+        length = kwargs.get("max_length")
+        encode = preprocess.tokenizer_kwargs(truncation, padding, length, tokenizer_encode_kwargs)
         kwargs = call_args.with_config(kwargs)
         k = call_args.return_sequences(kwargs)
         kind = call_args.return_type(return_full_text, return_text, return_tensors)
@@ -147,14 +156,23 @@ class TextGenerationPipeline:
             text_inputs = list(text_inputs)
         convs, single = chats.split(text_inputs)
         if convs is not None:
+            if prefix:
+                raise ValueError("prefix goes before a text prompt; begin a chat with a system message")
             kwargs.pop("add_special_tokens", None)  # the template writes them (transformers ignores it too)
+            encode.pop("add_special_tokens", None)
             finals = [chats.continues(c, continue_final_message) for c in convs]
-            prompts = [chats.render(self.tokenizer, c, f, tools) for c, f in zip(convs, finals, strict=True)]
+            render = functools.partial(chats.render, self.tokenizer, tools=tools, documents=documents)
+            prompts = [render(c, f) for c, f in zip(convs, finals, strict=True)]
         else:
+            if tools is not None or documents is not None:
+                raise ValueError("tools and documents go to a chat template: give the prompt as a chat")
             single = isinstance(text_inputs, str)
             prompts = [text_inputs] if single else call_args.text_prompts(text_inputs)
         sampling = bool(defaults.merged(self.defaults, kwargs).get("do_sample"))
         kwargs = call_args.repeated(kwargs, len(prompts), k, sampling)
+        kwargs.update(prefix=prefix, handle_long_generation=handle_long_generation, tokenizer_kwargs=encode)
+        if "add_special_tokens" in encode:
+            kwargs["add_special_tokens"] = encode.pop("add_special_tokens")
         gens = self.generate([p for p in prompts for _ in range(k)], **kwargs)
         if convs is not None:
             texts = [chats.reply(convs[i // k], g.text, finals[i // k]) for i, g in enumerate(gens)]
@@ -176,6 +194,9 @@ class TextGenerationPipeline:
         add_special_tokens: bool = True,
         json_schema=None,
         constraint=None,
+        prefix: str | None = None,
+        handle_long_generation: str | None = None,
+        tokenizer_kwargs: dict | None = None,
         **generation_kwargs,
     ) -> list[Generation]:
         """Generate for every prompt; results in input order (see the module docstring).
@@ -183,28 +204,25 @@ class TextGenerationPipeline:
         ``add_special_tokens=False`` for prompts that hold their own (a chat template's text).
         Structured outputs: ``json_schema`` (a dict or JSON text) or ``constraint`` (an
         ``aotlm.generate.constraints.Constraint``: regex, grammar, any JSON object), one for
-        every prompt or a list with one (or None) per prompt.
+        every prompt or a list with one (or None) per prompt. ``prefix``, ``handle_long_generation``
+        and ``tokenizer_kwargs``: transformers' prompt options (:mod:`aotlm.text.preprocess`).
 
         Time to first token is measured by ``sample()`` (``GenerateOutput.time_to_first_token``).
         """
         generation_kwargs = call_args.with_config(generation_kwargs)
         from_config = generation_kwargs.pop("max_new_tokens", None)
         max_new_tokens = from_config if max_new_tokens is None else max_new_tokens
-        rows = text.encode(self.tokenizer, prompts, add_special_tokens)
+        hole = preprocess.hole_check(handle_long_generation)
+        rows, offset = self._encode(prompts, add_special_tokens, prefix, tokenizer_kwargs or {})
         n = len(rows)
-        generation_kwargs = defaults.merged(self.defaults, generation_kwargs)
+        generation_kwargs = preprocess.shifted(defaults.merged(self.defaults, generation_kwargs), offset)
         per_prompt = {"max_new_tokens": max_new_tokens, **generation_kwargs}
         for k, v in per_prompt.items():
             if k in PER_PROMPT and isinstance(v, list | tuple) and len(v) != n:
                 raise ValueError(f"{k} has {len(v)} values for {n} prompts; give one value or one per prompt")
         stop = [stop] if isinstance(stop, str) else stop  # one stop string, not its characters
         if stop:
-            for i, s in enumerate(stop):
-                check_text(s, f"stop string {i}")
-            stops = [self.tokenizer.encode(s, add_special_tokens=False) for s in stop]
-            if any(not s for s in stops):
-                raise ValueError("a stop string is empty; give at least one character")
-            generation_kwargs["stop_sequences"] = stops
+            generation_kwargs["stop_sequences"] = self._stop_ids(stop)
         unknown = set(generation_kwargs) - self._sample_params
         if unknown:
             hints = "".join(h for k, h in _CALL_HINTS.items() if k in unknown)
@@ -223,7 +241,7 @@ class TextGenerationPipeline:
         decode_kw["eos"] = call_args.token_ids(given["eos_token_id"], "eos_token_id", self.eos)
         decode_kw["pad"] = call_args.pad_id(given["pad_token_id"])
         length = call_args.max_length(given["max_length"])  # prompt + new tokens, as transformers
-        new = [self._new_tokens(i, len(r), self._pick(max_new_tokens, i), length) for i, r in enumerate(rows)]
+        rows, new = self._counts(rows, max_new_tokens, length, offset, hole)
         b = self.model.batch_size
         order = sorted(range(n), key=lambda i: len(rows[i]))  # stable: equal lengths keep input order
         batches = [order[s : s + b] for s in range(0, n, b)]
@@ -240,6 +258,41 @@ class TextGenerationPipeline:
     @staticmethod
     def _pick(value, i: int):
         return value[i] if isinstance(value, list | tuple) else value
+
+    def _encode(self, prompts, add_special_tokens: bool, prefix, tokenizer_kwargs: dict):
+        """``(rows, offset)``: each prompt's ids (after ``prefix`` when given), the prefix's token count."""
+        if prefix is None or prefix == "":
+            return text.encode(self.tokenizer, prompts, add_special_tokens, **tokenizer_kwargs), 0
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a string, got {type(prefix).__name__}")
+        check_text(prefix, "prefix")
+        for i, p in enumerate(prompts):  # named as given (not with the prefix before them)
+            if not isinstance(p, str):
+                raise TypeError(f"prompt {i} must be a string, got {type(p).__name__}")
+        joined = [prefix + p for p in prompts]
+        rows = text.encode(self.tokenizer, joined, add_special_tokens, **tokenizer_kwargs)
+        return rows, len(self.tokenizer(prefix, add_special_tokens=False)["input_ids"])
+
+    def _counts(self, rows, max_new_tokens, length: int | None, offset: int, hole: bool):
+        """``(rows, new)``: each prompt's new-token count (``self.lengths``' rules), the prompts cut
+        first to leave room for it with ``hole``; a prefix's tokens count in ``max_length`` too."""
+        asked = [self._pick(max_new_tokens, i) for i in range(len(rows))]
+        if length is not None and max_new_tokens is None:
+            length += offset
+        if hole:  # counted before the cut, then given as max_new_tokens
+            asked = [self.lengths.wanted(i, len(r), asked[i], length, offset) for i, r in enumerate(rows)]
+            limit = min(self.model.n_positions, getattr(self.tokenizer, "model_max_length", None) or 1 << 62)
+            rows, length = preprocess.hole(rows, asked, limit), None
+        count = self.lengths.new_tokens
+        return rows, [count(i, len(r), asked[i], length, offset) for i, r in enumerate(rows)]
+
+    def _stop_ids(self, stop: Sequence[str]) -> list[list[int]]:
+        for i, s in enumerate(stop):
+            check_text(s, f"stop string {i}")
+        stops = [self.tokenizer.encode(s, add_special_tokens=False) for s in stop]
+        if any(not s for s in stops):
+            raise ValueError("a stop string is empty; give at least one character")
+        return stops
 
     def _constraints(self, n: int, json_schema, constraint) -> list | None:
         """One ``Constraint`` or None per prompt (None: no prompt is constrained); checked now."""
@@ -272,41 +325,6 @@ class TextGenerationPipeline:
         if key in PER_PROMPT and isinstance(value, list | tuple):
             return [value[i] for i in idx]
         return value
-
-    def _new_tokens(self, i: int, p_len: int, asked: int | None, length: int | None = None) -> int:
-        room = self.model.n_positions - p_len
-        asked = call_args.new_tokens(asked)
-        if asked is None and length is not None:
-            asked = length - p_len
-            if asked < 1:  # as transformers refuses it
-                raise ValueError(
-                    f"prompt {i} has {p_len} tokens, max_length={length} leaves no new one; raise max_length "
-                    "(prompt + new tokens) or give max_new_tokens"
-                )
-            if asked > room:
-                raise ValueError(
-                    f"prompt {i} has {p_len} tokens; max_length={length} needs {p_len + asked} positions but "
-                    f"the model was compiled for n_positions={self.model.n_positions}; lower max_length or "
-                    "load the model with a larger n_positions"
-                )
-        if asked is None and self.default_new is None and self.default_length is not None:
-            asked = max(1, min(int(self.default_length) - p_len, room))  # transformers' max_length
-        if asked is None:
-            asked = min(self.default_new or DEFAULT_MAX_NEW_TOKENS, room)
-            if asked < 1:
-                raise ValueError(
-                    f"prompt {i} has {p_len} tokens, which fills n_positions={self.model.n_positions}; "
-                    "shorten it or load the model with a larger n_positions"
-                )
-        if asked < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {asked}")
-        if asked > room:
-            raise ValueError(
-                f"prompt {i} has {p_len} tokens; with max_new_tokens={asked} it needs {p_len + asked} "
-                f"positions but the model was compiled for n_positions={self.model.n_positions}; "
-                "lower max_new_tokens or load the model with a larger n_positions"
-            )
-        return int(asked)
 
     def _run(self, rows, new, kwargs, streamer, skip_special, cleanup, stops, eos, pad) -> list[Generation]:
         pad = self.tokenizer.pad_token_id if pad is None else pad

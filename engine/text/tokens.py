@@ -54,19 +54,28 @@ def tokenizer_for(model_dir: str | os.PathLike, tokenizer=None):
     return load_tokenizer(files.tokenizer)
 
 
-def encode(tokenizer, prompts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+def encode(
+    tokenizer, prompts: Sequence[str], add_special_tokens: bool = True, **tokenizer_kwargs
+) -> list[list[int]]:
     """Token ids of each prompt, as transformers' pipeline makes them (special tokens added unless
     ``add_special_tokens=False``: text rendered by a chat template holds its own).
+    ``tokenizer_kwargs`` go to the tokenizer's call (``truncation``, ``max_length``...).
 
     An empty prompt (or one that encodes to no tokens) is an error naming it: there is no
-    position to predict from.
+    position to predict from. Pad tokens the tokenizer adds (``padding="max_length"``) are dropped, as
+    their attention mask drops them in transformers (the pipeline pads its batches itself).
     """
+    kw = {"add_special_tokens": add_special_tokens, **tokenizer_kwargs}
     rows = []
     for i, text in enumerate(prompts):
         if not isinstance(text, str):
             raise TypeError(f"prompt {i} must be a string, got {type(text).__name__}")
         check_text(text, f"prompt {i}")
-        ids = list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]) if text else []
+        enc = tokenizer(text, **kw) if text else {"input_ids": []}
+        ids = list(enc["input_ids"])
+        mask = enc.get("attention_mask")
+        if mask is not None and 0 in mask:  # padded (padding="max_length"): the pads are not the prompt
+            ids = [t for t, m in zip(ids, mask, strict=True) if m]
         if not ids:
             raise ValueError(f"prompt {i} is empty: give at least one character of text")
         rows.append(ids)

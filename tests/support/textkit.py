@@ -74,6 +74,7 @@ PIPE_SHAPES = dict(batch_size=4, n_positions=64)
 
 # a compact chat template: the tiny tokenizer spells ChatML's markers out in bytes, too long for 64 positions
 CHAT_TEMPLATE = (
+    "{% for d in documents or [] %}{{ 'd:' + d['text'] + '\n' }}{% endfor %}"
     "{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ 'a:' }}{% endif %}"
 )
@@ -92,3 +93,16 @@ def chat_checkpoint(tmp_path_factory) -> tuple[Path, Path]:
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(str(path))
     return path, cache
+
+
+def text_pipes(path: Path, cache: Path):
+    """``(aotlm pipeline, transformers pipeline)`` over one checkpoint at ``PIPE_SHAPES``."""
+    import transformers
+    from conformance import hf_model
+
+    import aotlm
+
+    ours = aotlm.pipeline("text-generation", model=str(path), compile_cache=str(cache), **PIPE_SHAPES)
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    ref = transformers.pipeline("text-generation", model=hf_model(path), tokenizer=tok, batch_size=4)
+    return ours, ref

@@ -4,7 +4,7 @@ the same rendered prompts, the same answers, the same output shapes."""
 from __future__ import annotations
 
 import pytest
-from textkit import PIPE_SHAPES, chat_checkpoint
+from textkit import PIPE_SHAPES, chat_checkpoint, text_pipes
 
 import aotlm
 
@@ -17,14 +17,7 @@ CHATS = [
 
 @pytest.fixture(scope="module")
 def pipes(tmp_path_factory):
-    import transformers
-    from conformance import hf_model
-
-    path, cache = chat_checkpoint(tmp_path_factory)
-    ours = aotlm.pipeline("text-generation", model=str(path), compile_cache=str(cache), **PIPE_SHAPES)
-    tok = transformers.AutoTokenizer.from_pretrained(str(path))
-    ref = transformers.pipeline("text-generation", model=hf_model(path), tokenizer=tok, batch_size=4)
-    return ours, ref
+    return text_pipes(*chat_checkpoint(tmp_path_factory))
 
 
 def test_chats_equal_transformers(pipes):

@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from textkit import PIPE_SHAPES, make_tokenizer, shared_text_checkpoint
+from textkit import PIPE_SHAPES, make_tokenizer, shared_text_checkpoint, text_pipes
 
 import aotlm
 from aotlm.models.checkpoint import CheckpointError
@@ -35,14 +35,7 @@ def shared(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pipes(shared):
-    import transformers
-    from conformance import hf_model
-
-    ckpt, cache = shared
-    ours = aotlm.pipeline("text-generation", model=str(ckpt), compile_cache=str(cache), **PIPE_SHAPES)
-    tok = transformers.AutoTokenizer.from_pretrained(str(ckpt))
-    ref = transformers.pipeline("text-generation", model=hf_model(ckpt), tokenizer=tok, batch_size=4)
-    return ours, ref
+    return text_pipes(*shared)
 
 
 @pytest.mark.parametrize("n", [1, 10])
