@@ -19,7 +19,7 @@ from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampler_params, sampling, sharding
 from aotlm.core.contract import GraphHost
 from aotlm.core.state import DecodeState
-from aotlm.generate import constraints
+from aotlm.generate import bans, constraints
 from aotlm.generate.params import GenerationConfig
 from aotlm.generate.stopping import criteria_hit
 
@@ -239,8 +239,11 @@ def run(
     state = initial_state(model, ids, mask, positions, n, last, cfg, lora)
     state.want_logprobs = np.bool_(want_dict)
     matchers = matchers or {}
+    ban = bans.build(cfg, ids, mask, model.cfg.vocab_size, state.eos)
     allow = state.allow
     constraints.fill_rows(allow, matchers)
+    if ban is not None:
+        ban.apply(allow, first=True)
     state = model.executable(("select",))(logits, model.put_tree(state))
     fetch = sharding.fetch
     first_tok = fetch(state.tok)  # waits for prefill + first token (the decode waits anyway)
@@ -248,29 +251,45 @@ def run(
     if streamer is not None:
         streamer.put(ids[:n])
         streamer.put(first_tok[:n])
-    listening = streamer is not None or bool(criteria) or bool(matchers)
+    refill = bool(matchers) or (ban is not None and ban.dynamic)  # masks that follow every token
+    listening = streamer is not None or bool(criteria) or refill
     stop, idx, done = int(last.max()), p_len, fetch(state.done)
     _advance(matchers, first_tok, np.zeros_like(done))
+    if ban is not None:
+        ban.advance(first_tok, np.zeros_like(done))
+        if ban.begin is not None and not refill:  # the first token's own bans end with it
+            allow[:] = constraints.ALL_ONES
+            ban.apply(allow, first=False)
+            state.allow = model.put(allow)
     if criteria:
         done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     while idx < stop and not done.all():
         limit = min(stop, idx + STREAM_CHUNK) if listening else stop
         state.limit = model.put(np.int32(limit))
-        if matchers:
+        if refill:
             constraints.fill_rows(allow, {r: m for r, m in matchers.items() if not done[r]})
+            if ban is not None:
+                ban.apply(allow, first=False, live=~done)
             state.allow = model.put(allow)
         exe = model.executable(("decode", bk.decode_bucket(model.tg_buckets, idx)))
         model.cache, state = exe(model.params, model.cache, state)
         prev, was_done, idx, done = idx, done, int(fetch(state.idx)), fetch(state.done)
-        if matchers and idx > prev:
+        if refill and idx > prev:
             _advance(matchers, fetch(state.tok), was_done)
+            if ban is not None:
+                ban.advance(fetch(state.tok), was_done)
         if streamer is not None and idx > prev:  # STREAM_CHUNK = 1: the rows' newest token (pad if done)
             streamer.put(fetch(state.tok)[:n])
         if criteria:
             done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     if streamer is not None:
         streamer.end()
-    n_gen = idx - p_len + 1
+    return _result(state, ids, n, p_len, idx - p_len + 1, cfg, want_dict, ttft)
+
+
+def _result(state: DecodeState, ids, n: int, p_len: int, n_gen: int, cfg, want_dict: bool, ttft: float):
+    """The call's sequences (prompt + ``n_gen`` slots), or its ``GenerateOutput``."""
+    fetch = sharding.fetch
     out = fetch(state.out)[:n, p_len : p_len + n_gen]
     sequences = np.concatenate([ids[:n], out], axis=1)
     if not want_dict:

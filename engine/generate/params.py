@@ -44,7 +44,8 @@ GenerationConfig = _derived(
     ``on_device_generation``): one class, so a setting means the same thing wherever it is given.
     ``max_length`` (prompt + new tokens) applies when neither ``max_new_tokens`` nor
     ``sequence_length`` is given; ``min_new_tokens`` / ``min_length`` mask the eos ids until
-    reached (transformers' processors).
+    reached (transformers' processors). ``suppress_tokens``, ``begin_suppress_tokens`` (token ids) and
+    ``bad_words_ids`` (token-id lists) ban tokens for every row (``aotlm.generate.bans``).
     """,
     [(p.hf, Any, dataclasses.field(default=p.default)) for p in sp.TABLE if p.hf],
     [
@@ -54,6 +55,9 @@ GenerationConfig = _derived(
         ("max_new_tokens", Any, dataclasses.field(default=None)),
         ("max_length", int | None, dataclasses.field(default=None)),
         ("top_logprobs", int, dataclasses.field(default=0)),
+        ("suppress_tokens", Any, dataclasses.field(default=None)),
+        ("begin_suppress_tokens", Any, dataclasses.field(default=None)),
+        ("bad_words_ids", Any, dataclasses.field(default=None)),
     ],
 )
 

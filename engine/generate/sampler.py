@@ -16,7 +16,7 @@ import numpy as np
 from aotlm.core import graphs, inputs, sampling
 from aotlm.core.model import locked
 from aotlm.core.spec import SpecAttributes
-from aotlm.generate import generation, params, stopping
+from aotlm.generate import bans, generation, params, stopping
 
 
 class Sampler(SpecAttributes):
@@ -88,6 +88,10 @@ class Sampler(SpecAttributes):
         cfg = cfg.replace(max_new_tokens=None, max_length=None)
         generation.sampling_params(cfg, n, self.batch_size)  # validate before any device work
         generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
+        if any(getattr(cfg, f) is not None for f in bans.FIELDS):
+            if not getattr(self, "constrained_decoding", False):
+                raise ValueError(f"{', '.join(bans.FIELDS)}: not supported by {type(self).__name__}")
+            bans.build(cfg, ids, mask, self.cfg.vocab_size, inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS))
         want = bool(return_dict or cfg.top_logprobs)
         kw = {} if adapter is None else {"lora": self.adapter_rows(adapter, n)}  # each row's adapter slot
         if constraints is None:

@@ -14,6 +14,7 @@ import logging
 import os
 
 from aotlm.core import sampler_params
+from aotlm.generate import bans
 from aotlm.text.tokens import generation_defaults
 
 log = logging.getLogger("aotlm")
@@ -64,7 +65,7 @@ def sampling_defaults(checkpoint: str | os.PathLike) -> dict:
     for k, v in raw.items():
         if v is None:
             continue
-        if k in HF_DEFAULTS or k in LENGTH_KEYS:
+        if k in HF_DEFAULTS or k in LENGTH_KEYS or k in bans.FIELDS:
             out[k] = v
         elif k not in _INERT:
             log.warning("%s/generation_config.json: %s=%r is not applied by aotlm", checkpoint, k, v)

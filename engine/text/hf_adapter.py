@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from aotlm.core import sampler_params
+from aotlm.generate import bans
 from aotlm.text.call_args import integer
 
 _NO_OPS = {  # transformers' generation arguments with their no-op values
@@ -31,9 +32,6 @@ _NO_OPS = {  # transformers' generation arguments with their no-op values
     "penalty_alpha": (None,),
     "constraints": (None,),
     "force_words_ids": (None,),
-    "bad_words_ids": (None,),
-    "begin_suppress_tokens": (None,),
-    "suppress_tokens": (None,),
     "forced_bos_token_id": (None,),
     "forced_eos_token_id": (None,),
     "typical_p": (1.0, None),
@@ -77,6 +75,7 @@ SUPPORTED = (
     "seed",
     "streamer",
     "stopping_criteria",
+    *bans.FIELDS,
 )
 
 
@@ -156,6 +155,7 @@ class HuggingFaceGenerationModelAdapter:
         for name in ("min_new_tokens", "min_length"):
             if getattr(cfg, name, None):
                 call[name] = int(getattr(cfg, name))
+        call.update({k: getattr(cfg, k) for k in bans.FIELDS if getattr(cfg, k, None) is not None})
         if nb > 1:
             beams = self._beam_search(ids, cfg, call, listeners, nb, nrs)
             out = beams.sequences

@@ -94,3 +94,12 @@ def test_defaults_repeat_less_than_greedy(model, tok):
         for st in (greedy, chosen)
     }
     assert rep["shipped"] < rep["greedy"] - 0.1, rep
+
+
+def test_a_checkpoints_token_bans_are_defaults(tmp_path):
+    from aotlm.text.defaults import sampling_defaults
+
+    bans = {"suppress_tokens": [5], "begin_suppress_tokens": [6], "bad_words_ids": [[3, 4]]}
+    (tmp_path / "generation_config.json").write_text(json.dumps({**bans, "output_scores": True}))
+    got = sampling_defaults(tmp_path)
+    assert {k: got[k] for k in bans} == bans and "output_scores" not in got

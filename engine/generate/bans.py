@@ -1,0 +1,116 @@
+"""transformers' token bans for ``sample()``: ``suppress_tokens``, ``begin_suppress_tokens`` and
+``bad_words_ids``, as rows of the decode state's allowed-token bitmask (``DecodeState.allow``).
+
+Each sets the scores of the tokens it bans to ``-inf`` before the warpers, as transformers'
+``SuppressTokensLogitsProcessor``, ``SuppressTokensAtBeginLogitsProcessor`` (the first new token
+only) and ``NoBadWordsLogitsProcessor`` (a one-token bad word always; a longer one's last token
+when the row's tokens end with the rest of it; a bad word that is just an eos id is dropped, as
+transformers drops it). One setting for every row of the call, as in transformers.
+
+Suppressed tokens and one-token bad words are one fixed mask: the decode loop stays on the
+device. ``begin_suppress_tokens`` costs one more mask upload after the first token; bad words of
+several tokens are matched on the host after every token (one token per decode call, as
+structured outputs run). A row left with no token at all may choose its eos ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+ALL_ONES = np.uint32(0xFFFFFFFF)
+FIELDS = ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids")
+
+
+def _token(t, name: str, vocab: int) -> int:
+    if isinstance(t, bool) or not isinstance(t, int | np.integer):
+        raise TypeError(f"{name} must hold token ids (ints), got {t!r}")
+    if not 0 <= int(t) < vocab:
+        raise ValueError(f"{name} holds {int(t)}, outside the vocabulary [0, {vocab})")
+    return int(t)
+
+
+def token_list(value, name: str, vocab: int) -> tuple[int, ...]:
+    """``suppress_tokens`` / ``begin_suppress_tokens``: a list of token ids (None: none)."""
+    if value is None:
+        return ()
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence | np.ndarray):
+        raise TypeError(f"{name} must be a list of token ids, e.g. [13, 198], got {value!r}")
+    return tuple(_token(t, name, vocab) for t in value)
+
+
+def bad_words(value, vocab: int, eos_ids: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """``bad_words_ids``: a non-empty list of non-empty token-id lists (None: none), less the ones
+    that are an eos id alone."""
+    if value is None:
+        return ()
+    err = "bad_words_ids must be a non-empty list of token-id lists, e.g. [[13], [198, 198]]"
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence) or not value:
+        raise TypeError(f"{err}, got {value!r}")
+    seqs = []
+    for seq in value:
+        if isinstance(seq, str | bytes) or not isinstance(seq, Sequence | np.ndarray) or not len(seq):
+            raise TypeError(f"{err}, got {value!r}")
+        seqs.append(tuple(_token(t, "bad_words_ids", vocab) for t in seq))
+    eos = {int(e) for e in eos_ids if e >= 0}
+    return tuple(s for s in seqs if not (len(s) == 1 and s[0] in eos))
+
+
+def _clear(mask: np.ndarray, tokens) -> None:
+    """Clear the bits of ``tokens`` in ``mask [..., words]``."""
+    for t in tokens:
+        mask[..., t // 32] &= ~np.uint32(1 << (t % 32))
+
+
+class Bans:
+    """One call's bans over its ``rows`` rows of ``vocab`` tokens; ``histories``: each row's real
+    prompt tokens, extended by ``advance`` with what it generates."""
+
+    def __init__(self, suppress, begin, words, vocab: int, histories: list[list[int]], eos_ids):
+        n_words = -(-vocab // 32)
+        self.static = np.full(n_words, ALL_ONES, np.uint32)
+        _clear(self.static, suppress)
+        _clear(self.static, [s[0] for s in words if len(s) == 1])
+        self.begin = None
+        if begin:
+            self.begin = self.static.copy()
+            _clear(self.begin, begin)
+        self.longer = tuple(s for s in words if len(s) > 1)
+        self.histories = histories
+        self.eos = [int(e) for e in eos_ids if 0 <= e < vocab]
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the masks change with each token (bad words of several tokens)."""
+        return bool(self.longer)
+
+    def apply(self, allow: np.ndarray, first: bool, live: np.ndarray | None = None) -> None:
+        """AND the bans into ``allow [rows, words]`` for the next token (``first``: the first new
+        one); ``live``: the rows still generating (others are left as they are)."""
+        allow &= self.begin if first and self.begin is not None else self.static
+        for r, hist in enumerate(self.histories):
+            if live is not None and not live[r]:
+                continue
+            _clear(allow[r], [s[-1] for s in self.longer if tuple(hist[len(hist) - len(s) + 1 :]) == s[:-1]])
+            if not allow[r].any():  # nothing left to choose: the row may end
+                for t in self.eos:
+                    allow[r, t // 32] |= np.uint32(1 << (t % 32))
+
+    def advance(self, tokens: np.ndarray, done: np.ndarray) -> None:
+        """Each row that was live gets its newest token."""
+        if self.longer:
+            for r, hist in enumerate(self.histories):
+                if not done[r]:
+                    hist.append(int(tokens[r]))
+
+
+def build(cfg, ids: np.ndarray, mask: np.ndarray, vocab: int, eos_ids) -> Bans | None:
+    """The bans ``cfg`` (a ``GenerationConfig``) asks for over the padded prompt batch, or None."""
+    suppress = token_list(getattr(cfg, "suppress_tokens", None), "suppress_tokens", vocab)
+    begin = token_list(getattr(cfg, "begin_suppress_tokens", None), "begin_suppress_tokens", vocab)
+    words = bad_words(getattr(cfg, "bad_words_ids", None), vocab, eos_ids)
+    if not (suppress or begin or words):
+        return None
+    histories = [row[keep > 0].tolist() for row, keep in zip(ids, mask, strict=True)]
+    return Bans(suppress, begin, words, vocab, histories, eos_ids)
