@@ -80,7 +80,9 @@ def validate_messages(messages) -> list[dict]:
     return out
 
 
-def render(tokenizer, messages: Sequence[dict], tools: Sequence[dict] = ()) -> tuple[str, bool]:
+def render(
+    tokenizer, messages: Sequence[dict], tools: Sequence[dict] = (), template: dict | None = None
+) -> tuple[str, bool]:
     """``(prompt text, add special tokens when encoding)`` for validated ``messages``.
 
     With the tokenizer's ``chat_template``: its text with the generation prompt, encoded
@@ -97,20 +99,27 @@ def render(tokenizer, messages: Sequence[dict], tools: Sequence[dict] = ()) -> t
     encoded like a plain prompt (the tokenizer adds its BOS if it has one). ``tools`` (OpenAI
     tool objects) go to the template as ``tools=``; the fallback lists them first as
     ``<|tools|>\n{JSON list}\n``, and writes a message's tool calls as JSON after its content.
+    ``template``: more keywords for the template (``aotlm.serve.extras``: ``add_generation_prompt``,
+    ``continue_final_message``, ``documents``, a request's ``chat_template_kwargs``); the fallback
+    follows the first two and lists documents as ``<|documents|>\n{JSON list}\n``.
     """
+    kw = {"add_generation_prompt": True, **(template or {})}
     if getattr(tokenizer, "chat_template", None):
         try:
-            kw = {"tools": list(tools)} if tools else {}
-            text = tokenizer.apply_chat_template(
-                list(messages), tokenize=False, add_generation_prompt=True, **kw
-            )
+            if tools:
+                kw["tools"] = list(tools)
+            text = tokenizer.apply_chat_template(list(messages), tokenize=False, **kw)
         except Exception as e:  # jinja's TemplateError, raise_exception() in templates, ...
             raise ChatError(f"the model's chat template rejected the messages: {e}", "messages") from e
         return text, False
-    listed = json.dumps(list(tools), ensure_ascii=False, separators=(",", ":"))
-    head = [f"<|tools|>\n{listed}\n"] if tools else []
+    listed = lambda items: json.dumps(list(items), ensure_ascii=False, separators=(",", ":"))  # noqa: E731
+    head = [f"<|tools|>\n{listed(tools)}\n"] if tools else []
+    if kw.get("documents"):
+        head.append(f"<|documents|>\n{listed(kw['documents'])}\n")
     parts = [f"<|{m['role']}|>\n{m['content']}{_calls_text(m)}\n" for m in messages]
-    return "".join(head + parts) + "<|assistant|>\n", True
+    if kw.get("continue_final_message"):  # the answer goes on from the last message's text
+        parts[-1] = parts[-1][:-1]
+    return "".join(head + parts) + ("<|assistant|>\n" if kw["add_generation_prompt"] else ""), True
 
 
 def _calls_text(m: dict) -> str:

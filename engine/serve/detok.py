@@ -44,9 +44,16 @@ class ChoiceText:
     engine may make a few before the cancel lands) are ignored.
     """
 
-    def __init__(self, tokenizer, stop: Sequence[str] = ()):
-        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens=True)
+    def __init__(
+        self,
+        tokenizer,
+        stop: Sequence[str] = (),
+        include_stop: bool = False,
+        skip_special_tokens: bool = True,
+    ):
+        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens=skip_special_tokens)
         self.stop = tuple(stop)
+        self.include_stop = include_stop  # vLLM's include_stop_str_in_output: the stop string stays
         self.longest = max(map(len, self.stop), default=0)
         self.text = ""  # decoded so far (cut at a stop string once found)
         self.sent = 0  # characters of ``text`` released
@@ -74,7 +81,9 @@ class ChoiceText:
         if self.stop and not self.stopped:
             hit = self._find_stop()
             if hit is not None:
-                self.stopped, self.text, end = True, self.text[:hit], hit
+                at, stop = hit
+                end = at + len(stop) if self.include_stop else at
+                self.stopped, self.text = True, self.text[:end]
             elif not final:
                 end -= self._held()
         piece = Piece(self.text[self.sent : end])
@@ -84,11 +93,11 @@ class ChoiceText:
             self.pending, self.pending_offsets = [], []
         return piece
 
-    def _find_stop(self) -> int | None:
-        """Start of the earliest stop string; none can start in text already released."""
+    def _find_stop(self) -> tuple[int, str] | None:
+        """``(start, stop string)`` of the earliest stop string; none can start in text already released."""
         start = max(0, self.sent - self.longest)
-        hits = [i for s in self.stop if (i := self.text.find(s, start)) >= 0]
-        return min(hits) if hits else None
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        return min(hits, key=lambda h: (h[0], -len(h[1]))) if hits else None
 
     def _held(self) -> int:
         """Length of the longest unreleased tail that begins some stop string."""

@@ -216,11 +216,13 @@ async def completions(served: Served, body: dict, disconnected: Callable[[], Awa
     common = parsed.common
     adapter = _check_model(served, common)
     vocab = served.engine.vocab_size
+    more = common.extras
+    add = True if more.add_special_tokens is None else more.add_special_tokens
     prompts = []
     for p in parsed.prompts:
-        ids = _encode(served, p, True, "prompt") if isinstance(p, str) else list(p)
+        ids = _encode(served, p, add, "prompt") if isinstance(p, str) else list(p)
         protocol.check_token_ids(ids, vocab)
-        prompts.append(ids)
+        prompts.append(_truncated(ids, more.truncate, served.engine.n_positions))
     default_max = protocol.COMPLETION_DEFAULT_MAX_TOKENS
     return await _run(served, COMPLETION, common, prompts, default_max, "prompt", disconnected, adapter)
 
@@ -229,12 +231,22 @@ async def chat_completions(served: Served, body: dict, disconnected: Callable[[]
     """``POST /v1/chat/completions``; ``max_tokens`` defaults to the rest of the context."""
     parsed = protocol.parse_chat(body, served.max_n, not served.lenient_schemas)
     adapter = _check_model(served, parsed.common)
+    more = parsed.common.extras
     try:
-        text, add_special = render(served.tokenizer, parsed.messages, parsed.common.form.tools)
+        text, add_special = render(served.tokenizer, parsed.messages, parsed.common.form.tools, more.template)
     except ChatError as e:
         raise protocol.bad(str(e), e.param) from None
-    ids = _encode(served, text, add_special, "messages")
+    add = add_special if more.add_special_tokens is None else more.add_special_tokens
+    ids = _truncated(_encode(served, text, add, "messages"), more.truncate, served.engine.n_positions)
     return await _run(served, CHAT, parsed.common, [ids], None, "messages", disconnected, adapter)
+
+
+def _truncated(ids: list[int], keep: int | None, n_positions: int) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: the window's worth)."""
+    if keep is None:
+        return ids
+    keep = n_positions if keep == -1 else keep
+    return ids[-keep:] if len(ids) > keep else ids
 
 
 async def _run(served, kind, common, prompts, default_max, prompt_param, disconnected, adapter=None):
@@ -250,7 +262,8 @@ async def _run(served, kind, common, prompts, default_max, prompt_param, disconn
     runs, k = [], 0
     for no, (ids, plist) in enumerate(jobs):
         for _ in plist:
-            text = ChoiceText(served.tokenizer, common.stop)
+            more = common.extras
+            text = ChoiceText(served.tokenizer, common.stop, more.include_stop_str, more.skip_special_tokens)
             runs.append(ChoiceRun(k, reqs[k], text, served.metrics, len(ids), no))
             k += 1
     prompt_tokens = sum(len(ids) for ids in prompts)  # once per prompt, whatever n is (as OpenAI)

@@ -6,7 +6,8 @@ way the client sent it, and the HTTP layer turns an ``APIError`` into
 ignored (OpenAI clients send extras such as ``user`` or ``metadata``); fields that ask for
 something this server does not do (``echo``, ``suffix``, ``best_of`` != ``n``, the deprecated
 ``functions``) are rejected by name rather than silently dropped. ``response_format``,
-``logit_bias`` and ``tools`` are ``aotlm.serve.structured``'s.
+``logit_bias`` and ``tools`` are ``aotlm.serve.structured``'s; vLLM's extra fields (``guided_json``,
+``include_stop_str_in_output``, ``chat_template_kwargs``, ...) ``aotlm.serve.extras``'.
 
 Completions take ``prompt`` as a string, a list of strings, a list of token ids or a list of
 token-id lists; several prompts give ``len(prompts) * n`` choices, numbered prompt-major as
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 from aotlm.batching.types import SamplingParams
 from aotlm.core import sampler_params
 from aotlm.core.sampling import TOP_LOGPROBS_MAX as MAX_LOGPROBS  # per token (OpenAI's limit too)
-from aotlm.serve import structured
+from aotlm.serve import extras, structured
 from aotlm.serve.chat import ChatError, validate_messages
 
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
@@ -69,6 +70,7 @@ class Common:
     max_tokens: int | None  # None: the endpoint's default, worked out once the prompt is known
     params: SamplingParams  # max_tokens and seed are set per choice by ``choice_params``
     form: structured.Structured = structured.Structured()  # response_format, tools, logit_bias
+    extras: extras.Extras = extras.Extras()  # vLLM's fields for the prompt and the text
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,9 @@ def _common(
     n = get_int(body, "n", 1, 1, max_n)
     _reject_unsupported(body, n)
     try:
-        form = structured.parse(body, chat, closed)
+        guided = extras.guided_format(body)  # vLLM's guided_json & co: a response_format
+        form = structured.parse(body if guided is None else {**body, "response_format": guided}, chat, closed)
+        more = extras.parse(body, chat)
     except structured.FieldError as e:
         raise bad(str(e), e.param) from None
     stream = get_bool(body, "stream", False)
@@ -207,7 +211,7 @@ def _common(
         logprobs=logprobs,
         logit_bias=form.logit_bias,
     )
-    return Common(model, n, stream, include_usage, _stop(body), max_tokens, params, form)
+    return Common(model, n, stream, include_usage, _stop(body), max_tokens, params, form, more)
 
 
 def _logprobs_count(body: dict, name: str) -> int | None:

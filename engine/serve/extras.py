@@ -1,0 +1,161 @@
+"""vLLM's extra request fields (its OpenAI-compatible server's), read as vLLM reads them.
+
+Applied:
+
+* ``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar`` and the newer
+  ``structured_outputs`` (``{"json" | "regex" | "choice" | "grammar" | "json_object": ...}``): the same
+  constraint as the matching ``response_format`` (``guided_choice``: exactly one of the strings);
+* ``include_stop_str_in_output``: a stop string that ends the answer stays in it;
+* ``skip_special_tokens`` (default true): false keeps special tokens in the text;
+* ``add_special_tokens``: whether the tokenizer adds its own (default: completions yes, chats no,
+  since the chat template writes them);
+* ``truncate_prompt_tokens``: only the prompt's last ``k`` tokens (-1: as many as the window holds);
+* chats: ``add_generation_prompt`` (default true), ``continue_final_message`` (the answer goes on
+  from the last message), ``documents`` and ``chat_template_kwargs`` (e.g. Qwen3's
+  ``{"enable_thinking": false}``), all given to the model's chat template.
+
+Refused by name when set to anything but their no-op value, rather than answered as if they were
+not there: ``min_tokens``, ``bad_words``, ``allowed_token_ids``, ``prompt_logprobs``, ``use_beam_search``,
+``length_penalty``, ``spaces_between_special_tokens``, ``chat_template`` (a request's own template is
+not run), ``logits_processors``, ``guided_whitespace_pattern``, ``return_tokens_as_token_ids``,
+``detokenize``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from aotlm.serve.structured import FieldError
+
+# vLLM fields this server does not apply, with the values that ask for nothing (accepted)
+REFUSED = {
+    "min_tokens": (None, 0),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "prompt_logprobs": (None,),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0),
+    "spaces_between_special_tokens": (None, True),
+    "chat_template": (None,),
+    "logits_processors": (None, []),
+    "guided_whitespace_pattern": (None,),
+    "return_tokens_as_token_ids": (None, False),
+    "detokenize": (None, True),
+}
+GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+# keywords of apply_chat_template a request's chat_template_kwargs may not set (the server sets them)
+_OWN = {"conversation", "messages", "tools", "documents", "tokenize", "add_generation_prompt"}
+_OWN |= {"continue_final_message", "chat_template", "return_dict", "return_tensors", "tokenizer_kwargs"}
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What a request's vLLM fields ask of its prompt and its text."""
+
+    include_stop_str: bool = False
+    skip_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # None: the endpoint's default
+    truncate: int | None = None  # the prompt's last tokens kept (-1: the window's worth)
+    template: dict = field(default_factory=dict)  # chat: keywords for apply_chat_template
+
+
+def _bool(body: dict, name: str, default):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise FieldError(f"'{name}' must be true or false, got {v!r}", name)
+    return v
+
+
+def parse(body: dict, chat: bool) -> Extras:
+    """The vLLM fields of a request body (``chat``: the chat-only ones are allowed)."""
+    for name, oks in REFUSED.items():
+        v = body.get(name)
+        if v is not None and not any(v == ok and type(v) is type(ok) for ok in oks):
+            raise FieldError(f"'{name}' is not supported by this server; leave it out", name)
+    truncate = body.get("truncate_prompt_tokens")
+    if truncate is not None and (type(truncate) is not int or truncate == 0 or truncate < -1):
+        why = f"'truncate_prompt_tokens' must be an integer >= 1 (or -1), got {truncate!r}"
+        raise FieldError(why, "truncate_prompt_tokens")
+    template = _template(body) if chat else {}
+    if not chat:
+        for name in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs", "documents"):
+            if body.get(name) is not None:
+                raise FieldError(f"'{name}' belongs to /v1/chat/completions", name)
+    return Extras(
+        include_stop_str=_bool(body, "include_stop_str_in_output", False),
+        skip_special_tokens=_bool(body, "skip_special_tokens", True),
+        add_special_tokens=_bool(body, "add_special_tokens", None),
+        truncate=truncate,
+        template=template,
+    )
+
+
+def _template(body: dict) -> dict:
+    """apply_chat_template's keywords: the generation prompt or the last message continued, the
+    request's documents and its chat_template_kwargs."""
+    gen = _bool(body, "add_generation_prompt", True)
+    cont = _bool(body, "continue_final_message", False)
+    if gen and cont:
+        raise FieldError(
+            "'continue_final_message' needs 'add_generation_prompt': false (the answer goes on from the "
+            "last message instead of starting a new one)",
+            "continue_final_message",
+        )
+    given = body.get("chat_template_kwargs")
+    if given is not None and not isinstance(given, dict):
+        raise FieldError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    kw = dict(given or {})
+    clash = sorted(k for k in kw if k in _OWN)
+    if clash:
+        why = f"'chat_template_kwargs' may not set {clash}; use the request's own fields"
+        raise FieldError(why, "chat_template_kwargs")
+    docs = body.get("documents")
+    if docs is not None:
+        if not isinstance(docs, list) or not all(isinstance(d, dict) for d in docs):
+            raise FieldError("'documents' must be a list of objects", "documents")
+        kw["documents"] = docs
+    return {**kw, "add_generation_prompt": gen, "continue_final_message": cont}
+
+
+def guided_format(body: dict) -> dict | None:
+    """The ``response_format`` that a request's ``guided_*`` / ``structured_outputs`` field means
+    (None: it has none); both forms, or one with ``response_format``, are refused."""
+    given = {GUIDED[k]: body[k] for k in GUIDED if body.get(k) is not None}
+    so = body.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise FieldError("'structured_outputs' must be an object", "structured_outputs")
+        given |= {k: v for k, v in so.items() if v is not None and v is not False}
+    if not given:
+        return None
+    param = next(k for k in (*GUIDED, "structured_outputs") if body.get(k) is not None)
+    if len(given) > 1 or body.get("response_format") is not None:
+        raise FieldError("give one of response_format, guided_json / _regex / _choice / _grammar", param)
+    ((kind, v),) = given.items()
+    if kind == "json":
+        try:
+            schema = json.loads(v) if isinstance(v, str) else v
+        except json.JSONDecodeError:
+            schema = None
+        if not isinstance(schema, dict):
+            raise FieldError(f"'{param}' must be a JSON schema (an object)", param)
+        return {"type": "json_schema", "json_schema": {"name": "guided", "schema": schema}}
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "choice":
+        if not isinstance(v, list) or not v or not all(isinstance(c, str) and c for c in v):
+            raise FieldError(f"'{param}' must be a non-empty list of non-empty strings", param)
+        return {"type": "regex", "regex": "(" + "|".join(map(re.escape, v)) + ")"}
+    if kind in ("regex", "grammar"):
+        return {"type": kind, kind: v}
+    why = f"'structured_outputs' takes json, regex, choice, grammar or json_object, got {kind!r}"
+    raise FieldError(why, param)

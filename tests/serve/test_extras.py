@@ -1,0 +1,190 @@
+"""vLLM's extra request fields (``aotlm.serve.extras``): what reaches the engine (the prompt's ids,
+the constraint) and what the client reads (stop strings kept, special tokens shown), over a
+scripted engine that records each submit; and the refusals by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from starlette.testclient import TestClient
+from textkit import CHAT_TEMPLATE, EOS, make_tokenizer
+
+from aotlm.batching.types import Finish, Request, Token
+from aotlm.serve import extras
+from aotlm.serve.app import create_app
+from aotlm.serve.detok import ChoiceText
+from aotlm.serve.structured import FieldError
+
+ANSWER = "x = 1 END y = 2"
+CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+
+
+class ScriptedEngine:
+    """Answers every request with ``script`` (token ids), then a length finish; keeps what it got."""
+
+    def __init__(self, script: list[int], n_positions: int = 64):
+        self.script, self.n_positions, self.vocab_size, self.running = script, n_positions, 320, True
+        self.seen: list[Request] = []
+
+    def validate(self, prompt, params):
+        pass
+
+    def submit(self, prompt, params, request_id=None, matcher=None):
+        req = Request(request_id or "r", tuple(prompt), params, 0.0, matcher)
+        for t in self.script:
+            req.push(Token(t))
+        req.push(Finish("length", len(prompt), len(self.script), 0.0))
+        self.seen.append(req)
+        return req
+
+    def stats(self):
+        return {"queue_depth": 0, "active_slots": 0, "slots": 4}
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    tok = make_tokenizer(tmp_path_factory.mktemp("tok"))
+    tok.chat_template = CHAT_TEMPLATE + "{% if flag %}{{ 'F!' }}{% endif %}"
+    return tok
+
+
+def served(tok, script=None, **kw):
+    engine = ScriptedEngine(tok.encode(ANSWER) if script is None else script, **kw)
+    return TestClient(create_app(engine, tok, "m")), engine
+
+
+def test_chat_template_fields_reach_the_template(tok):
+    client, engine = served(tok)
+    chat = {"messages": CHAT, "max_tokens": 4}
+    for extra, rendered in [
+        ({}, "u:hi\na:ok\na:"),
+        ({"chat_template_kwargs": {"flag": True}}, "u:hi\na:ok\na:F!"),
+        ({"add_generation_prompt": False}, "u:hi\na:ok\n"),
+        ({"add_generation_prompt": False, "continue_final_message": True}, "u:hi\na:ok"),
+        ({"documents": [{"text": "doc one"}]}, "d:doc one\nu:hi\na:ok\na:"),
+    ]:
+        r = client.post("/v1/chat/completions", json={**chat, **extra})
+        assert r.status_code == 200, r.text
+        assert tok.decode(engine.seen[-1].prompt) == rendered, extra
+    for extra, param in [
+        ({"continue_final_message": True}, "continue_final_message"),  # with the generation prompt
+        ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
+        ({"documents": "doc"}, "documents"),
+        ({"chat_template": "{{ 'x' }}"}, "chat_template"),
+    ]:
+        r = client.post("/v1/chat/completions", json={**chat, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+
+
+def test_prompt_fields_shape_the_ids(tok):
+    client, engine = served(tok, n_positions=48)
+    ids = tok.encode("def fibonacci(n): return n")
+    r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 2, "truncate_prompt_tokens": 3})
+    assert r.status_code == 200 and list(engine.seen[-1].prompt) == ids[-3:]
+    client.post("/v1/completions", json={"prompt": ids * 9, "max_tokens": 2, "truncate_prompt_tokens": -1})
+    assert list(engine.seen[-1].prompt) == (ids * 9)[-48:]  # the window's worth
+    bos = tok.convert_tokens_to_ids(EOS)
+    from tokenizers.processors import TemplateProcessing
+
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single=f"{EOS} $A", special_tokens=[(EOS, bos)])
+    try:
+        client.post("/v1/completions", json={"prompt": "x = 1", "max_tokens": 2})
+        assert engine.seen[-1].prompt[0] == bos  # completions: the tokenizer's own, by default
+        client.post("/v1/completions", json={"prompt": "x = 1", "max_tokens": 2, "add_special_tokens": False})
+        assert engine.seen[-1].prompt[0] != bos
+        client.post("/v1/chat/completions", json={"messages": CHAT[:1], "max_tokens": 2})
+        assert engine.seen[-1].prompt[0] != bos  # chats: the template's only
+        client.post("/v1/chat/completions", json={"messages": CHAT[:1], "add_special_tokens": True})
+        assert engine.seen[-1].prompt[0] == bos
+    finally:
+        tok.backend_tokenizer.post_processor = None
+    for bad in (0, -2, 1.5, True, "3"):
+        r = client.post("/v1/completions", json={"prompt": "x", "truncate_prompt_tokens": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", bad
+
+
+def test_stop_strings_kept_and_special_tokens_shown(tok):
+    client, _ = served(
+        tok, script=[*tok.encode("x = 1"), tok.convert_tokens_to_ids(EOS), *tok.encode(" END y")]
+    )
+    body = {"prompt": "a", "max_tokens": 9, "stop": ["END"]}
+    assert client.post("/v1/completions", json=body).json()["choices"][0]["text"] == "x = 1 "
+    kept = client.post("/v1/completions", json={**body, "include_stop_str_in_output": True}).json()
+    assert kept["choices"][0]["text"] == "x = 1 END" and kept["choices"][0]["finish_reason"] == "stop"
+    shown = client.post("/v1/completions", json={**body, "skip_special_tokens": False}).json()
+    assert shown["choices"][0]["text"] == f"x = 1{EOS} "
+    stream = {**body, "include_stop_str_in_output": True, "stream": True}
+    with client.stream("POST", "/v1/completions", json=stream) as r:
+        chunks = [line for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(json.loads(c[6:])["choices"][0]["text"] for c in chunks) == "x = 1 END"
+
+
+def test_guided_fields_are_response_formats(tok):
+    pytest.importorskip("llguidance")
+    client, engine = served(tok, script=tok.encode("yes"))
+    for extra, kind in [
+        ({"guided_choice": ["yes", "no (maybe)"]}, "regex"),
+        ({"guided_json": {"type": "object"}}, "json_schema"),
+        ({"guided_json": '{"type": "object"}'}, "json_schema"),
+        ({"guided_regex": "[a-z]+"}, "regex"),
+        ({"structured_outputs": {"choice": ["yes"]}}, "regex"),
+        ({"structured_outputs": {"json_object": True}}, "json_object"),
+    ]:
+        r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 3, **extra})
+        assert r.status_code == 200, (extra, r.text)
+        assert engine.seen[-1].matcher is not None, extra
+        assert extras.guided_format(extra)["type"] == kind
+    assert extras.guided_format({"guided_choice": ["a.b", "c"]})["regex"] == r"(a\.b|c)"
+    for extra in [
+        {"guided_choice": []},
+        {"guided_json": "not json"},
+        {"guided_regex": "a", "guided_json": {}},
+        {"guided_regex": "a", "response_format": {"type": "json_object"}},
+        {"structured_outputs": {"yaml": "x"}},
+    ]:
+        r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 3, **extra})
+        assert r.status_code == 400, (extra, r.text)
+
+
+def test_fields_not_applied_are_refused_by_name_unless_they_ask_nothing(tok):
+    client, _ = served(tok)
+    for name, value in [
+        ("min_tokens", 3),
+        ("bad_words", ["x"]),
+        ("allowed_token_ids", [1, 2]),
+        ("prompt_logprobs", 1),
+        ("use_beam_search", True),
+        ("length_penalty", 0.5),
+        ("spaces_between_special_tokens", False),
+        ("logits_processors", ["x"]),
+        ("detokenize", False),
+        ("add_generation_prompt", False),  # a chat field, on /v1/completions
+    ]:
+        r = client.post("/v1/completions", json={"prompt": "a", name: value})
+        assert r.status_code == 400, name
+        assert r.json()["error"]["param"] == name and name in r.json()["error"]["message"]
+    noops = {
+        "min_tokens": 0,
+        "bad_words": [],
+        "use_beam_search": False,
+        "length_penalty": 1.0,
+        "detokenize": True,
+    }
+    assert client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, **noops}).status_code == 200
+
+
+def test_parse_and_choice_text_units(tok):
+    got = extras.parse({"chat_template_kwargs": {"enable_thinking": False}}, chat=True)
+    assert got.template == {
+        "enable_thinking": False,
+        "add_generation_prompt": True,
+        "continue_final_message": False,
+    }
+    assert extras.parse({}, chat=False) == extras.Extras()
+    with pytest.raises(FieldError, match="'skip_special_tokens' must be true or false"):
+        extras.parse({"skip_special_tokens": "no"}, chat=False)
+    text = ChoiceText(tok, ["y =", "END"], include_stop=True)  # the earliest one ends it, kept
+    released = "".join(p.text for t in tok.encode(ANSWER) if (p := text.push(Token(t))) is not None)
+    assert text.stopped and released + text.finish().text == "x = 1 END"
