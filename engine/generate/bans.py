@@ -63,6 +63,16 @@ def _clear(mask: np.ndarray, tokens) -> None:
         mask[..., t // 32] &= ~np.uint32(1 << (t % 32))
 
 
+def _set(mask: np.ndarray, tokens) -> None:
+    for t in tokens:
+        mask[..., t // 32] |= np.uint32(1 << (t % 32))
+
+
+def _completing(history: Sequence[int], words) -> list[int]:
+    """The last tokens of the ``words`` (several tokens each) whose other tokens end ``history``."""
+    return [s[-1] for s in words if tuple(history[len(history) - len(s) + 1 :]) == s[:-1]]
+
+
 class Bans:
     """One call's bans over its ``rows`` rows of ``vocab`` tokens; ``histories``: each row's real
     prompt tokens, extended by ``advance`` with what it generates."""
@@ -92,10 +102,9 @@ class Bans:
         for r, hist in enumerate(self.histories):
             if live is not None and not live[r]:
                 continue
-            _clear(allow[r], [s[-1] for s in self.longer if tuple(hist[len(hist) - len(s) + 1 :]) == s[:-1]])
+            _clear(allow[r], _completing(hist, self.longer))
             if not allow[r].any():  # nothing left to choose: the row may end
-                for t in self.eos:
-                    allow[r, t // 32] |= np.uint32(1 << (t % 32))
+                _set(allow[r], self.eos)
 
     def advance(self, tokens: np.ndarray, done: np.ndarray) -> None:
         """Each row that was live gets its newest token."""
@@ -114,3 +123,41 @@ def build(cfg, ids: np.ndarray, mask: np.ndarray, vocab: int, eos_ids) -> Bans |
         return None
     histories = [row[keep > 0].tolist() for row, keep in zip(ids, mask, strict=True)]
     return Bans(suppress, begin, words, vocab, histories, eos_ids)
+
+
+class RequestBans:
+    """One serving request's bans (vLLM's ``allowed_token_ids`` and ``bad_words``, as token ids) in the
+    shape of a structured-output matcher (``fill`` / ``mask`` / ``advance``: what the slot engine
+    drives), over the request's grammar matcher when it has one. Bad words are matched against the
+    request's generated tokens only, as vLLM matches them."""
+
+    def __init__(self, vocab: int, allowed=(), words=(), eos_ids=(), inner=None):
+        self.base = np.full(-(-vocab // 32), ALL_ONES, np.uint32)
+        if allowed:
+            self.base[:] = 0
+            _set(self.base, allowed)
+        _clear(self.base, [s[0] for s in words if len(s) == 1])
+        self.longer = tuple(tuple(s) for s in words if len(s) > 1)
+        self.history: list[int] = []
+        self.eos = [int(e) for e in eos_ids if 0 <= int(e) < vocab]
+        self.inner = inner
+
+    def fill(self, out: np.ndarray) -> np.ndarray:
+        """The next token's allowed bitmask, written into ``out`` (``[words(V)]`` uint32)."""
+        if self.inner is not None:
+            self.inner.fill(out)
+        else:
+            out[:] = ALL_ONES
+        out &= self.base
+        _clear(out, _completing(self.history, self.longer))
+        if not out.any():  # nothing left to choose: the request may end
+            _set(out, self.eos)
+        return out
+
+    def mask(self) -> np.ndarray:
+        return self.fill(np.zeros(len(self.base), np.uint32))
+
+    def advance(self, tokens) -> bool:
+        ok = self.inner.advance(tokens) if self.inner is not None else True
+        self.history.extend(int(t) for t in tokens)
+        return ok

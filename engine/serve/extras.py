@@ -10,12 +10,14 @@ Applied:
 * ``add_special_tokens``: whether the tokenizer adds its own (default: completions yes, chats no,
   since the chat template writes them);
 * ``truncate_prompt_tokens``: only the prompt's last ``k`` tokens (-1: as many as the window holds);
+* ``allowed_token_ids`` (the only tokens an answer may hold) and ``bad_words`` (words it may not hold,
+  matched in its own tokens as vLLM matches them): ``aotlm.generate.bans.RequestBans``;
 * chats: ``add_generation_prompt`` (default true), ``continue_final_message`` (the answer goes on
   from the last message), ``documents`` and ``chat_template_kwargs`` (e.g. Qwen3's
   ``{"enable_thinking": false}``), all given to the model's chat template.
 
 Refused by name when set to anything but their no-op value, rather than answered as if they were
-not there: ``min_tokens``, ``bad_words``, ``allowed_token_ids``, ``prompt_logprobs``, ``use_beam_search``,
+not there: ``min_tokens``, ``prompt_logprobs``, ``use_beam_search``,
 ``length_penalty``, ``spaces_between_special_tokens``, ``chat_template`` (a request's own template is
 not run), ``logits_processors``, ``guided_whitespace_pattern``, ``return_tokens_as_token_ids``,
 ``detokenize``.
@@ -32,8 +34,6 @@ from aotlm.serve.structured import FieldError
 # vLLM fields this server does not apply, with the values that ask for nothing (accepted)
 REFUSED = {
     "min_tokens": (None, 0),
-    "bad_words": (None, []),
-    "allowed_token_ids": (None,),
     "prompt_logprobs": (None,),
     "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0),
@@ -63,6 +63,8 @@ class Extras:
     skip_special_tokens: bool = True
     add_special_tokens: bool | None = None  # None: the endpoint's default
     truncate: int | None = None  # the prompt's last tokens kept (-1: the window's worth)
+    allowed_token_ids: tuple[int, ...] = ()  # the only tokens the answer may hold (empty: any)
+    bad_words: tuple[str, ...] = ()  # words the answer may not hold
     template: dict = field(default_factory=dict)  # chat: keywords for apply_chat_template
 
 
@@ -90,7 +92,17 @@ def parse(body: dict, chat: bool) -> Extras:
         for name in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs", "documents"):
             if body.get(name) is not None:
                 raise FieldError(f"'{name}' belongs to /v1/chat/completions", name)
+    allowed = body.get("allowed_token_ids")
+    if allowed is not None and not (
+        isinstance(allowed, list) and allowed and all(type(t) is int and t >= 0 for t in allowed)
+    ):
+        raise FieldError("'allowed_token_ids' must be a non-empty list of token ids", "allowed_token_ids")
+    words = body.get("bad_words") or []
+    if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
+        raise FieldError("'bad_words' must be a list of non-empty strings", "bad_words")
     return Extras(
+        allowed_token_ids=tuple(allowed or ()),
+        bad_words=tuple(words),
         include_stop_str=_bool(body, "include_stop_str_in_output", False),
         skip_special_tokens=_bool(body, "skip_special_tokens", True),
         add_special_tokens=_bool(body, "add_special_tokens", None),
@@ -159,3 +171,16 @@ def guided_format(body: dict) -> dict | None:
         return {"type": kind, kind: v}
     why = f"'structured_outputs' takes json, regex, choice, grammar or json_object, got {kind!r}"
     raise FieldError(why, param)
+
+
+def bad_word_ids(tokenizer, words) -> list[list[int]]:
+    """vLLM's token ids of ``bad_words``: each word as written (its leading spaces dropped), and with
+    one space before it where that makes a new first token of the same length (a word in mid-text)."""
+    out = []
+    for word in words:
+        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        out.append(bare)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return [ids for ids in out if ids]

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from aotlm.batching.types import EngineStopped, InvalidRequest, QueueFull, Request, SamplingParams, Token
 from aotlm.core.graphs import FinishReason
+from aotlm.generate import bans
 from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Matcher
-from aotlm.serve import protocol
+from aotlm.serve import extras, protocol
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.chat import ChatError, render
 from aotlm.serve.detok import ChoiceText, Piece, TokenTexts, finish_reason
@@ -52,13 +53,24 @@ class Served:
             return [None] * n
         try:
             if self.grammars is None:
-                eos = getattr(self.engine, "eos_token_id", ()) or [self.tokenizer.eos_token_id]
-                self.grammars = Grammars(
-                    self.tokenizer, self.engine.vocab_size, [t for t in eos if t is not None]
-                )
+                self.grammars = Grammars(self.tokenizer, self.engine.vocab_size, self.eos_ids())
             return [self.grammars.matcher(c) for _ in range(n)]
         except ConstraintError as e:
             raise protocol.bad(f"invalid {c.kind.replace('_', ' ')}: {e}", "response_format") from None
+
+    def banned(self, matchers: list, more: extras.Extras) -> list:
+        """The matchers with the request's ``allowed_token_ids`` / ``bad_words`` over them (``bans``)."""
+        if not (more.allowed_token_ids or more.bad_words):
+            return matchers
+        protocol.check_token_ids(more.allowed_token_ids, self.engine.vocab_size, "allowed_token_ids")
+        words = extras.bad_word_ids(self.tokenizer, more.bad_words)
+        vocab, eos = self.engine.vocab_size, self.eos_ids()
+        return [bans.RequestBans(vocab, more.allowed_token_ids, words, eos, m) for m in matchers]
+
+    def eos_ids(self) -> list[int]:
+        """The ids that end an answer: the engine's, else the tokenizer's."""
+        eos = getattr(self.engine, "eos_token_id", ()) or [self.tokenizer.eos_token_id]
+        return [t for t in eos if t is not None]
 
 
 class ClientGone(Exception):
@@ -258,6 +270,7 @@ async def _run(served, kind, common, prompts, default_max, prompt_param, disconn
     shapes = Shapes(kind, rid, int(time.time()), adapter or served.model_name, served.texts, common.form)
     n = sum(len(plist) for _, plist in jobs)  # grammars compile off the event loop (first: ~1 s)
     matchers = await asyncio.to_thread(served.matchers, common.form.constraint, n)
+    matchers = served.banned(matchers, common.extras)
     reqs = _submit(served, jobs, rid, prompt_param, matchers)
     runs, k = [], 0
     for no, (ids, plist) in enumerate(jobs):

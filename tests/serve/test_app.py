@@ -284,6 +284,30 @@ def test_several_prompts_times_n_choices(srv):
     )
 
 
+def test_allowed_token_ids_and_bad_words_hold_on_the_engine(srv):
+    from aotlm.batching.types import SamplingParams
+    from aotlm.generate.bans import RequestBans
+
+    prompt = srv.tok.encode("value = ")
+    vocab = srv.engine.vocab_size
+
+    def run(matcher=None, **kw):
+        p = SamplingParams(max_tokens=12, ignore_eos=True, **kw)
+        return [t.id for t in srv.engine.submit(prompt, p, matcher=matcher) if isinstance(t, Token)]
+
+    allowed = srv.tok.encode(" x = 1 + y")
+    drawn = run(RequestBans(vocab, allowed=allowed), temperature=1.0, seed=3)
+    assert len(drawn) == 12 and set(drawn) <= set(allowed)
+    base = run(temperature=0.0)
+    pair = tuple(base[:2])
+    singles = [(t,) for t in base[2:] if t not in pair][:1]
+    out = run(RequestBans(vocab, words=[pair, *singles]), temperature=0.0)
+    assert not any(s in out for (s,) in singles) and all(tuple(out[i : i + 2]) != pair for i in range(11))
+    assert out[0] == base[0] and out != base  # the first token of the pair alone is no bad word
+    r = srv.post("/v1/completions", {"prompt": "value = ", "max_tokens": 4, "allowed_token_ids": [vocab]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "allowed_token_ids"
+
+
 def test_logprobs_shapes(srv):
     client = srv.client()
     r = client.completions.create(

@@ -152,8 +152,6 @@ def test_fields_not_applied_are_refused_by_name_unless_they_ask_nothing(tok):
     client, _ = served(tok)
     for name, value in [
         ("min_tokens", 3),
-        ("bad_words", ["x"]),
-        ("allowed_token_ids", [1, 2]),
         ("prompt_logprobs", 1),
         ("use_beam_search", True),
         ("length_penalty", 0.5),
@@ -167,7 +165,6 @@ def test_fields_not_applied_are_refused_by_name_unless_they_ask_nothing(tok):
         assert r.json()["error"]["param"] == name and name in r.json()["error"]["message"]
     noops = {
         "min_tokens": 0,
-        "bad_words": [],
         "use_beam_search": False,
         "length_penalty": 1.0,
         "detokenize": True,
@@ -188,3 +185,67 @@ def test_parse_and_choice_text_units(tok):
     text = ChoiceText(tok, ["y =", "END"], include_stop=True)  # the earliest one ends it, kept
     released = "".join(p.text for t in tok.encode(ANSWER) if (p := text.push(Token(t))) is not None)
     assert text.stopped and released + text.finish().text == "x = 1 END"
+
+
+def test_bans_go_to_the_engine_as_a_matcher(tok):
+    from aotlm.generate.bans import RequestBans
+
+    client, engine = served(tok)
+    allowed = tok.encode(" x = 1")
+    r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "allowed_token_ids": allowed})
+    m = engine.seen[-1].matcher
+    assert r.status_code == 200 and isinstance(m, RequestBans)
+    bits = m.mask()
+    assert [t for t in range(320) if bits[t // 32] >> (t % 32) & 1] == sorted(set(allowed))
+    r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "bad_words": ["return"]})
+    words = extras.bad_word_ids(tok, ["return"])
+    assert r.status_code == 200 and engine.seen[-1].matcher.longer == tuple(
+        tuple(w) for w in words if len(w) > 1
+    )
+    for bad in (
+        {"allowed_token_ids": []},
+        {"allowed_token_ids": [-1]},
+        {"bad_words": "x"},
+        {"bad_words": [""]},
+    ):
+        r = client.post("/v1/completions", json={"prompt": "a", **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(bad)), bad
+    assert (
+        client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "bad_words": []}).status_code
+        == 200
+    )
+
+
+def test_request_bans_units(tok):
+    from aotlm.generate.bans import ALL_ONES, RequestBans
+
+    on = lambda mask: [t for t in range(64) if mask[t // 32] >> (t % 32) & 1]  # noqa: E731
+    m = RequestBans(64, words=[(5,), (7, 8)], eos_ids=[3])
+    assert 5 not in on(m.mask()) and 8 in on(m.mask())
+    m.advance([7])
+    assert 8 not in on(m.mask()) and 7 in on(m.mask())
+    m.advance([9])
+    assert 8 in on(m.mask())
+
+    class Grammar:  # allows 1, 2 and 5; records what it was fed
+        fed: list = []
+
+        def fill(self, out):
+            out[:] = 0
+            out[0] = (1 << 1) | (1 << 2) | (1 << 5)
+            return out
+
+        def advance(self, tokens):
+            self.fed.extend(tokens)
+            return True
+
+    both = RequestBans(64, allowed=[2, 5, 9], words=[(5,)], eos_ids=[3], inner=Grammar())
+    assert on(both.mask()) == [2] and both.advance([2]) and Grammar.fed == [2]
+    nothing = RequestBans(64, allowed=[5], words=[(5,)], eos_ids=[3])
+    assert on(nothing.mask()) == [3]  # nothing left: the eos may end it
+    assert (RequestBans(64).mask() == ALL_ONES).all()
+    # vLLM's variants of a bad word: as written, and with a space before it when that is a new token
+    ids = extras.bad_word_ids(tok, ["  fibonacci"])
+    assert ids[0] == tok.encode("fibonacci") and all(ids)
+    if len(ids) > 1:
+        assert ids[1] == tok.encode(" fibonacci") and len(ids[1]) == len(ids[0])
