@@ -129,9 +129,11 @@ class RequestBans:
     """One serving request's bans (vLLM's ``allowed_token_ids`` and ``bad_words``, as token ids) in the
     shape of a structured-output matcher (``fill`` / ``mask`` / ``advance``: what the slot engine
     drives), over the request's grammar matcher when it has one. Bad words are matched against the
-    request's generated tokens only, as vLLM matches them."""
+    request's generated tokens only, as vLLM matches them; ``held`` (its eos and stop token ids) are
+    banned until it has ``min_tokens`` tokens (vLLM's ``min_tokens``)."""
 
-    def __init__(self, vocab: int, allowed=(), words=(), eos_ids=(), inner=None):
+    def __init__(self, vocab: int, allowed=(), words=(), eos_ids=(), inner=None, min_tokens=0, held=()):
+        self.min_tokens, self.held = int(min_tokens), [int(t) for t in held if 0 <= int(t) < vocab]
         self.base = np.full(-(-vocab // 32), ALL_ONES, np.uint32)
         if allowed:
             self.base[:] = 0
@@ -150,6 +152,8 @@ class RequestBans:
             out[:] = ALL_ONES
         out &= self.base
         _clear(out, _completing(self.history, self.longer))
+        if len(self.history) < self.min_tokens:  # vLLM's min_tokens: no eos / stop token before it
+            _clear(out, self.held)
         if not out.any():  # nothing left to choose: the request may end
             _set(out, self.eos)
         return out

@@ -50,10 +50,13 @@ class ChoiceText:
         stop: Sequence[str] = (),
         include_stop: bool = False,
         skip_special_tokens: bool = True,
+        min_tokens: int = 0,
     ):
         self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens=skip_special_tokens)
         self.stop = tuple(stop)
         self.include_stop = include_stop  # vLLM's include_stop_str_in_output: the stop string stays
+        self.min_tokens = min_tokens  # vLLM's: no stop string ends the answer before this many tokens
+        self.floor = 0  # a stop string counts only if it ends past this many characters
         self.longest = max(map(len, self.stop), default=0)
         self.text = ""  # decoded so far (cut at a stop string once found)
         self.sent = 0  # characters of ``text`` released
@@ -69,6 +72,8 @@ class ChoiceText:
         self.pending.append(token)
         self.pending_offsets.append(len(self.text))
         self.text += self.decoder.push([token.id])
+        if self.n_tokens < self.min_tokens:
+            self.floor = len(self.text)
         return self._release(final=False)
 
     def finish(self) -> Piece:
@@ -96,7 +101,8 @@ class ChoiceText:
     def _find_stop(self) -> tuple[int, str] | None:
         """``(start, stop string)`` of the earliest stop string; none can start in text already released."""
         start = max(0, self.sent - self.longest)
-        hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        at = lambda s: max(start, self.floor - len(s) + 1)  # noqa: E731 -- ending past the min_tokens' text
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, at(s))) >= 0]
         return min(hits, key=lambda h: (h[0], -len(h[1]))) if hits else None
 
     def _held(self) -> int:

@@ -10,14 +10,15 @@ Applied:
 * ``add_special_tokens``: whether the tokenizer adds its own (default: completions yes, chats no,
   since the chat template writes them);
 * ``truncate_prompt_tokens``: only the prompt's last ``k`` tokens (-1: as many as the window holds);
-* ``allowed_token_ids`` (the only tokens an answer may hold) and ``bad_words`` (words it may not hold,
-  matched in its own tokens as vLLM matches them): ``aotlm.generate.bans.RequestBans``;
+* ``allowed_token_ids`` (the only tokens an answer may hold), ``bad_words`` (words it may not hold,
+  matched in its own tokens as vLLM matches them) and ``min_tokens`` (no eos, stop token or stop string
+  before that many tokens): ``aotlm.generate.bans.RequestBans``;
 * chats: ``add_generation_prompt`` (default true), ``continue_final_message`` (the answer goes on
   from the last message), ``documents`` and ``chat_template_kwargs`` (e.g. Qwen3's
   ``{"enable_thinking": false}``), all given to the model's chat template.
 
 Refused by name when set to anything but their no-op value, rather than answered as if they were
-not there: ``min_tokens``, ``prompt_logprobs``, ``use_beam_search``,
+not there: ``prompt_logprobs``, ``use_beam_search``,
 ``length_penalty``, ``spaces_between_special_tokens``, ``chat_template`` (a request's own template is
 not run), ``logits_processors``, ``guided_whitespace_pattern``, ``return_tokens_as_token_ids``,
 ``detokenize``.
@@ -33,7 +34,6 @@ from aotlm.serve.structured import FieldError
 
 # vLLM fields this server does not apply, with the values that ask for nothing (accepted)
 REFUSED = {
-    "min_tokens": (None, 0),
     "prompt_logprobs": (None,),
     "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0),
@@ -65,6 +65,7 @@ class Extras:
     truncate: int | None = None  # the prompt's last tokens kept (-1: the window's worth)
     allowed_token_ids: tuple[int, ...] = ()  # the only tokens the answer may hold (empty: any)
     bad_words: tuple[str, ...] = ()  # words the answer may not hold
+    min_tokens: int = 0  # tokens before an eos, a stop token or a stop string may end the answer
     template: dict = field(default_factory=dict)  # chat: keywords for apply_chat_template
 
 
@@ -100,7 +101,11 @@ def parse(body: dict, chat: bool) -> Extras:
     words = body.get("bad_words") or []
     if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
         raise FieldError("'bad_words' must be a list of non-empty strings", "bad_words")
+    least = body.get("min_tokens")
+    if least is not None and (type(least) is not int or least < 0):
+        raise FieldError(f"'min_tokens' must be an integer >= 0, got {least!r}", "min_tokens")
     return Extras(
+        min_tokens=least or 0,
         allowed_token_ids=tuple(allowed or ()),
         bad_words=tuple(words),
         include_stop_str=_bool(body, "include_stop_str_in_output", False),

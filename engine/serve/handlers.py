@@ -58,14 +58,18 @@ class Served:
         except ConstraintError as e:
             raise protocol.bad(f"invalid {c.kind.replace('_', ' ')}: {e}", "response_format") from None
 
-    def banned(self, matchers: list, more: extras.Extras) -> list:
-        """The matchers with the request's ``allowed_token_ids`` / ``bad_words`` over them (``bans``)."""
-        if not (more.allowed_token_ids or more.bad_words):
+    def banned(self, matchers: list, common: Common) -> list:
+        """The matchers with the request's ``allowed_token_ids``, ``bad_words`` and ``min_tokens`` over
+        them (``bans.RequestBans``)."""
+        more = common.extras
+        if not (more.allowed_token_ids or more.bad_words or more.min_tokens):
             return matchers
         protocol.check_token_ids(more.allowed_token_ids, self.engine.vocab_size, "allowed_token_ids")
         words = extras.bad_word_ids(self.tokenizer, more.bad_words)
         vocab, eos = self.engine.vocab_size, self.eos_ids()
-        return [bans.RequestBans(vocab, more.allowed_token_ids, words, eos, m) for m in matchers]
+        held = [*eos, *(s[0] for s in common.params.stop_token_ids)]
+        kw = dict(min_tokens=more.min_tokens, held=held)
+        return [bans.RequestBans(vocab, more.allowed_token_ids, words, eos, m, **kw) for m in matchers]
 
     def eos_ids(self) -> list[int]:
         """The ids that end an answer: the engine's, else the tokenizer's."""
@@ -270,13 +274,14 @@ async def _run(served, kind, common, prompts, default_max, prompt_param, disconn
     shapes = Shapes(kind, rid, int(time.time()), adapter or served.model_name, served.texts, common.form)
     n = sum(len(plist) for _, plist in jobs)  # grammars compile off the event loop (first: ~1 s)
     matchers = await asyncio.to_thread(served.matchers, common.form.constraint, n)
-    matchers = served.banned(matchers, common.extras)
+    matchers = served.banned(matchers, common)
     reqs = _submit(served, jobs, rid, prompt_param, matchers)
     runs, k = [], 0
     for no, (ids, plist) in enumerate(jobs):
         for _ in plist:
             more = common.extras
-            text = ChoiceText(served.tokenizer, common.stop, more.include_stop_str, more.skip_special_tokens)
+            shown = dict(include_stop=more.include_stop_str, skip_special_tokens=more.skip_special_tokens)
+            text = ChoiceText(served.tokenizer, common.stop, min_tokens=more.min_tokens, **shown)
             runs.append(ChoiceRun(k, reqs[k], text, served.metrics, len(ids), no))
             k += 1
     prompt_tokens = sum(len(ids) for ids in prompts)  # once per prompt, whatever n is (as OpenAI)

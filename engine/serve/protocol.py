@@ -211,6 +211,10 @@ def _common(
         logprobs=logprobs,
         logit_bias=form.logit_bias,
     )
+    if more.min_tokens and max_tokens is not None and more.min_tokens > max_tokens:
+        raise bad(
+            f"'min_tokens' ({more.min_tokens}) must be at most 'max_tokens' ({max_tokens})", "min_tokens"
+        )
     return Common(model, n, stream, include_usage, _stop(body), max_tokens, params, form, more)
 
 

@@ -304,6 +304,11 @@ def test_allowed_token_ids_and_bad_words_hold_on_the_engine(srv):
     out = run(RequestBans(vocab, words=[pair, *singles]), temperature=0.0)
     assert not any(s in out for (s,) in singles) and all(tuple(out[i : i + 2]) != pair for i in range(11))
     assert out[0] == base[0] and out != base  # the first token of the pair alone is no bad word
+    k = next(i for i in range(1, 12) if base[i] not in base[:i])  # its first token not seen before
+    stop = ((base[k],),)
+    assert len(run(temperature=0.0, stop_token_ids=stop)) == k + 1
+    held = run(RequestBans(vocab, min_tokens=k + 3, held=[base[k]]), temperature=0.0, stop_token_ids=stop)
+    assert len(held) >= k + 3 and base[k] not in held[: k + 3]  # vLLM's min_tokens
     r = srv.post("/v1/completions", {"prompt": "value = ", "max_tokens": 4, "allowed_token_ids": [vocab]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "allowed_token_ids"
 

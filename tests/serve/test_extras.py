@@ -151,7 +151,6 @@ def test_guided_fields_are_response_formats(tok):
 def test_fields_not_applied_are_refused_by_name_unless_they_ask_nothing(tok):
     client, _ = served(tok)
     for name, value in [
-        ("min_tokens", 3),
         ("prompt_logprobs", 1),
         ("use_beam_search", True),
         ("length_penalty", 0.5),
@@ -249,3 +248,27 @@ def test_request_bans_units(tok):
     assert ids[0] == tok.encode("fibonacci") and all(ids)
     if len(ids) > 1:
         assert ids[1] == tok.encode(" fibonacci") and len(ids[1]) == len(ids[0])
+
+
+def test_min_tokens_holds_back_the_end(tok):
+    from aotlm.generate.bans import RequestBans
+
+    client, engine = served(tok)
+    n = len(tok.encode(ANSWER))
+    body = {"prompt": "a", "max_tokens": 20, "stop": ["END"], "stop_token_ids": [7]}
+    for least, text in [(0, "x = 1 "), (2, "x = 1 "), (n, ANSWER)]:  # END's own tokens end past token 2
+        got = client.post("/v1/completions", json={**body, "min_tokens": least}).json()
+        assert got["choices"][0]["text"] == text, least
+    m = engine.seen[-1].matcher
+    assert isinstance(m, RequestBans) and m.min_tokens == n and 7 in m.held
+    r = client.post("/v1/completions", json={**body, "min_tokens": 21})
+    assert r.status_code == 400 and "'min_tokens' (21) must be at most 'max_tokens' (20)" in r.text
+    for bad in (-1, 1.5, "2"):
+        assert client.post("/v1/completions", json={**body, "min_tokens": bad}).status_code == 400
+    eos = RequestBans(64, eos_ids=[3], min_tokens=2, held=[3, 9])
+    on = lambda mask: {t for t in range(64) if mask[t // 32] >> (t % 32) & 1}  # noqa: E731
+    assert not {3, 9} & on(eos.mask())
+    eos.advance([1])
+    assert not {3, 9} & on(eos.mask())
+    eos.advance([2])
+    assert {3, 9} <= on(eos.mask())
