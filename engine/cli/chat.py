@@ -17,6 +17,7 @@ prompt stays) and a line says so.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -38,6 +39,7 @@ from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
 from aotlm.serve.chat import render
 from aotlm.text import tokens as text
 from aotlm.text.pipeline import TextGenerationPipeline
+from aotlm.text.preprocess import TEMPLATE_OWN
 
 log = logging.getLogger("aotlm")
 
@@ -66,10 +68,32 @@ def register(sub) -> None:
         default=None,
         help=f"per answer (default: generation_config.json, else {DEFAULT_MAX_NEW_TOKENS})",
     )
+    p.add_argument(
+        "--chat-template-kwargs",
+        default=None,
+        metavar="JSON",
+        help="variables for the chat template, e.g. '{\"enable_thinking\": false}' (Qwen3)",
+    )
     add_sampling_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars, log or speed lines")
     add_model_args(p, checkpoint=False)
     p.set_defaults(fn=cmd_chat)
+
+
+def template_variables(given: str | None) -> dict:
+    """``--chat-template-kwargs``: a JSON object of template variables ({} without the flag)."""
+    if given is None:
+        return {}
+    try:
+        kw = json.loads(given)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--chat-template-kwargs is not JSON ({e}); give an object of variables") from None
+    if not isinstance(kw, dict):
+        raise ValueError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    own = sorted(k for k in kw if k in TEMPLATE_OWN)
+    if own:
+        raise ValueError(f"--chat-template-kwargs may not set {own}; aotlm chat sets them")
+    return kw
 
 
 @dataclass
@@ -102,6 +126,7 @@ class ChatSession:
         """``asked``: ``--max-new-tokens`` was given (else the default is capped at half the window)."""
         self.args, self.files, self.tok = args, files, tok
         self.conversation = Conversation(args.system)
+        self.variables = template_variables(args.chat_template_kwargs)
         kw = model_kwargs(args)
         kw.setdefault("batch_size", 1)
         if kw.get("n_positions") is None:
@@ -116,7 +141,7 @@ class ChatSession:
         """``(text, add special tokens, its token count)`` of the rendered conversation, trimmed from
         the oldest turn until prompt + answer fit."""
         while True:
-            prompt, add_special = render(self.tok, self.conversation.messages())
+            prompt, add_special = render(self.tok, self.conversation.messages(), (), self.variables)
             n = len(text.encode(self.tok, [prompt], add_special)[0])
             if n + new <= self.model.n_positions:
                 return prompt, add_special, n
@@ -196,6 +221,7 @@ def cmd_chat(args) -> int:
     setup_logging(args.quiet)
     if args.message is not None and not args.message.strip():
         raise ValueError("the message is empty; give some text, or none for an interactive chat")
+    template_variables(args.chat_template_kwargs)  # checked before anything loads
     files = validate_checkpoint(args.model, args.tokenizer)
     tok = text.load_tokenizer(files.tokenizer)
     if not getattr(tok, "chat_template", None):

@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass, field
 
 from aotlm.serve.structured import FieldError
+from aotlm.text.preprocess import TEMPLATE_OWN
 
 # vLLM fields this server does not apply, with the values that ask for nothing (accepted)
 REFUSED = {
@@ -50,9 +51,6 @@ GUIDED = {
     "guided_choice": "choice",
     "guided_grammar": "grammar",
 }
-# keywords of apply_chat_template a request's chat_template_kwargs may not set (the server sets them)
-_OWN = {"conversation", "messages", "tools", "documents", "tokenize", "add_generation_prompt"}
-_OWN |= {"continue_final_message", "chat_template", "return_dict", "return_tensors", "tokenizer_kwargs"}
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,7 @@ def _template(body: dict) -> dict:
     if given is not None and not isinstance(given, dict):
         raise FieldError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     kw = dict(given or {})
-    clash = sorted(k for k in kw if k in _OWN)
+    clash = sorted(k for k in kw if k in TEMPLATE_OWN)  # apply_chat_template's own: the server sets them
     if clash:
         why = f"'chat_template_kwargs' may not set {clash}; use the request's own fields"
         raise FieldError(why, "chat_template_kwargs")

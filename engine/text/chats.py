@@ -45,15 +45,17 @@ def render(
     final: bool,
     tools: Sequence[dict] | None = None,
     documents: Sequence[dict] | None = None,
+    **variables,
 ) -> str:
     """The chat's prompt text (encode it without added special tokens: the template writes them);
-    ``tools`` and ``documents`` (retrieval documents, for templates that take them) go to the template."""
+    ``tools``, ``documents`` (retrieval documents, for templates that take them) and ``variables``
+    (e.g. ``enable_thinking=False``) go to the template."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "the tokenizer has no chat template (a base model?): give the prompt as text, or a tokenizer "
             "with a chat_template"
         )
-    kw = {"tools": list(tools)} if tools else {}
+    kw = {**variables, "tools": list(tools)} if tools else dict(variables)
     if documents:
         kw["documents"] = list(documents)
     try:

@@ -144,7 +144,12 @@ class TextGenerationPipeline:
         ``padding``, ``tokenizer_encode_kwargs`` (:mod:`aotlm.text.preprocess`) and, for chats, ``documents``.
         """
         length = kwargs.get("max_length")
-        encode = preprocess.tokenizer_kwargs(truncation, padding, length, tokenizer_encode_kwargs)
+        if isinstance(text_inputs, Iterator):  # a generator of prompts or of chats, as transformers takes
+            text_inputs = list(text_inputs)
+        convs, single = chats.split(text_inputs)
+        encode, template = preprocess.tokenizer_kwargs(
+            truncation, padding, length, tokenizer_encode_kwargs, chat=convs is not None
+        )
         kwargs = call_args.with_config(kwargs)
         k = call_args.return_sequences(kwargs)
         kind = call_args.return_type(return_full_text, return_text, return_tensors)
@@ -152,16 +157,14 @@ class TextGenerationPipeline:
             if kwargs.get("stop") is not None:
                 raise TypeError("give stop or stop_sequence, not both")
             kwargs["stop"] = [stop_sequence] if isinstance(stop_sequence, str) else list(stop_sequence)
-        if isinstance(text_inputs, Iterator):  # a generator of prompts or of chats, as transformers takes
-            text_inputs = list(text_inputs)
-        convs, single = chats.split(text_inputs)
         if convs is not None:
             if prefix:
                 raise ValueError("prefix goes before a text prompt; begin a chat with a system message")
             kwargs.pop("add_special_tokens", None)  # the template writes them (transformers ignores it too)
             encode.pop("add_special_tokens", None)
             finals = [chats.continues(c, continue_final_message) for c in convs]
-            render = functools.partial(chats.render, self.tokenizer, tools=tools, documents=documents)
+            template.update(tools=tools, documents=documents)
+            render = functools.partial(chats.render, self.tokenizer, **template)
             prompts = [render(c, f) for c, f in zip(convs, finals, strict=True)]
         else:
             if tools is not None or documents is not None:

@@ -8,7 +8,9 @@
   tokenizer's ``model_max_length``, when smaller).
 * ``truncation``, ``padding``, ``tokenizer_encode_kwargs``: the tokenizer's own keywords, applied
   as transformers applies them to each prompt (``truncation`` with a pipeline ``max_length`` cuts the
-  prompt to it). Pads the tokenizer adds are dropped: the pipeline pads its batches itself.
+  prompt to it). Pads the tokenizer adds are dropped: the pipeline pads its batches itself. For a chat,
+  the other keys of ``tokenizer_encode_kwargs`` are its template's variables, as transformers passes
+  them to ``apply_chat_template`` (Qwen3's ``{"enable_thinking": False}``).
 """
 
 from __future__ import annotations
@@ -17,23 +19,34 @@ from collections.abc import Sequence
 
 # the tokenizer keywords that shape one prompt's ids (others return more than ids or nothing of use here)
 ENCODE_KEYS = ("add_special_tokens", "truncation", "max_length", "padding", "split_special_tokens", "verbose")
+# apply_chat_template's own keywords, which the pipeline sets (not template variables)
+TEMPLATE_OWN = ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt")
+TEMPLATE_OWN += ("tokenize",)
+TEMPLATE_OWN += ("continue_final_message", "return_tensors", "return_dict", "tokenizer_kwargs")
 
 
-def tokenizer_kwargs(truncation, padding, max_length, encode_kwargs) -> dict:
-    """The keywords the pipeline's tokenizer call takes, as transformers builds them: ``truncation``,
-    ``padding`` and (with ``truncation``) the pipeline's ``max_length``, then ``tokenizer_encode_kwargs``."""
+def tokenizer_kwargs(truncation, padding, max_length, encode_kwargs, chat: bool = False) -> tuple[dict, dict]:
+    """``(tokenizer keywords, chat template variables)`` as transformers builds them: ``truncation``,
+    ``padding`` and (with ``truncation``) the pipeline's ``max_length``, then ``tokenizer_encode_kwargs``,
+    whose other keys are, for a chat, variables of its template (``{"enable_thinking": False}``)."""
     kw = {"truncation": truncation, "padding": padding}
     if truncation:
         kw["max_length"] = max_length
     kw = {k: v for k, v in kw.items() if v is not None}
     if encode_kwargs is None:
-        return kw
+        return kw, {}
     if not isinstance(encode_kwargs, dict):
         raise TypeError(f"tokenizer_encode_kwargs must be a dict, got {type(encode_kwargs).__name__}")
-    unknown = sorted(str(k) for k in encode_kwargs if k not in ENCODE_KEYS)
-    if unknown:
-        raise TypeError(f"tokenizer_encode_kwargs does not take {unknown}; it takes: {list(ENCODE_KEYS)}")
-    return {**kw, **encode_kwargs}
+    other = {k: v for k, v in encode_kwargs.items() if k not in ENCODE_KEYS}
+    if other and not chat:
+        raise TypeError(
+            f"tokenizer_encode_kwargs does not take {sorted(map(str, other))} with text prompts; it takes: "
+            f"{list(ENCODE_KEYS)} (other keys are a chat template's variables)"
+        )
+    own = sorted(str(k) for k in other if k in TEMPLATE_OWN)
+    if own:
+        raise TypeError(f"tokenizer_encode_kwargs may not set {own}: the pipeline's own arguments set them")
+    return {**kw, **{k: v for k, v in encode_kwargs.items() if k in ENCODE_KEYS}}, other
 
 
 def hole_check(handle_long_generation) -> bool:

@@ -114,3 +114,24 @@ def test_an_empty_system_prompt_is_a_message_and_survives_reset():
     c.turns.append({"role": "user", "content": "hi"})
     c.reset()
     assert c.messages() == [{"role": "system", "content": ""}]
+
+
+def test_chat_template_kwargs_are_the_templates_variables(chat_model):
+    from transformers import AutoTokenizer
+
+    from aotlm.text.pipeline import pipeline
+
+    path, cache = chat_model
+    r = chat(path, cache, "--chat-template-kwargs", '{"flag": true}', "--max-new-tokens", "5", "import os")
+    assert r.returncode == 0, r.stderr
+    tok = AutoTokenizer.from_pretrained(str(path))
+    messages = [{"role": "user", "content": "import os"}]
+    prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, flag=True)
+    assert prompt.endswith("a:F!")  # the variable reached the template
+    pipe = pipeline(model=str(path), batch_size=1, n_positions=64, compile_cache=str(cache), progress=False)
+    want = pipe.generate([prompt], max_new_tokens=5, add_special_tokens=False, do_sample=False)[0]
+    assert r.stdout == want.text + "\n"
+    bad_ones = [("[1]", "must be a JSON object"), ("{x", "is not JSON"), ('{"tools": []}', "may not set")]
+    for bad, why in bad_ones:
+        r = chat(path, cache, "--chat-template-kwargs", bad, "hi")
+        assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, bad

@@ -45,7 +45,7 @@ class ScriptedEngine:
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
     tok = make_tokenizer(tmp_path_factory.mktemp("tok"))
-    tok.chat_template = CHAT_TEMPLATE + "{% if flag %}{{ 'F!' }}{% endif %}"
+    tok.chat_template = CHAT_TEMPLATE
     return tok
 
 

@@ -77,6 +77,7 @@ CHAT_TEMPLATE = (
     "{% for d in documents or [] %}{{ 'd:' + d['text'] + '\n' }}{% endfor %}"
     "{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ 'a:' }}{% endif %}"
+    "{% if flag %}{{ 'F!' }}{% endif %}"  # a variable (tokenizer_encode_kwargs, chat_template_kwargs)
 )
 
 

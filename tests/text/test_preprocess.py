@@ -104,21 +104,32 @@ def test_documents_go_to_the_chat_template(pipes):
     assert rendered.startswith("d:x = 1\n")
     (g,) = ours.generate([rendered], add_special_tokens=False, max_new_tokens=4)
     assert ours(chat, return_full_text=False, **kw)[0]["generated_text"] == g.text
+    kw = dict(tokenizer_encode_kwargs={"flag": True}, max_new_tokens=4)  # a template variable
+    assert ours(chat, **kw) == fresh(ref)(chat, do_sample=False, **kw)
+    flagged = render(chat, tokenize=False, add_generation_prompt=True, flag=True)
+    assert flagged.endswith("a:F!")
+    (g,) = ours.generate([flagged], add_special_tokens=False, max_new_tokens=4)
+    assert ours(chat, return_full_text=False, **kw)[0]["generated_text"] == g.text
     with pytest.raises(ValueError, match="tools and documents go to a chat template: give the prompt as a"):
         ours(PROMPT, documents=docs, max_new_tokens=2)
 
 
 def test_tokenizer_kwargs_as_transformers_builds_them():
-    assert preprocess.tokenizer_kwargs(None, None, 12, None) == {}
-    assert preprocess.tokenizer_kwargs(True, None, 12, None) == {"truncation": True, "max_length": 12}
-    got = preprocess.tokenizer_kwargs(False, "longest", 12, None)
+    assert preprocess.tokenizer_kwargs(None, None, 12, None) == ({}, {})
+    assert preprocess.tokenizer_kwargs(True, None, 12, None) == ({"truncation": True, "max_length": 12}, {})
+    got, _ = preprocess.tokenizer_kwargs(False, "longest", 12, None)
     assert got == {"truncation": False, "padding": "longest"}
-    got = preprocess.tokenizer_kwargs(True, None, 12, {"max_length": 5, "split_special_tokens": True})
+    got, _ = preprocess.tokenizer_kwargs(True, None, 12, {"max_length": 5, "split_special_tokens": True})
     assert got == {"truncation": True, "max_length": 5, "split_special_tokens": True}
+    given = {"enable_thinking": False, "truncation": True}
+    got = preprocess.tokenizer_kwargs(None, None, None, given, chat=True)
+    assert got == ({"truncation": True}, {"enable_thinking": False})  # a chat template's variable
     with pytest.raises(TypeError, match="tokenizer_encode_kwargs must be a dict, got list"):
         preprocess.tokenizer_kwargs(None, None, None, ["truncation"])
-    with pytest.raises(TypeError, match=r"does not take \['truncate'\]; it takes: \['add_special_tokens'"):
+    with pytest.raises(TypeError, match=r"does not take \['truncate'\] with text prompts; it takes: \['ad"):
         preprocess.tokenizer_kwargs(None, None, None, {"truncate": True})
+    with pytest.raises(TypeError, match=r"may not set \['tools'\]: the pipeline's own arguments set them"):
+        preprocess.tokenizer_kwargs(None, None, None, {"tools": []}, chat=True)
 
 
 def test_hole_and_shifted():
