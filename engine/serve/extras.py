@@ -67,7 +67,8 @@ class Extras:
     template: dict = field(default_factory=dict)  # chat: keywords for apply_chat_template
 
 
-def _bool(body: dict, name: str, default):
+def flag(body: dict, name: str, default):
+    """A true/false field (absent or null: ``default``); ``FieldError`` naming it otherwise."""
     v = body.get(name)
     if v is None:
         return default
@@ -106,9 +107,9 @@ def parse(body: dict, chat: bool) -> Extras:
         min_tokens=least or 0,
         allowed_token_ids=tuple(allowed or ()),
         bad_words=tuple(words),
-        include_stop_str=_bool(body, "include_stop_str_in_output", False),
-        skip_special_tokens=_bool(body, "skip_special_tokens", True),
-        add_special_tokens=_bool(body, "add_special_tokens", None),
+        include_stop_str=flag(body, "include_stop_str_in_output", False),
+        skip_special_tokens=flag(body, "skip_special_tokens", True),
+        add_special_tokens=flag(body, "add_special_tokens", None),
         truncate=truncate,
         template=template,
     )
@@ -117,8 +118,8 @@ def parse(body: dict, chat: bool) -> Extras:
 def _template(body: dict) -> dict:
     """apply_chat_template's keywords: the generation prompt or the last message continued, the
     request's documents and its chat_template_kwargs."""
-    gen = _bool(body, "add_generation_prompt", True)
-    cont = _bool(body, "continue_final_message", False)
+    gen = flag(body, "add_generation_prompt", True)
+    cont = flag(body, "continue_final_message", False)
     if gen and cont:
         raise FieldError(
             "'continue_final_message' needs 'add_generation_prompt': false (the answer goes on from the "

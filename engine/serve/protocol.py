@@ -133,12 +133,10 @@ def _sampling(body: dict) -> dict:
 
 
 def get_bool(body: dict, name: str, default: bool) -> bool:
-    v = body.get(name)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad(f"'{name}' must be true or false, got {v!r}", name)
-    return v
+    try:
+        return extras.flag(body, name, default)
+    except structured.FieldError as e:
+        raise bad(str(e), e.param) from None
 
 
 def _range(lo, hi) -> str:
