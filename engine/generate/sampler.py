@@ -18,10 +18,28 @@ from aotlm.core.model import locked
 from aotlm.core.spec import SpecAttributes
 from aotlm.generate import bans, generation, params, stopping
 
+# what a transformers (torch) user reaches for on a model, and where it is here
+_TORCH_HABITS = {
+    "generate": "sample(input_ids, max_new_tokens=N, ...) takes transformers' generation parameters (numpy "
+    "out); for transformers' generate() itself (torch tensors, generation_config.json defaults) wrap the "
+    "model: aotlm.HuggingFaceGenerationModelAdapter(hf_config, model)",
+    "to": "its devices are JAX's, fixed when it is loaded (tp_degree=, pp_degree=): there is nothing to move",
+    "cuda": "its devices are JAX's, fixed when it is loaded (a GPU jaxlib puts it on the GPU)",
+    "eval": "it only runs inference: there is no training mode to leave",
+    "half": "its dtypes are chosen when it is loaded: from_pretrained(..., amp='f16' or 'bf16')",
+}
+
 
 class Sampler(SpecAttributes):
     """Generation over a model's ``spec``; a subclass sets ``spec``, ``lock`` and
     ``default_generation`` and implements ``_run``."""
+
+    def __getattr__(self, name: str):
+        """Only for names not found: a torch habit (``generate``, ``to``, ``eval``...) says where it is."""
+        hint = _TORCH_HABITS.get(name)
+        if hint is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise AttributeError(f"{type(self).__name__} has no {name}(): {hint}")
 
     lock: threading.RLock
     default_generation: params.GenerationConfig

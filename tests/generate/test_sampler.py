@@ -146,3 +146,14 @@ def test_streamers_and_stopping_criteria(model, prompts, capsys):
 def test_bad_generation_arguments(model, prompts, kw, err):
     with pytest.raises((ValueError, TypeError), match=err):
         model.sample(prompts, **{"max_new_tokens": 4, **kw})
+
+
+def test_torch_habits_say_where_they_are():
+    model = object.__new__(AutoModelForSampling)  # no weights needed: the names are not there
+    with pytest.raises(AttributeError, match=r"no generate\(\): sample\(input_ids, .*HuggingFaceGeneration"):
+        model.generate([[1, 2]])
+    with pytest.raises(AttributeError, match=r"no eval\(\): it only runs inference"):
+        model.eval()
+    assert not hasattr(model, "to") and not hasattr(model, "cuda")
+    with pytest.raises(AttributeError, match="'AutoModelForSampling' object has no attribute 'bogus'"):
+        _ = model.bogus
