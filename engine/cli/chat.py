@@ -17,7 +17,6 @@ prompt stays) and a line says so.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -34,12 +33,12 @@ from aotlm.cli.common import (
     model_kwargs,
     setup_logging,
 )
+from aotlm.cli.templates import add_template_args, template_variables, use_template
 from aotlm.cli.text import needed_graphs
 from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
 from aotlm.serve.chat import render
 from aotlm.text import tokens as text
 from aotlm.text.pipeline import TextGenerationPipeline
-from aotlm.text.preprocess import TEMPLATE_OWN
 
 log = logging.getLogger("aotlm")
 
@@ -68,32 +67,11 @@ def register(sub) -> None:
         default=None,
         help=f"per answer (default: generation_config.json, else {DEFAULT_MAX_NEW_TOKENS})",
     )
-    p.add_argument(
-        "--chat-template-kwargs",
-        default=None,
-        metavar="JSON",
-        help="variables for the chat template, e.g. '{\"enable_thinking\": false}' (Qwen3)",
-    )
+    add_template_args(p, "variables for the chat template, e.g. '{\"enable_thinking\": false}' (Qwen3)")
     add_sampling_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars, log or speed lines")
     add_model_args(p, checkpoint=False)
     p.set_defaults(fn=cmd_chat)
-
-
-def template_variables(given: str | None) -> dict:
-    """``--chat-template-kwargs``: a JSON object of template variables ({} without the flag)."""
-    if given is None:
-        return {}
-    try:
-        kw = json.loads(given)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--chat-template-kwargs is not JSON ({e}); give an object of variables") from None
-    if not isinstance(kw, dict):
-        raise ValueError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
-    own = sorted(k for k in kw if k in TEMPLATE_OWN)
-    if own:
-        raise ValueError(f"--chat-template-kwargs may not set {own}; aotlm chat sets them")
-    return kw
 
 
 @dataclass
@@ -224,6 +202,7 @@ def cmd_chat(args) -> int:
     template_variables(args.chat_template_kwargs)  # checked before anything loads
     files = validate_checkpoint(args.model, args.tokenizer)
     tok = text.load_tokenizer(files.tokenizer)
+    use_template(tok, args.chat_template, template_variables(args.chat_template_kwargs))
     if not getattr(tok, "chat_template", None):
         raise ValueError(
             f"{args.model} has no chat template (a base model?); for plain text completion use "

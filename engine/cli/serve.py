@@ -36,6 +36,7 @@ from pathlib import Path
 from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.batching.engine import PREFIX_STORE_BYTES, Engine
 from aotlm.cli.common import add_model_args, graphs_ready, model_kwargs, serve_kwargs, setup_logging
+from aotlm.cli.templates import add_template_args, template_variables, use_template
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import create_app
 from aotlm.text.tokens import eos_ids, tokenizer_for
@@ -84,6 +85,7 @@ def register(sub) -> None:
         help="JSON schemas and tool parameters that do not say 'strict' keep JSON Schema's letter: an object "
         "without additionalProperties accepts extra keys (default: closed, as OpenAI's strict mode and vLLM)",
     )
+    add_template_args(p, "default variables for every chat's template (a request's chat_template_kwargs win)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
     p.add_argument("--quiet", action="store_true", help="no aotlm INFO lines")
     p.set_defaults(fn=cmd_serve)
@@ -127,11 +129,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     args.checkpoint = args.checkpoint_given = args.checkpoint or args.model_alias
     _check_flags(args)
+    variables = template_variables(args.chat_template_kwargs)
     args.api_key = args.api_key or os.environ.get("AOTLM_API_KEY") or None
     setup_logging(args.quiet)
     sock = _bind(args.host, args.port)  # before the model loads: a port in use fails in a second
     kw = serve_kwargs(model_kwargs(args), args.checkpoint)  # model_kwargs resolves args.checkpoint
     tokenizer = tokenizer_for(args.checkpoint)
+    use_template(tokenizer, args.chat_template, variables)
     model = _load(args.checkpoint, kw)
     t0 = time.perf_counter()
     engine = Engine(
@@ -155,7 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         adapters = Adapters(model, engine, name) if model.adapter_slots is not None else None
         app = create_app(
             engine, tokenizer, name, api_key=args.api_key, lenient_schemas=args.lenient_schemas,
-            adapters=adapters,
+            adapters=adapters, chat_template_kwargs=variables,
         )  # fmt: skip
         port = sock.getsockname()[1]  # --port 0: the one the system picked
         ready = f"aotlm serve: http://{args.host}:{port} (model {name}, {model.batch_size} slots)"

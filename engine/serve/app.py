@@ -82,13 +82,15 @@ def create_app(
     max_tokens_cap: int | None = None,
     lenient_schemas: bool = False,
     adapters: Adapters | None = None,
+    chat_template_kwargs: dict | None = None,
 ) -> "FastAPI":
     """The app over a started ``engine``; ``app.state.served.stopping = True`` starts draining.
 
     ``max_n`` caps the choices of one HTTP request; ``max_tokens_cap`` (default: the
     engine's ``max_tokens_cap``) caps default and explicit ``max_tokens``; ``lenient_schemas``:
     schemas that do not say ``strict`` keep open objects (``aotlm.serve.structured``);
-    ``adapters``: the model's LoRA adapters, named by a request's ``model`` (``aotlm.serve.adapters``).
+    ``adapters``: the model's LoRA adapters, named by a request's ``model`` (``aotlm.serve.adapters``);
+    ``chat_template_kwargs``: template variables for every chat (a request's own win).
     """
     from fastapi import FastAPI  # local: optional [serve] extra, see the module docstring
 
@@ -97,6 +99,7 @@ def create_app(
     metrics = Metrics()
     served = Served(engine, tokenizer, model_name, metrics, TokenTexts(tokenizer), max_n, max_tokens_cap)
     served.lenient_schemas, served.adapters = lenient_schemas, adapters
+    served.template_defaults = dict(chat_template_kwargs or {})
     app = FastAPI(title="aotlm", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.served = served
     app.add_middleware(StatusCounter, metrics=metrics, known=lambda p: p in PATHS)

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aotlm.batching.types import EngineStopped, InvalidRequest, QueueFull, Request, SamplingParams, Token
 from aotlm.core.graphs import FinishReason
@@ -45,6 +45,7 @@ class Served:
     lenient_schemas: bool = False  # schemas that do not say `strict` keep JSON Schema's open objects
     grammars: Grammars | None = None  # structured outputs, built at the first constrained request
     adapters: Adapters | None = None  # LoRA adapters a request's `model` may name (aotlm.serve.adapters)
+    template_defaults: dict = field(default_factory=dict)  # serve --chat-template-kwargs
 
     def matchers(self, c: Constraint | None, n: int) -> list[Matcher | None]:
         """``n`` fresh matchers of ``c`` (None: unconstrained); a bad schema or grammar is a 400
@@ -249,7 +250,8 @@ async def chat_completions(served: Served, body: dict, disconnected: Callable[[]
     adapter = _check_model(served, parsed.common)
     more = parsed.common.extras
     try:
-        text, add_special = render(served.tokenizer, parsed.messages, parsed.common.form.tools, more.template)
+        variables = {**served.template_defaults, **more.template}  # the request's own win
+        text, add_special = render(served.tokenizer, parsed.messages, parsed.common.form.tools, variables)
     except ChatError as e:
         raise protocol.bad(str(e), e.param) from None
     add = add_special if more.add_special_tokens is None else more.add_special_tokens

@@ -49,9 +49,9 @@ def tok(tmp_path_factory):
     return tok
 
 
-def served(tok, script=None, **kw):
+def served(tok, script=None, variables=None, **kw):
     engine = ScriptedEngine(tok.encode(ANSWER) if script is None else script, **kw)
-    return TestClient(create_app(engine, tok, "m")), engine
+    return TestClient(create_app(engine, tok, "m", chat_template_kwargs=variables)), engine
 
 
 def test_chat_template_fields_reach_the_template(tok):
@@ -272,3 +272,12 @@ def test_min_tokens_holds_back_the_end(tok):
     assert not {3, 9} & on(eos.mask())
     eos.advance([2])
     assert {3, 9} <= on(eos.mask())
+
+
+def test_server_template_variables_under_the_requests(tok):
+    client, engine = served(tok, variables={"flag": True})  # aotlm serve --chat-template-kwargs
+    chat = {"messages": CHAT[:1], "max_tokens": 2}
+    client.post("/v1/chat/completions", json=chat)
+    assert tok.decode(engine.seen[-1].prompt).endswith("a:F!")
+    client.post("/v1/chat/completions", json={**chat, "chat_template_kwargs": {"flag": False}})
+    assert tok.decode(engine.seen[-1].prompt).endswith("a:")
