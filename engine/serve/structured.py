@@ -9,7 +9,7 @@ Tool calls: the tools go to the chat template (``tools=``, as HF templates take 
 ``parameters`` schema); with a named function to that function's ``parameters`` schema; with
 ``"auto"`` the model writes what it likes and a call in its text (a JSON call object, bare or
 in ``<tool_call>`` tags as Hermes / Qwen templates write them) becomes ``message.tool_calls``;
-``"none"`` renders no tools. One call per choice when constrained.
+``"none"`` renders no tools. One call per choice when constrained, and with ``parallel_tool_calls: false``.
 
 Closed objects: a tool's ``parameters`` and a ``json_schema`` response format are read as OpenAI's
 strict mode and xgrammar's strict mode (vLLM's default) read them: an object that does not say
@@ -51,6 +51,7 @@ class Structured:
     tool_choice: str = "none"  # "none" | "auto" | "required" | "named"
     named: str | None = None  # the function of a named tool_choice
     names: tuple[str, ...] = field(default=())
+    parallel: bool = True  # parallel_tool_calls: false reads at most one call from an answer
 
     @property
     def reads_calls(self) -> bool:
@@ -128,7 +129,12 @@ def parse(body: dict, chat: bool, closed: bool = True) -> Structured:
         fmt = Constraint.json_schema(_params(tool, closed), closed=False)
     elif choice == "required":
         fmt = Constraint.json_schema({"anyOf": [_call_schema(t, closed) for t in tools]}, closed=False)
-    return Structured(fmt, bias, tools if choice != "none" else (), choice, named, names)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        why = f"'parallel_tool_calls' must be true or false, got {parallel!r}"
+        raise FieldError(why, "parallel_tool_calls")
+    tools = tools if choice != "none" else ()
+    return Structured(fmt, bias, tools, choice, named, names, parallel is not False)
 
 
 def _call_schema(tool: dict, closed: bool) -> dict:
@@ -187,4 +193,4 @@ def read_calls(s: Structured, text: str, finish_reason: str | None = None) -> li
                 continue
             args = item.get("arguments", item.get("parameters", {}))
             calls.append(_call(item["name"], args))
-    return calls
+    return calls if s.parallel else calls[:1]

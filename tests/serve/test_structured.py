@@ -348,6 +348,12 @@ def test_auto_reads_calls_from_text():
     assert structured.read_calls(s, '{"name": "get_weather", "parameters": {"city": "Oslo", "days": 2}}')
     assert structured.read_calls(s, "no call here") == []
     assert structured.read_calls(s, '{"name": "unknown", "arguments": {}}') == []
+    two = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>' * 2
+    assert len(structured.read_calls(s, two)) == 2
+    one = structured.parse({"tools": [WEATHER, CLOCK], "parallel_tool_calls": False}, chat=True)
+    assert len(structured.read_calls(one, two)) == 1  # at most one call, as OpenAI promises
+    with pytest.raises(structured.FieldError, match="'parallel_tool_calls' must be true or false"):
+        structured.parse({"tools": [WEATHER], "parallel_tool_calls": "no"}, chat=True)
 
 
 def test_mask_applies_in_the_sampler():
