@@ -21,6 +21,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
+from aotlm.serve import tokenize
 from aotlm.serve.adapters import Adapters, add_adapter_routes
 from aotlm.serve.detok import TokenTexts
 from aotlm.serve.handlers import ClientGone, Served, Streamed, chat_completions, completions, engine_stopped
@@ -36,7 +37,7 @@ log = logging.getLogger("aotlm.serve")
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # a 32k-token prompt as JSON ids is ~250 KB
 PATHS = (
     "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
-    "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+    "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize",
 )  # fmt: skip
 CLIENT_ERRORS = (400, 401, 404, 405, 413)  # OpenAI's "invalid_request_error"; 5xx: "server_error"
 
@@ -107,6 +108,7 @@ def create_app(
     check_key = key_checker(api_key)
     add_generation_routes(app, served, check_key, max_body_bytes)
     add_info_routes(app, served, check_key)
+    add_token_routes(app, served, check_key, lambda request: read_json(request, max_body_bytes))
     add_adapter_routes(app, adapters, check_key, lambda request: read_json(request, max_body_bytes))
     return app
 
@@ -243,3 +245,18 @@ def add_info_routes(app: "FastAPI", served: Served, check_key) -> None:
     @app.get("/metrics")
     async def get_metrics():
         return Response(served.metrics.render(engine.stats()), media_type=served.metrics.content_type)
+
+
+def add_token_routes(app: "FastAPI", served: Served, check_key, read) -> None:
+    """``/tokenize`` and ``/detokenize`` (``aotlm.serve.tokenize``), behind the API key when one is set."""
+    from fastapi import Request  # local: optional [serve] extra
+
+    @app.post("/tokenize")
+    async def post_tokenize(request: Request):
+        check_key(request)
+        return tokenize.tokenize(served, await read(request))
+
+    @app.post("/detokenize")
+    async def post_detokenize(request: Request):
+        check_key(request)
+        return tokenize.detokenize(served, await read(request))

@@ -207,14 +207,14 @@ def _submit(
     return reqs
 
 
-def _check_model(served: Served, common: Common) -> str | None:
-    """The LoRA adapter the request's ``model`` names (None: the base model), or a 404."""
+def check_model(served: Served, model: str | None) -> str | None:
+    """The LoRA adapter a request's ``model`` names (None: the base model), or a 404."""
     if served.adapters is not None:
-        return served.adapters.resolve(common.model)
-    if common.model is not None and common.model != served.model_name:
+        return served.adapters.resolve(model)
+    if model is not None and model != served.model_name:
         raise APIError(
             404,
-            f"the model '{common.model}' does not exist; this server serves '{served.model_name}'",
+            f"the model '{model}' does not exist; this server serves '{served.model_name}'",
             "model",
             code="model_not_found",
         )
@@ -231,7 +231,7 @@ async def completions(served: Served, body: dict, disconnected: Callable[[], Awa
     """``POST /v1/completions``: a response dict, or a ``Streamed``."""
     parsed = protocol.parse_completion(body, served.max_n, not served.lenient_schemas)
     common = parsed.common
-    adapter = _check_model(served, common)
+    adapter = check_model(served, common.model)
     vocab = served.engine.vocab_size
     more = common.extras
     add = True if more.add_special_tokens is None else more.add_special_tokens
@@ -247,7 +247,7 @@ async def completions(served: Served, body: dict, disconnected: Callable[[], Awa
 async def chat_completions(served: Served, body: dict, disconnected: Callable[[], Awaitable[None]]):
     """``POST /v1/chat/completions``; ``max_tokens`` defaults to the rest of the context."""
     parsed = protocol.parse_chat(body, served.max_n, not served.lenient_schemas)
-    adapter = _check_model(served, parsed.common)
+    adapter = check_model(served, parsed.common.model)
     more = parsed.common.extras
     try:
         variables = {**served.template_defaults, **more.template}  # the request's own win

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from scripted import ScriptedEngine
 from starlette.testclient import TestClient
 from textkit import CHAT_TEMPLATE, EOS, make_tokenizer
 
-from aotlm.batching.types import Finish, Request, Token
+from aotlm.batching.types import Token
 from aotlm.serve import extras
 from aotlm.serve.app import create_app
 from aotlm.serve.detok import ChoiceText
@@ -18,28 +19,6 @@ from aotlm.serve.structured import FieldError
 
 ANSWER = "x = 1 END y = 2"
 CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
-
-
-class ScriptedEngine:
-    """Answers every request with ``script`` (token ids), then a length finish; keeps what it got."""
-
-    def __init__(self, script: list[int], n_positions: int = 64):
-        self.script, self.n_positions, self.vocab_size, self.running = script, n_positions, 320, True
-        self.seen: list[Request] = []
-
-    def validate(self, prompt, params):
-        pass
-
-    def submit(self, prompt, params, request_id=None, matcher=None):
-        req = Request(request_id or "r", tuple(prompt), params, 0.0, matcher)
-        for t in self.script:
-            req.push(Token(t))
-        req.push(Finish("length", len(prompt), len(self.script), 0.0))
-        self.seen.append(req)
-        return req
-
-    def stats(self):
-        return {"queue_depth": 0, "active_slots": 0, "slots": 4}
 
 
 @pytest.fixture(scope="module")
