@@ -209,7 +209,7 @@ def cmd_chat(args) -> int:
             f"aotlm generate --model {args.model} --prompt TEXT"
         )
     asked = args.max_new_tokens is not None
-    generation_settings(args, files.checkpoint, [1], DEFAULT_MAX_NEW_TOKENS)
+    generation_settings(args, files.checkpoint, [1], DEFAULT_MAX_NEW_TOKENS, tok)
     session = ChatSession(args, files, tok, asked)
     if args.message is not None:
         session.answer(args.message)

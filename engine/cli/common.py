@@ -16,6 +16,7 @@ from aotlm.generate.params import SAMPLING_FIELDS
 from aotlm.models.checkpoint.resolve import expand, resolve
 from aotlm.models.quant import INT4_NAMES
 from aotlm.text import defaults
+from aotlm.text.tokens import bad_word_ids
 
 log = logging.getLogger("aotlm")
 
@@ -246,12 +247,26 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
         "--greedy", action="store_true", help="argmax decoding, whatever generation_config.json says"
     )
     p.add_argument("--stop", action="append", default=None, help="stop text (repeatable)")
+    p.add_argument(
+        "--bad-words",
+        action="append",
+        default=None,
+        metavar="WORD",
+        help="a word never generated (repeatable; banned as written and after a space, as vLLM's bad_words)",
+    )
+    p.add_argument(
+        "--suppress-tokens",
+        type=int_list,
+        default=None,
+        metavar="IDS",
+        help="token ids never generated: 13,198",
+    )
 
 
-def generation_settings(args, checkpoint, lengths: list[int], default_max: int) -> None:
+def generation_settings(args, checkpoint, lengths: list[int], default_max: int, tokenizer=None) -> None:
     """Set ``args.gen`` (sampling settings) and ``args.max_new_tokens``: the flags over the
     checkpoint's ``generation_config.json`` (``aotlm.text.defaults``), as transformers does;
-    ``default_max`` when neither gives a length."""
+    ``default_max`` when neither gives a length. ``--bad-words`` are encoded with ``tokenizer``."""
     if args.greedy and args.do_sample:
         raise ValueError("give --greedy or --do-sample, not both")
     found = defaults.sampling_defaults(checkpoint)
@@ -269,6 +284,14 @@ def generation_settings(args, checkpoint, lengths: list[int], default_max: int) 
         log.warning("%s apply only when sampling, and %s: decoding is greedy (add --do-sample)", flags, why)
     if "" in (getattr(args, "stop", None) or []):
         raise ValueError("a stop string is empty; give at least one character")
+    if getattr(args, "suppress_tokens", None) is not None:
+        if any(t < 0 for t in args.suppress_tokens):
+            raise ValueError(f"--suppress-tokens takes token ids (>= 0), got {args.suppress_tokens}")
+        args.gen["suppress_tokens"] = args.suppress_tokens
+    if getattr(args, "bad_words", None):
+        if any(not w.strip() for w in args.bad_words):
+            raise ValueError("a --bad-words word is empty; give at least one character")
+        args.gen["bad_words_ids"] = bad_word_ids(tokenizer, args.bad_words)
     if args.max_new_tokens is None:
         if "max_new_tokens" in found:
             args.max_new_tokens = int(found["max_new_tokens"])

@@ -190,7 +190,7 @@ def cmd_generate(args) -> int:
     files = validate_checkpoint(args.model, args.tokenizer)
     tok = text.load_tokenizer(files.tokenizer)
     lengths = [len(r) for r in text.encode(tok, [r["prompt"] for r in records])]
-    generation_settings(args, files.checkpoint, lengths, DEFAULT_MAX_NEW_TOKENS)
+    generation_settings(args, files.checkpoint, lengths, DEFAULT_MAX_NEW_TOKENS, tok)
     kw = default_shapes(model_kwargs(args), lengths, args.max_new_tokens, _max_positions(files.config))
     check_room(
         lengths,

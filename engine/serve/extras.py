@@ -175,16 +175,3 @@ def guided_format(body: dict) -> dict | None:
         return {"type": kind, kind: v}
     why = f"'structured_outputs' takes json, regex, choice, grammar or json_object, got {kind!r}"
     raise FieldError(why, param)
-
-
-def bad_word_ids(tokenizer, words) -> list[list[int]]:
-    """vLLM's token ids of ``bad_words``: each word as written (its leading spaces dropped), and with
-    one space before it where that makes a new first token of the same length (a word in mid-text)."""
-    out = []
-    for word in words:
-        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
-        out.append(bare)
-        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
-        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
-            out.append(spaced)
-    return [ids for ids in out if ids]

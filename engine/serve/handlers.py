@@ -19,13 +19,14 @@ from aotlm.batching.types import EngineStopped, InvalidRequest, QueueFull, Reque
 from aotlm.core.graphs import FinishReason
 from aotlm.generate import bans
 from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Matcher
-from aotlm.serve import extras, protocol
+from aotlm.serve import protocol
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.chat import ChatError, render
 from aotlm.serve.detok import ChoiceText, Piece, TokenTexts, finish_reason
 from aotlm.serve.metrics import Metrics
 from aotlm.serve.protocol import APIError, Common
 from aotlm.serve.responses import CHAT, COMPLETION, Shapes, sse, usage
+from aotlm.text.tokens import bad_word_ids
 
 log = logging.getLogger("aotlm.serve")
 
@@ -66,7 +67,7 @@ class Served:
         if not (more.allowed_token_ids or more.bad_words or more.min_tokens):
             return matchers
         protocol.check_token_ids(more.allowed_token_ids, self.engine.vocab_size, "allowed_token_ids")
-        words = extras.bad_word_ids(self.tokenizer, more.bad_words)
+        words = bad_word_ids(self.tokenizer, more.bad_words)
         vocab, eos = self.engine.vocab_size, self.eos_ids()
         held = [*eos, *(s[0] for s in common.params.stop_token_ids)]
         kw = dict(min_tokens=more.min_tokens, held=held)

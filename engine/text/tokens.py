@@ -82,6 +82,21 @@ def encode(
     return rows
 
 
+def bad_word_ids(tokenizer, words) -> list[list[int]]:
+    """vLLM's token ids of ``bad_words``: each word as written (its leading spaces dropped), and with
+    one space before it where that makes a new first token of the same length (a word in mid-text)."""
+    out = []
+    for word in words:
+        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        if not bare:
+            continue
+        out.append(bare)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return out
+
+
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``(input_ids, attention_mask)`` ``[batch, longest]``, padded on the left."""
     n = max(len(r) for r in rows)

@@ -221,3 +221,42 @@ def test_stream_prints_incrementally_with_sampling_flags(shared, tmp_path):
     assert rec["timing"]["time_to_first_token_s"] > 0
     # separate writes arrived: the first read held only part of the text (decode runs 4 tokens a call)
     assert 0 < len(chunks[0]) < len(rec["completion"].encode()), chunks
+
+
+def test_bad_words_and_suppressed_tokens_are_never_generated(shared):
+    import aotlm
+    from aotlm.text.tokens import bad_word_ids
+
+    ckpt, cache = shared
+    base = [
+        "--model",
+        str(ckpt),
+        "--cache-dir",
+        str(cache),
+        "--prompt",
+        "def fibonacci(n):",
+        "--max-new-tokens",
+        "8",
+    ]
+    pipe = aotlm.pipeline(
+        model=str(ckpt), batch_size=1, n_positions=128, compile_cache=str(cache), progress=False
+    )
+    (free,) = pipe.generate(["def fibonacci(n):"], max_new_tokens=8, do_sample=False)
+    first = free.tokens[0]
+    r = run([*base, "--suppress-tokens", str(first)])
+    (rec,) = records(r.stdout)
+    (want,) = pipe.generate(["def fibonacci(n):"], max_new_tokens=8, do_sample=False, suppress_tokens=[first])
+    assert r.returncode == 0 and rec["completion"] == want.text != free.text, r.stderr
+    assert rec["generation"]["suppress_tokens"] == [first]
+    word = pipe.tokenizer.decode(free.tokens[:2]).strip() or "x"
+    r = run([*base, "--bad-words", word])
+    (rec,) = records(r.stdout)
+    ids = bad_word_ids(pipe.tokenizer, [word])
+    (want,) = pipe.generate(["def fibonacci(n):"], max_new_tokens=8, do_sample=False, bad_words_ids=ids)
+    assert r.returncode == 0 and rec["completion"] == want.text and rec["generation"]["bad_words_ids"] == ids
+    for flags, why in [
+        (["--bad-words", " "], "--bad-words word is empty"),
+        (["--suppress-tokens", "-1"], ">= 0"),
+    ]:
+        r = run([*base, *flags])
+        assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, flags

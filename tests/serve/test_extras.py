@@ -16,6 +16,7 @@ from aotlm.serve import extras
 from aotlm.serve.app import create_app
 from aotlm.serve.detok import ChoiceText
 from aotlm.serve.structured import FieldError
+from aotlm.text.tokens import bad_word_ids
 
 ANSWER = "x = 1 END y = 2"
 CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
@@ -176,7 +177,7 @@ def test_bans_go_to_the_engine_as_a_matcher(tok):
     bits = m.mask()
     assert [t for t in range(320) if bits[t // 32] >> (t % 32) & 1] == sorted(set(allowed))
     r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "bad_words": ["return"]})
-    words = extras.bad_word_ids(tok, ["return"])
+    words = bad_word_ids(tok, ["return"])
     assert r.status_code == 200 and engine.seen[-1].matcher.longer == tuple(
         tuple(w) for w in words if len(w) > 1
     )
@@ -223,7 +224,7 @@ def test_request_bans_units(tok):
     assert on(nothing.mask()) == [3]  # nothing left: the eos may end it
     assert (RequestBans(64).mask() == ALL_ONES).all()
     # vLLM's variants of a bad word: as written, and with a space before it when that is a new token
-    ids = extras.bad_word_ids(tok, ["  fibonacci"])
+    ids = bad_word_ids(tok, ["  fibonacci"])
     assert ids[0] == tok.encode("fibonacci") and all(ids)
     if len(ids) > 1:
         assert ids[1] == tok.encode(" fibonacci") and len(ids[1]) == len(ids[0])
