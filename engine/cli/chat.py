@@ -100,11 +100,12 @@ class Conversation:
 class ChatSession:
     """One model, one tokenizer, one conversation: :meth:`answer` runs a turn."""
 
-    def __init__(self, args, files, tok, asked: bool):
-        """``asked``: ``--max-new-tokens`` was given (else the default is capped at half the window)."""
+    def __init__(self, args, files, tok, asked: bool, variables: dict | None = None):
+        """``asked``: ``--max-new-tokens`` was given (else the default is capped at half the window);
+        ``variables``: the chat template's (``--chat-template-kwargs``)."""
         self.args, self.files, self.tok = args, files, tok
         self.conversation = Conversation(args.system)
-        self.variables = template_variables(args.chat_template_kwargs)
+        self.variables = variables or {}
         kw = model_kwargs(args)
         kw.setdefault("batch_size", 1)
         if kw.get("n_positions") is None:
@@ -199,10 +200,10 @@ def cmd_chat(args) -> int:
     setup_logging(args.quiet)
     if args.message is not None and not args.message.strip():
         raise ValueError("the message is empty; give some text, or none for an interactive chat")
-    template_variables(args.chat_template_kwargs)  # checked before anything loads
+    variables = template_variables(args.chat_template_kwargs)  # checked before anything loads
     files = validate_checkpoint(args.model, args.tokenizer)
     tok = text.load_tokenizer(files.tokenizer)
-    use_template(tok, args.chat_template, template_variables(args.chat_template_kwargs))
+    use_template(tok, args.chat_template, variables)
     if not getattr(tok, "chat_template", None):
         raise ValueError(
             f"{args.model} has no chat template (a base model?); for plain text completion use "
@@ -210,7 +211,7 @@ def cmd_chat(args) -> int:
         )
     asked = args.max_new_tokens is not None
     generation_settings(args, files.checkpoint, [1], DEFAULT_MAX_NEW_TOKENS, tok)
-    session = ChatSession(args, files, tok, asked)
+    session = ChatSession(args, files, tok, asked, variables)
     if args.message is not None:
         session.answer(args.message)
         return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conformance import hf_model
+from conformance import hf_generate, hf_model
 
 from aotlm import AutoModelForSampling, HuggingFaceGenerationModelAdapter
 from aotlm.generate import bans
@@ -25,19 +25,7 @@ def pair(llama_path):
 
 
 def theirs(ref, **kw) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        out = ref.generate(
-            torch.tensor(IDS),
-            attention_mask=torch.tensor(MASK),
-            max_new_tokens=NEW,
-            do_sample=False,
-            eos_token_id=EOS,
-            pad_token_id=0,
-            **kw,
-        )
-    return out.numpy()
+    return hf_generate(ref, IDS, NEW, MASK, eos=EOS, pad=0, **kw)
 
 
 def ours(model, **kw) -> np.ndarray:

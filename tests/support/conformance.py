@@ -51,7 +51,8 @@ def hf_last_logits(model, ids: np.ndarray, mask: np.ndarray | None = None) -> np
         return model(torch.tensor(ids), **kw).logits[:, -1].float().numpy()
 
 
-def hf_generate(model, ids: np.ndarray, new: int, mask: np.ndarray | None = None, eos=None, pad=0):
+def hf_generate(model, ids: np.ndarray, new: int, mask: np.ndarray | None = None, eos=None, pad=0, **extra):
+    """transformers' greedy ``generate`` (``extra``: more of its keywords, e.g. ``bad_words_ids``)."""
     import torch
 
     # an explicit mask: without one, generate treats every pad_token_id in the prompt as padding
@@ -68,6 +69,7 @@ def hf_generate(model, ids: np.ndarray, new: int, mask: np.ndarray | None = None
             eos_token_id=eos,
             pad_token_id=pad,
             **kw,
+            **extra,
         )
     return out.numpy()
 
