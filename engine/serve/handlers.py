@@ -19,7 +19,7 @@ from aotlm.batching.types import EngineStopped, InvalidRequest, QueueFull, Reque
 from aotlm.core.graphs import FinishReason
 from aotlm.generate import bans
 from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Matcher
-from aotlm.serve import protocol
+from aotlm.serve import extras, protocol
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.chat import ChatError, render
 from aotlm.serve.detok import ChoiceText, Piece, TokenTexts, finish_reason
@@ -250,14 +250,21 @@ async def chat_completions(served: Served, body: dict, disconnected: Callable[[]
     parsed = protocol.parse_chat(body, served.max_n, not served.lenient_schemas)
     adapter = check_model(served, parsed.common.model)
     more = parsed.common.extras
+    ids = chat_ids(served, parsed.messages, parsed.common.form.tools, more)
+    ids = _truncated(ids, more.truncate, served.engine.n_positions)
+    return await _run(served, CHAT, parsed.common, [ids], None, "messages", disconnected, adapter)
+
+
+def chat_ids(served: Served, messages: list[dict], tools, more: extras.Extras) -> list[int]:
+    """A chat's prompt ids: rendered with the server's and the request's template variables (the
+    request's win), encoded with the template's special tokens unless ``add_special_tokens`` says."""
     try:
-        variables = {**served.template_defaults, **more.template}  # the request's own win
-        text, add_special = render(served.tokenizer, parsed.messages, parsed.common.form.tools, variables)
+        variables = {**served.template_defaults, **more.template}
+        text, add_special = render(served.tokenizer, messages, tools, variables)
     except ChatError as e:
         raise protocol.bad(str(e), e.param) from None
     add = add_special if more.add_special_tokens is None else more.add_special_tokens
-    ids = _truncated(_encode(served, text, add, "messages"), more.truncate, served.engine.n_positions)
-    return await _run(served, CHAT, parsed.common, [ids], None, "messages", disconnected, adapter)
+    return _encode(served, text, add, "messages")
 
 
 def _truncated(ids: list[int], keep: int | None, n_positions: int) -> list[int]:

@@ -11,8 +11,8 @@ takes ``tokens`` and answers the text as both ``prompt`` (vLLM) and ``content`` 
 from __future__ import annotations
 
 from aotlm.serve import extras, protocol, structured
-from aotlm.serve.chat import ChatError, render, validate_messages
-from aotlm.serve.handlers import Served, check_model
+from aotlm.serve.chat import ChatError, validate_messages
+from aotlm.serve.handlers import Served, chat_ids, check_model
 
 
 def _ids(body: dict, name: str) -> list[int]:
@@ -24,23 +24,20 @@ def _ids(body: dict, name: str) -> list[int]:
 
 def _text_ids(served: Served, body: dict) -> list[int]:
     """The ids of the body's text or chat, encoded as the generation endpoints encode them."""
-    try:
-        if body.get("messages") is not None:
+    if body.get("messages") is not None:
+        try:
             messages = validate_messages(body["messages"])
             more = extras.parse(body, chat=True)
             tools = structured.parse(body, chat=True).tools
-            variables = {**served.template_defaults, **more.template}
-            text, add = render(served.tokenizer, messages, tools, variables)
-            add = add if more.add_special_tokens is None else more.add_special_tokens
-        else:
-            name = "content" if "content" in body else "prompt"
-            text = body.get(name)
-            if not isinstance(text, str):
-                raise protocol.bad(f"'{name}' must be a string (or give 'messages')", name)
-            key = "add_special" if name == "content" else "add_special_tokens"
-            add = protocol.get_bool(body, key, name == "prompt")
-    except (ChatError, structured.FieldError) as e:
-        raise protocol.bad(str(e), e.param) from None
+        except (ChatError, structured.FieldError) as e:
+            raise protocol.bad(str(e), e.param) from None
+        return chat_ids(served, messages, tools, more)
+    name = "content" if "content" in body else "prompt"
+    text = body.get(name)
+    if not isinstance(text, str):
+        raise protocol.bad(f"'{name}' must be a string (or give 'messages')", name)
+    key = "add_special" if name == "content" else "add_special_tokens"
+    add = protocol.get_bool(body, key, name == "prompt")
     return list(served.tokenizer(text, add_special_tokens=add)["input_ids"]) if text else []
 
 
