@@ -26,6 +26,7 @@ UNSUPPORTED_PP = {  # construction options pipelined models refuse (each needs g
     "num_beams": 1,
     "speculation_length": None,
     "continuous_batching": False,
+    "prompt_logprobs": False,
     "scoring": False,
     "max_loras": None,  # per-row LoRA adapters (merge_lora=True merges one: supported)
     "max_lora_rank": None,
@@ -45,6 +46,7 @@ class PipelineForSampling(Sampler):
     """
 
     continuous_batching = False  # no slot graphs: a pipelined model does not serve
+    prompt_logprobs = False
     scoring = False  # no score graphs
 
     def __init__(

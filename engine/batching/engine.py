@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aotlm.batching import policy
+from aotlm.batching import policy, prompt_scores
 from aotlm.batching.rows import Active, HeldRows, PrefixKeys, PrefixStore
 from aotlm.batching.slots import SlotBatch, SlotModel, SlotRunner
 from aotlm.batching.types import (
@@ -268,8 +268,9 @@ class Engine:
             if note and (waiting or sum(a is not None for a in self._slots) > 1):
                 self._crowd_at = now
             view = lambda a: policy.RowView(
-                id(a), a.req.submitted, tuple(a.plan), a.live, a.req.matcher is not None
-            )
+                id(a), a.req.submitted, tuple(a.plan), a.live, a.req.matcher is not None,
+                a.req.params.prompt_logprobs is not None,
+            )  # fmt: skip
             rows = tuple(None if a is None else view(a) for a in self._slots)
             return policy.RoundState(rows, waiting, now - self._crowd_at > SOLO_AFTER)
 
@@ -301,7 +302,8 @@ class Engine:
             row, length = self._held.best(key, free_rows) if self.prefix_cache else (None, 0)
             kv, stored = self._store.best(key) if self.prefix_cache else (None, 0)
             kv = kv if stored > length else None  # a held row beats a copy of the same length
-            if not self._saves(len(prompt), max(length, stored)):
+            scored = req.params.prompt_logprobs is not None  # every prompt token encoded here
+            if scored or not self._saves(len(prompt), max(length, stored)):
                 row, kv, length = None, None, 0
             reuse = row is not None and kv is None  # the row holds a prefix of the prompt
             self._bring_down(n, row if reuse else self._held.victim(free_rows), reuse)
@@ -365,11 +367,12 @@ class Engine:
             else:
                 i, a = group[0]
                 for _ in range(call.chunks):
-                    step: bk.PrefillStep = a.plan.popleft()
-                    a.logits = self.batch.prefill_step(i, a.prompt, step, a.req.params.adapter)
-                    a.filled = max(a.filled, step.start + step.n_real)
+                    self._chunk(i, a, a.plan.popleft())
                 if a.plan:
                     return ended  # budget spent; the rest next round
+                k = a.req.params.prompt_logprobs
+                if k is not None:  # the prompt's log-probabilities come before its first token
+                    a.req.push(prompt_scores.answer(len(a.prompt), a.scores, k))
             for i, a in group:
                 allow = None if a.req.matcher is None else a.req.matcher.mask()
                 self.batch.insert(i, a.prompt, a.req.params, a.logits, allow)
@@ -378,6 +381,15 @@ class Engine:
             self._stream(group)
             ended = ended or self._busy_rows() < busy
         return ended
+
+    def _chunk(self, i: int, a: Active, step: bk.PrefillStep) -> None:
+        """Encode one chunk of row ``i``'s prompt (scoring it for ``prompt_logprobs``)."""
+        if a.req.params.prompt_logprobs is None:
+            a.logits = self.batch.prefill_step(i, a.prompt, step, a.req.params.adapter)
+        else:
+            a.logits, scores = self.batch.prefill_scored(i, a.prompt, step, a.req.params.adapter)
+            a.scores.append(scores)
+        a.filled = max(a.filled, step.start + step.n_real)
 
     def _stream(self, rows: list[tuple[int, Active]]) -> None:
         """Push every row's new tokens (slots ``a.idx + 1 .. idx``) and finish the ended rows."""

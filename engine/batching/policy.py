@@ -47,14 +47,16 @@ class Limits:
 @dataclass(frozen=True)
 class RowView:
     """A busy row's request as the rules see it: ``key`` (the engine's handle), when it was
-    submitted, the prefill chunks it has left, whether it decodes (``live``) and whether a grammar
-    constrains its tokens (its next mask needs the host after every token)."""
+    submitted, the prefill chunks it has left, whether it decodes (``live``), whether a grammar
+    constrains its tokens (its next mask needs the host after every token) and whether its prompt
+    is scored (``prompt_logprobs``: its own graphs, never a shared ``prefill_rows`` call)."""
 
     key: int
     submitted: float
     plan: tuple[PrefillStep, ...]
     live: bool
     constrained: bool = False
+    scored: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,8 @@ def admissions(state: RoundState) -> int:
 
 
 def _whole(v: RowView) -> bool:
-    """Is ``v``'s prompt one whole chunk from slot 0 (it may share a ``prefill_rows`` call)?"""
-    return len(v.plan) == 1 and v.plan[0].start == 0 and v.plan[0].width == v.plan[0].bucket
+    """Is ``v``'s prompt one whole chunk from slot 0, not scored (it may share a ``prefill_rows`` call)?"""
+    return not v.scored and len(v.plan) == 1 and v.plan[0].start == 0 and v.plan[0].width == v.plan[0].bucket
 
 
 def prefill_calls(state: RoundState, limits: Limits) -> tuple[PrefillCall, ...]:
@@ -151,7 +153,7 @@ def after_prefill(state: RoundState, calls: Sequence[PrefillCall]) -> RoundState
     for v in state.rows:
         if v is not None and v.key in ran:
             plan = v.plan[ran[v.key] :]
-            v = RowView(v.key, v.submitted, plan, v.live or not plan, v.constrained)
+            v = RowView(v.key, v.submitted, plan, v.live or not plan, v.constrained, v.scored)
         rows.append(v)
     return RoundState(tuple(rows), state.waiting, state.solo)
 
@@ -173,7 +175,7 @@ def move_down(busy: Sequence[bool], freed: int) -> int | None:
 def prefill_flops(cfg: ArchConfig, key: tuple) -> float:
     """Multiply-adds x 2 of a serving graph's prompt tokens (the layers' matrices per token, the
     attention of each token over the graph's width); 0 for graphs that encode no prompt."""
-    if key[0] == "slot_prefill":
+    if key[0] in ("slot_prefill", "slot_prefill_score"):
         tokens, width = key[1], key[2]
     elif key[0] == "slot_prefill_rows":
         tokens, width = key[1] * key[2], key[1]

@@ -1,12 +1,16 @@
 """Graphs of continuous batching: the KV cache's batch rows are slots that requests enter and leave.
 
-Seven graph kinds, compiled ahead of time like every other (``graph_keys``):
+Eight graph kinds, compiled ahead of time like every other (``graph_keys``):
 
 * ``("slot_prefill", C, W)``: encode one request's prompt chunk (context bucket ``C``, attending
   ``W`` cache slots, as ``core.graphs.prefill``) into the cache row ``row`` only; other rows are
   untouched, so it runs between decode steps of the other requests. Besides the shapes
   ``sample()`` uses, every ``(C, W > C)``: a prompt resumed after a reused prefix
   (``buckets.resume_plan``).
+* ``("slot_prefill_score", C, W)``: ``slot_prefill`` that also returns the log-probability,
+  rank and most likely alternatives of every next prompt token (a request's prompt
+  log-probabilities: vLLM's ``prompt_logprobs``, OpenAI's ``echo`` with ``logprobs``); only in a
+  model built with ``prompt_logprobs=True``, for the shapes of a prompt encoded from slot 0.
 * ``("slot_prefill_rows", C, N)``: ``N`` (2, 4, 8) whole prompts that fit context bucket ``C``
   (``C <= ROWS_MAX_BUCKET``), each into its own row, in one call: a burst of short prompts shares
   the per-call costs (the weights read once, not ``N`` times).
@@ -43,7 +47,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from aotlm.core import buckets as bk
-from aotlm.core import graphs, sampling
+from aotlm.core import graphs, sampling, scoring
 from aotlm.core.contract import GraphHost
 from aotlm.core.state import SlotState
 from aotlm.models import decoder
@@ -76,12 +80,14 @@ def rows_for(live_rows: int, slots: int) -> int:
     return next(r for r in ladder(slots) if r >= max(live_rows, 1))
 
 
-def graph_keys(ctx_buckets, tg_buckets, slots: int) -> list[tuple]:
-    shapes = set(bk.prefill_graph_shapes(ctx_buckets, tg_buckets)) | set(
-        bk.resume_shapes(ctx_buckets, tg_buckets)
-    )
+def graph_keys(ctx_buckets, tg_buckets, slots: int, prompt_logprobs: bool = False) -> list[tuple]:
+    """The slot graphs of a server; ``prompt_logprobs`` adds a ``slot_prefill_score`` graph per
+    fresh prefill shape (a scored prompt is encoded from slot 0: no reused prefix)."""
+    fresh = sorted(bk.prefill_graph_shapes(ctx_buckets, tg_buckets))
+    shapes = set(fresh) | set(bk.resume_shapes(ctx_buckets, tg_buckets))
     return (
         [("slot_prefill", c, w) for c, w in sorted(shapes)]
+        + [("slot_prefill_score", c, w) for c, w in (fresh if prompt_logprobs else ())]
         + [("slot_prefill_rows", c, n) for c in rows_buckets(ctx_buckets) for n in prompt_ladder(slots)]
         + [("slot_insert",)]
         + [("slot_decode", w, r) for w in tg_buckets for r in ladder(slots)]
@@ -145,22 +151,40 @@ def emit_rows(st: SlotState, logits, slot, live) -> SlotState:
     )
 
 
-def slot_prefill(cfg, width: int, params, cache, tokens, positions, start, last, row, lora):
-    """Encode ``tokens [1,C]`` at slots ``start..start+C-1`` of cache row ``row`` (traced) with
-    adapter slot ``lora`` (traced; -1: the base model).
-
-    Only the row's first ``width`` slots (all the call attends to and writes: ``start + C <=
-    width``) are cut out of every layer's cache, run through the batch-1 forward and written
-    back, not the whole row (a 256-token prompt in 512 slots: half the copies).
-    """
+def _row_forward(cfg, width: int, params, cache, tokens, positions, start, row, lora):
+    """``tokens [1,C]`` through the model at slots ``start..`` of cache row ``row``: (hidden
+    states ``[1,C,D]``, the cache). Only the row's first ``width`` slots (all the call attends to
+    and writes: ``start + C <= width``) are cut out of every layer's cache, run through the
+    batch-1 forward and written back, not the whole row (a 256-token prompt in 512 slots: half
+    the copies)."""
     old_width = 0 if width == tokens.shape[1] else width  # as core.graphs.prefill
     sub = slot_kv_out(width, cache, row)
     h, sub = decoder.forward(
         cfg, params, sub, tokens, positions, start, old_width, lora=jnp.reshape(lora, (1,))
     )
-    new = slot_kv_in(cache, sub, row)
+    return h, slot_kv_in(cache, sub, row)
+
+
+def slot_prefill(cfg, width: int, params, cache, tokens, positions, start, last, row, lora):
+    """Encode ``tokens [1,C]`` at slots ``start..start+C-1`` of cache row ``row`` (traced) with
+    adapter slot ``lora`` (traced; -1: the base model); returns the logits at ``last`` and the
+    cache."""
+    h, new = _row_forward(cfg, width, params, cache, tokens, positions, start, row, lora)
     h_last = lax.dynamic_index_in_dim(h, last, axis=1, keepdims=False)
     return decoder.logits(cfg, params, h_last), new
+
+
+def slot_prefill_score(cfg, width: int, params, cache, tokens, positions, start, last, row, lora, targets):
+    """``slot_prefill`` that also scores ``targets [1,C]`` (the prompt token after each position,
+    -1: none) with the model's own distribution (``scoring.ranked_scores``): returns the logits at
+    ``last``, ``(logp, rank, top_ids, top_lp)`` (``[1,C]``, ``[1,C]``, ``[1,C,K]`` x 2, ``K =
+    sampling.TOP_LOGPROBS_MAX``) and the cache: a request's prompt log-probabilities, computed
+    by the prefill that encodes it."""
+    h, new = _row_forward(cfg, width, params, cache, tokens, positions, start, row, lora)
+    h_last = lax.dynamic_index_in_dim(h, last, axis=1, keepdims=False)
+    ranked = functools.partial(scoring.ranked_scores, k=sampling.TOP_LOGPROBS_MAX)
+    scores = scoring.blocked(cfg, params, h, targets, ranked)
+    return decoder.logits(cfg, params, h_last), scores, new
 
 
 def slot_prefill_rows(cfg, params, cache, tokens, positions, last, rows, lora):
@@ -296,6 +320,12 @@ def lower(model: GraphHost, key: tuple):
         jit = jax.jit(fn, donate_argnums=(1,), out_shardings=(rep, cache_sh))
         tok = jax.ShapeDtypeStruct((1, c), jnp.int32, sharding=rep)
         return jit.lower(p, cache, tok, tok, scalar, scalar, scalar, scalar)
+    if key[0] == "slot_prefill_score":
+        _, c, w = key
+        fn = functools.partial(slot_prefill_score, model.cfg, w)
+        jit = jax.jit(fn, donate_argnums=(1,), out_shardings=(rep, (rep,) * 4, cache_sh))
+        tok = jax.ShapeDtypeStruct((1, c), jnp.int32, sharding=rep)
+        return jit.lower(p, cache, tok, tok, scalar, scalar, scalar, scalar, tok)
     if key[0] == "slot_prefill_rows":
         _, c, n = key
         fn = functools.partial(slot_prefill_rows, model.cfg)

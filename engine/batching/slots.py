@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from aotlm.batching import policy, slot_graphs
+from aotlm.batching.prompt_scores import PromptScores
 from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampler_params, sampling, sharding
 from aotlm.core.contract import GraphHost
@@ -45,6 +46,7 @@ def check(model: GraphHost, prompt_len: int, s: SamplingParams) -> list[tuple[st
     k = sampling.TOP_LOGPROBS_MAX
     if s.logprobs is not None and not 0 <= s.logprobs <= k:
         bad.append(("logprobs", f"logprobs must be in [0, {k}], got {s.logprobs}"))
+    bad += prompt_logprobs_problems(model, s.prompt_logprobs)
     if len(s.stop_token_ids) > graphs.MAX_STOPS:
         bad.append(("stop", f"at most {graphs.MAX_STOPS} token stop sequences are supported"))
     v = model.cfg.vocab_size
@@ -58,6 +60,20 @@ def check(model: GraphHost, prompt_len: int, s: SamplingParams) -> list[tuple[st
             bad.append(("stop", f"token stop sequence {list(seq)} must hold 1..{graphs.MAX_STOP_LEN} ids "
                                 f"in [0, {v})"))  # fmt: skip
     return bad
+
+
+def prompt_logprobs_problems(model: GraphHost, k: int | None) -> list[tuple[str, str]]:
+    """What keeps ``prompt_logprobs=k`` from running on ``model`` (its score graphs, the range)."""
+    if k is None:
+        return []
+    if not getattr(model, "prompt_logprobs", False):
+        why = ("this server computes no prompt log-probabilities (echo with logprobs, prompt_logprobs): "
+               "start it with --prompt-logprobs (one more graph per prefill shape)")  # fmt: skip
+        return [("prompt_logprobs", why)]
+    top = sampling.TOP_LOGPROBS_MAX
+    if not 0 <= k <= top:
+        return [("prompt_logprobs", f"prompt_logprobs must be in [0, {top}], got {k}")]
+    return []
 
 
 def _bias_problems(bias: Sequence[tuple[int, float]], vocab: int) -> list[tuple[str, str]]:
@@ -82,6 +98,16 @@ def host_state(slots: int, n_slots: int, vocab: int) -> SlotState:
     return st.replace(params=sampler_params.neutral_rows(slots))
 
 
+def _chunk(prompt: np.ndarray, step: bk.PrefillStep) -> tuple[np.ndarray, np.ndarray]:
+    """The step's tokens and positions ``[1, bucket]`` (padding: token 0 at position -1)."""
+    end = step.start + step.n_real
+    tok = np.zeros((1, step.bucket), np.int32)
+    pos = np.full((1, step.bucket), -1, np.int32)
+    tok[0, : step.n_real] = prompt[step.start : end]
+    pos[0, : step.n_real] = np.arange(step.start, end, dtype=np.int32)
+    return tok, pos
+
+
 class SlotModel(GraphHost, Protocol):
     """A ``GraphHost`` that may carry slot graphs (``CausalLMForSampling``)."""
 
@@ -95,7 +121,8 @@ class SlotRunner(Protocol):
     ``slots`` rows of ``n_positions`` KV slots each. A request enters row ``row`` in three moves:
     ``prefill_plan`` splits its prompt into chunks (from ``start``: the K/V of the first
     ``start`` tokens is already in the row; the plan's first step says how many it reuses),
-    ``prefill_step`` encodes one chunk (returning opaque logits, only passed on; ``prefill_rows``
+    ``prefill_step`` encodes one chunk (returning opaque logits, only passed on; ``prefill_scored``
+    also scores the chunk's next prompt tokens, a ``PromptScores``, for a plan from slot 0; ``prefill_rows``
     encodes up to ``max_prompts`` whole one-chunk prompts of one of ``prompt_buckets`` from slot
     0 at once), ``insert`` makes the row live with its settings and first token (chosen among
     ``allow``'s tokens: structured outputs). ``constrain`` sets the live constrained rows'
@@ -126,6 +153,10 @@ class SlotRunner(Protocol):
     def prefill_step(
         self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None
     ) -> Any: ...
+
+    def prefill_scored(
+        self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None
+    ) -> tuple[Any, PromptScores]: ...
 
     def prefill_rows(
         self,
@@ -170,6 +201,7 @@ class SlotBatch:
         self.prompt_buckets = slot_graphs.rows_buckets(model.ctx_buckets)
         self.slots = model.batch_size
         self.n_positions = model.n_positions
+        self.prompt_logprobs = bool(getattr(model, "prompt_logprobs", False))  # has the score graphs
         eos = inputs.eos_ids(list(eos_token_id) or None, graphs.MAX_EOS)
         pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos[0] >= 0 else 0)
         host = host_state(self.slots, self.n_positions, self.vocab_size)
@@ -196,11 +228,7 @@ class SlotBatch:
         """Encode one chunk of ``prompt`` into cache row ``row`` (with LoRA ``adapter``); returns the
         (device) logits."""
         m = self.model
-        end = step.start + step.n_real
-        tok = np.zeros((1, step.bucket), np.int32)
-        pos = np.full((1, step.bucket), -1, np.int32)
-        tok[0, : step.n_real] = prompt[step.start : end]
-        pos[0, : step.n_real] = np.arange(step.start, end, dtype=np.int32)
+        tok, pos = _chunk(prompt, step)
         with m.lock:
             exe = m.executable(("slot_prefill", step.bucket, step.width))
             put = m.put
@@ -209,6 +237,29 @@ class SlotBatch:
                 put(np.int32(step.n_real - 1)), put(np.int32(row)), put(np.int32(self._slot(adapter))),
             )  # fmt: skip
         return logits
+
+    def prefill_scored(
+        self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None
+    ) -> tuple[Any, PromptScores]:
+        """``prefill_step`` through the ``slot_prefill_score`` graph: also the scores of the prompt
+        tokens after the chunk's positions (the chunk's last one scores the next chunk's first)."""
+        m = self.model
+        end = step.start + step.n_real
+        tok, pos = _chunk(prompt, step)
+        targets = np.full((1, step.bucket), -1, np.int32)
+        nxt = prompt[step.start + 1 : end + 1]
+        targets[0, : len(nxt)] = nxt
+        with m.lock:
+            exe = m.executable(("slot_prefill_score", step.bucket, step.width))
+            put = m.put
+            logits, scores, m.cache = exe(
+                m.params, m.cache, put(tok), put(pos), put(np.int32(step.start)),
+                put(np.int32(step.n_real - 1)), put(np.int32(row)), put(np.int32(self._slot(adapter))),
+                put(targets),
+            )  # fmt: skip
+        n = len(nxt)
+        lp, rank, ids, top = (sharding.fetch(x)[0, :n] for x in scores)
+        return logits, PromptScores(step.start + 1, nxt.astype(np.int64), lp, rank, ids, top)
 
     def prefill_rows(
         self,
@@ -279,13 +330,16 @@ class SlotBatch:
         logits = None
         if max_flops == "backend":
             max_flops = policy.warm_bound(jax.default_backend())
-        keys = slot_graphs.graph_keys(m.ctx_buckets, m.tg_buckets, self.slots)
+        keys = slot_graphs.graph_keys(m.ctx_buckets, m.tg_buckets, self.slots, self.prompt_logprobs)
         run = policy.warmed(m.cfg, keys, max_flops)
         for key in run:
             if key[0] == "slot_prefill":  # the chunk ends at the width's last slot
                 _, c, w = key
                 step = bk.PrefillStep(start=w - c, bucket=c, width=w, n_real=c)
                 logits = self.prefill_step(0, np.zeros(w, np.int32), step)
+            elif key[0] == "slot_prefill_score":  # a whole prompt of the shape's chunk, from slot 0
+                _, c, w = key
+                self.prefill_scored(0, np.zeros(w, np.int32), bk.PrefillStep(w - c, c, w, c))
             elif key[0] == "slot_prefill_rows":
                 _, c, n = key
                 self.prefill_rows(range(n), [np.zeros(c, np.int32)] * n, c)

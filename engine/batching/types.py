@@ -3,7 +3,8 @@
 ``SamplingParams`` (defined in ``aotlm.generate.params``, re-exported here) uses OpenAI's names
 (``max_tokens``, ``temperature`` ...) plus the HF extras the in-graph sampler has; every value
 becomes a traced per-slot array, so no value ever compiles.
-A ``Request`` yields ``Token`` items and ends with one ``Finish``; it can be iterated from a
+A ``Request`` yields ``Token`` items and ends with one ``Finish`` (a request asking for
+``prompt_logprobs`` gets one ``PromptLogprobs`` first); it can be iterated from a
 thread (blocking) or from asyncio (``async for``), and cancelled from anywhere.
 """
 
@@ -18,7 +19,16 @@ from dataclasses import dataclass, field
 from aotlm.generate.constraints import Matcher
 from aotlm.generate.params import SamplingParams
 
-__all__ = ["EngineStopped", "Finish", "InvalidRequest", "QueueFull", "Request", "SamplingParams", "Token"]
+__all__ = [
+    "EngineStopped",
+    "Finish",
+    "InvalidRequest",
+    "PromptLogprobs",
+    "QueueFull",
+    "Request",
+    "SamplingParams",
+    "Token",
+]
 
 
 class QueueFull(Exception):
@@ -42,6 +52,25 @@ class Token:
     id: int
     logprob: float | None = None  # of the distribution the token was drawn from
     top: tuple[tuple[int, float], ...] = ()  # (id, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class PromptToken:
+    """A prompt token under the model's own distribution at its position: its log-probability,
+    its rank (1: the most likely) and the ``k`` most likely tokens ``(id, logprob)``."""
+
+    id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """``SamplingParams.prompt_logprobs``' answer, pushed once before the first ``Token``: one
+    entry per prompt token, None for the first (nothing precedes it)."""
+
+    tokens: tuple[PromptToken | None, ...]
 
 
 @dataclass(frozen=True)
@@ -76,7 +105,7 @@ class Request:
     def cancel(self) -> None:
         self.cancelled.set()
 
-    def push(self, item: Token | Finish) -> None:
+    def push(self, item: Token | PromptLogprobs | Finish) -> None:
         self._items.put(item)
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None and not loop.is_closed():
@@ -85,14 +114,14 @@ class Request:
             except RuntimeError:  # the loop closed in between: nobody is listening
                 pass
 
-    def __iter__(self) -> Iterator[Token | Finish]:
+    def __iter__(self) -> Iterator[Token | PromptLogprobs | Finish]:
         while True:
             item = self._items.get()
             yield item
             if isinstance(item, Finish):
                 return
 
-    async def __aiter__(self) -> AsyncIterator[Token | Finish]:
+    async def __aiter__(self) -> AsyncIterator[Token | PromptLogprobs | Finish]:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         while True:

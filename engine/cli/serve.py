@@ -3,7 +3,7 @@
 aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-size 8]
             [--max-queue 64] [--api-key KEY] [--max-tokens-cap N] [--served-model-name NAME]
             [--no-prefix-cache] [--prefix-cache-mb 512] [--no-warmup] [--lenient-schemas]
-            [--lora NAME=DIR ...] [--max-loras N] [--max-lora-rank R]
+            [--lora NAME=DIR ...] [--max-loras N] [--max-lora-rank R] [--prompt-logprobs]
 
 The model is compiled for every bucket before the port opens, so the first request does not
 compile, and the serving graphs run once (``SlotBatch.warm_up``; ``--no-warmup`` skips it),
@@ -85,6 +85,12 @@ def register(sub) -> None:
         help="JSON schemas and tool parameters that do not say 'strict' keep JSON Schema's letter: an object "
         "without additionalProperties accepts extra keys (default: closed, as OpenAI's strict mode and vLLM)",
     )
+    p.add_argument(
+        "--prompt-logprobs",
+        action="store_true",
+        help="compile the graphs that score prompts: OpenAI's echo with logprobs (lm-eval's "
+        "local-completions) and vLLM's prompt_logprobs (one more graph per prefill shape)",
+    )
     add_template_args(p, "default variables for every chat's template (a request's chat_template_kwargs win)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
     p.add_argument("--quiet", action="store_true", help="no aotlm INFO lines")
@@ -133,7 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     args.api_key = args.api_key or os.environ.get("AOTLM_API_KEY") or None
     setup_logging(args.quiet)
     sock = _bind(args.host, args.port)  # before the model loads: a port in use fails in a second
-    kw = serve_kwargs(model_kwargs(args), args.checkpoint)  # model_kwargs resolves args.checkpoint
+    kw = serve_kwargs(model_kwargs(args), args.checkpoint, args.prompt_logprobs)  # resolves args.checkpoint
     tokenizer = tokenizer_for(args.checkpoint)
     use_template(tokenizer, args.chat_template, variables)
     model = _load(args.checkpoint, kw)

@@ -45,25 +45,45 @@ def block_size(batch: int, length: int, vocab: int) -> int:
     return blk
 
 
+def _lse(logits):
+    """(the max, log-sum-exp) over the last axis."""
+    mx = jnp.max(logits, -1, keepdims=True)
+    return mx, jnp.log(jnp.sum(jnp.exp(logits - mx), -1)) + mx[..., 0]
+
+
+def _picked(logits, targets):
+    iota = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return iota, jnp.sum(jnp.where(iota == targets[..., None], logits, 0.0), -1)
+
+
 def token_scores(logits, targets):
     """``logits [..., V]`` float32, ``targets [...]`` (-1: none) -> (log-prob of the target, is it
     the first argmax), as ``log_softmax(logits)[target]`` and ``argmax(logits) == target``."""
     v = logits.shape[-1]
-    iota = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-    mx = jnp.max(logits, -1, keepdims=True)
-    lse = jnp.log(jnp.sum(jnp.exp(logits - mx), -1)) + mx[..., 0]
-    picked = jnp.sum(jnp.where(iota == targets[..., None], logits, 0.0), -1)
+    mx, lse = _lse(logits)
+    iota, picked = _picked(logits, targets)
     first_max = jnp.min(jnp.where(logits == mx, iota, v), -1)
     valid = targets >= 0
     return jnp.where(valid, picked - lse, 0.0), valid & (first_max == targets)
 
 
-def score(cfg, width: int, params, cache, tokens, positions, start, targets):
-    """Encode ``tokens [B,C]`` at cache slots ``start..`` (as ``graphs.prefill``) and score
-    ``targets [B,C]`` (the token after each position, -1 where there is none): returns
-    ``logp [B,C]`` float32, ``greedy [B,C]`` bool and the updated cache."""
-    old_width = 0 if width == tokens.shape[1] else width
-    h, cache = decoder.forward(cfg, params, cache, tokens, positions, start, old_width)
+def ranked_scores(logits, targets, k: int):
+    """``logits [..., V]``, ``targets [...]`` (-1: none) -> (the target's log-prob, its rank: 1 +
+    the tokens more likely, the ``k`` most likely tokens' ids and log-probs, most likely first):
+    vLLM's prompt log-probabilities (of the model's own distribution)."""
+    _, lse = _lse(logits)
+    _, picked = _picked(logits, targets)
+    valid = targets >= 0
+    rank = 1 + jnp.sum(logits > picked[..., None], -1, dtype=jnp.int32)
+    top_val, top_ids = lax.top_k(logits, min(k, logits.shape[-1]))
+    logp = jnp.where(valid, picked - lse, 0.0)
+    return logp, jnp.where(valid, rank, 0), top_ids, top_val - lse[..., None]
+
+
+def blocked(cfg, params, h, targets, fn):
+    """``fn(logits [B, blk, V], targets [B, blk])`` over ``h [B, C, D]``'s positions in blocks
+    (``block_size``: the logits of a whole prompt never exist at once); each of ``fn``'s outputs
+    ``[B, blk, ...]`` comes back as ``[B, C, ...]``."""
     b, c, d = h.shape
     blk = block_size(b, c, cfg.vocab_size)
     n = -(-c // blk)
@@ -72,14 +92,19 @@ def score(cfg, width: int, params, cache, tokens, positions, start, targets):
     tg = jnp.pad(targets, ((0, 0), (0, pad)), constant_values=-1)
     hb = jnp.moveaxis(h.reshape(b, n, blk, d), 1, 0)  # [n, B, blk, D]
     tb = jnp.moveaxis(tg.reshape(b, n, blk), 1, 0)
+    out = lax.map(lambda a: fn(decoder.logits(cfg, params, a[0]), a[1]), (hb, tb))
+    unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * blk, *x.shape[3:])[:, :c]
+    return jax.tree.map(unblock, out)
 
-    def one(args):
-        hh, tt = args
-        return token_scores(decoder.logits(cfg, params, hh), tt)
 
-    logp, greedy = lax.map(one, (hb, tb))
-    unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * blk)[:, :c]
-    return unblock(logp), unblock(greedy), cache
+def score(cfg, width: int, params, cache, tokens, positions, start, targets):
+    """Encode ``tokens [B,C]`` at cache slots ``start..`` (as ``graphs.prefill``) and score
+    ``targets [B,C]`` (the token after each position, -1 where there is none): returns
+    ``logp [B,C]`` float32, ``greedy [B,C]`` bool and the updated cache."""
+    old_width = 0 if width == tokens.shape[1] else width
+    h, cache = decoder.forward(cfg, params, cache, tokens, positions, start, old_width)
+    logp, greedy = blocked(cfg, params, h, targets, token_scores)
+    return logp, greedy, cache
 
 
 def graph_keys(ctx_buckets, tg_buckets) -> list[tuple]:

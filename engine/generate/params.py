@@ -73,6 +73,9 @@ SamplingParams = _derived(
     sequences checked in the graph (text stop strings are the HTTP layer's job); ``logprobs=k``
     returns each token's log-probability and its ``k`` most likely alternatives (``k`` may be 0);
     ``logit_bias`` ``(token id, value)`` pairs are added to the logits (OpenAI's, up to 300);
+    ``prompt_logprobs=k`` (vLLM's) reports each prompt token's log-probability, rank and ``k``
+    most likely alternatives under the model's own distribution (a model built with
+    ``prompt_logprobs=True``; the prompt is then encoded whole, no prefix reused);
     ``adapter``: a loaded LoRA adapter's name (None: the base model; the server's ``model`` field).
     """,
     [("max_tokens", int, dataclasses.field(default=16))]
@@ -82,6 +85,7 @@ SamplingParams = _derived(
         ("ignore_eos", bool, dataclasses.field(default=False)),
         ("logprobs", int | None, dataclasses.field(default=None)),
         ("logit_bias", tuple[tuple[int, float], ...], dataclasses.field(default=())),
+        ("prompt_logprobs", int | None, dataclasses.field(default=None)),
         ("adapter", str | None, dataclasses.field(default=None)),
     ],
 )

@@ -18,10 +18,9 @@ Applied:
   ``{"enable_thinking": false}``), all given to the model's chat template.
 
 Refused by name when set to anything but their no-op value, rather than answered as if they were
-not there: ``prompt_logprobs``, ``use_beam_search``,
-``length_penalty``, ``spaces_between_special_tokens``, ``chat_template`` (a request's own template is
-not run), ``logits_processors``, ``guided_whitespace_pattern``, ``return_tokens_as_token_ids``,
-``detokenize``.
+not there: ``use_beam_search``, ``length_penalty``, ``spaces_between_special_tokens``,
+``chat_template`` (a request's own template is not run), ``logits_processors``,
+``guided_whitespace_pattern``, ``return_tokens_as_token_ids``, ``detokenize``.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ from aotlm.text.preprocess import TEMPLATE_OWN
 
 # vLLM fields this server does not apply, with the values that ask for nothing (accepted)
 REFUSED = {
-    "prompt_logprobs": (None,),
     "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0),
     "spaces_between_special_tokens": (None, True),

@@ -15,7 +15,15 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from aotlm.batching.types import EngineStopped, InvalidRequest, QueueFull, Request, SamplingParams, Token
+from aotlm.batching.types import (
+    EngineStopped,
+    InvalidRequest,
+    PromptLogprobs,
+    QueueFull,
+    Request,
+    SamplingParams,
+    Token,
+)
 from aotlm.core.graphs import FinishReason
 from aotlm.generate import bans
 from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Matcher
@@ -23,6 +31,7 @@ from aotlm.serve import extras, protocol
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.chat import ChatError, render
 from aotlm.serve.detok import ChoiceText, Piece, TokenTexts, finish_reason
+from aotlm.serve.echo import EchoRun
 from aotlm.serve.metrics import Metrics
 from aotlm.serve.protocol import APIError, Common
 from aotlm.serve.responses import CHAT, COMPLETION, Shapes, sse, usage
@@ -96,12 +105,19 @@ class Streamed:
 
 
 class ChoiceRun:
-    """One choice: its engine request, its text, its metrics."""
+    """One choice: its engine request, its text, its metrics (``echo``: its prompt in the answer)."""
 
     def __init__(
-        self, index: int, req: Request, text: ChoiceText, metrics: Metrics, prompt_tokens: int, prompt_no: int
+        self,
+        index: int,
+        req: Request,
+        text: ChoiceText,
+        metrics: Metrics,
+        prompt_tokens: int,
+        prompt_no: int,
+        echo: EchoRun | None = None,
     ):
-        self.index, self.req, self.text, self.metrics = index, req, text, metrics
+        self.index, self.req, self.text, self.metrics, self.echo = index, req, text, metrics, echo
         self.prompt_tokens, self.prompt_no = prompt_tokens, prompt_no
         self.cached_tokens = 0
         self.completion_tokens = 0
@@ -110,17 +126,28 @@ class ChoiceRun:
         self.done: str | None = None  # the finish reason once known
 
     async def events(self) -> AsyncIterator[tuple[Piece, str | None]]:
-        """``(piece, None)`` while generating, then one ``(piece, finish_reason)``."""
-        last = None
+        """``(piece, None)`` while generating, then one ``(piece, finish_reason)``; an echoed prompt
+        is the first piece, the answer's offsets counting from its start."""
+        last, e = None, self.echo
+        shift = 0 if e is None else e.shift
+        if e is not None and e.spec.echo and not e.waits:
+            yield e.piece(), None
         async for item in self.req:
-            if isinstance(item, Token):
+            if isinstance(item, PromptLogprobs):
+                if e is not None:
+                    e.scores = item
+                    if e.waits:
+                        yield e.piece(), None
+            elif isinstance(item, Token):
                 now = time.perf_counter()
                 if last is None:
                     self.first = now
                 else:
                     self.metrics.itl.observe(now - last)
                 last = now
-                piece = self.text.push(item)
+                if e is not None and e.spec.silent:  # max_tokens 0: the token made is not shown
+                    continue
+                piece = _shifted(self.text.push(item), shift)
                 if self.text.stopped:  # a stop string: answer now, free the slot
                     self.req.cancel()
                     yield piece, self._done("stop", self.text.n_tokens)
@@ -132,8 +159,11 @@ class ChoiceRun:
                     self._done("error", item.completion_tokens)
                     why = "the engine failed while generating; see the server log"
                     raise APIError(500, why, None, "server_error", "engine_error")
-                piece = self.text.finish()
                 self.cached_tokens = item.cached_tokens
+                if e is not None and e.spec.silent:
+                    yield Piece(""), self._done("length", 0)
+                    return
+                piece = _shifted(self.text.finish(), shift)
                 n = self.text.n_tokens if self.text.stopped else item.completion_tokens
                 yield piece, self._done(finish_reason(item, self.text.stopped), n)
                 return
@@ -154,6 +184,11 @@ class ChoiceRun:
             reason, self.prompt_tokens, completion_tokens, ttft, now - self.t0, self.cached_tokens
         )
         return reason
+
+
+def _shifted(piece: Piece, shift: int) -> Piece:
+    """``piece`` with its tokens' offsets moved ``shift`` characters on (after an echoed prompt)."""
+    return piece if not shift else Piece(piece.text, piece.tokens, [o + shift for o in piece.offsets])
 
 
 def run_usage(runs: Sequence[ChoiceRun], prompt_tokens: int) -> dict:
@@ -236,13 +271,19 @@ async def completions(served: Served, body: dict, disconnected: Callable[[], Awa
     vocab = served.engine.vocab_size
     more = common.extras
     add = True if more.add_special_tokens is None else more.add_special_tokens
-    prompts = []
+    prompts, shown = [], []
     for p in parsed.prompts:
         ids = _encode(served, p, add, "prompt") if isinstance(p, str) else list(p)
         protocol.check_token_ids(ids, vocab)
-        prompts.append(_truncated(ids, more.truncate, served.engine.n_positions))
+        kept = _truncated(ids, more.truncate, served.engine.n_positions)
+        prompts.append(kept)
+        if common.echo.echo:  # the prompt as sent, or as its (kept) tokens read
+            same = isinstance(p, str) and len(kept) == len(ids)
+            skip = more.skip_special_tokens
+            shown.append(p if same else served.tokenizer.decode(kept, skip_special_tokens=skip))
     default_max = protocol.COMPLETION_DEFAULT_MAX_TOKENS
-    return await _run(served, COMPLETION, common, prompts, default_max, "prompt", disconnected, adapter)
+    run = _run(served, COMPLETION, common, prompts, default_max, "prompt", disconnected, adapter, shown)
+    return await run
 
 
 async def chat_completions(served: Served, body: dict, disconnected: Callable[[], Awaitable[None]]):
@@ -275,7 +316,7 @@ def _truncated(ids: list[int], keep: int | None, n_positions: int) -> list[int]:
     return ids[-keep:] if len(ids) > keep else ids
 
 
-async def _run(served, kind, common, prompts, default_max, prompt_param, disconnected, adapter=None):
+async def _run(served, kind, common, prompts, default_max, param, disconnected, adapter=None, shown=()):
     n_pos, cap = served.engine.n_positions, served.max_tokens_cap
     params = lambda ids: protocol.choice_params(common, len(ids), n_pos, default_max, cap)  # noqa: E731
     jobs = [(ids, [p.replace(adapter=adapter) for p in params(ids)]) for ids in prompts]
@@ -285,20 +326,29 @@ async def _run(served, kind, common, prompts, default_max, prompt_param, disconn
     n = sum(len(plist) for _, plist in jobs)  # grammars compile off the event loop (first: ~1 s)
     matchers = await asyncio.to_thread(served.matchers, common.form.constraint, n)
     matchers = served.banned(matchers, common)
-    reqs = _submit(served, jobs, rid, prompt_param, matchers)
+    reqs = _submit(served, jobs, rid, param, matchers)
     runs, k = [], 0
     for no, (ids, plist) in enumerate(jobs):
         for _ in plist:
             more = common.extras
-            shown = dict(include_stop=more.include_stop_str, skip_special_tokens=more.skip_special_tokens)
-            text = ChoiceText(served.tokenizer, common.stop, min_tokens=more.min_tokens, **shown)
-            runs.append(ChoiceRun(k, reqs[k], text, served.metrics, len(ids), no))
+            show = dict(include_stop=more.include_stop_str, skip_special_tokens=more.skip_special_tokens)
+            text = ChoiceText(served.tokenizer, common.stop, min_tokens=more.min_tokens, **show)
+            echo = _echo_run(served, common, ids, shown[no] if shown else "")
+            runs.append(ChoiceRun(k, reqs[k], text, served.metrics, len(ids), no, echo))
             k += 1
     prompt_tokens = sum(len(ids) for ids in prompts)  # once per prompt, whatever n is (as OpenAI)
     want_lp = common.params.logprobs is not None
     if common.stream:
         return Streamed(_stream(runs, shapes, want_lp, common.include_usage, prompt_tokens), runs)
     return await _collect(runs, shapes, want_lp, prompt_tokens, disconnected)
+
+
+def _echo_run(served: Served, common: Common, ids: list[int], text: str) -> EchoRun | None:
+    """A choice's prompt as its answer shows it (None: the request asks nothing of it)."""
+    spec = common.echo
+    if not spec.echo and spec.report is None:
+        return None
+    return EchoRun(spec, ids, text, common.params.logprobs, served.texts)
 
 
 def cancel_all(runs: Sequence[ChoiceRun]) -> None:
@@ -314,7 +364,10 @@ async def _collect(runs, shapes: Shapes, want_lp: bool, prompt_tokens: int, disc
         async for piece, reason in run.events():  # noqa: B007 -- the last reason is the finish
             pieces.append(piece)
         lp = shapes.merge_logprobs(pieces) if want_lp else None
-        return shapes.choice(run.index, "".join(p.text for p in pieces), lp, reason)
+        choice = shapes.choice(run.index, "".join(p.text for p in pieces), lp, reason)
+        if run.echo is not None and run.echo.spec.report is not None and shapes.kind != CHAT:
+            choice["prompt_logprobs"] = run.echo.report()  # vLLM's: per choice of a completion
+        return choice
 
     gathered = asyncio.gather(*(one(r) for r in runs))
     watcher = asyncio.ensure_future(disconnected())
@@ -328,7 +381,10 @@ async def _collect(runs, shapes: Shapes, want_lp: bool, prompt_tokens: int, disc
         gathered.cancel()
         gathered.add_done_callback(_retrieved)  # a cancelled gather's error is expected, not logged
         cancel_all(runs)
-    return shapes.response(choices, run_usage(runs, prompt_tokens))
+    out = shapes.response(choices, run_usage(runs, prompt_tokens))
+    if shapes.kind == CHAT and runs[0].echo is not None:  # vLLM's: once for a chat's one prompt
+        out["prompt_logprobs"] = runs[0].echo.report()
+    return out
 
 
 def _retrieved(fut: asyncio.Future) -> None:

@@ -4,10 +4,11 @@ Plain Python on the decoded JSON (no pydantic models), so every message names th
 way the client sent it, and the HTTP layer turns an ``APIError`` into
 ``{"error": {"message", "type", "param", "code"}}`` with its status. Unknown fields are
 ignored (OpenAI clients send extras such as ``user`` or ``metadata``); fields that ask for
-something this server does not do (``echo``, ``suffix``, ``best_of`` != ``n``, the deprecated
+something this server does not do (``suffix``, ``best_of`` != ``n``, the deprecated
 ``functions``) are rejected by name rather than silently dropped. ``response_format``,
 ``logit_bias`` and ``tools`` are ``aotlm.serve.structured``'s; vLLM's extra fields (``guided_json``,
-``include_stop_str_in_output``, ``chat_template_kwargs``, ...) ``aotlm.serve.extras``'.
+``include_stop_str_in_output``, ``chat_template_kwargs``, ...) ``aotlm.serve.extras``'; ``echo`` and
+``prompt_logprobs`` ``aotlm.serve.echo``'s.
 
 Completions take ``prompt`` as a string, a list of strings, a list of token ids or a list of
 token-id lists; several prompts give ``len(prompts) * n`` choices, numbered prompt-major as
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 from aotlm.batching.types import SamplingParams
 from aotlm.core import sampler_params
 from aotlm.core.sampling import TOP_LOGPROBS_MAX as MAX_LOGPROBS  # per token (OpenAI's limit too)
-from aotlm.serve import extras, structured
+from aotlm.serve import echo, extras, structured
 from aotlm.serve.chat import ChatError, validate_messages
 
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
@@ -71,6 +72,7 @@ class Common:
     params: SamplingParams  # max_tokens and seed are set per choice by ``choice_params``
     form: structured.Structured = structured.Structured()  # response_format, tools, logit_bias
     extras: extras.Extras = extras.Extras()  # vLLM's fields for the prompt and the text
+    echo: echo.Echo = echo.Echo()  # the prompt in the answer: echo, prompt_logprobs
 
 
 @dataclass(frozen=True)
@@ -171,8 +173,6 @@ def _stop_token_ids(body: dict) -> tuple[tuple[int, ...], ...]:
 
 def _reject_unsupported(body: dict, n: int) -> None:
     """Fields that would change the answer in ways this server cannot honour."""
-    if body.get("echo"):
-        raise bad("'echo' is not supported: the response holds only the generated text", "echo")
     if body.get("suffix"):
         raise bad("'suffix' (insertion) is not supported", "suffix")
     best_of = body.get("best_of")
@@ -192,9 +192,10 @@ def _common(
         guided = extras.guided_format(body)  # vLLM's guided_json & co: a response_format
         form = structured.parse(body if guided is None else {**body, "response_format": guided}, chat, closed)
         more = extras.parse(body, chat)
+        stream = extras.flag(body, "stream", False)
+        prompt = echo.parse(body, chat, logprobs, stream)
     except structured.FieldError as e:
         raise bad(str(e), e.param) from None
-    stream = get_bool(body, "stream", False)
     options = body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
@@ -208,12 +209,13 @@ def _common(
         ignore_eos=get_bool(body, "ignore_eos", False),
         logprobs=logprobs,
         logit_bias=form.logit_bias,
+        prompt_logprobs=prompt.engine,
     )
     if more.min_tokens and max_tokens is not None and more.min_tokens > max_tokens:
         raise bad(
             f"'min_tokens' ({more.min_tokens}) must be at most 'max_tokens' ({max_tokens})", "min_tokens"
         )
-    return Common(model, n, stream, include_usage, _stop(body), max_tokens, params, form, more)
+    return Common(model, n, stream, include_usage, _stop(body), max_tokens, params, form, more, prompt)
 
 
 def _logprobs_count(body: dict, name: str) -> int | None:
@@ -257,10 +259,11 @@ def parse_completion(body: dict, max_n: int, closed: bool = True) -> CompletionB
     """``POST /v1/completions``; ``max_n`` caps the choices (``n`` times the prompts); ``closed``:
     the server's reading of schemas that do not say ``strict`` (``structured``)."""
     prompts = _prompts(body.get("prompt"))
+    max_tokens = get_int(body, "max_tokens", None, 0)  # 0: the prompt alone, with echo (``echo``)
     common = _common(
         body,
         max_n,
-        get_int(body, "max_tokens", None, 1),
+        1 if max_tokens == 0 else max_tokens,
         _logprobs_count(body, "logprobs"),
         chat=False,
         closed=closed,

@@ -42,12 +42,14 @@ def sse(obj: dict | str) -> str:
 def completion_logprobs(piece: Piece, text_of: Callable[[int], str]) -> dict:
     """Legacy completions logprobs: parallel lists; ``top_logprobs`` as ``{text: logprob}``.
 
-    ``text_offset`` is each token's start in the choice's generated text (there is no echo).
+    ``text_offset`` is each token's start in the choice's text (an echoed prompt's first token has
+    no log-probability: ``null`` there, and for its alternatives).
     """
+    top = lambda t: None if t.logprob is None else {text_of(i): finite(lp) for i, lp in t.top}  # noqa: E731
     return {
         "tokens": [text_of(t.id) for t in piece.tokens],
         "token_logprobs": [finite(t.logprob) for t in piece.tokens],
-        "top_logprobs": [{text_of(i): finite(lp) for i, lp in t.top} for t in piece.tokens],
+        "top_logprobs": [top(t) for t in piece.tokens],
         "text_offset": list(piece.offsets),
     }
 

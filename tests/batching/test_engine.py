@@ -14,8 +14,17 @@ import pytest
 
 from aotlm.batching import engine as engine_module
 from aotlm.batching.engine import Engine
+from aotlm.batching.prompt_scores import PromptScores
 from aotlm.batching.slots import SlotRunner
-from aotlm.batching.types import EngineStopped, Finish, InvalidRequest, QueueFull, SamplingParams, Token
+from aotlm.batching.types import (
+    EngineStopped,
+    Finish,
+    InvalidRequest,
+    PromptLogprobs,
+    QueueFull,
+    SamplingParams,
+    Token,
+)
 from aotlm.core import buckets as bk
 from aotlm.core.graphs import FinishReason
 
@@ -72,6 +81,13 @@ class FakeSlots:
     def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter=None) -> int:
         self.calls.append(("prefill", row, step.start, int(prompt[0])))
         return int(prompt[step.start + step.n_real - 1])  # "logits": the chunk's last token
+
+    def prefill_scored(self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter=None):
+        """``prefill_step`` plus scores: token ``t``'s log-probability is ``-t / 10``, its rank 1."""
+        nxt = np.asarray(prompt[step.start + 1 : step.start + step.n_real + 1])
+        top = nxt[:, None] + np.arange(2)
+        scores = PromptScores(step.start + 1, nxt, -nxt / 10, np.ones(len(nxt), int), top, -top / 10)
+        return self.prefill_step(row, prompt, step, adapter), scores
 
     def prefill_rows(self, rows, prompts, bucket: int, adapters=()) -> list[int]:
         assert 1 < len(rows) <= self.max_prompts and all(len(p) <= bucket for p in prompts)
@@ -360,6 +376,52 @@ def test_logprobs_are_streamed_from_read(fake):
             (3, -0.5, ((3, -0.5),)),
             (4, -0.5, ((4, -0.5),)),
         ]
+    finally:
+        eng.shutdown(timeout=1)
+
+
+def test_a_scored_prompt_is_encoded_whole_and_its_scores_come_first():
+    """``prompt_logprobs``: the held prefix is not reused (every chunk from slot 0 is scored), the
+    chunks' scores join into one ``PromptLogprobs`` before the first token; short scored prompts
+    waiting together are not encoded in one ``prefill_rows`` call."""
+    fake = FakeSlots(slots=2, prompts=2)
+    eng = Engine(fake).start()
+    try:
+        a = list(range(1, 11))  # 3 chunks of 4
+        collect(eng.submit(a, SamplingParams(max_tokens=2)))
+        fake.calls.clear()
+        items = list(eng.submit(a + [30], SamplingParams(max_tokens=2, prompt_logprobs=1)))
+        head, fin = items[0], items[-1]
+        assert isinstance(head, PromptLogprobs) and head.tokens[0] is None and fin.cached_tokens == 0
+        assert [(t.id, t.logprob, t.rank, t.top) for t in head.tokens[1:]] == [
+            (t, -t / 10, 1, ((t, -t / 10),)) for t in a[1:] + [30]
+        ]
+        assert [c[2] for c in fake.calls if c[0] == "prefill"] == [0, 4, 7]  # the last one overlaps
+        assert [t.id for t in items[1:-1]] == expected(a + [30], 2)
+    finally:
+        eng.shutdown(timeout=1)
+    fake = FakeSlots(slots=8, prompts=4)
+    fake.hold()
+    eng = Engine(fake, prefill_budget=32, solo_chunk=None).start()
+    try:
+        busy = eng.submit([7], SamplingParams(max_tokens=30))
+        fake.wait_decodes(1)
+        kinds = [None, 0, None, 1, 0]  # prompt_logprobs of five short prompts queued together
+        asks = [SamplingParams(max_tokens=3, prompt_logprobs=k) for k in kinds]
+        reqs = [eng.submit([i, i + 1], sp) for i, sp in enumerate(asks)]
+        fake.let_go()
+        heads = [list(r)[0] for r in reqs]
+        assert [h.tokens[1].top if k is not None else h for h, k in zip(heads, kinds, strict=True)] == [
+            Token(2),
+            (),
+            Token(4),
+            ((4, -0.4),),
+            (),
+        ]
+        collect(busy)
+        prefills = [c[:3] for c in fake.calls if c[0].startswith("prefill")]
+        assert prefills == [("prefill", 0, 0), ("prefill_rows", (1, 3), 4), ("prefill", 2, 0),
+                            ("prefill", 4, 0), ("prefill", 5, 0)]  # fmt: skip
     finally:
         eng.shutdown(timeout=1)
 

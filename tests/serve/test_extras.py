@@ -131,7 +131,6 @@ def test_guided_fields_are_response_formats(tok):
 def test_fields_not_applied_are_refused_by_name_unless_they_ask_nothing(tok):
     client, _ = served(tok)
     for name, value in [
-        ("prompt_logprobs", 1),
         ("use_beam_search", True),
         ("length_penalty", 0.5),
         ("spaces_between_special_tokens", False),
