@@ -37,7 +37,7 @@ log = logging.getLogger("aotlm.serve")
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # a 32k-token prompt as JSON ids is ~250 KB
 PATHS = (
     "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
-    "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize",
+    "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize", "/tokenizer_info",
 )  # fmt: skip
 CLIENT_ERRORS = (400, 401, 404, 405, 413)  # OpenAI's "invalid_request_error"; 5xx: "server_error"
 
@@ -248,8 +248,14 @@ def add_info_routes(app: "FastAPI", served: Served, check_key) -> None:
 
 
 def add_token_routes(app: "FastAPI", served: Served, check_key, read) -> None:
-    """``/tokenize`` and ``/detokenize`` (``aotlm.serve.tokenize``), behind the API key when one is set."""
+    """``/tokenize``, ``/detokenize`` and ``/tokenizer_info`` (``aotlm.serve.tokenize``), behind the API
+    key when one is set."""
     from fastapi import Request  # local: optional [serve] extra
+
+    @app.get("/tokenizer_info")
+    async def get_tokenizer_info(request: Request):
+        check_key(request)
+        return tokenize.tokenizer_info(served)
 
     @app.post("/tokenize")
     async def post_tokenize(request: Request):

@@ -6,6 +6,8 @@ or llama-server's ``content`` (none added by default: its ``add_special``), or v
 holds ``tokens`` (llama-server's ``with_pieces``: ``{"id", "piece"}`` objects), ``count`` and
 ``max_model_len`` (vLLM's), and ``token_strs`` with vLLM's ``return_token_strs``. ``/detokenize``
 takes ``tokens`` and answers the text as both ``prompt`` (vLLM) and ``content`` (llama-server).
+``GET /tokenizer_info`` (vLLM's) names the special tokens and the chat template in use: with it and
+``/tokenize``, lm-eval's API backends tokenize through the server (no ``tokenizer=`` to give).
 """
 
 from __future__ import annotations
@@ -60,3 +62,15 @@ def detokenize(served: Served, body: dict) -> dict:
     protocol.check_token_ids(ids, served.engine.vocab_size, "tokens")
     text = served.tokenizer.decode(ids)
     return {"prompt": text, "content": text}
+
+
+def tokenizer_info(served: Served) -> dict:
+    """``GET /tokenizer_info``: the tokenizer's class, special tokens, chat template and the window."""
+    tok = served.tokenizer
+    out = {"tokenizer_class": type(tok).__name__, "model_max_length": served.engine.n_positions}
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = getattr(tok, name, None)
+        out[name] = value if isinstance(value, str) else None
+    template = getattr(tok, "chat_template", None)
+    out["chat_template"] = template if isinstance(template, str) else None
+    return out

@@ -123,3 +123,24 @@ def test_a_model_without_score_graphs_names_the_flag(gpt2_path, scored):
         Engine(scored[0], eos_token_id=[]).validate([1, 2], SamplingParams(max_tokens=1, prompt_logprobs=6))
     with pytest.raises(ValueError, match="continuous_batching=True too"):
         AutoModelForSampling.from_pretrained(gpt2_path, batch_size=1, prompt_logprobs=True, **SHAPES)
+
+
+def test_compile_serve_prompt_logprobs_compiles_the_score_graphs(gpt2_path, tmp_path, capsys):
+    """`aotlm compile --serve --prompt-logprobs` leaves nothing for `aotlm serve --prompt-logprobs`;
+    the flag alone is a one-line error naming --serve (exit code 2)."""
+    from aotlm.cli.app import main
+    from aotlm.cli.common import serve_kwargs
+
+    flags = ["--n-positions", "32", "--context-length-estimate", "8", "--batch-size", "2"]
+    assert (
+        main(
+            ["compile", str(gpt2_path), "--serve", "--prompt-logprobs", "--cache-dir", str(tmp_path), *flags]
+        )
+        == 0
+    )
+    assert "slot_prefill_score" in capsys.readouterr().out
+    kw = serve_kwargs(dict(n_positions=32, context_length_estimate=8, batch_size=2), str(gpt2_path), True)
+    model = AutoModelForSampling.from_pretrained(gpt2_path, compile_cache=tmp_path, **kw).compile()
+    assert [r["hit"] for r in model.compile_report] == [True] * len(model.graph_keys())
+    assert main(["compile", str(gpt2_path), "--prompt-logprobs", "--cache-dir", str(tmp_path), *flags]) == 2
+    assert "--prompt-logprobs adds serving graphs: give --serve too" in capsys.readouterr().err

@@ -74,6 +74,17 @@ def test_lm_eval_local_completions_reads_transformers_loglikelihoods(srv):
         )
 
 
+def test_lm_eval_tokenizes_through_the_server(srv):
+    """lm-eval's API backends detect the server's tokenizer (``/tokenizer_info`` + ``/tokenize``) and
+    then need no ``tokenizer=``: its remote tokenizer gives the checkpoint tokenizer's ids."""
+    utils = pytest.importorskip("lm_eval.utils")
+    url, tok, _ = srv
+    assert utils.check_remote_tokenizer_support(url + "/v1/completions")
+    remote = utils.RemoteTokenizer(url + "/v1/completions")
+    assert remote.encode(TEXT) == tok.encode(TEXT, add_special_tokens=False)
+    assert remote.eos_token_id == tok.eos_token_id and remote.decode(tok.encode(TEXT)) == TEXT
+
+
 def test_echo_puts_the_prompt_first_in_text_logprobs_and_offsets(srv):
     url, tok, hf = srv
     ids = tok.encode(TEXT)

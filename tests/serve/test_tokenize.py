@@ -1,5 +1,5 @@
-"""``POST /tokenize`` and ``/detokenize`` (``aotlm.serve.tokenize``): vLLM's and llama-server's shapes,
-the ids the generation endpoints would submit, and one-line errors."""
+"""``POST /tokenize``, ``/detokenize`` and ``GET /tokenizer_info`` (``aotlm.serve.tokenize``): vLLM's and
+llama-server's shapes, the ids the generation endpoints would submit, and one-line errors."""
 
 from __future__ import annotations
 
@@ -55,6 +55,15 @@ def test_tokenize_as_vllm_and_llama_server(tok, setup):
     assert tok.decode(ids) == "u:hi\na:F!"
     client.post("/v1/chat/completions", json={**chat, "max_tokens": 1})
     assert list(engine.seen[-1].prompt) == ids  # what a chat request submits
+
+
+def test_tokenizer_info_names_the_special_tokens_and_the_template(tok, setup):
+    client, _ = setup
+    info = client.get("/tokenizer_info").json()
+    assert info["eos_token"] == tok.eos_token and info["chat_template"] == CHAT_TEMPLATE
+    assert info["model_max_length"] == 48 and info["tokenizer_class"] == type(tok).__name__
+    assert set(info) >= {"bos_token", "pad_token", "unk_token"}
+    assert TestClient(client.app).get("/tokenizer_info").status_code == 401  # behind the key
 
 
 def test_detokenize(tok, setup):
