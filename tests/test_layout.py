@@ -411,6 +411,7 @@ COVERED = {
     "aotlm.serve.handlers": "tests/serve/test_app.py: completions and chat, streamed or not",
     "aotlm.serve.metrics": "tests/serve/test_app.py: test_metrics_and_health",
     "aotlm.serve.protocol": "tests/serve/test_app.py: test_bad_requests_get_the_openai_error_shape",
+    "aotlm.serve.runs": "tests/serve/test_echo.py: test_a_stream_echoes_what_the_whole_answer_says (events)",
     "aotlm.serve.responses": "tests/serve/test_app.py: response shapes, SSE framing, logprobs",
     "aotlm.speculation": "tests/api/test_tnx_guide.py: test_12_speculative_equals_target_greedy",
     "aotlm.stopping_criteria": "tests/api/test_tnx_guide.py: test_11_time_limit_stops_the_loop",

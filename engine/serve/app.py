@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING
 from aotlm.serve import tokenize
 from aotlm.serve.adapters import Adapters, add_adapter_routes
 from aotlm.serve.detok import TokenTexts
-from aotlm.serve.handlers import ClientGone, Served, Streamed, chat_completions, completions, engine_stopped
+from aotlm.serve.handlers import Served, chat_completions, completions, engine_stopped
 from aotlm.serve.metrics import Metrics, StatusCounter
 from aotlm.serve.protocol import APIError, bad, error_body
+from aotlm.serve.runs import ClientGone, Streamed
 from aotlm.text.unicode import NOT_TEXT, lone_surrogate
 
 if TYPE_CHECKING:

@@ -18,23 +18,21 @@ from dataclasses import dataclass, field
 from aotlm.batching.types import (
     EngineStopped,
     InvalidRequest,
-    PromptLogprobs,
     QueueFull,
     Request,
     SamplingParams,
-    Token,
 )
-from aotlm.core.graphs import FinishReason
 from aotlm.generate import bans
 from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Matcher
 from aotlm.serve import extras, protocol
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.chat import ChatError, render
-from aotlm.serve.detok import ChoiceText, Piece, TokenTexts, finish_reason
+from aotlm.serve.detok import ChoiceText, TokenTexts
 from aotlm.serve.echo import EchoRun
 from aotlm.serve.metrics import Metrics
 from aotlm.serve.protocol import APIError, Common
 from aotlm.serve.responses import CHAT, COMPLETION, Shapes, sse, usage
+from aotlm.serve.runs import ChoiceRun, ClientGone, Streamed, cancel_all, run_usage
 from aotlm.text.tokens import bad_word_ids
 
 log = logging.getLogger("aotlm.serve")
@@ -86,118 +84,6 @@ class Served:
         """The ids that end an answer: the engine's, else the tokenizer's."""
         eos = getattr(self.engine, "eos_token_id", ()) or [self.tokenizer.eos_token_id]
         return [t for t in eos if t is not None]
-
-
-class ClientGone(Exception):
-    """The client disconnected before a non-streamed answer was ready."""
-
-
-@dataclass
-class Streamed:
-    """A streamed answer: the SSE chunks, and ``cancel`` for whoever sends them to call at the
-    end whatever happens (a generator that never started has no ``finally`` to run)."""
-
-    chunks: AsyncIterator[str]
-    runs: list[ChoiceRun]
-
-    def cancel(self) -> None:
-        cancel_all(self.runs)
-
-
-class ChoiceRun:
-    """One choice: its engine request, its text, its metrics (``echo``: its prompt in the answer)."""
-
-    def __init__(
-        self,
-        index: int,
-        req: Request,
-        text: ChoiceText,
-        metrics: Metrics,
-        prompt_tokens: int,
-        prompt_no: int,
-        echo: EchoRun | None = None,
-    ):
-        self.index, self.req, self.text, self.metrics, self.echo = index, req, text, metrics, echo
-        self.prompt_tokens, self.prompt_no = prompt_tokens, prompt_no
-        self.cached_tokens = 0
-        self.completion_tokens = 0
-        self.t0 = time.perf_counter()
-        self.first: float | None = None
-        self.done: str | None = None  # the finish reason once known
-
-    async def events(self) -> AsyncIterator[tuple[Piece, str | None]]:
-        """``(piece, None)`` while generating, then one ``(piece, finish_reason)``; an echoed prompt
-        is the first piece, the answer's offsets counting from its start."""
-        last, e = None, self.echo
-        shift = 0 if e is None else e.shift
-        if e is not None and e.spec.echo and not e.waits:
-            yield e.piece(), None
-        async for item in self.req:
-            if isinstance(item, PromptLogprobs):
-                if e is not None:
-                    e.scores = item
-                    if e.waits:
-                        yield e.piece(), None
-            elif isinstance(item, Token):
-                now = time.perf_counter()
-                if last is None:
-                    self.first = now
-                else:
-                    self.metrics.itl.observe(now - last)
-                last = now
-                if e is not None and e.spec.silent:  # max_tokens 0: the token made is not shown
-                    continue
-                piece = _shifted(self.text.push(item), shift)
-                if self.text.stopped:  # a stop string: answer now, free the slot
-                    self.req.cancel()
-                    yield piece, self._done("stop", self.text.n_tokens)
-                    return
-                if piece.text or piece.tokens:
-                    yield piece, None
-            else:
-                if item.reason == "error":  # the scheduler failed (it logged why)
-                    self._done("error", item.completion_tokens)
-                    why = "the engine failed while generating; see the server log"
-                    raise APIError(500, why, None, "server_error", "engine_error")
-                self.cached_tokens = item.cached_tokens
-                if e is not None and e.spec.silent:
-                    yield Piece(""), self._done("length", 0)
-                    return
-                piece = _shifted(self.text.finish(), shift)
-                n = self.text.n_tokens if self.text.stopped else item.completion_tokens
-                yield piece, self._done(finish_reason(item, self.text.stopped), n)
-                return
-
-    def abandon(self) -> None:
-        """Cancel the engine request (a no-op once finished); a choice nobody will read
-        (client gone, server stopping) counts as finished with reason ``"cancelled"``."""
-        self.req.cancel()
-        if self.done is None:
-            self._done(FinishReason.CANCELLED.label, self.text.n_tokens)
-
-    def _done(self, reason: str, completion_tokens: int) -> str:
-        self.done = reason
-        self.completion_tokens = completion_tokens
-        now = time.perf_counter()
-        ttft = None if self.first is None else self.first - self.t0
-        self.metrics.finished_request(
-            reason, self.prompt_tokens, completion_tokens, ttft, now - self.t0, self.cached_tokens
-        )
-        return reason
-
-
-def _shifted(piece: Piece, shift: int) -> Piece:
-    """``piece`` with its tokens' offsets moved ``shift`` characters on (after an echoed prompt)."""
-    return piece if not shift else Piece(piece.text, piece.tokens, [o + shift for o in piece.offsets])
-
-
-def run_usage(runs: Sequence[ChoiceRun], prompt_tokens: int) -> dict:
-    """The usage of a response: completion tokens of every choice; cached tokens once per prompt
-    (the most any of its choices reused), as prompt tokens count once per prompt."""
-    cached: dict[int, int] = {}
-    for r in runs:
-        cached[r.prompt_no] = max(cached.get(r.prompt_no, 0), r.cached_tokens)
-    return usage(prompt_tokens, sum(r.completion_tokens for r in runs), sum(cached.values()))
 
 
 def engine_error(e: Exception, prompt_param: str) -> APIError:
@@ -275,7 +161,11 @@ async def completions(served: Served, body: dict, disconnected: Callable[[], Awa
     for p in parsed.prompts:
         ids = _encode(served, p, add, "prompt") if isinstance(p, str) else list(p)
         protocol.check_token_ids(ids, vocab)
-        kept = _truncated(ids, more.truncate, served.engine.n_positions)
+        n_pos = served.engine.n_positions
+        kept = _truncated(ids, more.truncate, n_pos)
+        if common.echo.silent and len(kept) >= n_pos:  # its one (unshown) step needs a slot
+            why = f"with 'max_tokens' 0 a prompt may hold {n_pos - 1} tokens, got {len(kept)}"
+            raise protocol.bad(why, "prompt")
         prompts.append(kept)
         if common.echo.echo:  # the prompt as sent, or as its (kept) tokens read
             same = isinstance(p, str) and len(kept) == len(ids)
@@ -339,7 +229,8 @@ async def _run(served, kind, common, prompts, default_max, param, disconnected, 
     prompt_tokens = sum(len(ids) for ids in prompts)  # once per prompt, whatever n is (as OpenAI)
     want_lp = common.params.logprobs is not None
     if common.stream:
-        return Streamed(_stream(runs, shapes, want_lp, common.include_usage, prompt_tokens), runs)
+        chunks = _stream(runs, shapes, want_lp, common.include_usage, prompt_tokens, common.continuous_usage)
+        return Streamed(chunks, runs)
     return await _collect(runs, shapes, want_lp, prompt_tokens, disconnected)
 
 
@@ -349,11 +240,6 @@ def _echo_run(served: Served, common: Common, ids: list[int], text: str) -> Echo
     if not spec.echo and spec.report is None:
         return None
     return EchoRun(spec, ids, text, common.params.logprobs, served.texts)
-
-
-def cancel_all(runs: Sequence[ChoiceRun]) -> None:
-    for r in runs:
-        r.abandon()
 
 
 async def _collect(runs, shapes: Shapes, want_lp: bool, prompt_tokens: int, disconnected) -> dict:
@@ -394,9 +280,10 @@ def _retrieved(fut: asyncio.Future) -> None:
 
 
 async def _stream(
-    runs: list[ChoiceRun], shapes: Shapes, want_lp: bool, include_usage: bool, prompt_tokens: int
+    runs: list[ChoiceRun], shapes: Shapes, want_lp: bool, include_usage: bool, prompt_tokens: int, every=False
 ) -> AsyncIterator[str]:
-    """SSE chunks of every choice as they come, a usage chunk if asked, then ``[DONE]``.
+    """SSE chunks of every choice as they come, a usage chunk if asked, then ``[DONE]``; with
+    ``every`` (vLLM's ``continuous_usage_stats``) each chunk's usage holds its choice's tokens so far.
 
     A client that disconnects makes the server cancel this generator (or close it): the
     ``finally`` cancels the engine requests either way.
@@ -406,31 +293,37 @@ async def _stream(
     async def pump(run: ChoiceRun) -> None:
         try:
             async for piece, reason in run.events():
-                queue.put_nowait((run.index, piece, reason))
+                n = run.completion_tokens if reason is not None else run.text.n_tokens
+                queue.put_nowait((run.index, piece, reason, n))
         except Exception as e:  # handed to the generator, which reports it in the stream
-            queue.put_nowait((run.index, e, None))
+            queue.put_nowait((run.index, e, None, 0))
 
     tasks = [asyncio.ensure_future(pump(r)) for r in runs]
+    by_index = {r.index: r for r in runs}
+    so_far = lambda i, n: usage(by_index[i].prompt_tokens, n) if every else None  # noqa: E731
     try:
         if shapes.kind == CHAT:
             for r in runs:
-                yield sse(shapes.chunk(r.index, "", None, None, include_usage, role=True))
+                yield sse(
+                    shapes.chunk(r.index, "", None, None, include_usage, role=True, use=so_far(r.index, 0))
+                )
         remaining = len(runs)
         held: dict[int, list] = {r.index: [] for r in runs}
         while remaining:
-            index, piece, reason = await queue.get()
+            index, piece, reason, n = await queue.get()
             if isinstance(piece, Exception):
                 raise piece
             remaining -= reason is not None
             if shapes.form.reads_calls:  # tool calls: the answer is read whole, then sent
                 held[index].append(piece)
                 if reason is not None:
-                    yield sse(shapes.whole_chunk(index, held[index], want_lp, reason, include_usage))
+                    chunk = shapes.whole_chunk(index, held[index], want_lp, reason, include_usage)
+                    yield sse(chunk if not every else {**chunk, "usage": so_far(index, n)})
                 continue
             if reason is None and not piece.text and not want_lp:
                 continue  # tokens whose text is still held back: nothing to say yet
             lp = shapes.logprobs(piece) if want_lp else None
-            yield sse(shapes.chunk(index, piece.text, lp, reason, include_usage))
+            yield sse(shapes.chunk(index, piece.text, lp, reason, include_usage, use=so_far(index, n)))
         if include_usage:
             yield sse(shapes.usage_chunk(run_usage(runs, prompt_tokens)))
         yield sse("[DONE]")

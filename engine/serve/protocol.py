@@ -73,6 +73,7 @@ class Common:
     form: structured.Structured = structured.Structured()  # response_format, tools, logit_bias
     extras: extras.Extras = extras.Extras()  # vLLM's fields for the prompt and the text
     echo: echo.Echo = echo.Echo()  # the prompt in the answer: echo, prompt_logprobs
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage on every chunk
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,9 @@ def _common(
         if not stream:
             raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
     include_usage = get_bool(options or {}, "include_usage", False)
+    every = get_bool(options or {}, "continuous_usage_stats", False)
+    if every and not include_usage:  # vLLM: usage on every chunk is part of include_usage
+        raise bad("'continuous_usage_stats' needs 'include_usage': true", "stream_options")
     params = SamplingParams(
         **_sampling(body),
         stop_token_ids=_stop_token_ids(body),
@@ -215,7 +219,8 @@ def _common(
         raise bad(
             f"'min_tokens' ({more.min_tokens}) must be at most 'max_tokens' ({max_tokens})", "min_tokens"
         )
-    return Common(model, n, stream, include_usage, _stop(body), max_tokens, params, form, more, prompt)
+    stop = _stop(body)
+    return Common(model, n, stream, include_usage, stop, max_tokens, params, form, more, prompt, every)
 
 
 def _logprobs_count(body: dict, name: str) -> int | None:

@@ -121,6 +121,11 @@ def test_max_tokens_zero_echoes_the_prompt_alone(srv):
     assert len(c["logprobs"]["tokens"]) == len(tok.encode(TEXT))
     assert all(top in (None, {}) for top in c["logprobs"]["top_logprobs"])
     assert out["usage"]["completion_tokens"] == 0
+    full = post(url, {"prompt": list(range(64)), "max_tokens": 0, "echo": True}).json()["error"]
+    assert (
+        full["message"] == "with 'max_tokens' 0 a prompt may hold 63 tokens, got 64"
+        and full["param"] == "prompt"
+    )
     # no logprobs: nothing scored, the text alone; the openai client reads it too
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
     got = client.completions.create(model="m", prompt=TEXT, max_tokens=0, echo=True)

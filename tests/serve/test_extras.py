@@ -260,3 +260,30 @@ def test_server_template_variables_under_the_requests(tok):
     assert tok.decode(engine.seen[-1].prompt).endswith("a:F!")
     client.post("/v1/chat/completions", json={**chat, "chat_template_kwargs": {"flag": False}})
     assert tok.decode(engine.seen[-1].prompt).endswith("a:")
+
+
+def test_continuous_usage_stats_put_each_choices_usage_on_every_chunk(tok):
+    """vLLM's ``stream_options.continuous_usage_stats``: every chunk's usage is its choice's so far."""
+    script = tok.encode(" a b c", add_special_tokens=False)
+    client, _ = served(tok, script=script)
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    for path, body in [
+        ("/v1/completions", {"prompt": "x = 1"}),
+        ("/v1/chat/completions", {"messages": CHAT}),
+    ]:
+        with client.stream("POST", path, json={**body, "stream": True, "stream_options": options}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        *chunks, last = events
+        prompt = last["usage"]["prompt_tokens"]
+        counts = [c["usage"]["completion_tokens"] for c in chunks]
+        assert all(c["usage"]["prompt_tokens"] == prompt for c in chunks)
+        assert counts == sorted(counts) and counts[-1] == last["usage"]["completion_tokens"] == len(script)
+        assert all(c["usage"]["total_tokens"] == prompt + n for c, n in zip(chunks, counts, strict=True))
+        assert last["choices"] == [] and (
+            path == "/v1/completions" or counts[0] == 0
+        )  # the chat's role chunk
+    r = client.post(
+        "/v1/completions",
+        json={"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+    )
+    assert r.status_code == 400 and "needs 'include_usage': true" in r.json()["error"]["message"]
