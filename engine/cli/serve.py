@@ -4,6 +4,7 @@ aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-s
             [--max-queue 64] [--api-key KEY] [--max-tokens-cap N] [--served-model-name NAME]
             [--no-prefix-cache] [--prefix-cache-mb 512] [--no-warmup] [--lenient-schemas]
             [--lora NAME=DIR ...] [--max-loras N] [--max-lora-rank R] [--prompt-logprobs]
+            [--generation-config auto|vllm|DIR] [--override-generation-config JSON]
 
 The model is compiled for every bucket before the port opens, so the first request does not
 compile, and the serving graphs run once (``SlotBatch.warm_up``; ``--no-warmup`` skips it),
@@ -39,6 +40,7 @@ from aotlm.cli.common import add_model_args, graphs_ready, model_kwargs, serve_k
 from aotlm.cli.templates import add_template_args, template_variables, use_template
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import create_app
+from aotlm.serve.defaults import load as load_defaults
 from aotlm.text.tokens import eos_ids, tokenizer_for
 
 log = logging.getLogger("aotlm.serve")
@@ -91,6 +93,19 @@ def register(sub) -> None:
         help="compile the graphs that score prompts: OpenAI's echo with logprobs (lm-eval's "
         "local-completions) and vLLM's prompt_logprobs (one more graph per prefill shape)",
     )
+    p.add_argument(
+        "--generation-config",
+        default="auto",
+        metavar="auto|vllm|DIR",
+        help="request defaults (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens) from "
+        "the checkpoint's generation_config.json (auto, the default), none (vllm) or DIR's (vLLM's flag)",
+    )
+    p.add_argument(
+        "--override-generation-config",
+        default=None,
+        metavar="JSON",
+        help="fields over the generation config's, e.g. '{\"temperature\": 0.5}'",
+    )
     add_template_args(p, "default variables for every chat's template (a request's chat_template_kwargs win)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
     p.add_argument("--quiet", action="store_true", help="no aotlm INFO lines")
@@ -142,6 +157,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     kw = serve_kwargs(model_kwargs(args), args.checkpoint, args.prompt_logprobs)  # resolves args.checkpoint
     tokenizer = tokenizer_for(args.checkpoint)
     use_template(tokenizer, args.chat_template, variables)
+    defaults = load_defaults(args.generation_config, args.checkpoint, args.override_generation_config)
+    if defaults.described():
+        log.info("request defaults from the generation config: %s", defaults.described())
     model = _load(args.checkpoint, kw)
     t0 = time.perf_counter()
     engine = Engine(
@@ -165,7 +183,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         adapters = Adapters(model, engine, name) if model.adapter_slots is not None else None
         app = create_app(
             engine, tokenizer, name, api_key=args.api_key, lenient_schemas=args.lenient_schemas,
-            adapters=adapters, chat_template_kwargs=variables,
+            adapters=adapters, chat_template_kwargs=variables, request_defaults=defaults,
         )  # fmt: skip
         port = sock.getsockname()[1]  # --port 0: the one the system picked
         ready = f"aotlm serve: http://{args.host}:{port} (model {name}, {model.batch_size} slots)"

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from aotlm.serve import tokenize
 from aotlm.serve.adapters import Adapters, add_adapter_routes
+from aotlm.serve.defaults import Defaults
 from aotlm.serve.detok import TokenTexts
 from aotlm.serve.handlers import Served, chat_completions, completions, engine_stopped
 from aotlm.serve.metrics import Metrics, StatusCounter
@@ -85,6 +86,7 @@ def create_app(
     lenient_schemas: bool = False,
     adapters: Adapters | None = None,
     chat_template_kwargs: dict | None = None,
+    request_defaults: Defaults | None = None,
 ) -> "FastAPI":
     """The app over a started ``engine``; ``app.state.served.stopping = True`` starts draining.
 
@@ -92,7 +94,8 @@ def create_app(
     engine's ``max_tokens_cap``) caps default and explicit ``max_tokens``; ``lenient_schemas``:
     schemas that do not say ``strict`` keep open objects (``aotlm.serve.structured``);
     ``adapters``: the model's LoRA adapters, named by a request's ``model`` (``aotlm.serve.adapters``);
-    ``chat_template_kwargs``: template variables for every chat (a request's own win).
+    ``chat_template_kwargs``: template variables for every chat (a request's own win);
+    ``request_defaults``: sampling defaults of requests that leave them out (``aotlm.serve.defaults``).
     """
     from fastapi import FastAPI  # local: optional [serve] extra, see the module docstring
 
@@ -102,6 +105,7 @@ def create_app(
     served = Served(engine, tokenizer, model_name, metrics, TokenTexts(tokenizer), max_n, max_tokens_cap)
     served.lenient_schemas, served.adapters = lenient_schemas, adapters
     served.template_defaults = dict(chat_template_kwargs or {})
+    served.defaults = request_defaults or Defaults()
     app = FastAPI(title="aotlm", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.served = served
     app.add_middleware(StatusCounter, metrics=metrics, known=lambda p: p in PATHS)

@@ -27,6 +27,7 @@ from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Ma
 from aotlm.serve import extras, protocol
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.chat import ChatError, render
+from aotlm.serve.defaults import Defaults
 from aotlm.serve.detok import ChoiceText, TokenTexts
 from aotlm.serve.echo import EchoRun
 from aotlm.serve.metrics import Metrics
@@ -54,6 +55,7 @@ class Served:
     grammars: Grammars | None = None  # structured outputs, built at the first constrained request
     adapters: Adapters | None = None  # LoRA adapters a request's `model` may name (aotlm.serve.adapters)
     template_defaults: dict = field(default_factory=dict)  # serve --chat-template-kwargs
+    defaults: Defaults = field(default_factory=Defaults)  # generation_config.json's (aotlm.serve.defaults)
 
     def matchers(self, c: Constraint | None, n: int) -> list[Matcher | None]:
         """``n`` fresh matchers of ``c`` (None: unconstrained); a bad schema or grammar is a 400
@@ -151,7 +153,7 @@ def _encode(served: Served, text: str, add_special_tokens: bool, param: str) -> 
 
 async def completions(served: Served, body: dict, disconnected: Callable[[], Awaitable[None]]):
     """``POST /v1/completions``: a response dict, or a ``Streamed``."""
-    parsed = protocol.parse_completion(body, served.max_n, not served.lenient_schemas)
+    parsed = protocol.parse_completion(served.defaults.apply(body), served.max_n, not served.lenient_schemas)
     common = parsed.common
     adapter = check_model(served, common.model)
     vocab = served.engine.vocab_size
@@ -171,19 +173,20 @@ async def completions(served: Served, body: dict, disconnected: Callable[[], Awa
             same = isinstance(p, str) and len(kept) == len(ids)
             skip = more.skip_special_tokens
             shown.append(p if same else served.tokenizer.decode(kept, skip_special_tokens=skip))
-    default_max = protocol.COMPLETION_DEFAULT_MAX_TOKENS
+    default_max = served.defaults.default_max(protocol.COMPLETION_DEFAULT_MAX_TOKENS)
     run = _run(served, COMPLETION, common, prompts, default_max, "prompt", disconnected, adapter, shown)
     return await run
 
 
 async def chat_completions(served: Served, body: dict, disconnected: Callable[[], Awaitable[None]]):
     """``POST /v1/chat/completions``; ``max_tokens`` defaults to the rest of the context."""
-    parsed = protocol.parse_chat(body, served.max_n, not served.lenient_schemas)
+    parsed = protocol.parse_chat(served.defaults.apply(body), served.max_n, not served.lenient_schemas)
     adapter = check_model(served, parsed.common.model)
     more = parsed.common.extras
     ids = chat_ids(served, parsed.messages, parsed.common.form.tools, more)
     ids = _truncated(ids, more.truncate, served.engine.n_positions)
-    return await _run(served, CHAT, parsed.common, [ids], None, "messages", disconnected, adapter)
+    default_max = served.defaults.default_max(None)
+    return await _run(served, CHAT, parsed.common, [ids], default_max, "messages", disconnected, adapter)
 
 
 def chat_ids(served: Served, messages: list[dict], tools, more: extras.Extras) -> list[int]:
