@@ -40,7 +40,7 @@ from aotlm.cli.common import add_model_args, graphs_ready, model_kwargs, serve_k
 from aotlm.cli.templates import add_template_args, template_variables, use_template
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import create_app
-from aotlm.serve.defaults import load as load_defaults
+from aotlm.serve.request_defaults import load as load_defaults
 from aotlm.text.tokens import eos_ids, tokenizer_for
 
 log = logging.getLogger("aotlm.serve")

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from aotlm.serve import tokenize
 from aotlm.serve.adapters import Adapters, add_adapter_routes
-from aotlm.serve.defaults import Defaults
 from aotlm.serve.detok import TokenTexts
 from aotlm.serve.handlers import Served, chat_completions, completions, engine_stopped
 from aotlm.serve.metrics import Metrics, StatusCounter
 from aotlm.serve.protocol import APIError, bad, error_body
+from aotlm.serve.request_defaults import Defaults
 from aotlm.serve.runs import ClientGone, Streamed
 from aotlm.text.unicode import NOT_TEXT, lone_surrogate
 
@@ -95,7 +95,7 @@ def create_app(
     schemas that do not say ``strict`` keep open objects (``aotlm.serve.structured``);
     ``adapters``: the model's LoRA adapters, named by a request's ``model`` (``aotlm.serve.adapters``);
     ``chat_template_kwargs``: template variables for every chat (a request's own win);
-    ``request_defaults``: sampling defaults of requests that leave them out (``aotlm.serve.defaults``).
+    ``request_defaults``: sampling defaults of requests that leave them out (``serve.request_defaults``).
     """
     from fastapi import FastAPI  # local: optional [serve] extra, see the module docstring
 

@@ -34,6 +34,7 @@ class Piece:
     text: str
     tokens: list[Token] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)  # each token's start in the choice's text
+    echoed: bool = False  # the prompt, echoed (``aotlm.serve.echo``): its tokens are not the answer's
 
 
 class ChoiceText:

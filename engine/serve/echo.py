@@ -90,7 +90,7 @@ class EchoRun:
         for tid in self.ids:
             offsets.append(at)
             at += len(self.text_of(tid))
-        return Piece(self.text, tokens, offsets)
+        return Piece(self.text, tokens, offsets, echoed=True)
 
     def report(self) -> list | None:
         """vLLM's ``prompt_logprobs`` list (None: not asked)."""

@@ -13,6 +13,9 @@ Applied:
 * ``allowed_token_ids`` (the only tokens an answer may hold), ``bad_words`` (words it may not hold,
   matched in its own tokens as vLLM matches them) and ``min_tokens`` (no eos, stop token or stop string
   before that many tokens): ``aotlm.generate.bans.RequestBans``;
+* ``return_tokens_as_token_ids`` (logprobs name each token ``"token_id:N"``) and ``return_token_ids``
+  (each choice's ``token_ids``, the prompt's ``prompt_token_ids``: per choice of a completion, once
+  for a chat; in a stream each chunk's own ``token_ids`` and the prompt's in a choice's first chunk);
 * chats: ``add_generation_prompt`` (default true), ``continue_final_message`` (the answer goes on
   from the last message), ``documents`` and ``chat_template_kwargs`` (e.g. Qwen3's
   ``{"enable_thinking": false}``), all given to the model's chat template.
@@ -20,7 +23,7 @@ Applied:
 Refused by name when set to anything but their no-op value, rather than answered as if they were
 not there: ``use_beam_search``, ``length_penalty``, ``spaces_between_special_tokens``,
 ``chat_template`` (a request's own template is not run), ``logits_processors``,
-``guided_whitespace_pattern``, ``return_tokens_as_token_ids``, ``detokenize``.
+``guided_whitespace_pattern``, ``detokenize``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ REFUSED = {
     "chat_template": (None,),
     "logits_processors": (None, []),
     "guided_whitespace_pattern": (None,),
-    "return_tokens_as_token_ids": (None, False),
     "detokenize": (None, True),
 }
 GUIDED = {
@@ -63,6 +65,8 @@ class Extras:
     bad_words: tuple[str, ...] = ()  # words the answer may not hold
     min_tokens: int = 0  # tokens before an eos, a stop token or a stop string may end the answer
     template: dict = field(default_factory=dict)  # chat: keywords for apply_chat_template
+    token_id_strs: bool = False  # return_tokens_as_token_ids: logprobs' tokens as "token_id:N"
+    return_token_ids: bool = False  # the answer's (and prompt's) token ids beside the text
 
 
 def flag(body: dict, name: str, default):
@@ -110,6 +114,8 @@ def parse(body: dict, chat: bool) -> Extras:
         add_special_tokens=flag(body, "add_special_tokens", None),
         truncate=truncate,
         template=template,
+        token_id_strs=flag(body, "return_tokens_as_token_ids", False),
+        return_token_ids=flag(body, "return_token_ids", False),
     )
 
 

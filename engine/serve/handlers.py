@@ -27,13 +27,13 @@ from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Ma
 from aotlm.serve import extras, protocol
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.chat import ChatError, render
-from aotlm.serve.defaults import Defaults
 from aotlm.serve.detok import ChoiceText, TokenTexts
 from aotlm.serve.echo import EchoRun
 from aotlm.serve.metrics import Metrics
 from aotlm.serve.protocol import APIError, Common
+from aotlm.serve.request_defaults import Defaults
 from aotlm.serve.responses import CHAT, COMPLETION, Shapes, sse, usage
-from aotlm.serve.runs import ChoiceRun, ClientGone, Streamed, cancel_all, run_usage
+from aotlm.serve.runs import ChoiceRun, ClientGone, Streamed, answer_ids, cancel_all, run_usage
 from aotlm.text.tokens import bad_word_ids
 
 log = logging.getLogger("aotlm.serve")
@@ -55,7 +55,9 @@ class Served:
     grammars: Grammars | None = None  # structured outputs, built at the first constrained request
     adapters: Adapters | None = None  # LoRA adapters a request's `model` may name (aotlm.serve.adapters)
     template_defaults: dict = field(default_factory=dict)  # serve --chat-template-kwargs
-    defaults: Defaults = field(default_factory=Defaults)  # generation_config.json's (aotlm.serve.defaults)
+    defaults: Defaults = field(
+        default_factory=Defaults
+    )  # generation_config.json's (aotlm.serve.request_defaults)
 
     def matchers(self, c: Constraint | None, n: int) -> list[Matcher | None]:
         """``n`` fresh matchers of ``c`` (None: unconstrained); a bad schema or grammar is a 400
@@ -215,7 +217,9 @@ async def _run(served, kind, common, prompts, default_max, param, disconnected, 
     jobs = [(ids, [p.replace(adapter=adapter) for p in params(ids)]) for ids in prompts]
     prefix = "chatcmpl" if kind == CHAT else "cmpl"
     rid = f"{prefix}-{uuid.uuid4().hex}"
-    shapes = Shapes(kind, rid, int(time.time()), adapter or served.model_name, served.texts, common.form)
+    more = common.extras
+    text_of = _token_id_str if more.token_id_strs else served.texts  # vLLM's return_tokens_as_token_ids
+    shapes = Shapes(kind, rid, int(time.time()), adapter or served.model_name, text_of, common.form)
     n = sum(len(plist) for _, plist in jobs)  # grammars compile off the event loop (first: ~1 s)
     matchers = await asyncio.to_thread(served.matchers, common.form.constraint, n)
     matchers = served.banned(matchers, common)
@@ -223,18 +227,21 @@ async def _run(served, kind, common, prompts, default_max, param, disconnected, 
     runs, k = [], 0
     for no, (ids, plist) in enumerate(jobs):
         for _ in plist:
-            more = common.extras
             show = dict(include_stop=more.include_stop_str, skip_special_tokens=more.skip_special_tokens)
             text = ChoiceText(served.tokenizer, common.stop, min_tokens=more.min_tokens, **show)
             echo = _echo_run(served, common, ids, shown[no] if shown else "")
-            runs.append(ChoiceRun(k, reqs[k], text, served.metrics, len(ids), no, echo))
+            runs.append(ChoiceRun(k, reqs[k], text, served.metrics, len(ids), no, echo, ids))
             k += 1
     prompt_tokens = sum(len(ids) for ids in prompts)  # once per prompt, whatever n is (as OpenAI)
     want_lp = common.params.logprobs is not None
     if common.stream:
-        chunks = _stream(runs, shapes, want_lp, common.include_usage, prompt_tokens, common.continuous_usage)
-        return Streamed(chunks, runs)
-    return await _collect(runs, shapes, want_lp, prompt_tokens, disconnected)
+        usage_on = (common.include_usage, common.continuous_usage)
+        return Streamed(_stream(runs, shapes, want_lp, usage_on, prompt_tokens, more.return_token_ids), runs)
+    return await _collect(runs, shapes, want_lp, prompt_tokens, disconnected, more.return_token_ids)
+
+
+def _token_id_str(token_id: int) -> str:
+    return f"token_id:{token_id}"
 
 
 def _echo_run(served: Served, common: Common, ids: list[int], text: str) -> EchoRun | None:
@@ -245,8 +252,9 @@ def _echo_run(served: Served, common: Common, ids: list[int], text: str) -> Echo
     return EchoRun(spec, ids, text, common.params.logprobs, served.texts)
 
 
-async def _collect(runs, shapes: Shapes, want_lp: bool, prompt_tokens: int, disconnected) -> dict:
-    """Gather every choice; a client that goes away first cancels them all."""
+async def _collect(runs, shapes: Shapes, want_lp: bool, prompt_tokens: int, disconnected, ids: bool) -> dict:
+    """Gather every choice; a client that goes away first cancels them all (``ids``: vLLM's
+    ``return_token_ids``)."""
 
     async def one(run: ChoiceRun) -> dict:
         pieces, reason = [], None
@@ -256,6 +264,10 @@ async def _collect(runs, shapes: Shapes, want_lp: bool, prompt_tokens: int, disc
         choice = shapes.choice(run.index, "".join(p.text for p in pieces), lp, reason)
         if run.echo is not None and run.echo.spec.report is not None and shapes.kind != CHAT:
             choice["prompt_logprobs"] = run.echo.report()  # vLLM's: per choice of a completion
+        if ids:
+            choice["token_ids"] = answer_ids(pieces)
+            if shapes.kind != CHAT:
+                choice["prompt_token_ids"] = run.prompt_ids
         return choice
 
     gathered = asyncio.gather(*(one(r) for r in runs))
@@ -273,6 +285,8 @@ async def _collect(runs, shapes: Shapes, want_lp: bool, prompt_tokens: int, disc
     out = shapes.response(choices, run_usage(runs, prompt_tokens))
     if shapes.kind == CHAT and runs[0].echo is not None:  # vLLM's: once for a chat's one prompt
         out["prompt_logprobs"] = runs[0].echo.report()
+    if shapes.kind == CHAT and ids:
+        out["prompt_token_ids"] = runs[0].prompt_ids
     return out
 
 
@@ -283,15 +297,23 @@ def _retrieved(fut: asyncio.Future) -> None:
 
 
 async def _stream(
-    runs: list[ChoiceRun], shapes: Shapes, want_lp: bool, include_usage: bool, prompt_tokens: int, every=False
+    runs: list[ChoiceRun],
+    shapes: Shapes,
+    want_lp: bool,
+    usage_on: tuple[bool, bool],
+    prompt_tokens: int,
+    ids=False,
 ) -> AsyncIterator[str]:
-    """SSE chunks of every choice as they come, a usage chunk if asked, then ``[DONE]``; with
-    ``every`` (vLLM's ``continuous_usage_stats``) each chunk's usage holds its choice's tokens so far.
+    """SSE chunks of every choice as they come, a usage chunk if asked (``usage_on[0]``), then
+    ``[DONE]``; with ``usage_on[1]`` (vLLM's ``continuous_usage_stats``) each chunk's usage holds its
+    choice's tokens so far; with ``ids`` (``return_token_ids``) each chunk its own ``token_ids`` and a
+    choice's first chunk the prompt's.
 
     A client that disconnects makes the server cancel this generator (or close it): the
     ``finally`` cancels the engine requests either way.
     """
     queue: asyncio.Queue = asyncio.Queue()
+    include_usage, every = usage_on
 
     async def pump(run: ChoiceRun) -> None:
         try:
@@ -301,15 +323,25 @@ async def _stream(
         except Exception as e:  # handed to the generator, which reports it in the stream
             queue.put_nowait((run.index, e, None, 0))
 
-    tasks = [asyncio.ensure_future(pump(r)) for r in runs]
     by_index = {r.index: r for r in runs}
-    so_far = lambda i, n: usage(by_index[i].prompt_tokens, n) if every else None  # noqa: E731
+    first = set(by_index)  # choices whose first chunk is still to be sent
+
+    def out(chunk: dict, index: int, n: int, pieces) -> str:
+        if every:
+            chunk["usage"] = usage(by_index[index].prompt_tokens, n)
+        if ids:
+            chunk["choices"][0]["token_ids"] = answer_ids(pieces)
+            if index in first:
+                where = chunk if shapes.kind == CHAT else chunk["choices"][0]
+                where["prompt_token_ids"] = by_index[index].prompt_ids
+        first.discard(index)
+        return sse(chunk)
+
+    tasks = [asyncio.ensure_future(pump(r)) for r in runs]
     try:
         if shapes.kind == CHAT:
             for r in runs:
-                yield sse(
-                    shapes.chunk(r.index, "", None, None, include_usage, role=True, use=so_far(r.index, 0))
-                )
+                yield out(shapes.chunk(r.index, "", None, None, include_usage, role=True), r.index, 0, [])
         remaining = len(runs)
         held: dict[int, list] = {r.index: [] for r in runs}
         while remaining:
@@ -320,13 +352,13 @@ async def _stream(
             if shapes.form.reads_calls:  # tool calls: the answer is read whole, then sent
                 held[index].append(piece)
                 if reason is not None:
-                    chunk = shapes.whole_chunk(index, held[index], want_lp, reason, include_usage)
-                    yield sse(chunk if not every else {**chunk, "usage": so_far(index, n)})
+                    whole = shapes.whole_chunk(index, held[index], want_lp, reason, include_usage)
+                    yield out(whole, index, n, held[index])
                 continue
-            if reason is None and not piece.text and not want_lp:
+            if reason is None and not piece.text and not want_lp and not (ids and piece.tokens):
                 continue  # tokens whose text is still held back: nothing to say yet
             lp = shapes.logprobs(piece) if want_lp else None
-            yield sse(shapes.chunk(index, piece.text, lp, reason, include_usage, use=so_far(index, n)))
+            yield out(shapes.chunk(index, piece.text, lp, reason, include_usage), index, n, [piece])
         if include_usage:
             yield sse(shapes.usage_chunk(run_usage(runs, prompt_tokens)))
         yield sse("[DONE]")

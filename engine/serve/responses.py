@@ -123,10 +123,8 @@ class Shapes:
         finish_reason: str | None,
         with_usage: bool,
         role: bool = False,
-        use: dict | None = None,
     ) -> dict:
-        """A streamed choice delta; ``role`` marks a chat stream's first chunk of a choice; ``use``: its
-        usage so far (vLLM's ``continuous_usage_stats``; else null while usage is asked for)."""
+        """A streamed choice delta; ``role`` marks a chat stream's first chunk of a choice."""
         if self.kind == CHAT:
             delta = {"role": "assistant"} if role else {}
             if text is not None:
@@ -138,7 +136,7 @@ class Shapes:
             choice["finish_reason"] = finish_reason
             out = {**self._head(COMPLETION), "choices": [choice]}
         if with_usage:
-            out["usage"] = use  # OpenAI: null on every chunk but the last when usage is asked for
+            out["usage"] = None  # OpenAI: null on every chunk but the last when usage is asked for
         return out
 
     def whole_chunk(

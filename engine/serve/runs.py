@@ -49,8 +49,10 @@ class ChoiceRun:
         prompt_tokens: int,
         prompt_no: int,
         echo: EchoRun | None = None,
+        prompt_ids: Sequence[int] = (),
     ):
         self.index, self.req, self.text, self.metrics, self.echo = index, req, text, metrics, echo
+        self.prompt_ids = list(prompt_ids)
         self.prompt_tokens, self.prompt_no = prompt_tokens, prompt_no
         self.cached_tokens = 0
         self.completion_tokens = 0
@@ -122,6 +124,11 @@ class ChoiceRun:
 def _shifted(piece: Piece, shift: int) -> Piece:
     """``piece`` with its tokens' offsets moved ``shift`` characters on (after an echoed prompt)."""
     return piece if not shift else Piece(piece.text, piece.tokens, [o + shift for o in piece.offsets])
+
+
+def answer_ids(pieces: Sequence[Piece]) -> list[int]:
+    """The answer's token ids in ``pieces`` (an echoed prompt's left out): vLLM's ``token_ids``."""
+    return [t.id for p in pieces if not p.echoed for t in p.tokens]
 
 
 def run_usage(runs: Sequence[ChoiceRun], prompt_tokens: int) -> dict:

@@ -287,3 +287,46 @@ def test_continuous_usage_stats_put_each_choices_usage_on_every_chunk(tok):
         json={"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": True}},
     )
     assert r.status_code == 400 and "needs 'include_usage': true" in r.json()["error"]["message"]
+
+
+def test_token_ids_beside_the_text(tok):
+    """vLLM's ``return_token_ids``: each choice's ``token_ids`` (the answer's), the prompt's
+    ``prompt_token_ids`` (per choice of a completion, once for a chat); streamed: each chunk's own
+    ids, whose concatenation is the whole answer's, the prompt's in a choice's first chunk."""
+    script = tok.encode(ANSWER)
+    client, engine = served(tok, script=script)
+    out = client.post("/v1/completions", json={"prompt": "x = 1", "return_token_ids": True, "n": 2}).json()
+    prompt = list(engine.seen[-1].prompt)
+    assert [(c["token_ids"], c["prompt_token_ids"]) for c in out["choices"]] == [(script, prompt)] * 2
+    chat = client.post("/v1/chat/completions", json={"messages": CHAT, "return_token_ids": True}).json()
+    assert (
+        chat["prompt_token_ids"] == list(engine.seen[-1].prompt) and chat["choices"][0]["token_ids"] == script
+    )
+    for path, body in [
+        ("/v1/completions", {"prompt": "x = 1"}),
+        ("/v1/chat/completions", {"messages": CHAT}),
+    ]:
+        with client.stream("POST", path, json={**body, "stream": True, "return_token_ids": True}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        assert sum((c["choices"][0]["token_ids"] for c in chunks), []) == script
+        first = chunks[0] if path.endswith("chat/completions") else chunks[0]["choices"][0]
+        assert first["prompt_token_ids"] == list(engine.seen[-1].prompt)
+        assert all(
+            "prompt_token_ids" not in c and "prompt_token_ids" not in c["choices"][0] for c in chunks[1:]
+        )
+    plain = client.post("/v1/completions", json={"prompt": "x = 1"}).json()["choices"][0]
+    assert "token_ids" not in plain and "prompt_token_ids" not in plain
+
+
+def test_logprobs_name_tokens_by_id_on_request(tok):
+    """vLLM's ``return_tokens_as_token_ids``: every token in logprobs is ``"token_id:N"``."""
+    script = tok.encode(ANSWER)
+    client, _ = served(tok, script=[Token(t, -0.5, ((t, -0.5),)) for t in script])
+    body = {"prompt": "x", "logprobs": 1, "return_tokens_as_token_ids": True}
+    lp = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == [f"token_id:{t}" for t in script]
+    assert [list(d) for d in lp["top_logprobs"]] == [[f"token_id:{t}"] for t in script]
+    chat = {"messages": CHAT, "logprobs": True, "top_logprobs": 1, "return_tokens_as_token_ids": True}
+    content = client.post("/v1/chat/completions", json=chat).json()["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == [f"token_id:{t}" for t in script]
+    assert content[0]["bytes"] == list(f"token_id:{script[0]}".encode())

@@ -8,7 +8,8 @@ from aotlm.batching.types import Finish, Request, Token
 
 
 class ScriptedEngine:
-    """Answers every request with ``script`` (token ids), then a length finish; keeps what it got."""
+    """Answers every request with ``script`` (token ids, or ``Token`` items with their logprobs), then a
+    length finish; keeps what it got."""
 
     def __init__(self, script: list[int], n_positions: int = 64):
         self.script, self.n_positions, self.vocab_size, self.running = script, n_positions, 320, True
@@ -20,7 +21,7 @@ class ScriptedEngine:
     def submit(self, prompt, params, request_id=None, matcher=None):
         req = Request(request_id or "r", tuple(prompt), params, 0.0, matcher)
         for t in self.script:
-            req.push(Token(t))
+            req.push(t if isinstance(t, Token) else Token(t))
         req.push(Finish("length", len(prompt), len(self.script), 0.0))
         self.seen.append(req)
         return req

@@ -1,4 +1,4 @@
-"""The server's request defaults (``aotlm.serve.defaults``): the fields vLLM takes from a checkpoint's
+"""The server's request defaults (``aotlm.serve.request_defaults``): the fields vLLM takes from a checkpoint's
 ``generation_config.json`` (its difference from transformers' defaults), what reaches the engine when a
 request leaves them out or sets them, the default ``max_tokens`` bound, and the flags' errors."""
 
@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 from textkit import CHAT_TEMPLATE, make_text_checkpoint, make_tokenizer
 
 from aotlm.cli.app import main
-from aotlm.serve import defaults
+from aotlm.serve import request_defaults as defaults
 from aotlm.serve.app import create_app
 
 CONFIG = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.0,
