@@ -24,7 +24,7 @@ from aotlm.batching.types import (
 )
 from aotlm.generate import bans
 from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Matcher
-from aotlm.serve import extras, protocol
+from aotlm.serve import extras, openai_responses, protocol
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.chat import ChatError, render
 from aotlm.serve.detok import ChoiceText, TokenTexts
@@ -189,6 +189,18 @@ async def chat_completions(served: Served, body: dict, disconnected: Callable[[]
     ids = _truncated(ids, more.truncate, served.engine.n_positions)
     default_max = served.defaults.default_max(None)
     return await _run(served, CHAT, parsed.common, [ids], default_max, "messages", disconnected, adapter)
+
+
+async def responses(served: Served, body: dict, disconnected: Callable[[], Awaitable[None]]):
+    """``POST /v1/responses`` (``aotlm.serve.openai_responses``): the chat it asks for, answered in
+    the Responses API's shape."""
+    chat = openai_responses.to_chat(body)
+    model = check_model(served, chat.get("model")) or served.model_name
+    answer = openai_responses.Answer(body, model, int(time.time()))
+    out = await chat_completions(served, chat, disconnected)
+    if isinstance(out, Streamed):
+        return Streamed(openai_responses.events(answer, out.chunks), out.runs)
+    return answer.whole(out)
 
 
 def chat_ids(served: Served, messages: list[dict], tools, more: extras.Extras) -> list[int]:

@@ -191,6 +191,20 @@ def test_streamed_text_equals_non_streamed(srv):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_the_responses_api_answers_as_the_chat_does(srv):
+    """``client.responses.create`` on the real engine: the chat's greedy text, whole and streamed."""
+    client = srv.client()
+    msgs = [{"role": "system", "content": "x"}, {"role": "user", "content": "print(i)"}]
+    chat = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=10, temperature=0)
+    kw = dict(model=NAME, instructions="x", input="print(i)", max_output_tokens=10, temperature=0)
+    whole = client.responses.create(**kw)
+    assert whole.output_text == chat.choices[0].message.content
+    assert whole.usage.output_tokens == chat.usage.completion_tokens
+    assert whole.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    events = list(client.responses.create(stream=True, **kw))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
+
+
 def test_raw_sse_framing_and_done(srv):
     body = {"model": NAME, "prompt": "import os", "max_tokens": 5, "stream": True}
     with httpx.stream(

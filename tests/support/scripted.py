@@ -9,10 +9,11 @@ from aotlm.batching.types import Finish, Request, Token
 
 class ScriptedEngine:
     """Answers every request with ``script`` (token ids, or ``Token`` items with their logprobs), then a
-    length finish; keeps what it got."""
+    finish (``reason``, default length); keeps what it got."""
 
-    def __init__(self, script: list[int], n_positions: int = 64):
+    def __init__(self, script: list, n_positions: int = 64, reason: str = "length"):
         self.script, self.n_positions, self.vocab_size, self.running = script, n_positions, 320, True
+        self.reason = reason  # how every answer ends (a FinishReason label)
         self.seen: list[Request] = []
 
     def validate(self, prompt, params):
@@ -22,7 +23,7 @@ class ScriptedEngine:
         req = Request(request_id or "r", tuple(prompt), params, 0.0, matcher)
         for t in self.script:
             req.push(t if isinstance(t, Token) else Token(t))
-        req.push(Finish("length", len(prompt), len(self.script), 0.0))
+        req.push(Finish(self.reason, len(prompt), len(self.script), 0.0))
         self.seen.append(req)
         return req
 
