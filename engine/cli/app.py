@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from aotlm.api.causal_lm import AutoModelForSampling
-from aotlm.cli import batch, chat, h5, jsonl, score, serve, text, tune
+from aotlm.cli import batch, chat, h5, jsonl, run_batch, score, serve, text, tune
 from aotlm.cli.common import (
     _days,
     _Parser,
@@ -211,7 +211,7 @@ def cmd_cache(args) -> int:
 
 
 # Front-end commands live in their own modules, each with ``register(subparsers)``.
-COMMAND_MODULES = (text, chat, tune, batch, h5, jsonl, score, serve)
+COMMAND_MODULES = (text, chat, tune, batch, h5, jsonl, score, serve, run_batch)
 
 
 def build_parser() -> argparse.ArgumentParser:

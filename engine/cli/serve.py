@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from aotlm.api.causal_lm import AutoModelForSampling
@@ -40,6 +41,7 @@ from aotlm.cli.common import add_model_args, graphs_ready, model_kwargs, serve_k
 from aotlm.cli.templates import add_template_args, template_variables, use_template
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import create_app
+from aotlm.serve.request_defaults import Defaults
 from aotlm.serve.request_defaults import load as load_defaults
 from aotlm.text.tokens import eos_ids, tokenizer_for
 
@@ -50,8 +52,6 @@ SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (continuous batching)")
-    add_model_args(p)
-    p.add_argument("--model", dest="model_alias", default=None, metavar="M", help="the checkpoint (alias)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (default 64)")
@@ -60,12 +60,21 @@ def register(sub) -> None:
         default=None,
         help="require 'Authorization: Bearer KEY' on /v1/* (default $AOTLM_API_KEY; none: open)",
     )
+    p.add_argument(
+        "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+    )
+    add_engine_args(p)
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
+    p.set_defaults(fn=cmd_serve)
+
+
+def add_engine_args(p) -> None:
+    """The flags of the serving engine and its request handling (``aotlm serve`` and ``aotlm run-batch``)."""
+    add_model_args(p)
+    p.add_argument("--model", dest="model_alias", default=None, metavar="M", help="the checkpoint (alias)")
     p.add_argument("--max-tokens-cap", type=int, default=None, help="upper bound of any request's max_tokens")
     p.add_argument(
         "--served-model-name", default=None, help="the model id clients send (default: the checkpoint name)"
-    )
-    p.add_argument(
-        "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
     )
     p.add_argument(
         "--no-prefix-cache",
@@ -107,12 +116,10 @@ def register(sub) -> None:
         help="fields over the generation config's, e.g. '{\"temperature\": 0.5}'",
     )
     add_template_args(p, "default variables for every chat's template (a request's chat_template_kwargs win)")
-    p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
     p.add_argument("--quiet", action="store_true", help="no aotlm INFO lines")
-    p.set_defaults(fn=cmd_serve)
 
 
-def _missing_extra() -> str | None:
+def missing_extra() -> str | None:
     """The first ``[serve]`` package that is not installed (checked before loading the model)."""
     return next((name for name in SERVE_EXTRA if importlib.util.find_spec(name) is None), None)
 
@@ -130,30 +137,42 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
-    if args.prefix_cache_mb < 0:
-        raise ValueError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
-    if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
-        raise ValueError(f"--max-tokens-cap must be >= 1, got {args.max_tokens_cap}")
     if args.api_key is not None and not args.api_key.strip():  # e.g. --api-key "$KEY" with KEY unset
         raise ValueError("--api-key is empty; give the key, or leave the flag out to serve without one")
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    missing = _missing_extra()
-    if missing:
-        why = f"{missing} is not installed; install the server extra: pip install -e '.[serve]'"
-        print(f"aotlm serve: error: {why}", file=sys.stderr)
-        return 2
+def prepare(args: argparse.Namespace) -> dict:
+    """``add_engine_args``' flags checked (each bad one named), the checkpoint given once; returns the
+    chat template variables. Nothing is loaded yet."""
     if args.model_alias and args.checkpoint and args.model_alias != args.checkpoint:
         raise ValueError(
             f"give the model once: positional {args.checkpoint!r} or --model {args.model_alias!r}"
         )
     args.checkpoint = args.checkpoint_given = args.checkpoint or args.model_alias
-    _check_flags(args)
+    if args.prefix_cache_mb < 0:
+        raise ValueError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+    if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
+        raise ValueError(f"--max-tokens-cap must be >= 1, got {args.max_tokens_cap}")
     variables = template_variables(args.chat_template_kwargs)
-    args.api_key = args.api_key or os.environ.get("AOTLM_API_KEY") or None
     setup_logging(args.quiet)
-    sock = _bind(args.host, args.port)  # before the model loads: a port in use fails in a second
+    return variables
+
+
+@dataclass
+class Started:
+    """A loaded model's started engine and what its requests are read with."""
+
+    model: object
+    engine: Engine
+    tokenizer: object
+    name: str
+    defaults: Defaults
+    variables: dict
+
+
+def start_engine(args: argparse.Namespace, variables: dict, max_queue: int) -> Started:
+    """Tokenizer, chat template and request defaults (a bad one named before the weights load), then
+    the model with its serving graphs and the started engine (warmed up unless ``--no-warmup``)."""
     kw = serve_kwargs(model_kwargs(args), args.checkpoint, args.prompt_logprobs)  # resolves args.checkpoint
     tokenizer = tokenizer_for(args.checkpoint)
     use_template(tokenizer, args.chat_template, variables)
@@ -165,7 +184,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = Engine(
         model,
         eos_token_id=eos_ids(args.checkpoint, model.hf_config, tokenizer),
-        max_queue=args.max_queue,
+        max_queue=max_queue,
         max_tokens_cap=args.max_tokens_cap,
         prefix_cache=not args.no_prefix_cache,
         prefix_store_bytes=int(args.prefix_cache_mb * 2**20),
@@ -178,15 +197,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--no-warmup skips it)",
             n, total, time.perf_counter() - t0,
         )  # fmt: skip
-    name = _model_name(args, args.checkpoint)
+    return Started(model, engine, tokenizer, _model_name(args, args.checkpoint), defaults, variables)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    missing = missing_extra()
+    if missing:
+        why = f"{missing} is not installed; install the server extra: pip install -e '.[serve]'"
+        print(f"aotlm serve: error: {why}", file=sys.stderr)
+        return 2
+    _check_flags(args)
+    variables = prepare(args)
+    args.api_key = args.api_key or os.environ.get("AOTLM_API_KEY") or None
+    sock = _bind(args.host, args.port)  # before the model loads: a port in use fails in a second
+    up = start_engine(args, variables, args.max_queue)
+    model, engine = up.model, up.engine
     try:
-        adapters = Adapters(model, engine, name) if model.adapter_slots is not None else None
+        adapters = Adapters(model, engine, up.name) if model.adapter_slots is not None else None
         app = create_app(
-            engine, tokenizer, name, api_key=args.api_key, lenient_schemas=args.lenient_schemas,
-            adapters=adapters, chat_template_kwargs=variables, request_defaults=defaults,
+            engine, up.tokenizer, up.name, api_key=args.api_key, lenient_schemas=args.lenient_schemas,
+            adapters=adapters, chat_template_kwargs=variables, request_defaults=up.defaults,
         )  # fmt: skip
         port = sock.getsockname()[1]  # --port 0: the one the system picked
-        ready = f"aotlm serve: http://{args.host}:{port} (model {name}, {model.batch_size} slots)"
+        ready = f"aotlm serve: http://{args.host}:{port} (model {up.name}, {model.batch_size} slots)"
         _serve(app, sock, args, ready)
     finally:
         engine.shutdown(timeout=min(args.shutdown_timeout, 5.0))  # in-flight requests drained above

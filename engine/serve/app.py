@@ -99,13 +99,11 @@ def create_app(
     """
     from fastapi import FastAPI  # local: optional [serve] extra, see the module docstring
 
-    if max_tokens_cap is None:
-        max_tokens_cap = getattr(engine, "max_tokens_cap", None)
-    metrics = Metrics()
-    served = Served(engine, tokenizer, model_name, metrics, TokenTexts(tokenizer), max_n, max_tokens_cap)
-    served.lenient_schemas, served.adapters = lenient_schemas, adapters
-    served.template_defaults = dict(chat_template_kwargs or {})
-    served.defaults = request_defaults or Defaults()
+    served = build_served(
+        engine, tokenizer, model_name, max_n, max_tokens_cap, lenient_schemas, adapters, chat_template_kwargs,
+        request_defaults,
+    )  # fmt: skip
+    metrics = served.metrics
     app = FastAPI(title="aotlm", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.served = served
     app.add_middleware(StatusCounter, metrics=metrics, known=lambda p: p in PATHS)
@@ -116,6 +114,28 @@ def create_app(
     add_token_routes(app, served, check_key, lambda request: read_json(request, max_body_bytes))
     add_adapter_routes(app, adapters, check_key, lambda request: read_json(request, max_body_bytes))
     return app
+
+
+def build_served(
+    engine,
+    tokenizer,
+    model_name: str,
+    max_n: int = 16,
+    max_tokens_cap: int | None = None,
+    lenient_schemas: bool = False,
+    adapters: Adapters | None = None,
+    chat_template_kwargs: dict | None = None,
+    request_defaults: Defaults | None = None,
+) -> Served:
+    """What the request handlers need (``create_app``'s arguments; ``aotlm run-batch`` calls the
+    handlers on it without HTTP)."""
+    if max_tokens_cap is None:
+        max_tokens_cap = getattr(engine, "max_tokens_cap", None)
+    served = Served(engine, tokenizer, model_name, Metrics(), TokenTexts(tokenizer), max_n, max_tokens_cap)
+    served.lenient_schemas, served.adapters = lenient_schemas, adapters
+    served.template_defaults = dict(chat_template_kwargs or {})
+    served.defaults = request_defaults or Defaults()
+    return served
 
 
 def error_response(status: int, message: str, param=None, kind=None, code=None, headers=None):
