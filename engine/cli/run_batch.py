@@ -23,6 +23,7 @@ from aotlm.cli.common import SERVE_BATCH
 from aotlm.cli.serve import add_engine_args, missing_extra, prepare, start_engine
 from aotlm.durable import JsonlAppender
 from aotlm.serve import batch_file
+from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import build_served
 
 log = logging.getLogger("aotlm.serve")
@@ -62,7 +63,8 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
     slots = args.batch_size or SERVE_BATCH
     concurrency = args.concurrency or 2 * slots
     up = start_engine(args, variables, max_queue=concurrency + slots)
-    served = build_served(up.engine, up.tokenizer, up.name, chat_template_kwargs=variables,
+    adapters = Adapters(up.model, up.engine, up.name) if up.model.adapter_slots is not None else None
+    served = build_served(up.engine, up.tokenizer, up.name, chat_template_kwargs=variables, adapters=adapters,
                           request_defaults=up.defaults, lenient_schemas=args.lenient_schemas)  # fmt: skip
     out = JsonlAppender(args.output_file)
     counts = {"ok": 0, "errors": 0}
