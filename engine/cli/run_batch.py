@@ -20,13 +20,15 @@ import time
 from pathlib import Path
 
 from aotlm.cli.common import SERVE_BATCH
-from aotlm.cli.serve import add_engine_args, missing_extra, prepare, start_engine
+from aotlm.cli.serve import add_engine_args, lacks_extra, prepare, start_engine
 from aotlm.durable import JsonlAppender
+from aotlm.jobs.plan import json_records
 from aotlm.serve import batch_file
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import build_served
 
 log = logging.getLogger("aotlm.serve")
+FIELDS = {"custom_id", "method", "url", "body"}  # a Batch API request line's
 
 
 def register(sub) -> None:
@@ -41,16 +43,14 @@ def register(sub) -> None:
 
 
 def cmd_run_batch(args: argparse.Namespace) -> int:
-    missing = missing_extra()
-    if missing:
-        why = f"{missing} is not installed; install the server extra: pip install -e '.[serve]'"
-        print(f"aotlm run-batch: error: {why}", file=sys.stderr)
+    if lacks_extra("run-batch"):
         return 2
     if args.concurrency is not None and args.concurrency < 1:
         raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
     if Path(args.input_file).resolve() == Path(args.output_file).resolve():
         raise ValueError("--output-file is the input file; give another path")
-    lines = batch_file.read_requests(args.input_file)  # checked whole before the model loads
+    records = json_records(args.input_file, FIELDS)
+    lines = batch_file.read_requests(records)  # checked whole before the model loads
     done = batch_file.done_ids(args.output_file)
     todo = [line for line in lines if line.custom_id not in done]
     if done:

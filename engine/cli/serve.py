@@ -119,9 +119,14 @@ def add_engine_args(p) -> None:
     p.add_argument("--quiet", action="store_true", help="no aotlm INFO lines")
 
 
-def missing_extra() -> str | None:
-    """The first ``[serve]`` package that is not installed (checked before loading the model)."""
-    return next((name for name in SERVE_EXTRA if importlib.util.find_spec(name) is None), None)
+def lacks_extra(command: str) -> bool:
+    """Is a ``[serve]`` package missing? Then ``command``'s one-line error is printed (checked before
+    loading the model)."""
+    missing = next((name for name in SERVE_EXTRA if importlib.util.find_spec(name) is None), None)
+    if missing:
+        why = f"{missing} is not installed; install the server extra: pip install -e '.[serve]'"
+        print(f"aotlm {command}: error: {why}", file=sys.stderr)
+    return missing is not None
 
 
 def _model_name(args, checkpoint: str) -> str:
@@ -201,10 +206,7 @@ def start_engine(args: argparse.Namespace, variables: dict, max_queue: int) -> S
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    missing = missing_extra()
-    if missing:
-        why = f"{missing} is not installed; install the server extra: pip install -e '.[serve]'"
-        print(f"aotlm serve: error: {why}", file=sys.stderr)
+    if lacks_extra("serve"):
         return 2
     _check_flags(args)
     variables = prepare(args)

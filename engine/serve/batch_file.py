@@ -9,17 +9,16 @@ through the same handlers as ``aotlm serve``'s HTTP ones, up to ``concurrency`` 
 batching keeps the slots busy; outputs are written in input order, each line whole and synced
 (``aotlm.durable``), and a run started again on the same output skips the ``custom_id`` s it holds.
 
-The whole input is checked first: a line that is not such an object, an unknown ``url`` or a repeated
-``custom_id`` is a ``ValueError`` naming its line, before any model loads (the Batch API refuses such
-a file at upload).
+The whole input is checked first (read by ``aotlm.jobs.plan.json_records``): a line that is not such
+an object, an unknown ``url`` or a repeated ``custom_id`` is a ``ValueError`` naming its line, before
+any model loads (the Batch API refuses such a file at upload).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,33 +44,24 @@ class Line:
     body: dict
 
 
-def read_requests(path: str | Path) -> list[Line]:
-    """Every request of the batch file at ``path``, checked (``ValueError`` naming the first bad line)."""
+def read_requests(records: Iterable[tuple[int, str, dict]]) -> list[Line]:
+    """The requests of a batch file's records (``jobs.plan.json_records``' ``(line number, where,
+    record)``), checked: ``ValueError`` naming the first bad one."""
     out, seen = [], {}
-    with open(path, encoding="utf-8") as f:
-        for number, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not JSON ({e.msg})") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("custom_id"), str):
-                raise ValueError(f"{where}: each line needs a 'custom_id' string (and method, url, body)")
-            if rec.get("method", "POST") != "POST":
-                raise ValueError(f"{where}: 'method' must be POST, got {rec.get('method')!r}")
-            if rec.get("url") not in ENDPOINTS:
-                raise ValueError(
-                    f"{where}: 'url' must be one of {', '.join(ENDPOINTS)}, got {rec.get('url')!r}"
-                )
-            if not isinstance(rec.get("body"), dict):
-                raise ValueError(f"{where}: 'body' must be the request object")
-            cid = rec["custom_id"]
-            if cid in seen:
-                raise ValueError(f"{where}: custom_id {cid!r} repeats line {seen[cid]} (each must be unique)")
-            seen[cid] = number
-            out.append(Line(number, cid, rec["url"], rec["body"]))
+    for number, where, rec in records:
+        if not isinstance(rec.get("custom_id"), str):
+            raise ValueError(f"{where}: each line needs a 'custom_id' string (and method, url, body)")
+        if rec.get("method", "POST") != "POST":
+            raise ValueError(f"{where}: 'method' must be POST, got {rec.get('method')!r}")
+        if rec.get("url") not in ENDPOINTS:
+            raise ValueError(f"{where}: 'url' must be one of {', '.join(ENDPOINTS)}, got {rec.get('url')!r}")
+        if not isinstance(rec.get("body"), dict):
+            raise ValueError(f"{where}: 'body' must be the request object")
+        cid = rec["custom_id"]
+        if cid in seen:
+            raise ValueError(f"{where}: custom_id {cid!r} repeats line {seen[cid]} (each must be unique)")
+        seen[cid] = number
+        out.append(Line(number, cid, rec["url"], rec["body"]))
     return out
 
 

@@ -72,6 +72,6 @@ def test_a_bad_batch_file_is_named_before_the_model_loads(tmp_path, capsys):
         main(["run-batch", str(tmp_path / "no-model"), "-i", str(src), "-o", str(tmp_path / "o.jsonl")]) == 2
     )
     err = capsys.readouterr().err
-    assert "in.jsonl:1: 'url' must be one of" in err and "Traceback" not in err
+    assert "in.jsonl line 1: 'url' must be one of" in err and "Traceback" not in err
     assert main(["run-batch", "x", "-i", str(src), "-o", str(src)]) == 2
     assert "--output-file is the input file" in capsys.readouterr().err

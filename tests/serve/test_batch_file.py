@@ -12,6 +12,7 @@ from scripted import ScriptedEngine
 from textkit import CHAT_TEMPLATE, make_tokenizer
 
 from aotlm.durable import JsonlAppender, read_jsonl
+from aotlm.jobs.plan import json_records
 from aotlm.serve import batch_file
 from aotlm.serve.app import build_served
 
@@ -30,18 +31,18 @@ def req(cid: str, url: str = "/v1/completions", **body) -> dict:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("{not json", ":2: not JSON"),
-        ({"url": "/v1/completions", "body": {}}, ":2: each line needs a 'custom_id' string"),
-        ({**req("b"), "method": "GET"}, ":2: 'method' must be POST"),
-        (req("b", "/v1/embeddings"), ":2: 'url' must be one of /v1/completions, /v1/chat/completions"),
-        ({**req("b"), "body": "x"}, ":2: 'body' must be the request object"),
-        (req("a"), ":2: custom_id 'a' repeats line 1"),
+        ("{not json", "line 2: invalid JSON"),
+        ({"url": "/v1/completions", "body": {}}, "line 2: each line needs a 'custom_id' string"),
+        ({**req("b"), "method": "GET"}, "line 2: 'method' must be POST"),
+        (req("b", "/v1/embeddings"), "line 2: 'url' must be one of /v1/completions, /v1/chat/completions"),
+        ({**req("b"), "body": "x"}, "line 2: 'body' must be the request object"),
+        (req("a"), "line 2: custom_id 'a' repeats line 1"),
     ],
 )
 def test_a_bad_line_is_named(tmp_path, line, message):
     path = write(tmp_path / "in.jsonl", [req("a"), line])
     with pytest.raises(ValueError, match=message):
-        batch_file.read_requests(path)
+        batch_file.read_requests(json_records(path, None))
 
 
 def test_records_in_input_order_errors_in_their_record_and_a_resume(tmp_path):
@@ -49,14 +50,14 @@ def test_records_in_input_order_errors_in_their_record_and_a_resume(tmp_path):
     tok.chat_template = CHAT_TEMPLATE
     engine = ScriptedEngine(tok.encode("ok then"), reason="eos")
     served = build_served(engine, tok, "m")
-    lines = batch_file.read_requests(write(tmp_path / "in.jsonl", [
+    lines = batch_file.read_requests(json_records(write(tmp_path / "in.jsonl", [
         req("c1"),
         req("c2", "/v1/chat/completions", messages=CHAT),
         req("c3", "/v1/responses", input="hi"),
         req("bad", prompt="x", temperature=9),
         req("streamed", prompt="x", stream=True),
         "",
-    ]))  # fmt: skip
+    ]), None))  # fmt: skip
     out_path = tmp_path / "out.jsonl"
     out = JsonlAppender(out_path)
     seen = []
