@@ -30,7 +30,8 @@ class CausalLMForSampling(CompiledModel, Sampler):
     strategies (``extensions``). ``continuous_batching=True`` makes the model a server's: its
     graphs are the slot graphs (``slot_graphs``: each batch row a slot that requests enter and
     leave, driven by ``slots.SlotBatch``); ``sample()`` still works, compiling its graphs on first
-    use; ``prompt_logprobs=True`` adds the graphs that score a request's prompt while encoding it.
+    use; ``prompt_logprobs=True`` adds the graphs that score a request's prompt while encoding it,
+    ``embeddings=True`` those that return its last token's hidden state (``/v1/embeddings``).
     ``neuron_config`` (``aotlm.config.NeuronConfig``, transformers-neuronx's) sets ``quant``,
     ``gqa``, ``fuse_qkv`` and, from ``on_device_generation``, the defaults of ``sample()``. Every
     other argument is ``CompiledModel``'s.
@@ -45,6 +46,7 @@ class CausalLMForSampling(CompiledModel, Sampler):
         speculation_length: int | Sequence[int] | None = None,
         continuous_batching: bool = False,
         prompt_logprobs: bool = False,
+        embeddings: bool = False,
         neuron_config: nc.NeuronConfig | None = None,
         **kwargs,
     ):
@@ -54,19 +56,20 @@ class CausalLMForSampling(CompiledModel, Sampler):
         if not isinstance(continuous_batching, bool):
             raise TypeError(f"continuous_batching must be True or False, got {continuous_batching!r}")
         self.continuous_batching = continuous_batching
-        if not isinstance(prompt_logprobs, bool):
-            raise TypeError(f"prompt_logprobs must be True or False, got {prompt_logprobs!r}")
-        if prompt_logprobs and not continuous_batching:
-            raise ValueError(
-                "prompt_logprobs=True adds scoring prefill graphs to the slot graphs: build the model with "
-                "continuous_batching=True too (offline, model.score() gives prompt log-probabilities)"
-            )
-        self.prompt_logprobs = prompt_logprobs
+        for name, on in (("prompt_logprobs", prompt_logprobs), ("embeddings", embeddings)):
+            if not isinstance(on, bool):
+                raise TypeError(f"{name} must be True or False, got {on!r}")
+            if on and not continuous_batching:
+                raise ValueError(
+                    f"{name}=True adds prefill graphs to the slot graphs: build the model with "
+                    "continuous_batching=True too (offline, model.score() gives prompt log-probabilities)"
+                )
+        self.prompt_logprobs, self.embeddings = prompt_logprobs, embeddings
 
     def graph_keys(self) -> list[tuple]:
         if self.continuous_batching:
             return slot_graphs.graph_keys(
-                self.ctx_buckets, self.tg_buckets, self.batch_size, self.prompt_logprobs
+                self.ctx_buckets, self.tg_buckets, self.batch_size, self.prompt_logprobs, self.embeddings
             )
         return super().graph_keys()
 

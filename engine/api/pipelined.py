@@ -27,6 +27,7 @@ UNSUPPORTED_PP = {  # construction options pipelined models refuse (each needs g
     "speculation_length": None,
     "continuous_batching": False,
     "prompt_logprobs": False,
+    "embeddings": False,
     "scoring": False,
     "max_loras": None,  # per-row LoRA adapters (merge_lora=True merges one: supported)
     "max_lora_rank": None,
@@ -47,6 +48,7 @@ class PipelineForSampling(Sampler):
 
     continuous_batching = False  # no slot graphs: a pipelined model does not serve
     prompt_logprobs = False
+    embeddings = False
     scoring = False  # no score graphs
 
     def __init__(

@@ -47,7 +47,6 @@ from aotlm.batching.types import (
     SamplingParams,
     Token,
 )
-from aotlm.core import buckets as bk
 from aotlm.core.graphs import FinishReason
 from aotlm.generate.constraints import Matcher
 
@@ -269,7 +268,7 @@ class Engine:
                 self._crowd_at = now
             view = lambda a: policy.RowView(
                 id(a), a.req.submitted, tuple(a.plan), a.live, a.req.matcher is not None,
-                a.req.params.prompt_logprobs is not None,
+                a.req.params.prompt_logprobs is not None or a.req.params.embed,
             )  # fmt: skip
             rows = tuple(None if a is None else view(a) for a in self._slots)
             return policy.RoundState(rows, waiting, now - self._crowd_at > SOLO_AFTER)
@@ -302,7 +301,7 @@ class Engine:
             row, length = self._held.best(key, free_rows) if self.prefix_cache else (None, 0)
             kv, stored = self._store.best(key) if self.prefix_cache else (None, 0)
             kv = kv if stored > length else None  # a held row beats a copy of the same length
-            scored = req.params.prompt_logprobs is not None  # every prompt token encoded here
+            scored = req.params.prompt_logprobs is not None or req.params.embed  # every token encoded here
             if scored or not self._saves(len(prompt), max(length, stored)):
                 row, kv, length = None, None, 0
             reuse = row is not None and kv is None  # the row holds a prefix of the prompt
@@ -367,12 +366,13 @@ class Engine:
             else:
                 i, a = group[0]
                 for _ in range(call.chunks):
-                    self._chunk(i, a, a.plan.popleft())
+                    prompt_scores.encode(self.batch, i, a, a.plan.popleft())
                 if a.plan:
                     return ended  # budget spent; the rest next round
-                k = a.req.params.prompt_logprobs
-                if k is not None:  # the prompt's log-probabilities come before its first token
-                    a.req.push(prompt_scores.answer(len(a.prompt), a.scores, k))
+                if prompt_scores.after_prompt(a):  # an embedding: the request ends with its prompt
+                    self._finish(i, FinishReason.LENGTH.label, running=False)
+                    ended = True
+                    continue
             for i, a in group:
                 allow = None if a.req.matcher is None else a.req.matcher.mask()
                 self.batch.insert(i, a.prompt, a.req.params, a.logits, allow)
@@ -381,15 +381,6 @@ class Engine:
             self._stream(group)
             ended = ended or self._busy_rows() < busy
         return ended
-
-    def _chunk(self, i: int, a: Active, step: bk.PrefillStep) -> None:
-        """Encode one chunk of row ``i``'s prompt (scoring it for ``prompt_logprobs``)."""
-        if a.req.params.prompt_logprobs is None:
-            a.logits = self.batch.prefill_step(i, a.prompt, step, a.req.params.adapter)
-        else:
-            a.logits, scores = self.batch.prefill_scored(i, a.prompt, step, a.req.params.adapter)
-            a.scores.append(scores)
-        a.filled = max(a.filled, step.start + step.n_real)
 
     def _stream(self, rows: list[tuple[int, Active]]) -> None:
         """Push every row's new tokens (slots ``a.idx + 1 .. idx``) and finish the ended rows."""

@@ -175,7 +175,7 @@ def move_down(busy: Sequence[bool], freed: int) -> int | None:
 def prefill_flops(cfg: ArchConfig, key: tuple) -> float:
     """Multiply-adds x 2 of a serving graph's prompt tokens (the layers' matrices per token, the
     attention of each token over the graph's width); 0 for graphs that encode no prompt."""
-    if key[0] in ("slot_prefill", "slot_prefill_score"):
+    if key[0] in ("slot_prefill", "slot_prefill_score", "slot_prefill_embed"):
         tokens, width = key[1], key[2]
     elif key[0] == "slot_prefill_rows":
         tokens, width = key[1] * key[2], key[1]

@@ -164,6 +164,7 @@ class Active:
     filled: int = 0  # cache slots whose K/V is written (prefill); live rows: idx
     cached: int = 0  # prompt tokens whose K/V was reused
     scores: list = field(default_factory=list)  # prompt_logprobs: the chunks' ``PromptScores`` so far
+    vector: object = None  # embed: the prompt's last hidden state, once its last chunk is encoded
 
     def written(self) -> np.ndarray:
         """The tokens whose K/V the row holds (a live row's last token is not fed yet)."""

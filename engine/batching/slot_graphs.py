@@ -1,6 +1,6 @@
 """Graphs of continuous batching: the KV cache's batch rows are slots that requests enter and leave.
 
-Eight graph kinds, compiled ahead of time like every other (``graph_keys``):
+Nine graph kinds, compiled ahead of time like every other (``graph_keys``):
 
 * ``("slot_prefill", C, W)``: encode one request's prompt chunk (context bucket ``C``, attending
   ``W`` cache slots, as ``core.graphs.prefill``) into the cache row ``row`` only; other rows are
@@ -11,6 +11,10 @@ Eight graph kinds, compiled ahead of time like every other (``graph_keys``):
   rank and most likely alternatives of every next prompt token (a request's prompt
   log-probabilities: vLLM's ``prompt_logprobs``, OpenAI's ``echo`` with ``logprobs``); only in a
   model built with ``prompt_logprobs=True``, for the shapes of a prompt encoded from slot 0.
+* ``("slot_prefill_embed", C, W)``: ``slot_prefill`` that returns the final-normed hidden state of
+  the chunk's ``last`` token instead of its logits (a prompt's embedding: last-token pooling, as vLLM
+  pools a causal LM's); only in a model built with ``embeddings=True``, for the shapes of a prompt
+  encoded from slot 0.
 * ``("slot_prefill_rows", C, N)``: ``N`` (2, 4, 8) whole prompts that fit context bucket ``C``
   (``C <= ROWS_MAX_BUCKET``), each into its own row, in one call: a burst of short prompts shares
   the per-call costs (the weights read once, not ``N`` times).
@@ -80,14 +84,18 @@ def rows_for(live_rows: int, slots: int) -> int:
     return next(r for r in ladder(slots) if r >= max(live_rows, 1))
 
 
-def graph_keys(ctx_buckets, tg_buckets, slots: int, prompt_logprobs: bool = False) -> list[tuple]:
-    """The slot graphs of a server; ``prompt_logprobs`` adds a ``slot_prefill_score`` graph per
-    fresh prefill shape (a scored prompt is encoded from slot 0: no reused prefix)."""
+def graph_keys(
+    ctx_buckets, tg_buckets, slots: int, prompt_logprobs: bool = False, embeddings: bool = False
+) -> list[tuple]:
+    """The slot graphs of a server; ``prompt_logprobs`` adds a ``slot_prefill_score`` graph and
+    ``embeddings`` a ``slot_prefill_embed`` graph per fresh prefill shape (such a prompt is encoded
+    from slot 0: no reused prefix)."""
     fresh = sorted(bk.prefill_graph_shapes(ctx_buckets, tg_buckets))
     shapes = set(fresh) | set(bk.resume_shapes(ctx_buckets, tg_buckets))
     return (
         [("slot_prefill", c, w) for c, w in sorted(shapes)]
         + [("slot_prefill_score", c, w) for c, w in (fresh if prompt_logprobs else ())]
+        + [("slot_prefill_embed", c, w) for c, w in (fresh if embeddings else ())]
         + [("slot_prefill_rows", c, n) for c in rows_buckets(ctx_buckets) for n in prompt_ladder(slots)]
         + [("slot_insert",)]
         + [("slot_decode", w, r) for w in tg_buckets for r in ladder(slots)]
@@ -172,6 +180,14 @@ def slot_prefill(cfg, width: int, params, cache, tokens, positions, start, last,
     h, new = _row_forward(cfg, width, params, cache, tokens, positions, start, row, lora)
     h_last = lax.dynamic_index_in_dim(h, last, axis=1, keepdims=False)
     return decoder.logits(cfg, params, h_last), new
+
+
+def slot_prefill_embed(cfg, width: int, params, cache, tokens, positions, start, last, row, lora):
+    """``slot_prefill`` returning the hidden state ``[1, D]`` (float32, after the final norm) of the
+    token at ``last`` instead of its logits: the last chunk of an embedding request's prompt."""
+    h, new = _row_forward(cfg, width, params, cache, tokens, positions, start, row, lora)
+    h_last = lax.dynamic_index_in_dim(h, last, axis=1, keepdims=False)
+    return h_last.astype(jnp.float32), new
 
 
 def slot_prefill_score(cfg, width: int, params, cache, tokens, positions, start, last, row, lora, targets):
@@ -314,9 +330,9 @@ def lower(model: GraphHost, key: tuple):
     state = state_spec(b, model.n_positions, v, rep)
     cache_sh, state_sh = model.shardings(cache), model.shardings(state)
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
-    if key[0] == "slot_prefill":
+    if key[0] in ("slot_prefill", "slot_prefill_embed"):
         _, c, w = key
-        fn = functools.partial(slot_prefill, model.cfg, w)
+        fn = functools.partial(slot_prefill if key[0] == "slot_prefill" else slot_prefill_embed, model.cfg, w)
         jit = jax.jit(fn, donate_argnums=(1,), out_shardings=(rep, cache_sh))
         tok = jax.ShapeDtypeStruct((1, c), jnp.int32, sharding=rep)
         return jit.lower(p, cache, tok, tok, scalar, scalar, scalar, scalar)

@@ -47,6 +47,8 @@ def check(model: GraphHost, prompt_len: int, s: SamplingParams) -> list[tuple[st
     if s.logprobs is not None and not 0 <= s.logprobs <= k:
         bad.append(("logprobs", f"logprobs must be in [0, {k}], got {s.logprobs}"))
     bad += prompt_logprobs_problems(model, s.prompt_logprobs)
+    if s.embed and not getattr(model, "embeddings", False):
+        bad.append(("input", "this server computes no embeddings: start it with --embeddings"))
     if len(s.stop_token_ids) > graphs.MAX_STOPS:
         bad.append(("stop", f"at most {graphs.MAX_STOPS} token stop sequences are supported"))
     v = model.cfg.vocab_size
@@ -122,11 +124,12 @@ class SlotRunner(Protocol):
     ``prefill_plan`` splits its prompt into chunks (from ``start``: the K/V of the first
     ``start`` tokens is already in the row; the plan's first step says how many it reuses),
     ``prefill_step`` encodes one chunk (returning opaque logits, only passed on; ``prefill_scored``
-    also scores the chunk's next prompt tokens, a ``PromptScores``, for a plan from slot 0; ``prefill_rows``
-    encodes up to ``max_prompts`` whole one-chunk prompts of one of ``prompt_buckets`` from slot
-    0 at once), ``insert`` makes the row live with its settings and first token (chosen among
-    ``allow``'s tokens: structured outputs). ``constrain`` sets the live constrained rows'
-    next-token masks before a decode call. ``decode`` then advances the live rows among the
+    also scores the chunk's next prompt tokens, a ``PromptScores``, for a plan from slot 0;
+    ``prefill_embedded`` encodes a plan's last chunk and returns its last token's hidden state;
+    ``prefill_rows`` encodes up to ``max_prompts`` whole one-chunk prompts of one of
+    ``prompt_buckets`` from slot 0 at once), ``insert`` makes the row live with its settings and
+    first token (chosen among ``allow``'s tokens: structured outputs). ``constrain`` sets the live
+    constrained rows' next-token masks before a decode call. ``decode`` then advances the live rows among the
     first ``rows`` by up to ``steps`` tokens (``cancel`` marks rows to stop; rows at or past
     ``rows`` must not be live), and ``read`` returns host arrays ``idx [slots]`` (slot of each
     row's last token), ``done [slots]``, ``reason [slots]`` (``aotlm.core.graphs.FinishReason``
@@ -157,6 +160,10 @@ class SlotRunner(Protocol):
     def prefill_scored(
         self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None
     ) -> tuple[Any, PromptScores]: ...
+
+    def prefill_embedded(
+        self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None
+    ) -> np.ndarray: ...
 
     def prefill_rows(
         self,
@@ -202,6 +209,7 @@ class SlotBatch:
         self.slots = model.batch_size
         self.n_positions = model.n_positions
         self.prompt_logprobs = bool(getattr(model, "prompt_logprobs", False))  # has the score graphs
+        self.embeddings = bool(getattr(model, "embeddings", False))  # has the embedding graphs
         eos = inputs.eos_ids(list(eos_token_id) or None, graphs.MAX_EOS)
         pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos[0] >= 0 else 0)
         host = host_state(self.slots, self.n_positions, self.vocab_size)
@@ -237,6 +245,22 @@ class SlotBatch:
                 put(np.int32(step.n_real - 1)), put(np.int32(row)), put(np.int32(self._slot(adapter))),
             )  # fmt: skip
         return logits
+
+    def prefill_embedded(
+        self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None
+    ) -> np.ndarray:
+        """``prefill_step`` through the ``slot_prefill_embed`` graph: the hidden state ``[D]`` (host,
+        float32) of the chunk's last token (an embedding request's last chunk)."""
+        m = self.model
+        tok, pos = _chunk(prompt, step)
+        with m.lock:
+            exe = m.executable(("slot_prefill_embed", step.bucket, step.width))
+            put = m.put
+            h, m.cache = exe(
+                m.params, m.cache, put(tok), put(pos), put(np.int32(step.start)),
+                put(np.int32(step.n_real - 1)), put(np.int32(row)), put(np.int32(self._slot(adapter))),
+            )  # fmt: skip
+        return sharding.fetch(h)[0]
 
     def prefill_scored(
         self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None
@@ -330,13 +354,18 @@ class SlotBatch:
         logits = None
         if max_flops == "backend":
             max_flops = policy.warm_bound(jax.default_backend())
-        keys = slot_graphs.graph_keys(m.ctx_buckets, m.tg_buckets, self.slots, self.prompt_logprobs)
+        keys = slot_graphs.graph_keys(
+            m.ctx_buckets, m.tg_buckets, self.slots, self.prompt_logprobs, self.embeddings
+        )
         run = policy.warmed(m.cfg, keys, max_flops)
         for key in run:
             if key[0] == "slot_prefill":  # the chunk ends at the width's last slot
                 _, c, w = key
                 step = bk.PrefillStep(start=w - c, bucket=c, width=w, n_real=c)
                 logits = self.prefill_step(0, np.zeros(w, np.int32), step)
+            elif key[0] == "slot_prefill_embed":
+                _, c, w = key
+                self.prefill_embedded(0, np.zeros(w, np.int32), bk.PrefillStep(w - c, c, w, c))
             elif key[0] == "slot_prefill_score":  # a whole prompt of the shape's chunk, from slot 0
                 _, c, w = key
                 self.prefill_scored(0, np.zeros(w, np.int32), bk.PrefillStep(w - c, c, w, c))

@@ -4,7 +4,8 @@
 (``max_tokens``, ``temperature`` ...) plus the HF extras the in-graph sampler has; every value
 becomes a traced per-slot array, so no value ever compiles.
 A ``Request`` yields ``Token`` items and ends with one ``Finish`` (a request asking for
-``prompt_logprobs`` gets one ``PromptLogprobs`` first); it can be iterated from a
+``prompt_logprobs`` gets one ``PromptLogprobs`` first; an ``embed`` request one ``Embedding``, then its
+``Finish``); it can be iterated from a
 thread (blocking) or from asyncio (``async for``), and cancelled from anywhere.
 """
 
@@ -21,6 +22,7 @@ from aotlm.generate.params import SamplingParams
 
 __all__ = [
     "EngineStopped",
+    "Embedding",
     "Finish",
     "InvalidRequest",
     "PromptLogprobs",
@@ -74,6 +76,14 @@ class PromptLogprobs:
 
 
 @dataclass(frozen=True)
+class Embedding:
+    """``SamplingParams.embed``' answer, pushed before its ``Finish``: the final-normed hidden state of
+    the prompt's last token (float32 ``[D]``, not normalized)."""
+
+    vector: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Finish:
     reason: str  # a ``FinishReason`` label: "eos", "stop_sequence", "length", "cancelled", "error"
     prompt_tokens: int
@@ -105,7 +115,7 @@ class Request:
     def cancel(self) -> None:
         self.cancelled.set()
 
-    def push(self, item: Token | PromptLogprobs | Finish) -> None:
+    def push(self, item: Token | PromptLogprobs | Embedding | Finish) -> None:
         self._items.put(item)
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None and not loop.is_closed():
@@ -114,14 +124,14 @@ class Request:
             except RuntimeError:  # the loop closed in between: nobody is listening
                 pass
 
-    def __iter__(self) -> Iterator[Token | PromptLogprobs | Finish]:
+    def __iter__(self) -> Iterator[Token | PromptLogprobs | Embedding | Finish]:
         while True:
             item = self._items.get()
             yield item
             if isinstance(item, Finish):
                 return
 
-    async def __aiter__(self) -> AsyncIterator[Token | PromptLogprobs | Finish]:
+    async def __aiter__(self) -> AsyncIterator[Token | PromptLogprobs | Embedding | Finish]:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         while True:

@@ -48,13 +48,14 @@ def _graph_name(key: tuple) -> tuple[str, str]:
 
 def cmd_compile(args) -> int:
     kw = model_kwargs(args)
-    if args.prompt_logprobs and not args.serve:
-        raise ValueError("--prompt-logprobs adds serving graphs: give --serve too")
+    for flag, on in (("--prompt-logprobs", args.prompt_logprobs), ("--embeddings", args.embeddings)):
+        if on and not args.serve:
+            raise ValueError(f"{flag} adds serving graphs: give --serve too")
     if args.serve:  # the slot graphs `aotlm serve` uses with the same flags
-        kw = serve_kwargs(kw, args.checkpoint, args.prompt_logprobs)
+        kw = serve_kwargs(kw, args.checkpoint, args.prompt_logprobs, args.embeddings)
     if args.dry_run or args.device_memory_gb is not None:
         # the plan counts weights as stored (amp, quant); the slot graphs have the plain graphs' shapes
-        skip = ("compile_cache", "fuse_qkv", "continuous_batching", "prompt_logprobs")
+        skip = ("compile_cache", "fuse_qkv", "continuous_batching", "prompt_logprobs", "embeddings")
         plan = plan_for_checkpoint(args.checkpoint, **{k: v for k, v in kw.items() if k not in skip})
         print(format_plan(plan))
         if args.device_memory_gb is not None:
@@ -246,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prompt-logprobs", action="store_true", help="with --serve: as `aotlm serve --prompt-logprobs`"
     )
+    p.add_argument("--embeddings", action="store_true", help="with --serve: as `aotlm serve --embeddings`")
     p.set_defaults(fn=cmd_compile)
     p = sub.add_parser("sample", help="greedy generation from comma-separated token ids")
     add_model_args(p)

@@ -378,14 +378,17 @@ def checkpoint_window(checkpoint: str) -> int | None:
     return None
 
 
-def serve_kwargs(kw: dict, checkpoint: str, prompt_logprobs: bool = False) -> dict:
+def serve_kwargs(kw: dict, checkpoint: str, prompt_logprobs: bool = False, embeddings: bool = False) -> dict:
     """``model_kwargs`` for serving: slot graphs, 8 slots and the checkpoint's whole window
     (capped at 4096, token buckets as usual) unless the flags or ``--config`` say otherwise;
-    ``prompt_logprobs`` (``--prompt-logprobs``) adds the graphs that score prompts. ``aotlm serve``
+    ``prompt_logprobs`` (``--prompt-logprobs``) adds the graphs that score prompts, ``embeddings``
+    (``--embeddings``) those that embed them. ``aotlm serve``
     and ``aotlm compile --serve`` share it, so both compile the same graphs."""
     out = dict(kw, continuous_batching=True)
     if prompt_logprobs:
         out["prompt_logprobs"] = True
+    if embeddings:
+        out["embeddings"] = True
     out.setdefault("batch_size", SERVE_BATCH)
     if out.get("n_positions") is None:
         out["n_positions"] = default_window(checkpoint, SERVE_MAX_POSITIONS)

@@ -3,11 +3,12 @@
 aotlm run-batch -i requests.jsonl -o results.jsonl [CHECKPOINT | --model M] [aotlm serve's engine flags]
 
 Every line of the input is a Batch API request (``aotlm.serve.batch_file``: ``/v1/completions``,
-``/v1/chat/completions``, ``/v1/responses``); the output gets one Batch API record per request, in input
-order, each written whole and synced. Run again on the same output, it answers only the requests it
-does not hold yet. Up to ``--concurrency`` requests are in flight (default: twice the slots), so the
-engine's continuous batching keeps every slot busy. A bad input file is one line naming the line
-(exit code 2) before the model loads; a request the server refuses is that record's error (exit 0).
+``/v1/chat/completions``, ``/v1/responses``, ``/v1/embeddings``); the output gets one Batch API record
+per request, in input order, each written whole and synced. Run again on the same output, it answers
+only the requests it does not hold yet. Up to ``--concurrency`` requests are in flight (default: twice
+the slots), so the engine's continuous batching keeps every slot busy. A bad input file is one line
+naming the line (exit code 2) before the model loads; a request the server refuses is that record's
+error (exit 0).
 """
 
 from __future__ import annotations

@@ -103,6 +103,12 @@ def add_engine_args(p) -> None:
         "local-completions) and vLLM's prompt_logprobs (one more graph per prefill shape)",
     )
     p.add_argument(
+        "--embeddings",
+        action="store_true",
+        help="compile the graphs that return a prompt's last hidden state: POST /v1/embeddings (vLLM's "
+        "last-token pooling, normalized; one more graph per prefill shape)",
+    )
+    p.add_argument(
         "--generation-config",
         default="auto",
         metavar="auto|vllm|DIR",
@@ -178,7 +184,9 @@ class Started:
 def start_engine(args: argparse.Namespace, variables: dict, max_queue: int) -> Started:
     """Tokenizer, chat template and request defaults (a bad one named before the weights load), then
     the model with its serving graphs and the started engine (warmed up unless ``--no-warmup``)."""
-    kw = serve_kwargs(model_kwargs(args), args.checkpoint, args.prompt_logprobs)  # resolves args.checkpoint
+    kw = serve_kwargs(
+        model_kwargs(args), args.checkpoint, args.prompt_logprobs, args.embeddings
+    )  # resolves it
     tokenizer = tokenizer_for(args.checkpoint)
     use_template(tokenizer, args.chat_template, variables)
     defaults = load_defaults(args.generation_config, args.checkpoint, args.override_generation_config)

@@ -75,7 +75,8 @@ SamplingParams = _derived(
     ``logit_bias`` ``(token id, value)`` pairs are added to the logits (OpenAI's, up to 300);
     ``prompt_logprobs=k`` (vLLM's) reports each prompt token's log-probability, rank and ``k``
     most likely alternatives under the model's own distribution (a model built with
-    ``prompt_logprobs=True``; the prompt is then encoded whole, no prefix reused);
+    ``prompt_logprobs=True``; the prompt is then encoded whole, no prefix reused); ``embed``: the
+    request is its prompt's embedding (a model built with ``embeddings=True``; nothing generated);
     ``adapter``: a loaded LoRA adapter's name (None: the base model; the server's ``model`` field).
     """,
     [("max_tokens", int, dataclasses.field(default=16))]
@@ -86,6 +87,7 @@ SamplingParams = _derived(
         ("logprobs", int | None, dataclasses.field(default=None)),
         ("logit_bias", tuple[tuple[int, float], ...], dataclasses.field(default=())),
         ("prompt_logprobs", int | None, dataclasses.field(default=None)),
+        ("embed", bool, dataclasses.field(default=False)),
         ("adapter", str | None, dataclasses.field(default=None)),
     ],
 )

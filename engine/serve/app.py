@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from aotlm.serve import tokenize
 from aotlm.serve.adapters import Adapters, add_adapter_routes
 from aotlm.serve.detok import TokenTexts
+from aotlm.serve.embeddings import embeddings
 from aotlm.serve.handlers import Served, chat_completions, completions, engine_stopped, responses
 from aotlm.serve.metrics import Metrics, StatusCounter
 from aotlm.serve.protocol import APIError, bad, error_body
@@ -39,7 +40,8 @@ log = logging.getLogger("aotlm.serve")
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # a 32k-token prompt as JSON ids is ~250 KB
 PATHS = (
     "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses",
-    "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize", "/tokenizer_info",
+    "/v1/embeddings", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize",
+    "/tokenizer_info",
 )  # fmt: skip
 CLIENT_ERRORS = (400, 401, 404, 405, 413)  # OpenAI's "invalid_request_error"; 5xx: "server_error"
 
@@ -189,8 +191,8 @@ def key_checker(api_key: str | None):
 
 
 def add_generation_routes(app: "FastAPI", served: Served, check_key, max_body_bytes: int) -> None:
-    """``/v1/completions``, ``/v1/chat/completions`` and ``/v1/responses``: JSON, or server-sent events
-    when streamed."""
+    """``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses`` and ``/v1/embeddings``: JSON, or
+    server-sent events when streamed."""
     from fastapi import Request  # local: optional [serve] extra
     from fastapi.responses import JSONResponse, Response, StreamingResponse  # local: optional [serve] extra
     from starlette.requests import ClientDisconnect  # local: optional [serve] extra
@@ -236,6 +238,10 @@ def add_generation_routes(app: "FastAPI", served: Served, check_key, max_body_by
     @app.post("/v1/responses")
     async def post_responses(request: Request):
         return await generate(request, responses)
+
+    @app.post("/v1/embeddings")
+    async def post_embeddings(request: Request):
+        return await generate(request, embeddings)
 
 
 def add_info_routes(app: "FastAPI", served: Served, check_key) -> None:

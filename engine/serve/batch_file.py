@@ -1,7 +1,8 @@
 """OpenAI's batch file on the serving engine: the JSONL of requests the Batch API takes, run locally.
 
 Each input line is ``{"custom_id", "method": "POST", "url", "body"}`` with ``url`` one of
-``/v1/completions``, ``/v1/chat/completions`` or ``/v1/responses`` and ``body`` that endpoint's request;
+``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses`` or ``/v1/embeddings`` and ``body`` that
+endpoint's request;
 each output line is the Batch API's ``{"id", "custom_id", "response": {"status_code", "request_id",
 "body"}, "error": null}``: the endpoint's answer, or its error object with its HTTP status (a request
 the server refuses, e.g. a bad ``temperature``, is that line's 400 and the rest run on). The requests go
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aotlm.durable import JsonlAppender, read_jsonl, truncate_partial_line
-from aotlm.serve import handlers
+from aotlm.serve import embeddings, handlers
 from aotlm.serve.protocol import APIError
 from aotlm.serve.runs import Streamed
 
@@ -31,6 +32,7 @@ ENDPOINTS = {
     "/v1/completions": handlers.completions,
     "/v1/chat/completions": handlers.chat_completions,
     "/v1/responses": handlers.responses,
+    "/v1/embeddings": embeddings.embeddings,
 }
 
 

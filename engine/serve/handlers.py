@@ -106,7 +106,7 @@ def engine_stopped() -> APIError:
     return APIError(503, why, None, "server_error", "service_unavailable")
 
 
-def _submit(
+def submit_all(
     served: Served,
     jobs: Sequence[tuple[list[int], list[SamplingParams]]],
     rid: str,
@@ -146,7 +146,7 @@ def check_model(served: Served, model: str | None) -> str | None:
         )
 
 
-def _encode(served: Served, text: str, add_special_tokens: bool, param: str) -> list[int]:
+def encode_text(served: Served, text: str, add_special_tokens: bool, param: str) -> list[int]:
     ids = list(served.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
     if not ids:
         raise protocol.bad(f"'{param}' encodes to no tokens: give some text", param)
@@ -163,10 +163,10 @@ async def completions(served: Served, body: dict, disconnected: Callable[[], Awa
     add = True if more.add_special_tokens is None else more.add_special_tokens
     prompts, shown = [], []
     for p in parsed.prompts:
-        ids = _encode(served, p, add, "prompt") if isinstance(p, str) else list(p)
+        ids = encode_text(served, p, add, "prompt") if isinstance(p, str) else list(p)
         protocol.check_token_ids(ids, vocab)
         n_pos = served.engine.n_positions
-        kept = _truncated(ids, more.truncate, n_pos)
+        kept = truncated(ids, more.truncate, n_pos)
         if common.echo.silent and len(kept) >= n_pos:  # its one (unshown) step needs a slot
             why = f"with 'max_tokens' 0 a prompt may hold {n_pos - 1} tokens, got {len(kept)}"
             raise protocol.bad(why, "prompt")
@@ -186,7 +186,7 @@ async def chat_completions(served: Served, body: dict, disconnected: Callable[[]
     adapter = check_model(served, parsed.common.model)
     more = parsed.common.extras
     ids = chat_ids(served, parsed.messages, parsed.common.form.tools, more)
-    ids = _truncated(ids, more.truncate, served.engine.n_positions)
+    ids = truncated(ids, more.truncate, served.engine.n_positions)
     default_max = served.defaults.default_max(None)
     return await _run(served, CHAT, parsed.common, [ids], default_max, "messages", disconnected, adapter)
 
@@ -212,10 +212,10 @@ def chat_ids(served: Served, messages: list[dict], tools, more: extras.Extras) -
     except ChatError as e:
         raise protocol.bad(str(e), e.param) from None
     add = add_special if more.add_special_tokens is None else more.add_special_tokens
-    return _encode(served, text, add, "messages")
+    return encode_text(served, text, add, "messages")
 
 
-def _truncated(ids: list[int], keep: int | None, n_positions: int) -> list[int]:
+def truncated(ids: list[int], keep: int | None, n_positions: int) -> list[int]:
     """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: the window's worth)."""
     if keep is None:
         return ids
@@ -235,7 +235,7 @@ async def _run(served, kind, common, prompts, default_max, param, disconnected, 
     n = sum(len(plist) for _, plist in jobs)  # grammars compile off the event loop (first: ~1 s)
     matchers = await asyncio.to_thread(served.matchers, common.form.constraint, n)
     matchers = served.banned(matchers, common)
-    reqs = _submit(served, jobs, rid, param, matchers)
+    reqs = submit_all(served, jobs, rid, param, matchers)
     runs, k = [], 0
     for no, (ids, plist) in enumerate(jobs):
         for _ in plist:

@@ -235,8 +235,9 @@ def _logprobs_count(body: dict, name: str) -> int | None:
 
 
 # ------------------------------------------------------------------ endpoints
-def _prompts(v) -> tuple[str | tuple[int, ...], ...]:
-    """``prompt``'s four OpenAI forms, as a tuple of strings or token-id tuples."""
+def prompts(v, name: str = "prompt") -> tuple[str | tuple[int, ...], ...]:
+    """``prompt``'s four OpenAI forms (``/v1/embeddings``' ``input``'s too), as a tuple of strings or
+    token-id tuples; ``name`` is the field the errors name."""
     if isinstance(v, str):
         items = [v]
     elif isinstance(v, list) and v and all(_is_int(t) for t in v):
@@ -246,24 +247,22 @@ def _prompts(v) -> tuple[str | tuple[int, ...], ...]:
     elif isinstance(v, list) and v and all(isinstance(p, list) and all(_is_int(t) for t in p) for p in v):
         items = [tuple(p) for p in v]
     elif isinstance(v, list) and not v:
-        raise bad("'prompt' is empty: give at least one prompt", "prompt")
+        raise bad(f"'{name}' is empty: give at least one prompt", name)
     elif v is None:
-        raise bad("'prompt' is required", "prompt")
+        raise bad(f"'{name}' is required", name)
     else:
-        raise bad(
-            "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
-            "prompt",
-        )
+        why = f"'{name}' must be a string, a list of strings, a list of token ids or a list of token-id lists"
+        raise bad(why, name)
     for p in items:
         if len(p) == 0:
-            raise bad("'prompt' is empty: give at least one character or token", "prompt")
+            raise bad(f"'{name}' is empty: give at least one character or token", name)
     return tuple(items)
 
 
 def parse_completion(body: dict, max_n: int, closed: bool = True) -> CompletionBody:
     """``POST /v1/completions``; ``max_n`` caps the choices (``n`` times the prompts); ``closed``:
     the server's reading of schemas that do not say ``strict`` (``structured``)."""
-    prompts = _prompts(body.get("prompt"))
+    given = prompts(body.get("prompt"))
     max_tokens = get_int(body, "max_tokens", None, 0)  # 0: the prompt alone, with echo (``echo``)
     common = _common(
         body,
@@ -273,9 +272,9 @@ def parse_completion(body: dict, max_n: int, closed: bool = True) -> CompletionB
         chat=False,
         closed=closed,
     )
-    if len(prompts) * common.n > max_n:
-        raise bad(f"{len(prompts)} prompts x n={common.n} is over the limit of {max_n} choices", "n")
-    return CompletionBody(common, prompts)
+    if len(given) * common.n > max_n:
+        raise bad(f"{len(given)} prompts x n={common.n} is over the limit of {max_n} choices", "n")
+    return CompletionBody(common, given)
 
 
 def parse_chat(body: dict, max_n: int, closed: bool = True) -> ChatBody:

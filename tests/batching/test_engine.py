@@ -17,6 +17,7 @@ from aotlm.batching.engine import Engine
 from aotlm.batching.prompt_scores import PromptScores
 from aotlm.batching.slots import SlotRunner
 from aotlm.batching.types import (
+    Embedding,
     EngineStopped,
     Finish,
     InvalidRequest,
@@ -88,6 +89,11 @@ class FakeSlots:
         top = nxt[:, None] + np.arange(2)
         scores = PromptScores(step.start + 1, nxt, -nxt / 10, np.ones(len(nxt), int), top, -top / 10)
         return self.prefill_step(row, prompt, step, adapter), scores
+
+    def prefill_embedded(self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter=None):
+        """``prefill_step``, returning the "hidden state" [prompt's last token, prompt length]."""
+        self.prefill_step(row, prompt, step, adapter)
+        return np.array([float(prompt[-1]), float(len(prompt))])
 
     def prefill_rows(self, rows, prompts, bucket: int, adapters=()) -> list[int]:
         assert 1 < len(rows) <= self.max_prompts and all(len(p) <= bucket for p in prompts)
@@ -422,6 +428,28 @@ def test_a_scored_prompt_is_encoded_whole_and_its_scores_come_first():
         prefills = [c[:3] for c in fake.calls if c[0].startswith("prefill")]
         assert prefills == [("prefill", 0, 0), ("prefill_rows", (1, 3), 4), ("prefill", 2, 0),
                             ("prefill", 4, 0), ("prefill", 5, 0)]  # fmt: skip
+    finally:
+        eng.shutdown(timeout=1)
+
+
+def test_an_embedding_request_ends_with_its_prompt_and_leaves_its_tokens_for_reuse():
+    """``embed``: every chunk from slot 0 (a held prefix is not reused), the last one embedded; an
+    ``Embedding``, then the ``Finish`` (nothing generated, no insert); the row keeps the prompt's K/V,
+    which a later prompt continuing it reuses."""
+    fake = FakeSlots(slots=2)
+    eng = Engine(fake).start()
+    try:
+        a = list(range(1, 11))
+        collect(eng.submit(a, SamplingParams(max_tokens=2)))
+        fake.calls.clear()
+        items = list(eng.submit(a + [30], SamplingParams(max_tokens=1, embed=True)))
+        assert items[0] == Embedding((30.0, 11.0)) and len(items) == 2
+        assert items[1] == Finish("length", 11, 0, None, 0)
+        assert [c[2] for c in fake.calls if c[0] == "prefill"] == [0, 4, 7]
+        assert not any(c[0] == "insert" for c in fake.calls)
+        follow = a + [30, 31, 32]
+        toks, fin = collect(eng.submit(follow, SamplingParams(max_tokens=2)))
+        assert toks == expected(follow, 2) and fin.cached_tokens == 11
     finally:
         eng.shutdown(timeout=1)
 

@@ -67,7 +67,7 @@ def test_a_batch_file_runs_and_resumes(tmp_path, capsys):
 
 def test_a_bad_batch_file_is_named_before_the_model_loads(tmp_path, capsys):
     src = tmp_path / "in.jsonl"
-    src.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}}\n')
+    src.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/audio/speech", "body": {}}\n')
     assert (
         main(["run-batch", str(tmp_path / "no-model"), "-i", str(src), "-o", str(tmp_path / "o.jsonl")]) == 2
     )

@@ -34,7 +34,7 @@ def req(cid: str, url: str = "/v1/completions", **body) -> dict:
         ("{not json", "line 2: invalid JSON"),
         ({"url": "/v1/completions", "body": {}}, "line 2: each line needs a 'custom_id' string"),
         ({**req("b"), "method": "GET"}, "line 2: 'method' must be POST"),
-        (req("b", "/v1/embeddings"), "line 2: 'url' must be one of /v1/completions, /v1/chat/completions"),
+        (req("b", "/v1/audio/speech"), "line 2: 'url' must be one of /v1/completions, /v1/chat/completions"),
         ({**req("b"), "body": "x"}, "line 2: 'body' must be the request object"),
         (req("a"), "line 2: custom_id 'a' repeats line 1"),
     ],
