@@ -232,57 +232,42 @@ class SlotBatch:
         """An adapter name's slot (``aotlm.core.lora_slots``), -1 for None (the base model)."""
         return -1 if adapter is None else self.model.adapter_slots.slot_of(adapter)
 
-    def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None):
-        """Encode one chunk of ``prompt`` into cache row ``row`` (with LoRA ``adapter``); returns the
-        (device) logits."""
+    def _prefill(self, kind: str, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter, *more):
+        """Run the ``kind`` prefill graph of ``step`` on row ``row``; its outputs but the cache."""
         m = self.model
         tok, pos = _chunk(prompt, step)
         with m.lock:
-            exe = m.executable(("slot_prefill", step.bucket, step.width))
+            exe = m.executable((kind, step.bucket, step.width))
             put = m.put
-            logits, m.cache = exe(
+            *out, m.cache = exe(
                 m.params, m.cache, put(tok), put(pos), put(np.int32(step.start)),
                 put(np.int32(step.n_real - 1)), put(np.int32(row)), put(np.int32(self._slot(adapter))),
+                *(put(x) for x in more),
             )  # fmt: skip
-        return logits
+        return out
+
+    def prefill_step(self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None):
+        """Encode one chunk of ``prompt`` into cache row ``row`` (with LoRA ``adapter``); returns the
+        (device) logits."""
+        return self._prefill("slot_prefill", row, prompt, step, adapter)[0]
 
     def prefill_embedded(
         self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None
     ) -> np.ndarray:
         """``prefill_step`` through the ``slot_prefill_embed`` graph: the hidden state ``[D]`` (host,
         float32) of the chunk's last token (an embedding request's last chunk)."""
-        m = self.model
-        tok, pos = _chunk(prompt, step)
-        with m.lock:
-            exe = m.executable(("slot_prefill_embed", step.bucket, step.width))
-            put = m.put
-            h, m.cache = exe(
-                m.params, m.cache, put(tok), put(pos), put(np.int32(step.start)),
-                put(np.int32(step.n_real - 1)), put(np.int32(row)), put(np.int32(self._slot(adapter))),
-            )  # fmt: skip
-        return sharding.fetch(h)[0]
+        return sharding.fetch(self._prefill("slot_prefill_embed", row, prompt, step, adapter)[0])[0]
 
     def prefill_scored(
         self, row: int, prompt: np.ndarray, step: bk.PrefillStep, adapter: str | None = None
     ) -> tuple[Any, PromptScores]:
         """``prefill_step`` through the ``slot_prefill_score`` graph: also the scores of the prompt
         tokens after the chunk's positions (the chunk's last one scores the next chunk's first)."""
-        m = self.model
-        end = step.start + step.n_real
-        tok, pos = _chunk(prompt, step)
         targets = np.full((1, step.bucket), -1, np.int32)
-        nxt = prompt[step.start + 1 : end + 1]
+        nxt = prompt[step.start + 1 : step.start + step.n_real + 1]
         targets[0, : len(nxt)] = nxt
-        with m.lock:
-            exe = m.executable(("slot_prefill_score", step.bucket, step.width))
-            put = m.put
-            logits, scores, m.cache = exe(
-                m.params, m.cache, put(tok), put(pos), put(np.int32(step.start)),
-                put(np.int32(step.n_real - 1)), put(np.int32(row)), put(np.int32(self._slot(adapter))),
-                put(targets),
-            )  # fmt: skip
-        n = len(nxt)
-        lp, rank, ids, top = (sharding.fetch(x)[0, :n] for x in scores)
+        logits, scores = self._prefill("slot_prefill_score", row, prompt, step, adapter, targets)
+        lp, rank, ids, top = (sharding.fetch(x)[0, : len(nxt)] for x in scores)
         return logits, PromptScores(step.start + 1, nxt.astype(np.int64), lp, rank, ids, top)
 
     def prefill_rows(

@@ -43,6 +43,13 @@ PATHS = (
     "/v1/embeddings", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize",
     "/tokenizer_info",
 )  # fmt: skip
+# the endpoints a request body goes through a handler of (``add_generation_routes``)
+GENERATION = {
+    "/v1/completions": completions,
+    "/v1/chat/completions": chat_completions,
+    "/v1/responses": responses,
+    "/v1/embeddings": embeddings,
+}
 CLIENT_ERRORS = (400, 401, 404, 405, 413)  # OpenAI's "invalid_request_error"; 5xx: "server_error"
 
 
@@ -83,28 +90,17 @@ def create_app(
     model_name: str,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    max_n: int = 16,
-    max_tokens_cap: int | None = None,
-    lenient_schemas: bool = False,
-    adapters: Adapters | None = None,
-    chat_template_kwargs: dict | None = None,
-    request_defaults: Defaults | None = None,
+    **served_kw,
 ) -> "FastAPI":
     """The app over a started ``engine``; ``app.state.served.stopping = True`` starts draining.
 
-    ``max_n`` caps the choices of one HTTP request; ``max_tokens_cap`` (default: the
-    engine's ``max_tokens_cap``) caps default and explicit ``max_tokens``; ``lenient_schemas``:
-    schemas that do not say ``strict`` keep open objects (``aotlm.serve.structured``);
-    ``adapters``: the model's LoRA adapters, named by a request's ``model`` (``aotlm.serve.adapters``);
-    ``chat_template_kwargs``: template variables for every chat (a request's own win);
-    ``request_defaults``: sampling defaults of requests that leave them out (``serve.request_defaults``).
+    ``api_key``: required on ``/v1/*`` and the token routes; ``max_body_bytes``: the largest body read.
+    The rest (``max_n``, ``max_tokens_cap``, ``lenient_schemas``, ``adapters``, ``chat_template_kwargs``,
+    ``request_defaults``) are ``build_served``'s.
     """
     from fastapi import FastAPI  # local: optional [serve] extra, see the module docstring
 
-    served = build_served(
-        engine, tokenizer, model_name, max_n, max_tokens_cap, lenient_schemas, adapters, chat_template_kwargs,
-        request_defaults,
-    )  # fmt: skip
+    served = build_served(engine, tokenizer, model_name, **served_kw)
     metrics = served.metrics
     app = FastAPI(title="aotlm", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.served = served
@@ -114,7 +110,7 @@ def create_app(
     add_generation_routes(app, served, check_key, max_body_bytes)
     add_info_routes(app, served, check_key)
     add_token_routes(app, served, check_key, lambda request: read_json(request, max_body_bytes))
-    add_adapter_routes(app, adapters, check_key, lambda request: read_json(request, max_body_bytes))
+    add_adapter_routes(app, served.adapters, check_key, lambda request: read_json(request, max_body_bytes))
     return app
 
 
@@ -129,8 +125,13 @@ def build_served(
     chat_template_kwargs: dict | None = None,
     request_defaults: Defaults | None = None,
 ) -> Served:
-    """What the request handlers need (``create_app``'s arguments; ``aotlm run-batch`` calls the
-    handlers on it without HTTP)."""
+    """What the request handlers need (``create_app`` serves it; ``aotlm run-batch`` calls the handlers
+    on it without HTTP). ``max_n`` caps the choices of one request; ``max_tokens_cap`` (default: the
+    engine's ``max_tokens_cap``) caps default and explicit ``max_tokens``; ``lenient_schemas``: schemas
+    that do not say ``strict`` keep open objects (``aotlm.serve.structured``); ``adapters``: the model's
+    LoRA adapters, named by a request's ``model`` (``aotlm.serve.adapters``); ``chat_template_kwargs``:
+    template variables for every chat (a request's own win); ``request_defaults``: sampling defaults of
+    requests that leave them out (``aotlm.serve.request_defaults``)."""
     if max_tokens_cap is None:
         max_tokens_cap = getattr(engine, "max_tokens_cap", None)
     served = Served(engine, tokenizer, model_name, Metrics(), TokenTexts(tokenizer), max_n, max_tokens_cap)
@@ -227,21 +228,14 @@ def add_generation_routes(app: "FastAPI", served: Served, check_key, max_body_by
             return Response(status_code=499)  # nobody reads it; counted as 499 in the metrics
         return SSE(out) if isinstance(out, Streamed) else JSONResponse(out)
 
-    @app.post("/v1/completions")
-    async def post_completions(request: Request):
-        return await generate(request, completions)
+    def route(handler):
+        async def post(request: Request):
+            return await generate(request, handler)
 
-    @app.post("/v1/chat/completions")
-    async def post_chat_completions(request: Request):
-        return await generate(request, chat_completions)
+        return post
 
-    @app.post("/v1/responses")
-    async def post_responses(request: Request):
-        return await generate(request, responses)
-
-    @app.post("/v1/embeddings")
-    async def post_embeddings(request: Request):
-        return await generate(request, embeddings)
+    for path, handler in GENERATION.items():
+        app.post(path)(route(handler))
 
 
 def add_info_routes(app: "FastAPI", served: Served, check_key) -> None:
