@@ -12,7 +12,6 @@ model's own size (nothing is trained to be cut). Needs a server started with ``-
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import uuid
 from collections.abc import Awaitable, Callable
@@ -23,7 +22,7 @@ from aotlm.batching.types import Embedding, Finish, SamplingParams
 from aotlm.serve import extras, protocol
 from aotlm.serve.handlers import Served, check_model, encode_text, submit_all, truncated
 from aotlm.serve.protocol import APIError, bad
-from aotlm.serve.runs import ClientGone
+from aotlm.serve.runs import gathered_unless_gone
 
 
 def _options(body: dict) -> tuple[str, bool]:
@@ -66,17 +65,9 @@ async def embeddings(served: Served, body: dict, disconnected: Callable[[], Awai
                 raise APIError(500, why, None, "server_error", "engine_error")
         return vector
 
-    gathered = asyncio.gather(*(one(r) for r in reqs))
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not gathered.done():
-            raise ClientGone()
-        vectors = gathered.result()
-    finally:
-        watcher.cancel()
-        for r in reqs:
-            r.cancel()
+    vectors = await gathered_unless_gone(
+        [one(r) for r in reqs], disconnected, lambda: [r.cancel() for r in reqs]
+    )
     return _response(served, body, vectors, fmt, normalize, sum(len(ids) for ids, _ in jobs), adapter)
 
 

@@ -33,7 +33,7 @@ from aotlm.serve.metrics import Metrics
 from aotlm.serve.protocol import APIError, Common
 from aotlm.serve.request_defaults import Defaults
 from aotlm.serve.responses import CHAT, COMPLETION, Shapes, sse, usage
-from aotlm.serve.runs import ChoiceRun, ClientGone, Streamed, answer_ids, cancel_all, run_usage
+from aotlm.serve.runs import ChoiceRun, Streamed, answer_ids, cancel_all, gathered_unless_gone, run_usage
 from aotlm.text.tokens import bad_word_ids
 
 log = logging.getLogger("aotlm.serve")
@@ -282,30 +282,13 @@ async def _collect(runs, shapes: Shapes, want_lp: bool, prompt_tokens: int, disc
                 choice["prompt_token_ids"] = run.prompt_ids
         return choice
 
-    gathered = asyncio.gather(*(one(r) for r in runs))
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not gathered.done():
-            raise ClientGone()
-        choices = gathered.result()
-    finally:
-        watcher.cancel()
-        gathered.cancel()
-        gathered.add_done_callback(_retrieved)  # a cancelled gather's error is expected, not logged
-        cancel_all(runs)
+    choices = await gathered_unless_gone([one(r) for r in runs], disconnected, lambda: cancel_all(runs))
     out = shapes.response(choices, run_usage(runs, prompt_tokens))
     if shapes.kind == CHAT and runs[0].echo is not None:  # vLLM's: once for a chat's one prompt
         out["prompt_logprobs"] = runs[0].echo.report()
     if shapes.kind == CHAT and ids:
         out["prompt_token_ids"] = runs[0].prompt_ids
     return out
-
-
-def _retrieved(fut: asyncio.Future) -> None:
-    """Mark a finished future's exception as seen (asyncio logs unseen ones at collection)."""
-    if not fut.cancelled():
-        fut.exception()
 
 
 async def _stream(

@@ -8,8 +8,9 @@ the text (``aotlm.serve.detok``) and the metrics of each token and finish.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from aotlm.batching.types import PromptLogprobs, Request, Token
@@ -143,3 +144,28 @@ def run_usage(runs: Sequence[ChoiceRun], prompt_tokens: int) -> dict:
 def cancel_all(runs: Sequence[ChoiceRun]) -> None:
     for r in runs:
         r.abandon()
+
+
+async def gathered_unless_gone(
+    coros: Sequence, disconnected: Callable[[], Awaitable[None]], cancel: Callable
+) -> list:
+    """Every coroutine's result, unless the client goes away first (``ClientGone``); ``cancel`` (the
+    engine requests') runs whatever happens."""
+    gathered = asyncio.gather(*coros)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not gathered.done():
+            raise ClientGone()
+        return gathered.result()
+    finally:
+        watcher.cancel()
+        gathered.cancel()
+        gathered.add_done_callback(_retrieved)  # a cancelled gather's error is expected, not logged
+        cancel()
+
+
+def _retrieved(fut: asyncio.Future) -> None:
+    """Mark a finished future's exception as seen (asyncio logs unseen ones at collection)."""
+    if not fut.cancelled():
+        fut.exception()
