@@ -263,7 +263,7 @@ def run(
             state.allow = model.put(allow)
     if criteria:
         done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
-    while idx < stop and not done.all():
+    while idx < stop and not done[:n].all():  # padding rows never hold the loop
         limit = min(stop, idx + STREAM_CHUNK) if listening else stop
         state.limit = model.put(np.int32(limit))
         if refill:

@@ -171,7 +171,7 @@ def run(model, ids, mask, n: int, new: np.ndarray, cfg, streamer, criteria, want
     if criteria:
         done = _stop_rows(model, states, criteria, ids, n, p_len, idx, done)
     known = [done[m * b : (m + 1) * b] for m in range(n_micro)]  # done as of each one's last step
-    while idx < stop and not done.all():
+    while idx < stop and not done[:n].all():  # padding rows never hold the loop
         if not _step_all(model, states, idx, known, listening, first_pos + (idx - p_len)):
             break  # every row was done: nothing more to generate
         idx += 1
@@ -209,7 +209,7 @@ def _broadcast(model, states: list, cat) -> dict:
 
 def _output(res: dict, ids, n, p_len, cfg, want_dict, ttft):
     end = res["end"]
-    n_gen = int(end.max()) - p_len + 1  # the longest row, as the one-program loop stops there
+    n_gen = int(end[:n].max()) - p_len + 1  # the longest row, as the one-program loop stops there
     out = res["out"][:n, p_len : p_len + n_gen]
     sequences = np.concatenate([ids[:n], np.where(out < 0, res["pad"], out)], axis=1)
     if not want_dict:

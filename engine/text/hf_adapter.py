@@ -5,7 +5,9 @@ working: the adapter reads HF's generation arguments (a ``GenerationConfig`` and
 arguments, with HF's defaults taken from the model config), takes and returns torch tensors,
 and routes greedy search, sampling, beam search and ``num_return_sequences`` to aotlm's
 in-graph implementations: no per-token host loop (transformers-neuronx's adapter called the
-device once per token through HF's loop).
+device once per token through HF's loop). ``stop_strings`` (with ``tokenizer=``, as transformers
+asks) end a row through transformers' own ``StopStringCriteria``, checked after each token like any
+``stopping_criteria`` (the decode loop then runs one token per call).
 
 Batch rule: the transformers-neuronx guide asks for a compiled batch of ``runtime batch x
 num_return_sequences x num_beams`` rows. That product is always enough here; the exact need is
@@ -47,7 +49,6 @@ _NO_OPS = {  # transformers' generation arguments with their no-op values
     "assistant_model": (None,),
     # what would change the output, or its promises, if dropped: refused, never ignored
     "max_time": (None,),
-    "stop_strings": (None,),
     "token_healing": (None, False),
     "watermarking_config": (None,),
     "dola_layers": (None,),
@@ -75,6 +76,8 @@ SUPPORTED = (
     "seed",
     "streamer",
     "stopping_criteria",
+    "stop_strings",
+    "tokenizer",
     *bans.FIELDS,
 )
 
@@ -132,6 +135,7 @@ class HuggingFaceGenerationModelAdapter:
         import torch  # local: optional (HF interop / .bin checkpoints): kept out of `import aotlm`
 
         seed = kwargs.pop("seed", None)
+        tokenizer = kwargs.pop("tokenizer", None)
         listeners = {k: kwargs.pop(k, None) for k in ("streamer", "stopping_criteria")}
         if kwargs.pop("logits_processor", None):
             raise ValueError(
@@ -139,6 +143,7 @@ class HuggingFaceGenerationModelAdapter:
                 f"supported: {', '.join(SUPPORTED)}"
             )
         cfg = self._config(generation_config, kwargs)
+        listeners["stopping_criteria"] = _with_stop_strings(listeners["stopping_criteria"], cfg, tokenizer)
         ids, mask, eos_list, pad = _prompts(input_ids, attention_mask, cfg)
         n, plen = ids.shape
         nb, nrs = int(cfg.num_beams or 1), int(cfg.num_return_sequences or 1)
@@ -185,7 +190,9 @@ class HuggingFaceGenerationModelAdapter:
 
     def _beam_search(self, ids: np.ndarray, cfg, call: dict, listeners: dict, nb: int, nrs: int):
         if any(v is not None for v in listeners.values()):
-            raise ValueError("streamer / stopping_criteria run with greedy search or sampling, not beams")
+            raise ValueError(
+                "streamer / stopping_criteria / stop_strings run with greedy search or sampling, not beams"
+            )
         for name, off in (("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0)):
             if (getattr(cfg, name, None) or off) != off:  # transformers would apply it: never drop it
                 raise ValueError(
@@ -205,6 +212,11 @@ class HuggingFaceGenerationModelAdapter:
         )
 
     def _sample(self, ids: np.ndarray, cfg, call: dict, listeners: dict, nrs: int, seed) -> np.ndarray:
+        if cfg.do_sample and getattr(cfg, "top_h", None) is not None:  # transformers' Top-H warper
+            raise ValueError(
+                f"top_h={cfg.top_h!r} is not supported by aotlm's generate adapter when sampling; "
+                f"supported: {', '.join(SUPPORTED)}"
+            )
         if cfg.do_sample:
             base = self._seed(seed)  # prompt i's rows get seeds base + i*nrs + j: all rows differ
             call.update(do_sample=True, seed=[base + i * nrs for i in range(ids.shape[0])])
@@ -256,6 +268,26 @@ def _prompts(input_ids, attention_mask, cfg) -> tuple[np.ndarray, np.ndarray, li
         mask = attention_mask.detach().cpu().numpy() if hasattr(attention_mask, "detach") else attention_mask
         mask = np.asarray(mask, np.int64)
     return ids, mask, eos_list, pad
+
+
+def _with_stop_strings(criteria, cfg, tokenizer):
+    """``criteria`` plus transformers' own ``StopStringCriteria`` for ``cfg.stop_strings`` (a row ends at
+    the token that completes one, however the tokens spell it), which needs the model's tokenizer."""
+    stops = getattr(cfg, "stop_strings", None)
+    if not stops:
+        return criteria
+    if tokenizer is None:
+        raise ValueError(
+            f"stop_strings={stops!r} need the model's tokenizer: pass generate(..., tokenizer=tokenizer), "
+            "as transformers asks"
+        )
+    # local: slow to import (~1-2 s): kept out of `import aotlm` until text is needed
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    own = StopStringCriteria(tokenizer=tokenizer, stop_strings=stops)
+    if criteria is None:
+        return [own]
+    return [*(criteria if isinstance(criteria, list | tuple) else [criteria]), own]
 
 
 _OUTPUTS = ("output_attentions", "output_hidden_states", "output_logits")

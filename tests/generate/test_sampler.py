@@ -123,6 +123,10 @@ def test_streamers_and_stopping_criteria(model, prompts, capsys):
     crit = transformers.MaxTimeCriteria(max_time=0.0, initial_timestamp=time.time() - 1)
     stopped = one.sample(ids, max_new_tokens=50, stopping_criteria=[crit], return_dict=True)
     assert stopped.finish_reason == ["stopping_criteria"] and stopped.sequences.shape[1] < 6 + 50
+    # fewer rows than compiled: the padding rows (never checked) do not keep the loop going
+    crit = transformers.MaxTimeCriteria(max_time=0.0, initial_timestamp=time.time() - 1)
+    few = model.sample(prompts[:2], max_new_tokens=20, stopping_criteria=[crit], return_dict=True)
+    assert few.finish_reason == ["stopping_criteria"] * 2 and few.sequences.shape == (2, 6 + 1)
 
 
 @pytest.mark.parametrize(

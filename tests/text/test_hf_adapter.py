@@ -5,6 +5,7 @@ import pytest
 import torch
 from compile_counter import count_compiles
 from conformance import hf_model, left_padded_batch
+from textkit import PIPE_SHAPES, shared_text_checkpoint
 
 from aotlm import AutoModelForSampling, HuggingFaceGenerationModelAdapter
 
@@ -98,7 +99,6 @@ def test_adapter_batch_rule(adapter):
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(stop_strings=["\n"]),  # generation would not stop there
         dict(max_time=0.5),  # nor after that time
         dict(output_attentions=True, return_dict_in_generate=True),  # the output would lack them
         dict(output_hidden_states=True, return_dict_in_generate=True),
@@ -117,3 +117,47 @@ def test_arguments_that_change_the_output_are_refused_not_ignored(adapter, kw):
     assert out.sequences_scores.shape == (1,)
     for unused in ("output_scores", "output_attentions"):  # without return_dict_in_generate: unused
         assert adapter.generate(ids, max_new_tokens=2, **{unused: True}).shape == (1, 6)
+
+
+def test_top_h_sampling_is_refused_not_ignored(adapter):
+    ids = torch.ones((1, 4), dtype=torch.int64)
+    with pytest.raises(ValueError, match="top_h=0.4 is not supported .* when sampling"):
+        adapter.generate(ids, max_new_tokens=2, do_sample=True, top_h=0.4)
+    # greedy: transformers does not apply it either
+    assert adapter.generate(ids, max_new_tokens=2, top_h=0.4).shape == (1, 6)
+
+
+@pytest.fixture(scope="module")
+def text_adapter(tmp_path_factory):
+    import transformers
+
+    path, cache = shared_text_checkpoint(tmp_path_factory)
+    model = AutoModelForSampling.from_pretrained(path, compile_cache=cache, **PIPE_SHAPES)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    return HuggingFaceGenerationModelAdapter(ref.config, model.compile()), ref, tok
+
+
+def test_stop_strings_end_rows_as_transformers(text_adapter):
+    ours, ref, tok = text_adapter
+    tok.padding_side = "left"
+    enc = tok(["def fibonacci(n):", "import os\nclass"], return_tensors="pt", padding=True)
+    kw = dict(max_new_tokens=24, do_sample=False, pad_token_id=tok.pad_token_id)
+    with torch.no_grad():
+        free = ref.generate(**enc, **kw)
+    plen = enc["input_ids"].shape[1]
+    texts = [tok.decode(r[plen:]) for r in free]
+    # stops that first appear mid-generation in each row, spanning tokens where the text allows
+    stops = [texts[0][5:8], texts[1][9:11]]
+    assert all(stops) and all(s not in tok.decode(r[:plen]) for s, r in zip(stops, free, strict=True))
+    for strings in ([stops[0]], stops):
+        with torch.no_grad():
+            want = ref.generate(**enc, **kw, stop_strings=strings, tokenizer=tok)
+        got = ours.generate(**enc, **kw, stop_strings=strings, tokenizer=tok)
+        for r in range(len(strings)):  # the rows a stop applies to were cut short in transformers
+            assert not torch.equal(want[r], free[r, : want.shape[1]]) or want.shape[1] < free.shape[1]
+        torch.testing.assert_close(got, want, msg=str(strings))
+    with pytest.raises(ValueError, match="stop_strings=\\['x'\\] need the model's tokenizer"):
+        ours.generate(**enc, **kw, stop_strings=["x"])
+    with pytest.raises(ValueError, match="stop_strings run with greedy search or sampling, not beams"):
+        ours.generate(**enc, max_new_tokens=4, num_beams=2, stop_strings=["x"], tokenizer=tok)
