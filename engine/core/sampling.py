@@ -6,7 +6,8 @@ per-row arrays (``params``: a ``RowParams``, one array per "row" entry of
 mixes greedy and sampled rows. The only static numbers are the array widths below.
 
 Order (as ``generate``): repetition penalty, no-repeat-ngram, then for sampled rows
-temperature, top-k, top-p, min-p, typical. Greedy rows take the argmax of the penalized scores.
+temperature, top-h, top-k, top-p, min-p, typical, epsilon, eta (``aotlm.core.warpers``). Greedy
+rows take the argmax of the penalized scores.
 
 Sampling never sorts the vocabulary (a 50k sort costs ~16 ms per row on XLA:CPU):
 
@@ -35,18 +36,13 @@ from jax import lax
 
 from aotlm import kernels
 from aotlm.core.sampler_params import NGRAM_MAX
+from aotlm.core.warpers import active_cutoff, bisect_largest, cutoff_mask, top_h_mask, typical_mask
 
 TOPK_WIDTH = 64  # static width of the lax.top_k used for top_k <= 64 (larger k bisect)
 TOP_LOGPROBS_MAX = 5  # widest top_logprobs (static: the output buffer width)
 MAX_LOGIT_BIAS = 300  # logit_bias entries per row (static width; OpenAI's limit too)
 _BLOCK = 256  # vocabulary block of the inverse-CDF draw
 NEG = -jnp.inf
-
-
-def sortable(x):
-    """float32 -> int32 with the same order (for bisection over exact float values)."""
-    b = lax.bitcast_convert_type(x, jnp.int32)
-    return jnp.where(b < 0, b ^ jnp.int32(0x7FFFFFFF), b)
 
 
 # --------------------------------------------------------------------------- penalties
@@ -107,25 +103,6 @@ def penalize(scores, params, seen, out, slot):
 
 
 # --------------------------------------------------------------------------- warpers
-def bisect_largest(t, score, target):
-    """Per row, the largest value ``x`` of ``t [B,V]`` with ``score(t >= x) >= target``.
-
-    ``score(mask) -> [B]`` must grow with the mask (a count, a mass). 32 halvings of the
-    order-preserving int keys give the exact value; a compact loop (small graph).
-    """
-    keys = sortable(t)
-    lo, hi = jnp.min(keys, -1), jnp.max(keys, -1)
-
-    def body(_, c):
-        lo, hi = c
-        mid = (lo >> 1) + (hi >> 1) + ((lo | hi) & 1)  # ceil((lo + hi) / 2) without overflow
-        ok = score(keys >= mid[:, None]) >= target
-        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
-
-    lo, _ = lax.fori_loop(0, 32, body, (lo, hi))
-    return jnp.min(jnp.where(keys >= lo[:, None], t, jnp.inf), -1)  # the value whose key is lo
-
-
 def kth_largest(t, k):
     """Per-row k-th largest value of ``t [B,V]`` for ``k [B] >= 1`` (exact)."""
     width = min(TOPK_WIDTH, t.shape[-1])
@@ -137,41 +114,39 @@ def kth_largest(t, k):
 
 
 def warp(scores, params):
-    """Temperature-scaled scores ``t`` and the value masks of top-k and min-p."""
+    """Temperature-scaled scores ``t``, the prefix mask of top-h and top-k, and the mask of the
+    warpers after top-p (min-p, then typical, epsilon and eta over what top-p leaves)."""
     temp = jnp.where(params.temperature > 0, params.temperature, 1.0)
     t = scores / temp[:, None]
     v = t.shape[-1]
+    samp = sampled_rows(params)
     k = params.top_k
     use_k = (k > 0) & (k < v)
     kth = lax.cond(jnp.any(use_k), lambda: kth_largest(t, jnp.maximum(k, 1)), lambda: jnp.full(k.shape, NEG))
     keep_k = t >= jnp.where(use_k, kth, NEG)[:, None]
+    use_h = samp & (params.top_h > 0)  # before top-k in HF; both keep a prefix of the value order
+    every = jnp.ones_like(keep_k)
+    top_h = lambda: top_h_mask(t, jnp.where(use_h, params.top_h, 0.0))
+    keep_k &= lax.cond(jnp.any(use_h), top_h, lambda: every)
     # min-p comes after top-k/top-p in HF, but the max token survives both, so its ratio test
     # p_i < min_p * p_max  <=>  t_i - t_max < log(min_p) is unchanged
     m = jnp.max(jnp.where(keep_k, t, NEG), -1, keepdims=True)
     p_min = params.min_p
     log_min = jnp.log(jnp.where(p_min > 0, p_min, 1.0))[:, None]
     keep_m = (p_min <= 0)[:, None] | (t - m >= log_min)
-    use_typ = sampled_rows(params) & (params.typical_p < 1.0)
+    use_typ = samp & (params.typical_p < 1.0)
+    use_cut = samp & (active_cutoff(params.epsilon_cutoff) | active_cutoff(params.eta_cutoff))
 
-    def typical():  # after top-p: its entropy is that of what top-k, top-p and min-p leave
+    def after_top_p():  # typical, epsilon, eta: over what top-k, top-p and min-p leave
         q = jnp.where(keep_k, jnp.exp(t - m), 0.0)
         use_p = params.top_p < 1.0
         keep_p = ~use_p[:, None] | top_p_mask(t, q, params.top_p * jnp.sum(q, -1))
-        return keep_m & (~use_typ[:, None] | typical_mask(t, keep_k & keep_p & keep_m, params.typical_p))
+        keep = keep_m & (~use_typ[:, None] | typical_mask(t, keep_k & keep_p & keep_m, params.typical_p))
+        off = lambda c: jnp.where(use_cut, c, 0.0)
+        cut = cutoff_mask(t, keep_k & keep_p & keep, off(params.epsilon_cutoff), off(params.eta_cutoff))
+        return keep & (~use_cut[:, None] | cut)
 
-    return t, keep_k, lax.cond(jnp.any(use_typ), typical, lambda: keep_m)
-
-
-def typical_mask(t, keep, mass):
-    """transformers' TypicalLogitsWarper without a sort: of the tokens ``keep [B,V]`` leaves, those
-    whose surprise ``-log p`` is closest to the entropy, fewest first, until they hold ``mass [B]``
-    of the probability (the boundary's ties all stay, as in transformers)."""
-    logq = jax.nn.log_softmax(jnp.where(keep, t, NEG), -1)
-    q = jnp.where(keep, jnp.exp(logq), 0.0)
-    ent = -jnp.sum(jnp.where(keep, q * logq, 0.0), -1, keepdims=True)
-    closeness = jnp.where(keep, -jnp.abs(-logq - ent), NEG)  # larger is more typical
-    x = bisect_largest(closeness, lambda m: jnp.sum(jnp.where(m, q, 0.0), -1), mass)
-    return keep & (closeness >= x[:, None])
+    return t, keep_k, lax.cond(jnp.any(use_typ | use_cut), after_top_p, lambda: keep_m)
 
 
 def mass_above(q, t, c):

@@ -36,9 +36,6 @@ _NO_OPS = {  # transformers' generation arguments with their no-op values
     "force_words_ids": (None,),
     "forced_bos_token_id": (None,),
     "forced_eos_token_id": (None,),
-    "typical_p": (1.0, None),
-    "epsilon_cutoff": (0.0, None),
-    "eta_cutoff": (0.0, None),
     "diversity_penalty": (0.0, None),
     "encoder_repetition_penalty": (1.0, None),
     "exponential_decay_length_penalty": (None,),
@@ -212,11 +209,6 @@ class HuggingFaceGenerationModelAdapter:
         )
 
     def _sample(self, ids: np.ndarray, cfg, call: dict, listeners: dict, nrs: int, seed) -> np.ndarray:
-        if cfg.do_sample and getattr(cfg, "top_h", None) is not None:  # transformers' Top-H warper
-            raise ValueError(
-                f"top_h={cfg.top_h!r} is not supported by aotlm's generate adapter when sampling; "
-                f"supported: {', '.join(SUPPORTED)}"
-            )
         if cfg.do_sample:
             base = self._seed(seed)  # prompt i's rows get seeds base + i*nrs + j: all rows differ
             call.update(do_sample=True, seed=[base + i * nrs for i in range(ids.shape[0])])

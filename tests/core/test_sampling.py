@@ -34,6 +34,8 @@ def hf_processed(row: dict, history: np.ndarray, scores: np.ndarray) -> np.ndarr
     if row.get("do_sample", True):
         if row.get("temperature", 1.0) != 1.0:
             procs.append(lp.TemperatureLogitsWarper(row["temperature"]))
+        if row.get("top_h", 0.0):
+            procs.append(lp.TopHLogitsWarper(row["top_h"]))
         if row.get("top_k", 0):
             procs.append(lp.TopKLogitsWarper(row["top_k"]))
         if row.get("top_p", 1.0) < 1.0:
@@ -42,6 +44,10 @@ def hf_processed(row: dict, history: np.ndarray, scores: np.ndarray) -> np.ndarr
             procs.append(lp.MinPLogitsWarper(row["min_p"]))
         if row.get("typical_p", 1.0) < 1.0:
             procs.append(lp.TypicalLogitsWarper(row["typical_p"]))
+        if 0 < row.get("epsilon_cutoff", 0.0) < 1:
+            procs.append(lp.EpsilonLogitsWarper(row["epsilon_cutoff"]))
+        if 0 < row.get("eta_cutoff", 0.0) < 1:
+            procs.append(lp.EtaLogitsWarper(row["eta_cutoff"]))
     ids = torch.tensor(history[None], dtype=torch.long)
     s = torch.tensor(scores[None], dtype=torch.float32)
     for p in procs:
@@ -86,6 +92,15 @@ CASES = [
     {"typical_p": 0.95, "temperature": 1.3},
     {"typical_p": 0.2, "top_k": 30, "top_p": 0.9, "min_p": 0.02},
     {"do_sample": False, "typical_p": 0.3},  # greedy: warpers off
+    {"top_h": 0.4},
+    {"top_h": 0.999, "temperature": 9.0},  # nearly flat: the 100-token cap of a 101-token vocabulary
+    {"top_h": 0.9, "temperature": 0.8, "top_k": 12, "top_p": 0.95},
+    {"epsilon_cutoff": 0.02},
+    {"eta_cutoff": 0.05, "temperature": 1.4},
+    {"epsilon_cutoff": 0.01, "eta_cutoff": 0.02, "top_p": 0.9, "typical_p": 0.9},
+    {"epsilon_cutoff": 1.0, "eta_cutoff": 1.0},  # transformers adds neither at 1
+    {"top_h": 0.3, "epsilon_cutoff": 0.03, "min_p": 0.01},
+    {"do_sample": False, "top_h": 0.2, "eta_cutoff": 0.1},
 ]
 
 
@@ -146,6 +161,9 @@ def chi2_critical(df: int, z: float = 3.29) -> float:
         {"top_k": 6, "top_p": 0.8, "min_p": 0.1},
         {"typical_p": 0.6},
         {"typical_p": 0.8, "top_p": 0.9},
+        {"top_h": 0.6},
+        {"epsilon_cutoff": 0.05, "top_k": 9},
+        {"eta_cutoff": 0.1},
     ],
 )
 def test_draws_follow_the_processed_distribution(row):

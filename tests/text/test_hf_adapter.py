@@ -85,8 +85,8 @@ def test_adapter_batch_rule(adapter):
         adapter.generate(ids, max_new_tokens=2, num_beams=2, num_return_sequences=2)
     with pytest.raises(ValueError, match="compiled batch"):
         adapter.generate(ids[:2], max_new_tokens=2, do_sample=True, num_return_sequences=3)
-    with pytest.raises(ValueError, match="epsilon_cutoff=0.1 is not supported.*supported: max_length"):
-        adapter.generate(ids, max_new_tokens=2, epsilon_cutoff=0.1)
+    with pytest.raises(ValueError, match="encoder_repetition_penalty=1.5 is not supported.*supported: max_"):
+        adapter.generate(ids, max_new_tokens=2, encoder_repetition_penalty=1.5)
     with pytest.raises(TypeError, match="unsupported arguments \\['bogus'\\]; supported: "):
         adapter.generate(ids, max_new_tokens=2, bogus=1)
     for bad in (2.5, True):  # 2.5 was truncated to 2
@@ -119,12 +119,15 @@ def test_arguments_that_change_the_output_are_refused_not_ignored(adapter, kw):
         assert adapter.generate(ids, max_new_tokens=2, **{unused: True}).shape == (1, 6)
 
 
-def test_top_h_sampling_is_refused_not_ignored(adapter):
-    ids = torch.ones((1, 4), dtype=torch.int64)
-    with pytest.raises(ValueError, match="top_h=0.4 is not supported .* when sampling"):
-        adapter.generate(ids, max_new_tokens=2, do_sample=True, top_h=0.4)
-    # greedy: transformers does not apply it either
-    assert adapter.generate(ids, max_new_tokens=2, top_h=0.4).shape == (1, 6)
+def test_top_h_and_epsilon_sampling_apply(adapter):
+    """transformers' Top-H and epsilon warpers: narrow enough that only the likeliest token of each
+    step survives, the sampled tokens are the greedy ones (plain sampling's are not)."""
+    ids = torch.tensor([[3, 14, 15, 92]])
+    greedy = adapter.generate(ids, max_new_tokens=8)
+    kw = dict(max_new_tokens=8, do_sample=True, top_k=0, seed=5)
+    assert not torch.equal(adapter.generate(ids, **kw), greedy)
+    torch.testing.assert_close(adapter.generate(ids, top_h=1e-6, **kw), greedy)
+    torch.testing.assert_close(adapter.generate(ids, epsilon_cutoff=0.9, **kw), greedy)
 
 
 @pytest.fixture(scope="module")
