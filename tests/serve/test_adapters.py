@@ -175,6 +175,25 @@ def test_batch_generate_records_name_their_adapter(served, tmp_path, capsys):
     assert "adapter 'nope' is not given; add --lora nope=DIR" in capsys.readouterr().err
 
 
+def test_run_batch_lines_name_their_adapter(served, tmp_path):
+    """``aotlm run-batch --lora NAME=DIR``: a line's body ``model`` picks the adapter, as on the server."""
+    s, prompt = served, list(range(20, 36))
+    body = lambda m: {"model": m, "prompt": prompt, "max_tokens": 8, "temperature": 0}  # noqa: E731
+    url = "/v1/completions"
+    lines = [{"custom_id": m, "method": "POST", "url": url, "body": body(m)} for m in ("sql", "x")]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    args = ["run-batch", str(s["ckpt"]), "-i", str(src), "-o", str(out), "--served-model-name", "x",
+            "--lora", f"sql={s['paths']['sql']}", "--max-lora-rank", "8", "--batch-size", "2",
+            "--n-positions", "64", "--no-warmup", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    got = {r["custom_id"]: r["response"] for r in map(json.loads, out.read_text().splitlines())}
+    for m, adapter in (("sql", "sql"), ("x", None)):
+        assert got[m]["status_code"] == 200 and got[m]["body"]["model"] == m
+        assert got[m]["body"]["choices"][0]["text"] == expected(s, prompt, adapter, n=8)
+    assert got["sql"]["body"]["choices"][0]["text"] != got["x"]["body"]["choices"][0]["text"]
+
+
 class _SlowSlots:
     """A model's adapter slots whose changes take a while; an engine that runs changes one at a time."""
 
