@@ -6,8 +6,8 @@ arguments, with HF's defaults taken from the model config), takes and returns to
 and routes greedy search, sampling, beam search and ``num_return_sequences`` to aotlm's
 in-graph implementations: no per-token host loop (transformers-neuronx's adapter called the
 device once per token through HF's loop). ``stop_strings`` (with ``tokenizer=``, as transformers
-asks) end a row through transformers' own ``StopStringCriteria``, checked after each token like any
-``stopping_criteria`` (the decode loop then runs one token per call).
+asks) and ``max_time`` end rows through transformers' own ``StopStringCriteria`` / ``MaxTimeCriteria``,
+checked after each token like any ``stopping_criteria`` (the decode loop then runs one token per call).
 
 Batch rule: the transformers-neuronx guide asks for a compiled batch of ``runtime batch x
 num_return_sequences x num_beams`` rows. That product is always enough here; the exact need is
@@ -45,7 +45,6 @@ _NO_OPS = {  # transformers' generation arguments with their no-op values
     "prompt_lookup_num_tokens": (None,),
     "assistant_model": (None,),
     # what would change the output, or its promises, if dropped: refused, never ignored
-    "max_time": (None,),
     "token_healing": (None, False),
     "watermarking_config": (None,),
     "dola_layers": (None,),
@@ -75,6 +74,7 @@ SUPPORTED = (
     "stopping_criteria",
     "stop_strings",
     "tokenizer",
+    "max_time",
     *bans.FIELDS,
 )
 
@@ -140,7 +140,7 @@ class HuggingFaceGenerationModelAdapter:
                 f"supported: {', '.join(SUPPORTED)}"
             )
         cfg = self._config(generation_config, kwargs)
-        listeners["stopping_criteria"] = _with_stop_strings(listeners["stopping_criteria"], cfg, tokenizer)
+        listeners["stopping_criteria"] = _with_own_criteria(listeners["stopping_criteria"], cfg, tokenizer)
         ids, mask, eos_list, pad = _prompts(input_ids, attention_mask, cfg)
         n, plen = ids.shape
         nb, nrs = int(cfg.num_beams or 1), int(cfg.num_return_sequences or 1)
@@ -188,7 +188,8 @@ class HuggingFaceGenerationModelAdapter:
     def _beam_search(self, ids: np.ndarray, cfg, call: dict, listeners: dict, nb: int, nrs: int):
         if any(v is not None for v in listeners.values()):
             raise ValueError(
-                "streamer / stopping_criteria / stop_strings run with greedy search or sampling, not beams"
+                "streamer / stopping_criteria / stop_strings / max_time run with greedy search or sampling, "
+                "not beams"
             )
         for name, off in (("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0)):
             if (getattr(cfg, name, None) or off) != off:  # transformers would apply it: never drop it
@@ -262,24 +263,29 @@ def _prompts(input_ids, attention_mask, cfg) -> tuple[np.ndarray, np.ndarray, li
     return ids, mask, eos_list, pad
 
 
-def _with_stop_strings(criteria, cfg, tokenizer):
-    """``criteria`` plus transformers' own ``StopStringCriteria`` for ``cfg.stop_strings`` (a row ends at
-    the token that completes one, however the tokens spell it), which needs the model's tokenizer."""
-    stops = getattr(cfg, "stop_strings", None)
-    if not stops:
-        return criteria
-    if tokenizer is None:
-        raise ValueError(
-            f"stop_strings={stops!r} need the model's tokenizer: pass generate(..., tokenizer=tokenizer), "
-            "as transformers asks"
-        )
+def _with_own_criteria(criteria, cfg, tokenizer):
+    """``criteria`` plus the ones transformers' ``generate`` makes itself: ``MaxTimeCriteria`` for
+    ``cfg.max_time`` (counted from this call) and ``StopStringCriteria`` for ``cfg.stop_strings`` (a
+    row ends at the token that completes one, however the tokens spell it; needs the tokenizer)."""
     # local: slow to import (~1-2 s): kept out of `import aotlm` until text is needed
-    from transformers.generation.stopping_criteria import StopStringCriteria
+    from transformers.generation.stopping_criteria import MaxTimeCriteria, StopStringCriteria
 
-    own = StopStringCriteria(tokenizer=tokenizer, stop_strings=stops)
+    own = []
+    if getattr(cfg, "max_time", None) is not None:
+        own.append(MaxTimeCriteria(max_time=cfg.max_time))
+    stops = getattr(cfg, "stop_strings", None)
+    if stops:
+        if tokenizer is None:
+            raise ValueError(
+                f"stop_strings={stops!r} need the model's tokenizer: pass "
+                "generate(..., tokenizer=tokenizer), as transformers asks"
+            )
+        own.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stops))
+    if not own:
+        return criteria
     if criteria is None:
-        return [own]
-    return [*(criteria if isinstance(criteria, list | tuple) else [criteria]), own]
+        return own
+    return [*(criteria if isinstance(criteria, list | tuple) else [criteria]), *own]
 
 
 _OUTPUTS = ("output_attentions", "output_hidden_states", "output_logits")

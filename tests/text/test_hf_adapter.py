@@ -99,7 +99,6 @@ def test_adapter_batch_rule(adapter):
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(max_time=0.5),  # nor after that time
         dict(output_attentions=True, return_dict_in_generate=True),  # the output would lack them
         dict(output_hidden_states=True, return_dict_in_generate=True),
         dict(output_logits=True, return_dict_in_generate=True),
@@ -117,6 +116,14 @@ def test_arguments_that_change_the_output_are_refused_not_ignored(adapter, kw):
     assert out.sequences_scores.shape == (1,)
     for unused in ("output_scores", "output_attentions"):  # without return_dict_in_generate: unused
         assert adapter.generate(ids, max_new_tokens=2, **{unused: True}).shape == (1, 6)
+
+
+def test_max_time_ends_generation(adapter):
+    ids = torch.tensor([[3, 14, 15, 92]])
+    assert adapter.generate(ids, max_new_tokens=20, max_time=0.0).shape == (1, 5)  # one token, then time
+    assert adapter.generate(ids, max_new_tokens=20, max_time=60.0).shape == (1, 24)
+    with pytest.raises(ValueError, match="streamer / stopping_criteria / stop_strings / max_time run with"):
+        adapter.generate(ids, max_new_tokens=4, num_beams=2, max_time=60.0)
 
 
 def test_top_h_and_epsilon_sampling_apply(adapter):
@@ -162,5 +169,5 @@ def test_stop_strings_end_rows_as_transformers(text_adapter):
         torch.testing.assert_close(got, want, msg=str(strings))
     with pytest.raises(ValueError, match="stop_strings=\\['x'\\] need the model's tokenizer"):
         ours.generate(**enc, **kw, stop_strings=["x"])
-    with pytest.raises(ValueError, match="stop_strings run with greedy search or sampling, not beams"):
+    with pytest.raises(ValueError, match="stop_strings / max_time run with greedy search or sampling"):
         ours.generate(**enc, max_new_tokens=4, num_beams=2, stop_strings=["x"], tokenizer=tok)
