@@ -5,6 +5,7 @@ aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-s
             [--no-prefix-cache] [--prefix-cache-mb 512] [--no-warmup] [--lenient-schemas]
             [--lora NAME=DIR ...] [--max-loras N] [--max-lora-rank R] [--prompt-logprobs]
             [--generation-config auto|vllm|DIR] [--override-generation-config JSON]
+            [--allowed-origins JSON] [--allowed-methods JSON] [--allowed-headers JSON] [--allow-credentials]
 
 The model is compiled for every bucket before the port opens, so the first request does not
 compile, and the serving graphs run once (``SlotBatch.warm_up``; ``--no-warmup`` skips it),
@@ -39,6 +40,7 @@ from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.batching.engine import PREFIX_STORE_BYTES, Engine
 from aotlm.cli.common import add_model_args, graphs_ready, model_kwargs, serve_kwargs, setup_logging
 from aotlm.cli.templates import add_template_args, template_variables, use_template
+from aotlm.serve import cors
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import create_app
 from aotlm.serve.request_defaults import Defaults
@@ -64,6 +66,7 @@ def register(sub) -> None:
         "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
     )
     add_engine_args(p)
+    cors.add_flags(p)
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
     p.set_defaults(fn=cmd_serve)
 
@@ -150,6 +153,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.api_key is not None and not args.api_key.strip():  # e.g. --api-key "$KEY" with KEY unset
         raise ValueError("--api-key is empty; give the key, or leave the flag out to serve without one")
+    args.cors = cors.from_flags(args)
 
 
 def prepare(args: argparse.Namespace) -> dict:
@@ -226,7 +230,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         adapters = Adapters(model, engine, up.name) if model.adapter_slots is not None else None
         app = create_app(
             engine, up.tokenizer, up.name, api_key=args.api_key, lenient_schemas=args.lenient_schemas,
-            adapters=adapters, chat_template_kwargs=variables, request_defaults=up.defaults,
+            adapters=adapters, chat_template_kwargs=variables, request_defaults=up.defaults, cors=args.cors,
         )  # fmt: skip
         port = sock.getsockname()[1]  # --port 0: the one the system picked
         ready = f"aotlm serve: http://{args.host}:{port} (model {up.name}, {model.batch_size} slots)"

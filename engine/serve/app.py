@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from aotlm.serve import tokenize
 from aotlm.serve.adapters import Adapters, add_adapter_routes
+from aotlm.serve.cors import Cors
 from aotlm.serve.detok import TokenTexts
 from aotlm.serve.embeddings import embeddings
 from aotlm.serve.handlers import Served, chat_completions, completions, engine_stopped, responses
@@ -90,11 +91,13 @@ def create_app(
     model_name: str,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    cors: Cors | None = None,
     **served_kw,
 ) -> "FastAPI":
     """The app over a started ``engine``; ``app.state.served.stopping = True`` starts draining.
 
-    ``api_key``: required on ``/v1/*`` and the token routes; ``max_body_bytes``: the largest body read.
+    ``api_key``: required on ``/v1/*`` and the token routes; ``max_body_bytes``: the largest body read;
+    ``cors``: what cross-origin (browser) requests may do (None: vLLM's default, any origin).
     The rest (``max_n``, ``max_tokens_cap``, ``lenient_schemas``, ``adapters``, ``chat_template_kwargs``,
     ``request_defaults``) are ``build_served``'s.
     """
@@ -111,6 +114,7 @@ def create_app(
     add_info_routes(app, served, check_key)
     add_token_routes(app, served, check_key, lambda request: read_json(request, max_body_bytes))
     add_adapter_routes(app, served.adapters, check_key, lambda request: read_json(request, max_body_bytes))
+    (cors or Cors()).add_to(app)  # outermost: preflights are answered before the key is checked
     return app
 
 
