@@ -6,6 +6,7 @@ aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-s
             [--lora NAME=DIR ...] [--max-loras N] [--max-lora-rank R] [--prompt-logprobs]
             [--generation-config auto|vllm|DIR] [--override-generation-config JSON]
             [--allowed-origins JSON] [--allowed-methods JSON] [--allowed-headers JSON] [--allow-credentials]
+            [--ssl-certfile PEM --ssl-keyfile PEM]
 
 The model is compiled for every bucket before the port opens, so the first request does not
 compile, and the serving graphs run once (``SlotBatch.warm_up``; ``--no-warmup`` skips it),
@@ -31,6 +32,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 from dataclasses import dataclass
@@ -65,6 +67,8 @@ def register(sub) -> None:
     p.add_argument(
         "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
     )
+    p.add_argument("--ssl-certfile", default=None, metavar="PEM", help="serve HTTPS with this certificate")
+    p.add_argument("--ssl-keyfile", default=None, metavar="PEM", help="the certificate's private key")
     add_engine_args(p)
     cors.add_flags(p)
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
@@ -154,6 +158,20 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.api_key is not None and not args.api_key.strip():  # e.g. --api-key "$KEY" with KEY unset
         raise ValueError("--api-key is empty; give the key, or leave the flag out to serve without one")
     args.cors = cors.from_flags(args)
+    _check_tls(args.ssl_certfile, args.ssl_keyfile)
+
+
+def _check_tls(certfile: str | None, keyfile: str | None) -> None:
+    """The certificate and its key load (before the model does: a bad pair fails in a second)."""
+    if certfile is None and keyfile is None:
+        return
+    if certfile is None:
+        raise ValueError("--ssl-keyfile needs --ssl-certfile (the certificate the key belongs to)")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as e:  # a missing file, a key that does not match, not PEM
+        what = f"--ssl-certfile {certfile}" + (f" / --ssl-keyfile {keyfile}" if keyfile else "")
+        raise ValueError(f"cannot use {what}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def prepare(args: argparse.Namespace) -> dict:
@@ -233,7 +251,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             adapters=adapters, chat_template_kwargs=variables, request_defaults=up.defaults, cors=args.cors,
         )  # fmt: skip
         port = sock.getsockname()[1]  # --port 0: the one the system picked
-        ready = f"aotlm serve: http://{args.host}:{port} (model {up.name}, {model.batch_size} slots)"
+        scheme = "https" if args.ssl_certfile else "http"
+        ready = f"aotlm serve: {scheme}://{args.host}:{port} (model {up.name}, {model.batch_size} slots)"
         _serve(app, sock, args, ready)
     finally:
         engine.shutdown(timeout=min(args.shutdown_timeout, 5.0))  # in-flight requests drained above
@@ -287,7 +306,10 @@ def _serve(app, sock: socket.socket, args: argparse.Namespace, ready_line: str) 
     # draining; these make that a no-op, so the process exits 0 after engine.shutdown
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
+    tls = dict(ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+    config = uvicorn.Config(
+        app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout, **tls
+    )
     server = Server(config)
     try:
         server.run(sockets=[sock])

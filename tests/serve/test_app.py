@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -26,6 +28,7 @@ from textkit import make_text_checkpoint
 from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.batching.engine import Engine
 from aotlm.batching.types import EngineStopped, Finish, QueueFull, Token
+from aotlm.cli.app import main
 from aotlm.serve.app import create_app
 from aotlm.serve.detok import ChoiceText
 from aotlm.serve.protocol import APIError, choice_params, parse_chat, parse_completion
@@ -678,6 +681,45 @@ def test_cli_serve_starts_answers_and_exits_0_on_sigterm(srv):
     assert busy.returncode == 2 and busy.stderr.strip().startswith(
         f"aotlm serve: error: cannot serve on 127.0.0.1:{port}"
     )
+
+
+def test_cli_serve_over_tls(srv, tmp_path, capsys):
+    openssl = shutil.which("openssl") or pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    for bad, why in (
+        (["--ssl-certfile", str(cert), "--ssl-keyfile", str(tmp_path / "gone.pem")], "cannot use --ssl-cert"),
+        (["--ssl-certfile", str(key)], "cannot use --ssl-certfile"),  # a key where the certificate goes
+        (["--ssl-keyfile", str(key)], "--ssl-keyfile needs --ssl-certfile"),
+    ):
+        assert main(["serve", str(tmp_path / "no-model"), "--port", "0", *bad]) == 2
+        err = capsys.readouterr().err
+        assert why in err and "Traceback" not in err, err
+    shapes = ["--batch-size", "4", "--n-positions", "64", "--cache-dir", str(srv.cache), "--no-warmup"]
+    cmd = [sys.executable, "-m", "aotlm.cli", "serve", str(srv.ckpt), "--port", "0", *shapes]
+    cmd += ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--served-model-name", "m"]
+    cmd += ["--shutdown-timeout", "3"]  # the client's idle TLS connection stays open until then
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        url = line.removeprefix("aotlm serve: ").partition(" ")[0]
+        assert url.startswith("https://127.0.0.1:"), (line, proc.stderr.read())
+        trust = ssl.create_default_context(cafile=str(cert))
+        client = openai.OpenAI(
+            base_url=f"{url}/v1", api_key="x", max_retries=0, http_client=httpx.Client(verify=trust)
+        )
+        assert client.completions.create(model="m", prompt="def", max_tokens=3).usage.completion_tokens >= 1
+        with pytest.raises(httpx.ConnectError):  # the certificate is not one the system trusts
+            httpx.get(f"{url}/health")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_other_commands_do_not_import_the_server_stack():
