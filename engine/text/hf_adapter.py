@@ -5,7 +5,10 @@ working: the adapter reads HF's generation arguments (a ``GenerationConfig`` and
 arguments, with HF's defaults taken from the model config), takes and returns torch tensors,
 and routes greedy search, sampling, beam search and ``num_return_sequences`` to aotlm's
 in-graph implementations: no per-token host loop (transformers-neuronx's adapter called the
-device once per token through HF's loop). ``stop_strings`` (with ``tokenizer=``, as transformers
+device once per token through HF's loop). ``assistant_model`` (an aotlm model with the same tokenizer
+and batch size) is transformers' assisted generation as aotlm's speculative decoding, its rounds in
+the graph (``num_assistant_tokens`` proposals per round; the output is plain decoding's either way).
+``stop_strings`` (with ``tokenizer=``, as transformers
 asks) and ``max_time`` end rows through transformers' own ``StopStringCriteria`` / ``MaxTimeCriteria``,
 checked after each token like any ``stopping_criteria`` (the decode loop then runs one token per call).
 
@@ -43,7 +46,6 @@ _NO_OPS = {  # transformers' generation arguments with their no-op values
     "guidance_scale": (None, 1.0),
     "low_memory": (None, False),
     "prompt_lookup_num_tokens": (None,),
-    "assistant_model": (None,),
     # what would change the output, or its promises, if dropped: refused, never ignored
     "token_healing": (None, False),
     "watermarking_config": (None,),
@@ -75,6 +77,8 @@ SUPPORTED = (
     "stop_strings",
     "tokenizer",
     "max_time",
+    "assistant_model",
+    "num_assistant_tokens",
     *bans.FIELDS,
 )
 
@@ -133,6 +137,7 @@ class HuggingFaceGenerationModelAdapter:
 
         seed = kwargs.pop("seed", None)
         tokenizer = kwargs.pop("tokenizer", None)
+        assistant = _assistant(kwargs.pop("assistant_model", None))
         listeners = {k: kwargs.pop(k, None) for k in ("streamer", "stopping_criteria")}
         if kwargs.pop("logits_processor", None):
             raise ValueError(
@@ -158,6 +163,12 @@ class HuggingFaceGenerationModelAdapter:
             if getattr(cfg, name, None):
                 call[name] = int(getattr(cfg, name))
         call.update({k: getattr(cfg, k) for k in bans.FIELDS if getattr(cfg, k, None) is not None})
+        if assistant is not None:  # transformers' assisted generation: aotlm's speculative decoding
+            if nb > 1:
+                raise ValueError(
+                    "assistant_model runs with greedy search or sampling, not beams (as transformers)"
+                )
+            call.update(draft_model=assistant, speculation_length=int(cfg.num_assistant_tokens or 20))
         if nb > 1:
             beams = self._beam_search(ids, cfg, call, listeners, nb, nrs)
             out = beams.sequences
@@ -261,6 +272,20 @@ def _prompts(input_ids, attention_mask, cfg) -> tuple[np.ndarray, np.ndarray, li
         mask = attention_mask.detach().cpu().numpy() if hasattr(attention_mask, "detach") else attention_mask
         mask = np.asarray(mask, np.int64)
     return ids, mask, eos_list, pad
+
+
+def _assistant(model):
+    """The aotlm model behind ``assistant_model`` (an aotlm model or its adapter), or None."""
+    if model is None:
+        return None
+    model = model.model if isinstance(model, HuggingFaceGenerationModelAdapter) else model
+    if not callable(getattr(model, "sample", None)) or getattr(model, "strategies", None) is None:
+        raise TypeError(
+            f"assistant_model must be an aotlm model (AutoModelForSampling or its "
+            f"HuggingFaceGenerationModelAdapter) with the target's tokenizer and batch_size, got "
+            f"{type(model).__name__}: a torch model cannot run in aotlm's graphs"
+        )
+    return model
 
 
 def _with_own_criteria(criteria, cfg, tokenizer):

@@ -126,6 +126,27 @@ def test_max_time_ends_generation(adapter):
         adapter.generate(ids, max_new_tokens=4, num_beams=2, max_time=60.0)
 
 
+def test_assistant_model_is_speculative_decoding(adapter, gpt2_path):
+    """transformers' assisted generation with an aotlm assistant: the target's own greedy tokens."""
+    draft = AutoModelForSampling.from_pretrained(
+        gpt2_path, batch_size=4, n_positions=32, context_length_estimate=32, compile_cache=False
+    )
+    ids = torch.tensor([[3, 14, 15, 92, 65]])
+    with torch.no_grad():
+        want = hf_model(gpt2_path).generate(
+            ids, max_new_tokens=8, do_sample=False, pad_token_id=0, assistant_model=hf_model(gpt2_path)
+        )
+    for assistant in (draft, HuggingFaceGenerationModelAdapter(draft.hf_config, draft)):
+        got = adapter.generate(ids, max_new_tokens=8, pad_token_id=0, assistant_model=assistant,
+                               num_assistant_tokens=3)  # fmt: skip
+        torch.testing.assert_close(got, want)
+        assert adapter.model.last_speculative_stats["rounds"] >= 1
+    with pytest.raises(TypeError, match="assistant_model must be an aotlm model"):
+        adapter.generate(ids, max_new_tokens=2, assistant_model=hf_model(gpt2_path))
+    with pytest.raises(ValueError, match="assistant_model runs with greedy search or sampling, not beams"):
+        adapter.generate(ids, max_new_tokens=2, num_beams=2, assistant_model=draft)
+
+
 def test_top_h_and_epsilon_sampling_apply(adapter):
     """transformers' Top-H and epsilon warpers: narrow enough that only the likeliest token of each
     step survives, the sampled tokens are the greedy ones (plain sampling's are not)."""
