@@ -168,15 +168,26 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
             default=None,
             help="checkpoint dir, training run dir or bundled name (default: the bundled model)",
         )
-    p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1; serve: 8)")
+    # the second names are vLLM's, so that its command lines run as they are
     p.add_argument(
-        "--n-positions", type=bucket_list, default=None, help="token-generation buckets, e.g. 64,128"
-    )
+        "--batch-size", "--max-num-seqs", type=int, default=None,
+        help="compiled batch size (default 1; serve: 8 slots)",
+    )  # fmt: skip
+    p.add_argument(
+        "--n-positions", "--max-model-len", type=bucket_list, default=None,
+        help="token-generation buckets, e.g. 64,128 (one number: powers of two up to it, the context)",
+    )  # fmt: skip
     p.add_argument(
         "--context-length-estimate", type=bucket_list, default=None, help="context buckets, e.g. 16,32"
     )
-    p.add_argument("--tp-degree", type=int, default=None, help="tensor-parallel degree (default 1)")
-    p.add_argument("--pp-degree", type=int, default=None, help="pipeline stages (default 1; pp x tp devices)")
+    p.add_argument(
+        "--tp-degree", "--tensor-parallel-size", "-tp", type=int, default=None,
+        help="tensor-parallel degree (default 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--pp-degree", "--pipeline-parallel-size", "-pp", type=int, default=None,
+        help="pipeline stages (default 1; pp x tp devices)",
+    )  # fmt: skip
     p.add_argument("--gqa", default=None, help="shard-over-heads | replicated-heads | shard-over-batch")
     p.add_argument("--amp", default=None, choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
     p.add_argument(

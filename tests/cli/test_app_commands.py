@@ -76,3 +76,19 @@ def test_a_prompt_without_its_flag_is_named_with_the_fix(capsys):
         "aotlm generate: error: unrecognized arguments: what is it; give a prompt as --prompt 'what is it'; "
         "see 'aotlm generate --help'\n"
     )
+
+
+def test_vllm_flag_names_are_aliases():
+    """A vLLM command line's shape flags mean the same here (``vllm serve M --max-model-len ...``)."""
+    from aotlm.cli.app import build_parser
+
+    p = build_parser()
+    vllm = p.parse_args(
+        ["serve", "m", "--max-model-len", "2048", "--max-num-seqs", "4", "-tp", "2", "-pp", "1"]
+    )
+    ours = p.parse_args(["serve", "m", "--n-positions", "2048", "--batch-size", "4", "--tp-degree", "2",
+                         "--pp-degree", "1"])  # fmt: skip
+    keys = ("n_positions", "batch_size", "tp_degree", "pp_degree")
+    assert [getattr(vllm, k) for k in keys] == [getattr(ours, k) for k in keys] == [[2048], 4, 2, 1]
+    long = p.parse_args(["compile", "m", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"])
+    assert (long.tp_degree, long.pp_degree) == (2, 2)
