@@ -218,6 +218,13 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
         "an adapter slot requests name (serve: the request's model; batch-generate: a record's adapter)",
     )
     p.add_argument(
+        "--lora-modules", nargs="+", action="extend", dest="lora", type=lora_module, metavar="NAME=DIR",
+        help="vLLM's form of --lora NAME=DIR (several at once; also its JSON {\"name\": .., \"path\": ..})",
+    )  # fmt: skip
+    p.add_argument(
+        "--enable-lora", action="store_true", help="vLLM's switch: adapter slots (one without --max-loras)"
+    )
+    p.add_argument(
         "--max-loras", type=int, default=None, help="adapter slots (default: the NAME=DIR adapters)"
     )
     p.add_argument(
@@ -342,9 +349,25 @@ def model_kwargs(args) -> dict:
             # a single --n-positions N means "powers of two up to N"; a list in --config is exact
             kw[k] = v[0] if k == "n_positions" and isinstance(v, list) and len(v) == 1 else v
     kw["compile_cache"] = args.cache_dir
-    kw.update(lora_kwargs(getattr(args, "lora", None) or [], getattr(args, "max_loras", None),
-                          getattr(args, "max_lora_rank", None)))  # fmt: skip
+    given, slots = getattr(args, "lora", None) or [], getattr(args, "max_loras", None)
+    if getattr(args, "enable_lora", False) and slots is None and not given:
+        slots = 1  # vLLM's --enable-lora alone: one slot, adapters loaded at run time
+    kw.update(lora_kwargs(given, slots, getattr(args, "max_lora_rank", None)))
     return kw
+
+
+def lora_module(text: str) -> str:
+    """A ``--lora-modules`` item (``NAME=DIR`` or vLLM's ``{"name": .., "path": ..}``) as ``NAME=DIR``."""
+    if text.lstrip().startswith("{"):
+        try:
+            item = json.loads(text)
+        except json.JSONDecodeError:
+            item = None
+        if isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("path"), str):
+            return f"{item['name']}={item['path']}"
+    elif "=" in text:
+        return text
+    raise argparse.ArgumentTypeError(f'expected NAME=DIR or {{"name": NAME, "path": DIR}}, got {text!r}')
 
 
 def lora_kwargs(given: list[str], max_loras: int | None, max_lora_rank: int | None) -> dict:

@@ -92,3 +92,24 @@ def test_vllm_flag_names_are_aliases():
     assert [getattr(vllm, k) for k in keys] == [getattr(ours, k) for k in keys] == [[2048], 4, 2, 1]
     long = p.parse_args(["compile", "m", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"])
     assert (long.tp_degree, long.pp_degree) == (2, 2)
+
+
+def test_vllm_lora_flags(tmp_path, capsys):
+    from aotlm.cli.app import build_parser
+    from aotlm.cli.common import model_kwargs
+
+    p, ckpt = build_parser(), str(make_tiny_gpt2(tmp_path / "m"))
+
+    def lora(*flags):
+        kw = model_kwargs(p.parse_args(["serve", ckpt, *flags]))
+        return {k: kw[k] for k in ("lora_adapters", "max_loras") if k in kw}
+
+    two = lora(
+        "--enable-lora", "--lora-modules", "sql=/a", '{"name": "poet", "path": "/b"}', "--lora", "c=/c"
+    )
+    assert two == {"lora_adapters": {"sql": "/a", "poet": "/b", "c": "/c"}}
+    assert lora("--enable-lora") == {"max_loras": 1}  # vLLM's default: one slot, loaded at run time
+    assert lora("--enable-lora", "--max-loras", "3") == {"max_loras": 3}
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["serve", "m", "--lora-modules", "sql"])
+    assert e.value.code == 2 and 'expected NAME=DIR or {"name": NAME, "path": DIR}' in capsys.readouterr().err
