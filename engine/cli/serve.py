@@ -6,7 +6,7 @@ aotlm serve [CHECKPOINT | --model M] [--host 127.0.0.1] [--port 8000] [--batch-s
             [--lora NAME=DIR ...] [--max-loras N] [--max-lora-rank R] [--prompt-logprobs]
             [--generation-config auto|vllm|DIR] [--override-generation-config JSON]
             [--allowed-origins JSON] [--allowed-methods JSON] [--allowed-headers JSON] [--allow-credentials]
-            [--ssl-certfile PEM --ssl-keyfile PEM]
+            [--ssl-certfile PEM --ssl-keyfile PEM] [--max-stored-responses 1024]
 
 The model is compiled for every bucket before the port opens, so the first request does not
 compile, and the serving graphs run once (``SlotBatch.warm_up``; ``--no-warmup`` skips it),
@@ -47,6 +47,7 @@ from aotlm.serve.adapters import Adapters
 from aotlm.serve.app import create_app
 from aotlm.serve.request_defaults import Defaults
 from aotlm.serve.request_defaults import load as load_defaults
+from aotlm.serve.response_store import DEFAULT_MAX_ITEMS, ResponseStore
 from aotlm.text.tokens import eos_ids, tokenizer_for
 
 log = logging.getLogger("aotlm.serve")
@@ -67,6 +68,11 @@ def register(sub) -> None:
     p.add_argument(
         "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
     )
+    p.add_argument(
+        "--max-stored-responses", type=int, default=DEFAULT_MAX_ITEMS, metavar="N",
+        help=f"Responses API answers kept for previous_response_id (the newest; default {DEFAULT_MAX_ITEMS}, "
+        "0: none)",
+    )  # fmt: skip
     p.add_argument("--ssl-certfile", default=None, metavar="PEM", help="serve HTTPS with this certificate")
     p.add_argument("--ssl-keyfile", default=None, metavar="PEM", help="the certificate's private key")
     add_engine_args(p)
@@ -157,6 +163,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.api_key is not None and not args.api_key.strip():  # e.g. --api-key "$KEY" with KEY unset
         raise ValueError("--api-key is empty; give the key, or leave the flag out to serve without one")
+    if args.max_stored_responses < 0:
+        raise ValueError(f"--max-stored-responses must be >= 0 (0: none), got {args.max_stored_responses}")
     args.cors = cors.from_flags(args)
     _check_tls(args.ssl_certfile, args.ssl_keyfile)
 
@@ -249,6 +257,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(
             engine, up.tokenizer, up.name, api_key=args.api_key, lenient_schemas=args.lenient_schemas,
             adapters=adapters, chat_template_kwargs=variables, request_defaults=up.defaults, cors=args.cors,
+            responses=ResponseStore(args.max_stored_responses) if args.max_stored_responses else None,
         )  # fmt: skip
         port = sock.getsockname()[1]  # --port 0: the one the system picked
         scheme = "https" if args.ssl_certfile else "http"

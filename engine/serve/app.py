@@ -30,6 +30,7 @@ from aotlm.serve.handlers import Served, chat_completions, completions, engine_s
 from aotlm.serve.metrics import Metrics, StatusCounter
 from aotlm.serve.protocol import APIError, bad, error_body
 from aotlm.serve.request_defaults import Defaults
+from aotlm.serve.response_store import ResponseStore, add_stored_routes
 from aotlm.serve.runs import ClientGone, Streamed
 from aotlm.text.unicode import NOT_TEXT, lone_surrogate
 
@@ -99,7 +100,7 @@ def create_app(
     ``api_key``: required on ``/v1/*`` and the token routes; ``max_body_bytes``: the largest body read;
     ``cors``: what cross-origin (browser) requests may do (None: vLLM's default, any origin).
     The rest (``max_n``, ``max_tokens_cap``, ``lenient_schemas``, ``adapters``, ``chat_template_kwargs``,
-    ``request_defaults``) are ``build_served``'s.
+    ``request_defaults``, ``responses``) are ``build_served``'s.
     """
     from fastapi import FastAPI  # local: optional [serve] extra, see the module docstring
 
@@ -114,6 +115,7 @@ def create_app(
     add_info_routes(app, served, check_key)
     add_token_routes(app, served, check_key, lambda request: read_json(request, max_body_bytes))
     add_adapter_routes(app, served.adapters, check_key, lambda request: read_json(request, max_body_bytes))
+    add_stored_routes(app, served.responses, check_key)
     (cors or Cors()).add_to(app)  # outermost: preflights are answered before the key is checked
     return app
 
@@ -128,6 +130,7 @@ def build_served(
     adapters: Adapters | None = None,
     chat_template_kwargs: dict | None = None,
     request_defaults: Defaults | None = None,
+    responses: ResponseStore | None = None,
 ) -> Served:
     """What the request handlers need (``create_app`` serves it; ``aotlm run-batch`` calls the handlers
     on it without HTTP). ``max_n`` caps the choices of one request; ``max_tokens_cap`` (default: the
@@ -135,13 +138,15 @@ def build_served(
     that do not say ``strict`` keep open objects (``aotlm.serve.structured``); ``adapters``: the model's
     LoRA adapters, named by a request's ``model`` (``aotlm.serve.adapters``); ``chat_template_kwargs``:
     template variables for every chat (a request's own win); ``request_defaults``: sampling defaults of
-    requests that leave them out (``aotlm.serve.request_defaults``)."""
+    requests that leave them out (``aotlm.serve.request_defaults``); ``responses``: where Responses API
+    answers are stored for ``previous_response_id`` (None: none are)."""
     if max_tokens_cap is None:
         max_tokens_cap = getattr(engine, "max_tokens_cap", None)
     served = Served(engine, tokenizer, model_name, Metrics(), TokenTexts(tokenizer), max_n, max_tokens_cap)
     served.lenient_schemas, served.adapters = lenient_schemas, adapters
     served.template_defaults = dict(chat_template_kwargs or {})
     served.defaults = request_defaults or Defaults()
+    served.responses = responses
     return served
 
 

@@ -24,7 +24,7 @@ from aotlm.batching.types import (
 )
 from aotlm.generate import bans
 from aotlm.generate.constraints import Constraint, ConstraintError, Grammars, Matcher
-from aotlm.serve import extras, openai_responses, protocol
+from aotlm.serve import extras, openai_responses, protocol, response_store
 from aotlm.serve.adapters import Adapters
 from aotlm.serve.chat import ChatError, render
 from aotlm.serve.detok import ChoiceText, TokenTexts
@@ -32,6 +32,7 @@ from aotlm.serve.echo import EchoRun
 from aotlm.serve.metrics import Metrics
 from aotlm.serve.protocol import APIError, Common
 from aotlm.serve.request_defaults import Defaults
+from aotlm.serve.response_store import ResponseStore
 from aotlm.serve.responses import CHAT, COMPLETION, Shapes, sse, usage
 from aotlm.serve.runs import ChoiceRun, Streamed, answer_ids, cancel_all, gathered_unless_gone, run_usage
 from aotlm.text.tokens import bad_word_ids
@@ -58,6 +59,7 @@ class Served:
     defaults: Defaults = field(
         default_factory=Defaults
     )  # generation_config.json's (aotlm.serve.request_defaults)
+    responses: ResponseStore | None = None  # stored Responses API answers (aotlm.serve.response_store)
 
     def matchers(self, c: Constraint | None, n: int) -> list[Matcher | None]:
         """``n`` fresh matchers of ``c`` (None: unconstrained); a bad schema or grammar is a 400
@@ -194,13 +196,26 @@ async def chat_completions(served: Served, body: dict, disconnected: Callable[[]
 async def responses(served: Served, body: dict, disconnected: Callable[[], Awaitable[None]]):
     """``POST /v1/responses`` (``aotlm.serve.openai_responses``): the chat it asks for, answered in
     the Responses API's shape."""
-    chat = openai_responses.to_chat(body)
+    store = served.responses
+    if not isinstance(body, dict):
+        raise protocol.bad("the request body must be a JSON object")
+    chat = openai_responses.to_chat(body, response_store.history(store, body.get("previous_response_id")))
     model = check_model(served, chat.get("model")) or served.model_name
-    answer = openai_responses.Answer(body, model, int(time.time()))
+    keep = store is not None and body.get("store", True) is not False
+    answer = openai_responses.Answer(body, model, int(time.time()), stored=keep)
+    asked = chat["messages"][1:] if body.get("instructions") is not None else chat["messages"]
+
+    def done(response: dict, turn: dict) -> None:  # instructions are not carried over (OpenAI's rule)
+        if keep:
+            store.put(response, [*asked, turn])
+
     out = await chat_completions(served, chat, disconnected)
     if isinstance(out, Streamed):
-        return Streamed(openai_responses.events(answer, out.chunks), out.runs)
-    return answer.whole(out)
+        return Streamed(openai_responses.events(answer, out.chunks, done), out.runs)
+    response = answer.whole(out)
+    msg = out["choices"][0]["message"]
+    done(response, openai_responses.assistant_turn(msg.get("content") or "", msg.get("tool_calls") or []))
+    return response
 
 
 def chat_ids(served: Served, messages: list[dict], tools, more: extras.Extras) -> list[int]:

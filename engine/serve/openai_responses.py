@@ -2,8 +2,9 @@
 
 A request is read into a chat request and answered by ``/v1/chat/completions``' machinery (the chat
 template, sampling, structured outputs, tool calls, prefix reuse, LoRA), and its answer written back
-in the Responses shape; nothing is stored (``store`` is answered ``false``; ``previous_response_id``,
-``background`` and built-in tools are refused by name).
+in the Responses shape. Responses are stored unless ``store`` is false (``aotlm.serve.response_store``),
+so ``previous_response_id`` continues one; ``background``, ``conversation`` and built-in tools are
+refused by name.
 
 * ``input``: a string (one user message) or a list of items: messages (``{"role", "content"}``, the
   content a string or ``input_text`` / ``output_text`` parts; ``developer`` reads as ``system``),
@@ -28,7 +29,7 @@ from collections.abc import AsyncIterator
 
 from aotlm.serve.protocol import bad
 
-REFUSED = ("previous_response_id", "background", "conversation", "prompt")  # need stored state
+REFUSED = ("background", "conversation", "prompt")  # need state this server does not keep
 PASSED = ("model", "temperature", "top_p", "top_logprobs", "parallel_tool_calls", "stream", "user", "seed",
           "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop",
           "logit_bias", "ignore_eos", "min_tokens", "bad_words", "skip_special_tokens",
@@ -36,14 +37,15 @@ PASSED = ("model", "temperature", "top_p", "top_logprobs", "parallel_tool_calls"
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
-def to_chat(body: dict) -> dict:
-    """The chat request a Responses request asks for (a 400 naming what it cannot be)."""
+def to_chat(body: dict, history: list[dict] | None = None) -> dict:
+    """The chat request a Responses request asks for (a 400 naming what it cannot be); ``history``: the
+    conversation of its ``previous_response_id`` (chat messages), after the instructions."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     for name in REFUSED:
         if body.get(name) is not None:
             raise bad(
-                f"'{name}' needs stored responses, which this server does not keep; send the whole input",
+                f"'{name}' needs state this server does not keep; send the whole input",
                 name,
             )
     if body.get("reasoning") not in (None, {}) or body.get("truncation") not in (None, "disabled"):
@@ -54,7 +56,7 @@ def to_chat(body: dict) -> dict:
         if not isinstance(body["instructions"], str):
             raise bad("'instructions' must be a string", "instructions")
         messages.append({"role": "system", "content": body["instructions"]})
-    messages += _messages(body.get("input"))
+    messages += [*(history or []), *_messages(body.get("input"))]
     chat = {k: body[k] for k in PASSED if body.get(k) is not None}
     chat["messages"] = messages
     include = body.get("include") or []
@@ -183,10 +185,10 @@ def _call_item(call: dict) -> dict:
 class Answer:
     """One Responses request's answer shapes (id, creation time, what it echoes of the request)."""
 
-    def __init__(self, body: dict, model: str, created: int):
+    def __init__(self, body: dict, model: str, created: int, stored: bool = False):
         self.id, self.model, self.created = f"resp_{uuid.uuid4().hex}", model, created
         self.msg_id = f"msg_{uuid.uuid4().hex}"
-        self.body = body
+        self.body, self.stored = body, stored
 
     def response(self, output: list, status: str, use: dict | None) -> dict:
         b = self.body
@@ -199,7 +201,8 @@ class Answer:
             "parallel_tool_calls": b.get("parallel_tool_calls", True),
             "tool_choice": b.get("tool_choice", "auto"),
             "tools": b.get("tools") or [], "text": b.get("text") or {"format": {"type": "text"}},
-            "store": False, "previous_response_id": None, "reasoning": None, "truncation": "disabled",
+            "store": self.stored, "previous_response_id": b.get("previous_response_id"), "reasoning": None,
+            "truncation": "disabled",
             "metadata": b.get("metadata") or {}, "user": b.get("user"),
         }  # fmt: skip
 
@@ -224,8 +227,17 @@ class Answer:
         return self.response(output, "incomplete" if reason == "length" else "completed", chat.get("usage"))
 
 
-async def events(answer: Answer, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
-    """The Responses API's stream from a chat stream's SSE chunks (``stream_options.include_usage``)."""
+def assistant_turn(text: str, calls: list[dict]) -> dict:
+    """The answer as the chat message a later turn's history holds (calls in the chat's form)."""
+    if not calls:
+        return {"role": "assistant", "content": text}
+    calls = [{"id": c.get("id"), "type": "function", "function": c["function"]} for c in calls]
+    return {"role": "assistant", "content": text, "tool_calls": calls}
+
+
+async def events(answer: Answer, chunks: AsyncIterator[str], done=None) -> AsyncIterator[str]:
+    """The Responses API's stream from a chat stream's SSE chunks (``stream_options.include_usage``);
+    ``done(response, assistant_turn)`` is called with the final response before its event."""
     seq = iter(range(1 << 62))
 
     def event(kind: str, **fields) -> str:
@@ -287,4 +299,7 @@ async def events(answer: Answer, chunks: AsyncIterator[str]) -> AsyncIterator[st
         output.append(item)
         yield event("response.output_item.done", output_index=i, item=item)
     status = "incomplete" if reason == "length" else "completed"
-    yield event(f"response.{status}", response=answer.response(output, status, use))
+    final = answer.response(output, status, use)
+    if done is not None:
+        done(final, assistant_turn(text, calls))
+    yield event(f"response.{status}", response=final)

@@ -1,7 +1,8 @@
 """``POST /v1/responses`` (``aotlm.serve.openai_responses``): a Responses request becomes the chat it
 asks for (what reaches the engine is what ``/v1/chat/completions`` would submit), its answer comes back
 in the Responses shape the official ``openai`` client reads, whole or streamed, text or function calls;
-what needs stored state or other tools is refused by name."""
+what needs state the server does not keep or other tools is refused by name (stored responses and
+``previous_response_id``: test_response_store.py)."""
 
 from __future__ import annotations
 
@@ -79,8 +80,8 @@ def test_a_request_becomes_the_chat_it_asks_for():
 @pytest.mark.parametrize(
     ("body", "param", "message"),
     [
-        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id", "stored responses"),
-        ({"input": "hi", "background": True}, "background", "stored responses"),
+        ({"input": "hi", "background": True}, "background", "state this server does not keep"),
+        ({"input": "hi", "conversation": "conv_1"}, "conversation", "state this server does not keep"),
         ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning", "not supported"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
