@@ -5,12 +5,14 @@ working: the adapter reads HF's generation arguments (a ``GenerationConfig`` and
 arguments, with HF's defaults taken from the model config), takes and returns torch tensors,
 and routes greedy search, sampling, beam search and ``num_return_sequences`` to aotlm's
 in-graph implementations: no per-token host loop (transformers-neuronx's adapter called the
-device once per token through HF's loop). ``assistant_model`` (an aotlm model with the same tokenizer
-and batch size) is transformers' assisted generation as aotlm's speculative decoding, its rounds in
-the graph (``num_assistant_tokens`` proposals per round; the output is plain decoding's either way).
-``stop_strings`` (with ``tokenizer=``, as transformers
-asks) and ``max_time`` end rows through transformers' own ``StopStringCriteria`` / ``MaxTimeCriteria``,
-checked after each token like any ``stopping_criteria`` (the decode loop then runs one token per call).
+device once per token through HF's loop).
+
+``assistant_model`` (an aotlm model with the same tokenizer and batch size) is transformers' assisted
+generation as aotlm's speculative decoding, its rounds in the graph: ``num_assistant_tokens`` proposals
+a round, or the target's compiled ``speculation_length`` when it was built for others (the output is
+plain decoding's either way). ``stop_strings`` (with ``tokenizer=``, as transformers asks) and
+``max_time`` end rows through transformers' own ``StopStringCriteria`` / ``MaxTimeCriteria``, checked
+after each token like any ``stopping_criteria`` (the decode loop then runs one token per call).
 
 Batch rule: the transformers-neuronx guide asks for a compiled batch of ``runtime batch x
 num_return_sequences x num_beams`` rows. That product is always enough here; the exact need is
@@ -168,7 +170,8 @@ class HuggingFaceGenerationModelAdapter:
                 raise ValueError(
                     "assistant_model runs with greedy search or sampling, not beams (as transformers)"
                 )
-            call.update(draft_model=assistant, speculation_length=int(cfg.num_assistant_tokens or 20))
+            k, built = int(cfg.num_assistant_tokens or 20), self.model.strategies.speculation_length
+            call.update(draft_model=assistant, speculation_length=built[0] if built and k not in built else k)
         if nb > 1:
             beams = self._beam_search(ids, cfg, call, listeners, nb, nrs)
             out = beams.sequences
