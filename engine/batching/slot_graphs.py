@@ -118,8 +118,6 @@ def state_spec(slots: int, n_slots: int, vocab: int, sharding) -> SlotState:
         want=row(jnp.bool_),
         presence=row(jnp.float32),
         frequency=row(jnp.float32),
-        bias_ids=s((slots, sampling.MAX_LOGIT_BIAS), jnp.int32),
-        bias_val=s((slots, sampling.MAX_LOGIT_BIAS), jnp.float32),
         steps=s((), jnp.int32),
     )
 

@@ -159,6 +159,14 @@ def _config_value_ok(kind: str, v) -> bool:
     return v is None or isinstance(v, {"str": str, "bool": bool}[kind])
 
 
+VLLM_NAMES = (  # vLLM's flags for the shape options: (names, dest, type)
+    (("--max-model-len",), "n_positions", bucket_list),
+    (("--max-num-seqs",), "batch_size", int),
+    (("--tensor-parallel-size", "-tp"), "tp_degree", int),
+    (("--pipeline-parallel-size", "-pp"), "pp_degree", int),
+)
+
+
 def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
     """The shape options of ``compile``; ``checkpoint=False`` leaves out the positional model path."""
     if checkpoint:
@@ -168,26 +176,19 @@ def add_model_args(p: argparse.ArgumentParser, checkpoint: bool = True) -> None:
             default=None,
             help="checkpoint dir, training run dir or bundled name (default: the bundled model)",
         )
-    # the second names are vLLM's, so that its command lines run as they are
+    p.add_argument("--batch-size", type=int, default=None, help="compiled batch size (default 1; serve: 8)")
     p.add_argument(
-        "--batch-size", "--max-num-seqs", type=int, default=None,
-        help="compiled batch size (default 1; serve: 8 slots)",
-    )  # fmt: skip
-    p.add_argument(
-        "--n-positions", "--max-model-len", type=bucket_list, default=None,
+        "--n-positions", type=bucket_list, default=None,
         help="token-generation buckets, e.g. 64,128 (one number: powers of two up to it, the context)",
     )  # fmt: skip
     p.add_argument(
         "--context-length-estimate", type=bucket_list, default=None, help="context buckets, e.g. 16,32"
     )
-    p.add_argument(
-        "--tp-degree", "--tensor-parallel-size", "-tp", type=int, default=None,
-        help="tensor-parallel degree (default 1)",
-    )  # fmt: skip
-    p.add_argument(
-        "--pp-degree", "--pipeline-parallel-size", "-pp", type=int, default=None,
-        help="pipeline stages (default 1; pp x tp devices)",
-    )  # fmt: skip
+    p.add_argument("--tp-degree", type=int, default=None, help="tensor-parallel degree (default 1)")
+    p.add_argument("--pp-degree", type=int, default=None, help="pipeline stages (default 1; pp x tp devices)")
+    for names, dest, kind in VLLM_NAMES:  # so that a vLLM command line runs as it is
+        flag = "--" + dest.replace("_", "-")
+        p.add_argument(*names, dest=dest, type=kind, default=None, help=f"vLLM's name for {flag}")
     p.add_argument("--gqa", default=None, help="shard-over-heads | replicated-heads | shard-over-batch")
     p.add_argument("--amp", default=None, choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
     p.add_argument(

@@ -111,8 +111,9 @@ def emit(st: DecodeState, logits, slot, path: str | None = None) -> DecodeState:
     """
     logits = mask_eos(logits, st.eos, slot, st.min_end)
     tok, lp, top_ids, top_lp = sampling.select(
-        logits, st.params, st.seen, st.out, slot - 1, st.pos, st.want_logprobs, allow=st.allow, path=path
-    )
+        logits, st.params, st.seen, st.out, slot - 1, st.pos, st.want_logprobs, allow=st.allow,
+        sparse=(st.bias_ids, st.bias_val), path=path,
+    )  # fmt: skip
     live = ~st.done
     tok = jnp.where(live, tok, st.pad)
     b = tok.shape[0]
@@ -210,7 +211,7 @@ def decode(cfg, width: int, params, cache, state, replicated=None, group: int = 
             carry = c, st.replace(idx=jnp.where(jnp.all(st.done), last, st.idx))
         return lax.while_loop(cond, lambda c: step(c, path), carry)
 
-    fast = sampling.plain(state.params, state.want_logprobs, allow=state.allow)
+    fast = sampling.plain(state.params, state.want_logprobs, allow=state.allow, sparse=(state.bias_ids,))
     return lax.cond(fast, lambda: run("plain"), lambda: run("full"))
 
 
@@ -230,6 +231,8 @@ def sampler_fields(batch: int, n_slots: int, vocab: int, spec) -> dict:
         top_lp=spec((batch, n_slots, k), f32),
         seen=spec((batch, vocab), jnp.bool_),
         allow=spec((batch, sampling.mask_words(vocab)), jnp.uint32),
+        bias_ids=spec((batch, sampling.MAX_LOGIT_BIAS), i32),
+        bias_val=spec((batch, sampling.MAX_LOGIT_BIAS), f32),
         stop=spec((batch, MAX_STOPS, MAX_STOP_LEN), i32),
         eos=spec((MAX_EOS,), i32),
         pad=spec((), i32),

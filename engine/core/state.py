@@ -37,7 +37,9 @@ class SamplerState:
     ``tok [B]``: the token of slot ``idx`` (already recorded); ``done [B]``, ``reason [B]``
     (``graphs.FinishReason`` values); ``last [B]``: the last slot a row may write;
     ``allow [B, ceil(V/32)]`` uint32 the tokens a row may choose next (structured outputs:
-    a bitmask the host's grammar fills; all ones = unconstrained);
+    a bitmask the host's grammar fills; all ones = unconstrained); ``bias_ids [B, MAX_LOGIT_BIAS]``
+    (-1 padded) / ``bias_val``: a sparse bias added to the scores (OpenAI's ``logit_bias``,
+    transformers' ``sequence_bias``);
     ``out [B, S]`` the prompt then the tokens (-1 unwritten), ``logp [B, S]`` their
     log-probabilities, ``top_ids`` / ``top_lp [B, S, K]`` the alternatives; ``seen [B, V]``
     the ids a row has seen (repetition penalty); ``stop [B, MAX_STOPS, MAX_STOP_LEN]`` its stop
@@ -59,6 +61,8 @@ class SamplerState:
     top_lp: Array
     seen: Array
     allow: Array
+    bias_ids: Array
+    bias_val: Array
     stop: Array
     eos: Array
     pad: Array
@@ -95,8 +99,7 @@ class SlotState(SamplerState):
 
     Adds ``counts [B, V]`` (generated-token counts: OpenAI penalties), ``ignore_eos [B]``,
     ``want [B]`` (logprobs asked), ``presence`` / ``frequency [B]`` (OpenAI penalties),
-    ``bias_ids [B, MAX_LOGIT_BIAS]`` (-1 padded) / ``bias_val`` (OpenAI ``logit_bias``) and
-    ``steps []`` (decode steps of the next call). ``SHARED`` fields belong to the whole batch;
+    and ``steps []`` (decode steps of the next call). ``SHARED`` fields belong to the whole batch;
     the others (``row_fields()``) are what ``slot_insert`` copies into a row.
     """
 
@@ -105,8 +108,6 @@ class SlotState(SamplerState):
     want: Array
     presence: Array
     frequency: Array
-    bias_ids: Array
-    bias_val: Array
     steps: Array
 
     SHARED: ClassVar[tuple[str, ...]] = ("eos", "pad", "steps")

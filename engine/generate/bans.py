@@ -20,7 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 
 ALL_ONES = np.uint32(0xFFFFFFFF)
-FIELDS = ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids")
+# the per-call token settings of sample() (sequence_bias: aotlm.generate.sequence_bias)
+FIELDS = ("suppress_tokens", "begin_suppress_tokens", "bad_words_ids", "sequence_bias")
 
 
 def _token(t, name: str, vocab: int) -> int:

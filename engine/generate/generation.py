@@ -19,7 +19,7 @@ from aotlm.core import buckets as bk
 from aotlm.core import graphs, inputs, sampler_params, sampling, sharding
 from aotlm.core.contract import GraphHost
 from aotlm.core.state import DecodeState
-from aotlm.generate import bans, constraints
+from aotlm.generate import bans, constraints, sequence_bias
 from aotlm.generate.params import GenerationConfig
 from aotlm.generate.stopping import criteria_hit
 
@@ -177,6 +177,8 @@ def initial_state(
         top_lp=np.zeros((b, s, k), np.float32),
         seen=seen,
         allow=np.full((b, sampling.mask_words(v)), 0xFFFFFFFF, np.uint32),
+        bias_ids=np.full((b, sampling.MAX_LOGIT_BIAS), -1, np.int32),
+        bias_val=np.zeros((b, sampling.MAX_LOGIT_BIAS), np.float32),
         stop=stop_array(cfg.stop_sequences, n, b, v),
         idx=np.int32(p_len),
         first=np.int32(p_len),
@@ -240,10 +242,13 @@ def run(
     state.want_logprobs = np.bool_(want_dict)
     matchers = matchers or {}
     ban = bans.build(cfg, ids, mask, model.cfg.vocab_size, state.eos)
+    bias = sequence_bias.build(cfg, ids, mask, model.cfg.vocab_size, sampling.MAX_LOGIT_BIAS)
     allow = state.allow
     constraints.fill_rows(allow, matchers)
     if ban is not None:
         ban.apply(allow, first=True)
+    if bias is not None:
+        state.bias_ids, state.bias_val = bias.arrays(b)
     state = model.executable(("select",))(logits, model.put_tree(state))
     fetch = sharding.fetch
     first_tok = fetch(state.tok)  # waits for prefill + first token (the decode waits anyway)
@@ -251,10 +256,12 @@ def run(
     if streamer is not None:
         streamer.put(ids[:n])
         streamer.put(first_tok[:n])
-    refill = bool(matchers) or (ban is not None and ban.dynamic)  # masks that follow every token
+    refill = bool(matchers) or any(x is not None and x.dynamic for x in (ban, bias))  # follow every token
     listening = streamer is not None or bool(criteria) or refill
     stop, idx, done = int(last.max()), p_len, fetch(state.done)
     _advance(matchers, first_tok, np.zeros_like(done))
+    if bias is not None:
+        bias.advance(first_tok, np.zeros_like(done))
     if ban is not None:
         ban.advance(first_tok, np.zeros_like(done))
         if ban.begin is not None and not refill:  # the first token's own bans end with it
@@ -271,13 +278,16 @@ def run(
             if ban is not None:
                 ban.apply(allow, first=False, live=~done)
             state.allow = model.put(allow)
+            if bias is not None and bias.dynamic:
+                state.bias_ids, state.bias_val = map(model.put, bias.arrays(b))
         exe = model.executable(("decode", bk.decode_bucket(model.tg_buckets, idx)))
         model.cache, state = exe(model.params, model.cache, state)
         prev, was_done, idx, done = idx, done, int(fetch(state.idx)), fetch(state.done)
         if refill and idx > prev:
             _advance(matchers, fetch(state.tok), was_done)
-            if ban is not None:
-                ban.advance(fetch(state.tok), was_done)
+            for x in (ban, bias):
+                if x is not None:
+                    x.advance(fetch(state.tok), was_done)
         if streamer is not None and idx > prev:  # STREAM_CHUNK = 1: the rows' newest token (pad if done)
             streamer.put(fetch(state.tok)[:n])
         if criteria:

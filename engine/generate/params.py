@@ -45,7 +45,8 @@ GenerationConfig = _derived(
     ``max_length`` (prompt + new tokens) applies when neither ``max_new_tokens`` nor
     ``sequence_length`` is given; ``min_new_tokens`` / ``min_length`` mask the eos ids until
     reached (transformers' processors). ``suppress_tokens``, ``begin_suppress_tokens`` (token ids) and
-    ``bad_words_ids`` (token-id lists) ban tokens for every row (``aotlm.generate.bans``).
+    ``bad_words_ids`` (token-id lists) ban tokens for every row (``aotlm.generate.bans``);
+    ``sequence_bias`` (``[[token ids], bias]`` pairs) biases them (``aotlm.generate.sequence_bias``).
     """,
     [(p.hf, Any, dataclasses.field(default=p.default)) for p in sp.TABLE if p.hf],
     [
@@ -58,6 +59,7 @@ GenerationConfig = _derived(
         ("suppress_tokens", Any, dataclasses.field(default=None)),
         ("begin_suppress_tokens", Any, dataclasses.field(default=None)),
         ("bad_words_ids", Any, dataclasses.field(default=None)),
+        ("sequence_bias", Any, dataclasses.field(default=None)),
     ],
 )
 

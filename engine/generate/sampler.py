@@ -16,7 +16,7 @@ import numpy as np
 from aotlm.core import graphs, inputs, sampling
 from aotlm.core.model import locked
 from aotlm.core.spec import SpecAttributes
-from aotlm.generate import bans, generation, params, stopping
+from aotlm.generate import bans, generation, params, sequence_bias, stopping
 
 # what a transformers (torch) user reaches for on a model, and where it is here
 _TORCH_HABITS = {
@@ -110,6 +110,7 @@ class Sampler(SpecAttributes):
             if not getattr(self, "constrained_decoding", False):
                 raise ValueError(f"{', '.join(bans.FIELDS)}: not supported by {type(self).__name__}")
             bans.build(cfg, ids, mask, self.cfg.vocab_size, inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS))
+            sequence_bias.build(cfg, ids, mask, self.cfg.vocab_size, sampling.MAX_LOGIT_BIAS)
         want = bool(return_dict or cfg.top_logprobs)
         kw = {} if adapter is None else {"lora": self.adapter_rows(adapter, n)}  # each row's adapter slot
         if constraints is None:

@@ -44,7 +44,6 @@ _NO_OPS = {  # transformers' generation arguments with their no-op values
     "diversity_penalty": (0.0, None),
     "encoder_repetition_penalty": (1.0, None),
     "exponential_decay_length_penalty": (None,),
-    "sequence_bias": (None,),
     "guidance_scale": (None, 1.0),
     "low_memory": (None, False),
     "prompt_lookup_num_tokens": (None,),

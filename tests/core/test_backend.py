@@ -34,6 +34,7 @@ def runs(path, group: str, monkeypatch) -> list:
             ids, max_new_tokens=12, repetition_penalty=1.3, top_logprobs=2, return_dict=True
         ).top_logprobs
     )
+    out.append(m.sample(ids, max_new_tokens=12, sequence_bias=[[[7], 9.0]]))  # greedy with a bias
     toks = []
     m.sample(
         ids,
