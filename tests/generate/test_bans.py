@@ -5,31 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conformance import hf_generate, hf_model
+from token_rules import EOS, NEW, Prompts, model_pair
 
-from aotlm import AutoModelForSampling, HuggingFaceGenerationModelAdapter
+from aotlm import HuggingFaceGenerationModelAdapter
 from aotlm.generate import bans
 
-KW = dict(n_positions=[32, 64], context_length_estimate=[8, 16], compile_cache=False)
-NEW, EOS = 12, 2
-RNG = np.random.default_rng(4)
-IDS = RNG.integers(3, 101, (3, 6))
-MASK = np.ones_like(IDS)
-MASK[1, :2] = MASK[2, :1] = 0  # left padding: rows of 6, 4 and 5 tokens
-IDS = np.where(MASK > 0, IDS, 0)
+P = Prompts(4)
+IDS, MASK = P.ids, P.mask
+theirs, ours = P.theirs, P.ours
 
 
 @pytest.fixture(scope="module")
 def pair(llama_path):
-    return AutoModelForSampling.from_pretrained(llama_path, batch_size=3, **KW), hf_model(llama_path)
-
-
-def theirs(ref, **kw) -> np.ndarray:
-    return hf_generate(ref, IDS, NEW, MASK, eos=EOS, pad=0, **kw)
-
-
-def ours(model, **kw) -> np.ndarray:
-    return model.sample(IDS, attention_mask=MASK, max_new_tokens=NEW, eos_token_id=EOS, pad_token_id=0, **kw)
+    return model_pair(llama_path)
 
 
 def test_bans_equal_transformers(pair):
