@@ -86,14 +86,11 @@ def cutoff_mask(t, keep, epsilon, eta):
     """Epsilon then eta sampling over the tokens ``keep [B,V]`` leaves (rows whose cutoff is off
     keep them)."""
     top = jnp.max(jnp.where(keep, t, NEG), -1, keepdims=True)
-
-    def cut(keep, threshold):
-        _, logq = _entropy_terms(jnp.where(keep, t, NEG))
-        return keep & ((jnp.exp(logq) >= threshold[:, None]) | (t >= top))
-
+    cut = lambda keep, logq, bound: keep & ((jnp.exp(logq) >= bound[:, None]) | (t >= top))
     use_e, use_eta = active_cutoff(epsilon), active_cutoff(eta)
-    keep = jnp.where(use_e[:, None], cut(keep, epsilon), keep)
-    terms, _ = _entropy_terms(jnp.where(keep, t, NEG))
-    ent = jnp.sum(terms, -1)
+    _, logq = _entropy_terms(jnp.where(keep, t, NEG))
+    keep = jnp.where(use_e[:, None], cut(keep, logq, epsilon), keep)
+    terms, logq = _entropy_terms(jnp.where(keep, t, NEG))  # what epsilon left, renormalized
     safe = jnp.where(use_eta, eta, 0.0)
-    return jnp.where(use_eta[:, None], cut(keep, jnp.minimum(safe, jnp.sqrt(safe) * jnp.exp(-ent))), keep)
+    bound = jnp.minimum(safe, jnp.sqrt(safe) * jnp.exp(-jnp.sum(terms, -1)))
+    return jnp.where(use_eta[:, None], cut(keep, logq, bound), keep)

@@ -69,9 +69,21 @@ def _set(mask: np.ndarray, tokens) -> None:
         mask[..., t // 32] |= np.uint32(1 << (t % 32))
 
 
+def ends_with(history: Sequence[int], prefix: tuple[int, ...]) -> bool:
+    """Whether ``history`` ends with ``prefix`` (a sequence's tokens but its last)."""
+    return len(history) >= len(prefix) and tuple(history[len(history) - len(prefix) :]) == prefix
+
+
 def _completing(history: Sequence[int], words) -> list[int]:
     """The last tokens of the ``words`` (several tokens each) whose other tokens end ``history``."""
-    return [s[-1] for s in words if tuple(history[len(history) - len(s) + 1 :]) == s[:-1]]
+    return [s[-1] for s in words if ends_with(history, s[:-1])]
+
+
+def extend(histories: list[list[int]], tokens: np.ndarray, done: np.ndarray) -> None:
+    """Each row that was live (not ``done``) gets its newest token."""
+    for r, hist in enumerate(histories):
+        if not done[r]:
+            hist.append(int(tokens[r]))
 
 
 class Bans:
@@ -110,9 +122,7 @@ class Bans:
     def advance(self, tokens: np.ndarray, done: np.ndarray) -> None:
         """Each row that was live gets its newest token."""
         if self.longer:
-            for r, hist in enumerate(self.histories):
-                if not done[r]:
-                    hist.append(int(tokens[r]))
+            extend(self.histories, tokens, done)
 
 
 def build(cfg, ids: np.ndarray, mask: np.ndarray, vocab: int, eos_ids) -> Bans | None:

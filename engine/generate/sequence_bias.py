@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from aotlm.generate import bans
+
 FIELD = "sequence_bias"
 
 
@@ -73,7 +75,7 @@ class SequenceBias:
             hist = self.histories[min(r, len(self.histories) - 1)]
             total = dict(self.single)
             for seq, bias in self.longer:
-                if len(hist) >= len(seq) - 1 and tuple(hist[len(hist) - len(seq) + 1 :]) == seq[:-1]:
+                if bans.ends_with(hist, seq[:-1]):
                     total[seq[-1]] = total.get(seq[-1], 0.0) + bias
             ids[r, : len(total)], vals[r, : len(total)] = list(total), list(total.values())
         return ids, vals
@@ -81,9 +83,7 @@ class SequenceBias:
     def advance(self, tokens: np.ndarray, done: np.ndarray) -> None:
         """Each row that was live gets its newest token."""
         if self.longer:
-            for r, hist in enumerate(self.histories):
-                if not done[r]:
-                    hist.append(int(tokens[r]))
+            bans.extend(self.histories, tokens, done)
 
 
 def build(cfg, ids: np.ndarray, mask: np.ndarray, vocab: int, width: int) -> SequenceBias | None:

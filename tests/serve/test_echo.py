@@ -12,7 +12,7 @@ import numpy as np
 import openai
 import pytest
 from conformance import hf_model
-from http_server import serving
+from http_server import tiny_engine_server
 from scripted import ScriptedEngine
 from starlette.testclient import TestClient
 from textkit import make_text_checkpoint
@@ -22,22 +22,19 @@ from aotlm.batching.engine import Engine
 from aotlm.serve import echo
 from aotlm.serve.app import create_app
 from aotlm.serve.structured import FieldError
-from aotlm.text.tokens import eos_ids, tokenizer_for
+from aotlm.text.tokens import tokenizer_for
 
 TEXT = "the cat sat on the mat and the dog"
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    root = tmp_path_factory.mktemp("echo")
-    ckpt = make_text_checkpoint(root / "gpt2", family="gpt2")
-    tok = tokenizer_for(ckpt)
-    kw = dict(batch_size=2, n_positions=64, context_length_estimate=[16], compile_cache=str(root / "cc"))
-    model = AutoModelForSampling.from_pretrained(ckpt, continuous_batching=True, prompt_logprobs=True, **kw)
-    engine = Engine(model.compile(), eos_token_id=eos_ids(ckpt, model.hf_config, tok)).start()
-    with serving(create_app(engine, tok, "m")) as url:
+    with tiny_engine_server(tmp_path_factory.mktemp("echo"), "gpt2", prompt_logprobs=True) as (
+        url,
+        ckpt,
+        tok,
+    ):
         yield url, tok, hf_model(ckpt)
-    engine.shutdown(timeout=5)
 
 
 def post(url: str, body: dict) -> httpx.Response:

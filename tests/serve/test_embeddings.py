@@ -12,14 +12,12 @@ import numpy as np
 import openai
 import pytest
 from conformance import hf_model
-from http_server import serving
+from http_server import tiny_engine_server
 from starlette.testclient import TestClient
-from textkit import make_text_checkpoint
 
 from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.batching.engine import Engine
 from aotlm.serve.app import create_app
-from aotlm.text.tokens import eos_ids, tokenizer_for
 
 SHORT, LONG = "the cat sat", "the cat sat on the mat and then the dog"  # 11 and 37 tokens
 
@@ -27,19 +25,11 @@ SHORT, LONG = "the cat sat", "the cat sat on the mat and then the dog"  # 11 and
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     root = tmp_path_factory.mktemp("embed")
-    ckpt = make_text_checkpoint(root / "llama", family="llama")
-    tok = tokenizer_for(ckpt)
-    kw = dict(batch_size=2, n_positions=64, context_length_estimate=[16], compile_cache=str(root / "cc"))
-    model = AutoModelForSampling.from_pretrained(
-        ckpt, continuous_batching=True, embeddings=True, **kw
-    ).compile()
-    engine = Engine(model, eos_token_id=eos_ids(ckpt, model.hf_config, tok)).start()
-    ref = AutoModelForSampling.from_pretrained(
-        ckpt, batch_size=1, n_positions=64, compile_cache=str(root / "cc")
-    )
-    with serving(create_app(engine, tok, "m")) as url:
+    with tiny_engine_server(root, "llama", embeddings=True) as (url, ckpt, tok):
+        ref = AutoModelForSampling.from_pretrained(
+            ckpt, batch_size=1, n_positions=64, compile_cache=str(root / "cc")
+        )
         yield url, tok, hf_model(ckpt), ref, ckpt
-    engine.shutdown(timeout=5)
 
 
 def last_hidden(hf, ids: list[int]) -> np.ndarray:
