@@ -6,7 +6,8 @@ the modules here add their own kinds, all compiled and cached through ``model.ex
 * ``aotlm.generate.broadcast``: ``gather`` (copy KV-cache rows), ``bprefill`` (prefill of
   ``prompt_batch_size`` rows) for ``num_return_sequences`` and beam search;
 * ``aotlm.generate.beam``: ``beam_init``, ``beam`` per token bucket;
-* ``aotlm.generate.speculative``: ``spec`` (target + draft rounds in one loop) per pair of bucket widths.
+* ``aotlm.generate.speculative``: ``spec`` (target + draft rounds in one loop) per pair of bucket widths;
+* ``aotlm.generate.lookup``: ``lookup`` (prompt lookup rounds, no draft) per token bucket.
 
 Graphs a model was built for (``prompt_batch_size=``, ``num_beams=`` in ``from_pretrained``)
 are listed by ``graph_keys()`` and compiled by ``compile()``; the speculative ones depend on the
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from aotlm.core import inputs
-from aotlm.generate import beam, broadcast, speculative
+from aotlm.generate import beam, broadcast, lookup, speculative
 from aotlm.generate.params import PER_ROW_FIELDS as PER_ROW
 from aotlm.generate.strategies import StrategyHost
 
@@ -33,6 +34,7 @@ KINDS = {  # graph kind -> the module that lowers it
     "beam_init": beam,
     "beam": beam,
     "spec": speculative,
+    "lookup": lookup,
 }
 
 
@@ -96,7 +98,8 @@ def _broadcast_rows(model: StrategyHost, args: tuple, kwargs: dict) -> int:
 
 
 def routed(sample):
-    """Decorator for ``sample``: ``num_return_sequences``, ``num_beams``, ``draft_model``."""
+    """Decorator for ``sample``: ``num_return_sequences``, ``num_beams``, ``draft_model``,
+    ``prompt_lookup_num_tokens``."""
     sig = inspect.signature(sample)
 
     @functools.wraps(sample)
@@ -109,6 +112,8 @@ def routed(sample):
         early_stopping: bool | str = False,
         draft_model=None,
         speculation_length: int | None = None,
+        prompt_lookup_num_tokens: int | None = None,
+        max_matching_ngram_size: int | None = None,
         **kwargs,
     ):
         if num_return_sequences is None:
@@ -118,10 +123,18 @@ def routed(sample):
             and speculation_length is None
             and num_beams == 1
             and num_return_sequences == 1
+            and prompt_lookup_num_tokens is None
         ):
+            if max_matching_ngram_size is not None:
+                raise ValueError(
+                    "max_matching_ngram_size is prompt lookup's: give prompt_lookup_num_tokens too"
+                )
             return sample(model, *args, **kwargs)
-        if kwargs.get("adapter") is not None and (num_beams > 1 or draft_model or speculation_length):
-            raise ValueError("LoRA adapters (adapter=) run without num_beams or a draft model")
+        drafted = (
+            draft_model is not None or speculation_length is not None or prompt_lookup_num_tokens is not None
+        )
+        if kwargs.get("adapter") is not None and (num_beams > 1 or drafted):
+            raise ValueError("LoRA adapters (adapter=) run without num_beams, a draft model or prompt lookup")
         if kwargs.get("constraints") is not None:
             why = (
                 "constraints (structured outputs) run without num_beams, num_return_sequences > 1 or a draft"
@@ -136,9 +149,15 @@ def routed(sample):
         if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
             raise ValueError(f"num_return_sequences must be an int >= 1, got {num_return_sequences!r}")
         with model.lock:
+            if drafted and (num_beams != 1 or num_return_sequences != 1):
+                raise ValueError("speculative decoding runs without num_beams / num_return_sequences")
+            if prompt_lookup_num_tokens is not None:
+                if draft_model is not None or speculation_length is not None:
+                    raise ValueError("give a draft_model or prompt_lookup_num_tokens, not both")
+                return lookup.sample_with_lookup(
+                    model, prompt_lookup_num_tokens, max_matching_ngram_size, call
+                )
             if draft_model is not None or speculation_length is not None:
-                if num_beams != 1 or num_return_sequences != 1:
-                    raise ValueError("speculative decoding runs without num_beams / num_return_sequences")
                 return speculative.sample_with_draft(model, draft_model, speculation_length, call)
             if num_beams > 1:
                 return beam.sample(

@@ -159,7 +159,7 @@ class PipelineForSampling(Sampler):
         """``Sampler.sample`` (``CausalLMForSampling.sample``'s arguments and output) on the stages;
         the strategies that need graphs of their own are refused."""
         refused = {"num_return_sequences": (None, 1), "num_beams": (1,), "draft_model": (None,),
-                   "speculation_length": (None,)}  # fmt: skip
+                   "speculation_length": (None,), "prompt_lookup_num_tokens": (None,)}  # fmt: skip
         for name, ok in refused.items():
             if kwargs.pop(name, ok[0]) not in ok:
                 raise ValueError(f"{name} is not supported with pp_degree > 1 yet; use a pp_degree=1 model")

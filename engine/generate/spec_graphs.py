@@ -107,7 +107,9 @@ def propose(cfg, k: int, width: int, params, cache, st, replicated=None):
 
 def verify(cfg, k: int, width: int, params, cache, st, drafts, logq, replicated=None):
     """The target's tokens ``t [B, k+1]`` and acceptance ``a [B]`` for ``[last, drafts]``
-    (greedy rows: leading ``d_j == argmax``; sampled rows: the rejection rule above)."""
+    (greedy rows: leading ``d_j == argmax``; sampled rows: the rejection rule above). ``logq``
+    None: the proposals are not drawn (prompt lookup), ``q`` is a point mass on each, so ``d_j``
+    is kept with probability ``p(d_j)`` and a rejection draws from ``p`` without ``d_j``."""
     sp = st["sp"]
     tokens = jnp.concatenate([st["last"][:, None], drafts], 1)
     positions = st["pos"][:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
@@ -120,24 +122,35 @@ def verify(cfg, k: int, width: int, params, cache, st, drafts, logq, replicated=
     def sampled(_):
         logp = _logprobs(lg, sp)  # [B, k+1, V]
         pd = jnp.take_along_axis(logp[:, :k], drafts[..., None], 2)[..., 0]
-        qd = jnp.take_along_axis(logq, drafts[..., None], 2)[..., 0]
+        qd = jnp.zeros_like(pd) if logq is None else jnp.take_along_axis(logq, drafts[..., None], 2)[..., 0]
         u = jax.vmap(lambda j: _u(sp, positions[:, j] + 1, st["rnd"], ACCEPT), out_axes=1)(jnp.arange(k))
         ok = u < jnp.exp(jnp.minimum(pd - qd, 0.0))
         a = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), 1), 1)
         p_a = jnp.exp(jnp.take_along_axis(logp, a[:, None, None], 1)[:, 0])
-        q_pad = jnp.concatenate([jnp.exp(logq), jnp.zeros_like(p_a)[:, None]], 1)  # bonus: q = 0
-        resid = jnp.maximum(p_a - jnp.take_along_axis(q_pad, a[:, None, None], 1)[:, 0], 0.0)
+        resid = jnp.maximum(p_a - _q_at(drafts, logq, a, p_a), 0.0)
         resid = jnp.where(jnp.sum(resid, -1, keepdims=True) > 0, resid, p_a)
         pos_a = jnp.take_along_axis(positions, a[:, None], 1)[:, 0] + 1
         corr = sampling.draw(resid, _u(sp, pos_a, st["rnd"], RESIDUAL))
         j = jnp.arange(k + 1)[None, :]
-        d_pad = jnp.concatenate([drafts, drafts[:, :1]], 1)
+        d_pad = jnp.concatenate([drafts, jnp.zeros((drafts.shape[0], 1), drafts.dtype)], 1)
         return jnp.where(j < a[:, None], d_pad, corr[:, None]).astype(jnp.int32), a
 
     t_s, a_s = lax.cond(jnp.any(samp), sampled, lambda _: (t_g, a_g), None)
     t = jnp.where(samp[:, None], t_s, t_g)
     a = jnp.where(samp, a_s, a_g)
     return cache, t, a.astype(jnp.int32)
+
+
+def _q_at(drafts, logq, a, like):
+    """The proposal distribution at each row's first rejected draft ``a`` (after all ``k``: zero,
+    the bonus token is drawn from ``p``)."""
+    if logq is None:  # point masses on the drafts; index -1 (the bonus) is all zeros
+        d_pad = jnp.concatenate([drafts, jnp.full((drafts.shape[0], 1), -1, drafts.dtype)], 1)
+        return jax.nn.one_hot(
+            jnp.take_along_axis(d_pad, a[:, None], 1)[:, 0], like.shape[-1], dtype=like.dtype
+        )
+    q_pad = jnp.concatenate([jnp.exp(logq), jnp.zeros_like(like)[:, None]], 1)
+    return jnp.take_along_axis(q_pad, a[:, None, None], 1)[:, 0]
 
 
 def commit(st, t, a, k: int, capacity: int):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -167,73 +168,123 @@ class SpeculativeGenerator:
     ):
         t, d, k = self.target, self.draft, self.k
         ids, mask, n = t.prepare(input_ids, attention_mask, start_ids)
-        b, plen = ids.shape
-        budget = np.zeros(b, np.int32)  # per row; padding rows are done at once
-        budget[:n] = t.token_budget(plen, n, max_new_tokens, sequence_length)
-        new = int(budget.max())
-        s = min(t.n_positions, d.n_positions)
-        if plen + new + k - 1 > s:
-            raise ValueError(
-                f"prompt ({plen}) + max_new_tokens ({new}) + speculation_length ({k}) - 1 = "
-                f"{plen + new + k - 1} exceeds n_positions={s} (a verify call writes k+1 slots); "
-                "shorten the request or raise n_positions"
-            )
-        eos = inputs.eos_ids(eos_token_id, sg.MAX_EOS)
-        pad = pad if pad is not None else (int(eos[0]) if eos[0] >= 0 else 0)
-        cfg = params.GenerationConfig(**skw)
-        sp = sampler_params.row_params(generation.sampling_params(cfg, n, b))
-        logits, positions = t.encode(ids, mask)
+        req = begin(
+            t,
+            k,
+            min(t.n_positions, d.n_positions),
+            ids,
+            mask,
+            n,
+            (max_new_tokens, sequence_length),
+            eos_token_id,
+            pad,
+            skw,
+        )
         d.encode(ids, mask)
-        # the first token: the target's own select graph (same token as target.sample, same seed)
-        state = generation.initial_state(t, ids, mask, positions, n, np.full(b, plen + new - 1), cfg)
-        first = sharding.fetch(t.executable(("select",))(logits, t.put_tree(state)).tok).astype(np.int32)
-        out = np.zeros((b, s), np.int32)
-        out[:, 0] = first
-        done = np.isin(first, eos[eos >= 0]) | (budget <= 1)
-        done[n:] = True
-        st = {
-            "last": first,
-            "pos": (positions.max(1) + 1).astype(np.int32),
-            "n_out": np.ones(b, np.int32),
-            "budget": budget,
-            "idx": np.int32(plen),
-            "rnd": np.int32(0),
-            "limit": np.int32(s),
-            "proposed": np.int32(0),
-            "accepted": np.int32(0),
-            "uneven": np.int32(0),
-            "done": done,
-            "out": out,
-            "eos": eos.astype(np.int32),
-            "sp": sp,
-        }
-        st = t.put_tree(st)
-        idx, calls = plen, 0
-        while not done.all():
+
+        def call(idx: int, st):
             wt, wd = bk.decode_bucket(t.tg_buckets, idx + k), bk.decode_bucket(d.tg_buckets, idx + k)
-            exe = t.executable(("spec", k, wt, wd, self.tag))
-            t.cache, d.cache, st = exe(t.params, t.cache, d.params, d.cache, st)
-            calls += 1
-            new_idx, done = int(sharding.fetch(st["idx"])), sharding.fetch(st["done"])
-            if new_idx == idx and not done.all():  # pragma: no cover - guarded by the length check
-                raise RuntimeError(f"speculative decoding made no progress at slot {idx}")
-            idx = new_idx
-        host = {
-            key: sharding.fetch(st[key]) for key in ("out", "n_out", "rnd", "proposed", "accepted", "uneven")
-        }
-        proposed, accepted = int(host["proposed"]), int(host["accepted"])
-        self.stats = {
-            "rounds": int(host["rnd"]),
-            "proposed": proposed,
-            "accepted": accepted,
-            "acceptance": accepted / proposed if proposed else 0.0,
-            "uneven_rounds": int(host["uneven"]),  # rounds where rows kept different numbers of tokens
-            "slots": idx - plen,
-            "graph_calls": calls,
-        }
-        n_out = host["n_out"][:n]
-        gen = np.where(np.arange(s)[None, :] < n_out[:, None], host["out"][:n], pad)[:, : int(n_out.max())]
-        return np.concatenate([ids[:n].astype(np.int64), gen.astype(np.int64)], axis=1)
+            t.cache, d.cache, st = t.executable(("spec", k, wt, wd, self.tag))(
+                t.params, t.cache, d.params, d.cache, st
+            )
+            return st
+
+        out, self.stats = rounds(t, req, call)
+        return out
+
+
+@dataclass
+class Request:
+    """One speculative request after its prompt is encoded: the prompt rows ``ids`` (``n`` real),
+    the loop state on the device (``st``, first token chosen), the pad id, and ``skip``: the
+    columns of ``st["out"]`` before the generated tokens (the prompt, where proposals read it)."""
+
+    ids: np.ndarray
+    n: int
+    pad: int
+    st: dict
+    skip: int
+
+
+def begin(
+    t, k: int, s: int, ids, mask, n: int, lengths: tuple, eos_token_id, pad, skw, history=False
+) -> Request:
+    """Check the request against ``s`` slots, encode the prompt in the target, pick the first token
+    with its ``select`` graph (the token ``t.sample`` gives) and build the round loop's state.
+    ``history``: ``st["out"]`` starts with the prompt (left padding as -1), its budgets counted
+    from there, so that proposals can read the whole sequence."""
+    b, plen = ids.shape
+    budget = np.zeros(b, np.int32)  # per row; padding rows are done at once
+    budget[:n] = t.token_budget(plen, n, *lengths)
+    new = int(budget.max())
+    if plen + new + k - 1 > s:
+        raise ValueError(
+            f"prompt ({plen}) + max_new_tokens ({new}) + speculation_length ({k}) - 1 = "
+            f"{plen + new + k - 1} exceeds n_positions={s} (a verify call writes k+1 slots); "
+            "shorten the request or raise n_positions"
+        )
+    eos = inputs.eos_ids(eos_token_id, sg.MAX_EOS)
+    pad = pad if pad is not None else (int(eos[0]) if eos[0] >= 0 else 0)
+    cfg = params.GenerationConfig(**skw)
+    sp = sampler_params.row_params(generation.sampling_params(cfg, n, b))
+    logits, positions = t.encode(ids, mask)
+    state = generation.initial_state(t, ids, mask, positions, n, np.full(b, plen + new - 1), cfg)
+    first = sharding.fetch(t.executable(("select",))(logits, t.put_tree(state)).tok).astype(np.int32)
+    skip = plen if history else 0
+    out = np.zeros((b, s), np.int32)
+    if history:
+        out[:, :plen] = np.where(mask > 0, ids, -1)
+    out[:, skip] = first
+    done = np.isin(first, eos[eos >= 0]) | (budget <= 1)
+    done[n:] = True
+    st = {
+        "last": first,
+        "pos": (positions.max(1) + 1).astype(np.int32),
+        "n_out": np.full(b, skip + 1, np.int32),
+        "budget": budget + skip,
+        "idx": np.int32(plen),
+        "rnd": np.int32(0),
+        "limit": np.int32(s),
+        "proposed": np.int32(0),
+        "accepted": np.int32(0),
+        "uneven": np.int32(0),
+        "done": done,
+        "out": out,
+        "eos": eos.astype(np.int32),
+        "sp": sp,
+    }
+    return Request(ids, n, pad, t.put_tree(st), skip)
+
+
+def rounds(t, req: Request, call) -> tuple[np.ndarray, dict]:
+    """Run ``call(idx, st) -> st`` (one graph call: rounds until a bucket edge or every row is
+    done) until every row is done; returns ``sample()``'s output (prompt + tokens, finished rows
+    padded) and the acceptance stats."""
+    st, idx, calls = req.st, int(req.ids.shape[1]), 0
+    done = sharding.fetch(st["done"])
+    while not done.all():
+        st = call(idx, st)
+        calls += 1
+        new_idx, done = int(sharding.fetch(st["idx"])), sharding.fetch(st["done"])
+        if new_idx == idx and not done.all():  # pragma: no cover - guarded by the length check
+            raise RuntimeError(f"speculative decoding made no progress at slot {idx}")
+        idx = new_idx
+    host = {key: sharding.fetch(st[key]) for key in ("out", "n_out", "rnd", "proposed", "accepted", "uneven")}
+    proposed, accepted = int(host["proposed"]), int(host["accepted"])
+    stats = {
+        "rounds": int(host["rnd"]),
+        "proposed": proposed,
+        "accepted": accepted,
+        "acceptance": accepted / proposed if proposed else 0.0,
+        "uneven_rounds": int(host["uneven"]),  # rounds where rows kept different numbers of tokens
+        "slots": idx - int(req.ids.shape[1]),
+        "graph_calls": calls,
+    }
+    n, skip = req.n, req.skip
+    n_out = host["n_out"][:n] - skip
+    got = host["out"][:n, skip:]
+    gen = np.where(np.arange(got.shape[1])[None, :] < n_out[:, None], got, req.pad)[:, : int(n_out.max())]
+    return np.concatenate([req.ids[:n].astype(np.int64), gen.astype(np.int64)], axis=1), stats
 
 
 def sample_with_draft(target: StrategyHost, draft: StrategyHost | None, k, call: dict):

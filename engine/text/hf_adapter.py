@@ -10,9 +10,11 @@ device once per token through HF's loop).
 ``assistant_model`` (an aotlm model with the same tokenizer and batch size) is transformers' assisted
 generation as aotlm's speculative decoding, its rounds in the graph: ``num_assistant_tokens`` proposals
 a round, or the target's compiled ``speculation_length`` when it was built for others (the output is
-plain decoding's either way). ``stop_strings`` (with ``tokenizer=``, as transformers asks) and
-``max_time`` end rows through transformers' own ``StopStringCriteria`` / ``MaxTimeCriteria``, checked
-after each token like any ``stopping_criteria`` (the decode loop then runs one token per call).
+plain decoding's either way); ``prompt_lookup_num_tokens`` (with ``max_matching_ngram_size``) takes the
+proposals from the sequence's own earlier n-grams instead (``aotlm.generate.lookup``). ``stop_strings``
+(with ``tokenizer=``, as transformers asks) and ``max_time`` end rows through transformers' own
+``StopStringCriteria`` / ``MaxTimeCriteria``, checked after each token like any ``stopping_criteria``
+(the decode loop then runs one token per call).
 
 Batch rule: the transformers-neuronx guide asks for a compiled batch of ``runtime batch x
 num_return_sequences x num_beams`` rows. That product is always enough here; the exact need is
@@ -46,7 +48,6 @@ _NO_OPS = {  # transformers' generation arguments with their no-op values
     "exponential_decay_length_penalty": (None,),
     "guidance_scale": (None, 1.0),
     "low_memory": (None, False),
-    "prompt_lookup_num_tokens": (None,),
     # what would change the output, or its promises, if dropped: refused, never ignored
     "token_healing": (None, False),
     "watermarking_config": (None,),
@@ -80,6 +81,8 @@ SUPPORTED = (
     "max_time",
     "assistant_model",
     "num_assistant_tokens",
+    "prompt_lookup_num_tokens",
+    "max_matching_ngram_size",
     *bans.FIELDS,
 )
 
@@ -164,13 +167,7 @@ class HuggingFaceGenerationModelAdapter:
             if getattr(cfg, name, None):
                 call[name] = int(getattr(cfg, name))
         call.update({k: getattr(cfg, k) for k in bans.FIELDS if getattr(cfg, k, None) is not None})
-        if assistant is not None:  # transformers' assisted generation: aotlm's speculative decoding
-            if nb > 1:
-                raise ValueError(
-                    "assistant_model runs with greedy search or sampling, not beams (as transformers)"
-                )
-            k, built = int(cfg.num_assistant_tokens or 20), self.model.strategies.speculation_length
-            call.update(draft_model=assistant, speculation_length=built[0] if built and k not in built else k)
+        call.update(self._assisted(cfg, assistant, nb))
         if nb > 1:
             beams = self._beam_search(ids, cfg, call, listeners, nb, nrs)
             out = beams.sequences
@@ -187,6 +184,22 @@ class HuggingFaceGenerationModelAdapter:
             scores = torch.from_numpy(np.array(beams.sequences_scores)) if cfg.output_scores else None
             return GenerateBeamDecoderOnlyOutput(sequences=sequences, sequences_scores=scores)
         return GenerateDecoderOnlyOutput(sequences=sequences)
+
+    def _assisted(self, cfg, assistant, nb: int) -> dict:
+        """transformers' assisted generation as aotlm's speculative rounds: ``assistant_model`` (a
+        draft) or ``prompt_lookup_num_tokens`` (proposals from the sequence's own n-grams)."""
+        lookup = getattr(cfg, "prompt_lookup_num_tokens", None)
+        if assistant is None and lookup is None:
+            return {}
+        if nb > 1:
+            what = "assistant_model" if assistant is not None else "prompt_lookup_num_tokens"
+            raise ValueError(f"{what} runs with greedy search or sampling, not beams (as transformers)")
+        if lookup is not None:
+            if assistant is not None:
+                raise ValueError("give assistant_model or prompt_lookup_num_tokens, not both")
+            return dict(prompt_lookup_num_tokens=lookup, max_matching_ngram_size=cfg.max_matching_ngram_size)
+        k, built = int(cfg.num_assistant_tokens or 20), self.model.strategies.speculation_length
+        return dict(draft_model=assistant, speculation_length=built[0] if built and k not in built else k)
 
     def _check_rows(self, n: int, nb: int, nrs: int) -> None:
         rows = n * nb if nb > 1 else n * nrs

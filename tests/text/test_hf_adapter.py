@@ -147,6 +147,28 @@ def test_assistant_model_is_speculative_decoding(adapter, gpt2_path):
         adapter.generate(ids, max_new_tokens=2, num_beams=2, assistant_model=draft)
 
 
+def test_prompt_lookup_is_transformers_prompt_lookup(adapter, gpt2_path):
+    """``prompt_lookup_num_tokens``: transformers' prompt lookup decoding, the same greedy tokens."""
+    ids = torch.tensor([[3, 14, 15, 92, 65, 3, 14, 15, 92, 65, 3, 14]])
+    for lookup in (
+        dict(prompt_lookup_num_tokens=3),
+        dict(prompt_lookup_num_tokens=2, max_matching_ngram_size=1),
+    ):
+        with torch.no_grad():
+            want = hf_model(gpt2_path).generate(
+                ids, max_new_tokens=12, do_sample=False, pad_token_id=0, **lookup
+            )
+        adapter.model.last_speculative_stats = None
+        torch.testing.assert_close(adapter.generate(ids, max_new_tokens=12, pad_token_id=0, **lookup), want)
+        assert adapter.model.last_speculative_stats["proposed"] >= 1  # the lookup's rounds ran
+    with pytest.raises(
+        ValueError, match="prompt_lookup_num_tokens runs with greedy search or sampling, not beams"
+    ):
+        adapter.generate(ids, max_new_tokens=2, num_beams=2, prompt_lookup_num_tokens=3)
+    with pytest.raises(ValueError, match="not both"):
+        adapter.generate(ids, max_new_tokens=2, prompt_lookup_num_tokens=3, assistant_model=adapter)
+
+
 def test_top_h_and_epsilon_sampling_apply(adapter):
     """transformers' Top-H and epsilon warpers: narrow enough that only the likeliest token of each
     step survives, the sampled tokens are the greedy ones (plain sampling's are not)."""

@@ -1,0 +1,188 @@
+"""Prompt lookup decoding: transformers' candidates, plain decoding's output, the rounds on device."""
+
+import numpy as np
+import pytest
+import torch
+from compile_counter import count_compiles
+from conformance import hf_model
+
+from aotlm import AutoModelForSampling
+from aotlm.generate import lookup
+
+KW = dict(batch_size=3, n_positions=[32, 64], context_length_estimate=32)
+
+
+@pytest.fixture(scope="module")
+def model(llama_path, tmp_path_factory):
+    return AutoModelForSampling.from_pretrained(
+        llama_path, compile_cache=tmp_path_factory.mktemp("lookup_cache"), **KW
+    )
+
+
+def _transformers_candidates(seq, k: int, ngram: int) -> list[int]:
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    gen = PromptLookupCandidateGenerator(
+        num_output_tokens=k, max_matching_ngram_size=ngram, max_length=10_000
+    )
+    out, _ = gen.get_candidates(torch.tensor([seq]))
+    return out[0, len(seq) :].tolist()
+
+
+def test_proposals_are_transformers_candidates():
+    rng = np.random.default_rng(3)
+    width, tried, found = 40, 0, 0
+    for _ in range(60):
+        k, ngram = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        rows = [rng.integers(0, 4, int(rng.integers(1, 30))).tolist() for _ in range(3)]
+        hist = np.full((3, width), 7, np.int32)  # past each row's end: never read as its tokens
+        length = np.zeros(3, np.int32)
+        for r, seq in enumerate(rows):
+            pad = int(rng.integers(0, width - len(seq) - 5))  # left padding: -1, never matched
+            hist[r, :pad] = -1
+            hist[r, pad : pad + len(seq)] = seq
+            length[r] = pad + len(seq)
+        drafts, ok = lookup.propose(hist, length, k, ngram)
+        for r, seq in enumerate(rows):
+            want = _transformers_candidates(seq, k, ngram)
+            tried += 1
+            found += bool(want)
+            assert bool(ok[r]) == bool(want), (seq, k, ngram)
+            assert np.asarray(drafts[r, : len(want)]).tolist() == want, (seq, k, ngram, drafts[r])
+            assert (np.asarray(drafts[r, len(want) :]) == 0).all()  # the rest: token 0, checked like any
+    assert 0 < found < tried  # both matches and misses were compared
+
+
+def _repeating(rng, lengths, vocab):
+    """Left-padded prompts that repeat a phrase, so their continuations can be looked up."""
+    n = max(lengths)
+    ids, mask = np.zeros((len(lengths), n), np.int64), np.zeros((len(lengths), n), np.int64)
+    for i, length in enumerate(lengths):
+        phrase = rng.integers(1, vocab, 5)
+        ids[i, n - length :] = np.resize(phrase, length)
+        mask[i, n - length :] = 1
+    return ids, mask
+
+
+def test_lookup_greedy_equals_plain_decoding(model):
+    ids, mask = _repeating(np.random.default_rng(1), [12, 7, 9], 101)
+    new = 30  # slots 12..42: crosses the 32-slot bucket edge
+    want = model.sample(ids, max_new_tokens=new, attention_mask=mask)
+    accepted = 0
+    for k, ngram in ((1, 1), (3, 2), (5, 3)):
+        got = model.sample(
+            ids,
+            max_new_tokens=new,
+            attention_mask=mask,
+            prompt_lookup_num_tokens=k,
+            max_matching_ngram_size=ngram,
+        )
+        np.testing.assert_array_equal(got, want, err_msg=f"k={k} ngram={ngram}")
+        stats = model.last_speculative_stats
+        assert stats["graph_calls"] <= 2 < stats["rounds"], stats  # the rounds run on device
+        accepted += stats["accepted"]
+    assert accepted > 0  # proposals were taken, not only checked
+    # rows with nothing to look up step one token at a time: no proposals counted for those steps
+    distinct = np.arange(10, 22)[None]
+    got = model.sample(distinct, max_new_tokens=new, prompt_lookup_num_tokens=3)
+    np.testing.assert_array_equal(got, model.sample(distinct, max_new_tokens=new))
+    stats = model.last_speculative_stats
+    assert stats["proposed"] < 3 * stats["rounds"], stats
+    got1 = model.sample(ids[:1, -12:], max_new_tokens=new, prompt_lookup_num_tokens=4)
+    np.testing.assert_array_equal(got1, model.sample(ids[:1, -12:], max_new_tokens=new))
+    # with eos: rows stop at different times, finished rows padded as sample() pads them
+    eos = int(want[0, ids.shape[1] + 4])
+    kw = dict(max_new_tokens=new, attention_mask=mask, eos_token_id=eos, pad_token_id=0)
+    np.testing.assert_array_equal(
+        model.sample(ids, prompt_lookup_num_tokens=3, **kw), model.sample(ids, **kw)
+    )
+    with count_compiles() as c:  # its graphs are compiled: a second request compiles nothing
+        model.sample(ids, max_new_tokens=new, attention_mask=mask, prompt_lookup_num_tokens=3)
+    assert c["backend"] == 0 and c["tracing"] == 0
+
+
+def test_lookup_equals_transformers_prompt_lookup(model, llama_path):
+    ref = hf_model(llama_path)
+    ids, _ = _repeating(np.random.default_rng(4), [14], 101)
+    with torch.no_grad():
+        want = ref.generate(
+            torch.tensor(ids), max_new_tokens=24, do_sample=False, prompt_lookup_num_tokens=4, pad_token_id=0
+        )
+    got = model.sample(ids, max_new_tokens=24, prompt_lookup_num_tokens=4)
+    np.testing.assert_array_equal(got, want.numpy())
+
+
+def test_lookup_sampling_follows_target(model, llama_path):
+    """Chi-square: (1st, 2nd) generated tokens under top_k=3 sampling vs the target's exact law."""
+    ref = hf_model(llama_path)
+    temp, k3 = 1.5, 3
+
+    def law(ids):
+        with torch.no_grad():
+            lg = ref(torch.tensor(ids)).logits[0, -1].double() / temp
+        top = torch.topk(lg, k3)
+        return top.indices.numpy(), torch.softmax(top.values, -1).numpy()
+
+    def pairs(prompt):
+        cells, (t1s, p1) = {}, law(prompt)
+        for a, pa in zip(t1s, p1, strict=True):
+            t2s, p2 = law(np.concatenate([prompt, [[a]]], 1))
+            for b, pb in zip(t2s, p2, strict=True):
+                cells[(int(a), int(b))] = pa * pb
+        return cells
+
+    def proposed(prompt, a):
+        h = np.append(prompt[0], a).astype(np.int32)[None]
+        return int(lookup.propose(h, np.array([h.shape[1]]), 1, 1)[0][0, 0])
+
+    # a prompt whose lookup proposes a likely 2nd token after a likely 1st: proposals the target keeps
+    # sometimes and rejects sometimes (each try puts the last try's likely pairs before the same tail)
+    prompt = np.array([[5, 17, 42, 8]])
+    for _ in range(8):
+        cells = pairs(prompt)
+        if any((a, proposed(prompt, a)) in cells for a, _ in cells):
+            break
+        prompt = np.array([[*(x for pair in cells for x in pair), 5, 17, 42, 8]])
+    else:
+        pytest.fail("no prompt found whose lookup proposes a likely token")
+    counts, n, acc, prop = dict.fromkeys(cells, 0), 0, 0, 0
+    rows = np.repeat(prompt, 3, 0)
+    plen = prompt.shape[1]
+    for seed in range(150):
+        out = model.sample(
+            rows,
+            max_new_tokens=2,
+            do_sample=True,
+            temperature=temp,
+            top_k=k3,
+            seed=[seed * 3 + i for i in range(3)],
+            prompt_lookup_num_tokens=2,
+            max_matching_ngram_size=1,
+        )
+        stats = model.last_speculative_stats
+        acc, prop = acc + stats["accepted"], prop + stats["proposed"]
+        for r in out[:, plen : plen + 2]:
+            counts[(int(r[0]), int(r[1]))] += 1  # KeyError: a token outside the target's top-k
+            n += 1
+    assert 0 < acc < prop, (acc, prop)  # both the acceptance and the rejection paths ran
+    chi2 = sum((counts[c] - n * p) ** 2 / (n * p) for c, p in cells.items())
+    assert chi2 < 26.1, (chi2, counts)  # chi-square, 8 degrees of freedom, p = 0.001
+
+
+def test_lookup_errors(model):
+    ids = np.ones((1, 3), np.int64)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="prompt_lookup_num_tokens must be an int >= 1"):
+            model.sample(ids, max_new_tokens=2, prompt_lookup_num_tokens=bad)
+    with pytest.raises(ValueError, match="max_matching_ngram_size must be an int >= 1"):
+        model.sample(ids, max_new_tokens=2, prompt_lookup_num_tokens=2, max_matching_ngram_size=0)
+    with pytest.raises(ValueError, match="give prompt_lookup_num_tokens too"):
+        model.sample(ids, max_new_tokens=2, max_matching_ngram_size=2)
+    with pytest.raises(ValueError, match="not both"):
+        model.sample(ids, max_new_tokens=2, prompt_lookup_num_tokens=2, draft_model=model)
+    with pytest.raises(ValueError, match="num_beams"):
+        model.sample(ids, max_new_tokens=2, prompt_lookup_num_tokens=2, num_beams=3)
+    with pytest.raises(ValueError, match=r"\['repetition_penalty'\] not supported with prompt_lookup"):
+        model.sample(ids, max_new_tokens=2, prompt_lookup_num_tokens=2, repetition_penalty=1.3)
+    with pytest.raises(ValueError, match="n_positions"):
+        model.sample(np.ones((1, 20), np.int64), max_new_tokens=44, prompt_lookup_num_tokens=2)
