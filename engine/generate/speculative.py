@@ -218,8 +218,9 @@ def begin(
     budget[:n] = t.token_budget(plen, n, *lengths)
     new = int(budget.max())
     if plen + new + k - 1 > s:
+        name = "prompt_lookup_num_tokens" if history else "speculation_length"
         raise ValueError(
-            f"prompt ({plen}) + max_new_tokens ({new}) + speculation_length ({k}) - 1 = "
+            f"prompt ({plen}) + max_new_tokens ({new}) + {name} ({k}) - 1 = "
             f"{plen + new + k - 1} exceeds n_positions={s} (a verify call writes k+1 slots); "
             "shorten the request or raise n_positions"
         )

@@ -184,5 +184,7 @@ def test_lookup_errors(model):
         model.sample(ids, max_new_tokens=2, prompt_lookup_num_tokens=2, num_beams=3)
     with pytest.raises(ValueError, match=r"\['repetition_penalty'\] not supported with prompt_lookup"):
         model.sample(ids, max_new_tokens=2, prompt_lookup_num_tokens=2, repetition_penalty=1.3)
-    with pytest.raises(ValueError, match="n_positions"):
+    with pytest.raises(
+        ValueError, match=r"\+ prompt_lookup_num_tokens \(2\) - 1 = 65 exceeds n_positions=64"
+    ):
         model.sample(np.ones((1, 20), np.int64), max_new_tokens=44, prompt_lookup_num_tokens=2)
