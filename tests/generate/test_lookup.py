@@ -5,6 +5,7 @@ import pytest
 import torch
 from compile_counter import count_compiles
 from conformance import hf_model
+from pair_law import chi2, draw_pairs, pair_law
 
 from aotlm import AutoModelForSampling
 from aotlm.generate import lookup
@@ -116,20 +117,7 @@ def test_lookup_sampling_follows_target(model, llama_path):
     """Chi-square: (1st, 2nd) generated tokens under top_k=3 sampling vs the target's exact law."""
     ref = hf_model(llama_path)
     temp, k3 = 1.5, 3
-
-    def law(ids):
-        with torch.no_grad():
-            lg = ref(torch.tensor(ids)).logits[0, -1].double() / temp
-        top = torch.topk(lg, k3)
-        return top.indices.numpy(), torch.softmax(top.values, -1).numpy()
-
-    def pairs(prompt):
-        cells, (t1s, p1) = {}, law(prompt)
-        for a, pa in zip(t1s, p1, strict=True):
-            t2s, p2 = law(np.concatenate([prompt, [[a]]], 1))
-            for b, pb in zip(t2s, p2, strict=True):
-                cells[(int(a), int(b))] = pa * pb
-        return cells
+    pairs = lambda prompt: pair_law(ref, prompt, temp, k3)
 
     def proposed(prompt, a):
         h = np.append(prompt[0], a).astype(np.int32)[None]
@@ -145,28 +133,18 @@ def test_lookup_sampling_follows_target(model, llama_path):
         prompt = np.array([[*(x for pair in cells for x in pair), 5, 17, 42, 8]])
     else:
         pytest.fail("no prompt found whose lookup proposes a likely token")
-    counts, n, acc, prop = dict.fromkeys(cells, 0), 0, 0, 0
-    rows = np.repeat(prompt, 3, 0)
-    plen = prompt.shape[1]
-    for seed in range(150):
+
+    def generate(ids, seeds):
+        kw = dict(prompt_lookup_num_tokens=2, max_matching_ngram_size=1)
         out = model.sample(
-            rows,
-            max_new_tokens=2,
-            do_sample=True,
-            temperature=temp,
-            top_k=k3,
-            seed=[seed * 3 + i for i in range(3)],
-            prompt_lookup_num_tokens=2,
-            max_matching_ngram_size=1,
+            ids, max_new_tokens=2, do_sample=True, temperature=temp, top_k=k3, seed=seeds, **kw
         )
-        stats = model.last_speculative_stats
-        acc, prop = acc + stats["accepted"], prop + stats["proposed"]
-        for r in out[:, plen : plen + 2]:
-            counts[(int(r[0]), int(r[1]))] += 1  # KeyError: a token outside the target's top-k
-            n += 1
+        return out, model.last_speculative_stats
+
+    counts, acc, prop = draw_pairs(generate, prompt, cells)
     assert 0 < acc < prop, (acc, prop)  # both the acceptance and the rejection paths ran
-    chi2 = sum((counts[c] - n * p) ** 2 / (n * p) for c, p in cells.items())
-    assert chi2 < 26.1, (chi2, counts)  # chi-square, 8 degrees of freedom, p = 0.001
+    stat = chi2(counts, cells)
+    assert stat < 26.1, (stat, counts)  # chi-square, 8 degrees of freedom, p = 0.001
 
 
 def test_lookup_errors(model):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from compile_counter import count_compiles
 from conformance import hf_model, left_padded_batch, make_checkpoint
+from pair_law import chi2, draw_pairs, pair_law
 
 from aotlm import AutoModelForSampling
 from aotlm.generate.speculative import SpeculativeGenerator
@@ -110,38 +111,17 @@ def test_speculative_sampling_follows_target(models, llama_path, near_draft):
     ref = hf_model(llama_path)
     prompt = np.array([[5, 17, 42, 8]])
     temp, k3 = 1.5, 3
-
-    def law(ids):
-        with torch.no_grad():
-            lg = ref(torch.tensor(ids)).logits[0, -1].double() / temp
-        top = torch.topk(lg, k3)
-        return top.indices.numpy(), torch.softmax(top.values, -1).numpy()
-
-    cells = {}
-    t1s, p1 = law(prompt)
-    for a, pa in zip(t1s, p1, strict=True):
-        t2s, p2 = law(np.concatenate([prompt, [[a]]], 1))
-        for b, pb in zip(t2s, p2, strict=True):
-            cells[(int(a), int(b))] = pa * pb
+    cells = pair_law(ref, prompt, temp, k3)
     gen = SpeculativeGenerator(near, target, 2)
-    counts, n, acc, prop = dict.fromkeys(cells, 0), 0, 0, 0
-    rows = np.repeat(prompt, 3, 0)
-    for seed in range(150):
-        out = gen.generate(
-            rows,
-            max_new_tokens=2,
-            do_sample=True,
-            temperature=temp,
-            top_k=k3,
-            seed=[seed * 3 + i for i in range(3)],
-        )
-        acc, prop = acc + gen.stats["accepted"], prop + gen.stats["proposed"]
-        for r in out[:, 4:6]:
-            counts[(int(r[0]), int(r[1]))] += 1  # KeyError: a token outside the target's top-k
-            n += 1
+
+    def generate(ids, seeds):
+        out = gen.generate(ids, max_new_tokens=2, do_sample=True, temperature=temp, top_k=k3, seed=seeds)
+        return out, gen.stats
+
+    counts, acc, prop = draw_pairs(generate, prompt, cells)
     assert 0 < acc < prop, (acc, prop)  # both the acceptance and the residual paths ran
-    chi2 = sum((counts[c] - n * p) ** 2 / (n * p) for c, p in cells.items())
-    assert chi2 < 26.1, (chi2, counts)  # chi-square, 8 degrees of freedom, p = 0.001
+    stat = chi2(counts, cells)
+    assert stat < 26.1, (stat, counts)  # chi-square, 8 degrees of freedom, p = 0.001
     # same seed -> same tokens (the sampled path is deterministic given the seed at batch 1)
     one = lambda: gen.generate(prompt, max_new_tokens=6, do_sample=True, temperature=temp, seed=3)
     np.testing.assert_array_equal(one(), one())
