@@ -151,8 +151,10 @@ def test_what_cannot_run_is_refused(llama_path, adapters, tmp_path):
         model.forward(ids, adapter="x")
     with pytest.raises(ValueError, match="adapter has 2 entries for 1 prompts"):
         model.sample(ids, max_new_tokens=2, adapter=["a", None])
-    with pytest.raises(ValueError, match="run without num_beams or a draft model"):
+    with pytest.raises(ValueError, match="run without num_beams, a draft model or prompt lookup"):
         model.sample(ids, max_new_tokens=2, adapter="a", num_beams=2)
+    with pytest.raises(ValueError, match="run without num_beams, a draft model or prompt lookup"):
+        model.sample(ids, max_new_tokens=2, adapter="a", prompt_lookup_num_tokens=3)
     with pytest.raises(ValueError, match="has no adapter slots; load it with max_loras=N"):
         load().load_adapter("a", adapters["a"])
     head = tmp_path / "head"  # an adapter on lm_head: a module per-row slots do not take
