@@ -27,7 +27,7 @@ from jax import lax
 from aotlm.core import buckets as bk
 from aotlm.generate import spec_graphs as sg
 from aotlm.generate import speculative
-from aotlm.generate.strategies import StrategyHost
+from aotlm.generate.strategies import StrategyHost, positive
 
 DEFAULT_NGRAM = 2  # transformers' max_matching_ngram_size default
 
@@ -110,25 +110,15 @@ def lower(model: StrategyHost, key: tuple):
     return fn.lower(model.abstract(model.params), cache, st)
 
 
-def _count(value, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
-_CALL = ("input_ids", "max_new_tokens", "sequence_length", "attention_mask", "start_ids")
-
-
 def sample_with_lookup(model: StrategyHost, k, ngram, call: dict):
     """``model.sample(..., prompt_lookup_num_tokens=k, max_matching_ngram_size=ngram)``; the
     acceptance stats land in ``model.last_speculative_stats``."""
-    k = _count(k, "prompt_lookup_num_tokens")
-    ngram = _count(DEFAULT_NGRAM if ngram is None else ngram, "max_matching_ngram_size")
-    call.pop("return_dict", None)
-    extra = sorted(set(call) - {*_CALL, "eos_token_id", "pad_token_id", *sg.SP_KEYS})
+    k = positive(k, "prompt_lookup_num_tokens")
+    ngram = positive(DEFAULT_NGRAM if ngram is None else ngram, "max_matching_ngram_size")
+    extra = sorted(set(call) - {*speculative.CALL_KEYS, *sg.SP_KEYS})
     if extra:
         raise ValueError(f"{extra} not supported with prompt_lookup_num_tokens")
-    t = model
+    t = model  # the target: the one model of the rounds
     ids, mask, n = t.prepare(call["input_ids"], call.get("attention_mask"), call.get("start_ids"))
     lengths = (call.get("max_new_tokens"), call.get("sequence_length"))
     skw = {key: v for key, v in call.items() if key in sg.SP_KEYS}

@@ -22,9 +22,12 @@ from aotlm.core import compile_cache, inputs, sampler_params, sharding
 from aotlm.core.contract import GraphHost
 from aotlm.generate import generation, params
 from aotlm.generate import spec_graphs as sg
-from aotlm.generate.strategies import StrategyHost
+from aotlm.generate.strategies import StrategyHost, positive
 
 SP_KEYS = sg.SP_KEYS
+# the sample() arguments a speculative request takes besides the sampling settings (SP_KEYS)
+CALL_KEYS = ("input_ids", "max_new_tokens", "sequence_length", "attention_mask", "start_ids", "eos_token_id",
+             "pad_token_id")  # fmt: skip
 
 
 def lower(model: StrategyHost, key: tuple):
@@ -69,8 +72,7 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, draft, target, k: int):
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"speculation_length must be an int >= 1, got {k!r}")
+        k = positive(k, "speculation_length")
         if draft is None:
             raise ValueError("speculative decoding needs a draft_model")
         if draft.cfg.vocab_size != target.cfg.vocab_size:
@@ -295,25 +297,9 @@ def sample_with_draft(target: StrategyHost, draft: StrategyHost | None, k, call:
     if k is None:
         raise ValueError("give speculation_length=k (>= 1) with draft_model")
     gen = SpeculativeGenerator(draft, target, k)
-    unsupported = {
-        key: v
-        for key, v in call.items()
-        if key
-        not in (
-            "input_ids",
-            "max_new_tokens",
-            "sequence_length",
-            "attention_mask",
-            "start_ids",
-            "eos_token_id",
-            "pad_token_id",
-        )
-    }
-    for key in SP_KEYS:
-        unsupported.pop(key, None)
+    unsupported = sorted(set(call) - {*CALL_KEYS, *SP_KEYS})
     if unsupported:
-        raise ValueError(f"{sorted(unsupported)} not supported with draft_model")
-    call.pop("return_dict", None)
+        raise ValueError(f"{unsupported} not supported with draft_model")
     out = gen.generate(**call)
     target.last_speculative_stats = gen.stats
     return out

@@ -69,12 +69,23 @@ class Strategies:
             self.broadcast = None
 
 
+def _is_positive(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def positive(value, name: str) -> int:
+    """``value`` checked as an int >= 1 (tokens per speculative round, an n-gram size)."""
+    if not _is_positive(value):
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
 def speculation_lengths(speculation_length: int | Sequence[int] | None) -> tuple[int, ...] | None:
     """``k`` or several ``k`` (draft tokens per speculative round) as a tuple, validated."""
     if speculation_length is None:
         return None
     ks = [speculation_length] if isinstance(speculation_length, int) else list(speculation_length)
-    if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
+    if not ks or not all(_is_positive(k) for k in ks):
         raise ValueError(f"speculation_length must be an int >= 1, got {speculation_length!r}")
     return tuple(ks)
 
