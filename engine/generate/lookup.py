@@ -19,6 +19,7 @@ any other, so they cost nothing but the forward they ride in.
 from __future__ import annotations
 
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +27,11 @@ from jax import lax
 
 from aotlm.core import buckets as bk
 from aotlm.generate import spec_graphs as sg
-from aotlm.generate import speculative
+from aotlm.generate import spec_listen, speculative
 from aotlm.generate.strategies import StrategyHost, positive
 
 DEFAULT_NGRAM = 2  # transformers' max_matching_ngram_size default
+NAMES = ("prompt_lookup_num_tokens", "max_matching_ngram_size")  # its sample() keywords
 
 
 def propose(hist, length, k: int, ngram: int):
@@ -66,8 +68,8 @@ def loop(cfg, k: int, ngram: int, wt: int, capacity: int, params, cache, st, rep
     def step(j: int):
         def run(carry):
             cache, s, drafts = carry
-            cache, t, a = sg.verify(cfg, j, wt, params, cache, s, drafts[:, :j], None, replicated)
-            keep, s2 = sg.commit(s, t, a, j, capacity)
+            cache, t, a, lp = sg.verify(cfg, j, wt, params, cache, s, drafts[:, :j], None, replicated)
+            keep, s2 = sg.commit(s, t, a, lp, j, capacity)
             return sg.rollback(cache, s["idx"], keep, j), s2
 
         return run
@@ -115,12 +117,12 @@ def sample_with_lookup(model: StrategyHost, k, ngram, call: dict):
     acceptance stats land in ``model.last_speculative_stats``."""
     k = positive(k, "prompt_lookup_num_tokens")
     ngram = positive(DEFAULT_NGRAM if ngram is None else ngram, "max_matching_ngram_size")
-    extra = sorted(set(call) - {*speculative.CALL_KEYS, *sg.SP_KEYS})
-    if extra:
-        raise ValueError(f"{extra} not supported with prompt_lookup_num_tokens")
-    t = model  # the target: the one model of the rounds
+    call = speculative.applicable(call, "prompt_lookup_num_tokens")
+    t, t0 = model, time.perf_counter()  # the target: the one model of the rounds
     ids, mask, n = t.prepare(call["input_ids"], call.get("attention_mask"), call.get("start_ids"))
     lengths = (call.get("max_new_tokens"), call.get("sequence_length"))
+    name = "prompt_lookup_num_tokens"
+    listen, want = spec_listen.split(dict(call), n, t.batch_size, t.cfg.vocab_size, name)
     skw = {key: v for key, v in call.items() if key in sg.SP_KEYS}
     req = speculative.begin(
         t,
@@ -134,6 +136,9 @@ def sample_with_lookup(model: StrategyHost, k, ngram, call: dict):
         call.get("pad_token_id"),
         skw,
         True,
+        listen=listen,
+        want=want,
+        t0=t0,
     )
 
     def one_call(idx: int, st):

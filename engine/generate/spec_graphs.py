@@ -106,7 +106,8 @@ def propose(cfg, k: int, width: int, params, cache, st, replicated=None):
 
 
 def verify(cfg, k: int, width: int, params, cache, st, drafts, logq, replicated=None):
-    """The target's tokens ``t [B, k+1]`` and acceptance ``a [B]`` for ``[last, drafts]``
+    """The target's tokens ``t [B, k+1]``, acceptance ``a [B]`` and the log-probs of ``t`` under the
+    target's processed distribution ``[B, k+1]`` (zeros unless ``st["want"]``) for ``[last, drafts]``
     (greedy rows: leading ``d_j == argmax``; sampled rows: the rejection rule above). ``logq``
     None: the proposals are not drawn (prompt lookup), ``q`` is a point mass on each, so ``d_j``
     is kept with probability ``p(d_j)`` and a rejection draws from ``p`` without ``d_j``."""
@@ -133,12 +134,24 @@ def verify(cfg, k: int, width: int, params, cache, st, drafts, logq, replicated=
         corr = sampling.draw(resid, _u(sp, pos_a, st["rnd"], RESIDUAL))
         j = jnp.arange(k + 1)[None, :]
         d_pad = jnp.concatenate([drafts, jnp.zeros((drafts.shape[0], 1), drafts.dtype)], 1)
-        return jnp.where(j < a[:, None], d_pad, corr[:, None]).astype(jnp.int32), a
+        t_s = jnp.where(j < a[:, None], d_pad, corr[:, None]).astype(jnp.int32)
+        t = jnp.where(samp[:, None], t_s, t_g)
+        lp = jnp.where(st["want"], jnp.take_along_axis(logp, t[..., None], 2)[..., 0], 0.0)
+        return t, jnp.where(samp, a, a_g), lp
 
-    t_s, a_s = lax.cond(jnp.any(samp), sampled, lambda _: (t_g, a_g), None)
-    t = jnp.where(samp[:, None], t_s, t_g)
-    a = jnp.where(samp, a_s, a_g)
-    return cache, t, a.astype(jnp.int32)
+    def greedy(_):
+        zeros = lambda: jnp.zeros(t_g.shape, jnp.float32)
+        lp = lax.cond(st["want"], lambda: _greedy_logprobs(lg, t_g), zeros)
+        return t_g, a_g, lp
+
+    t, a, lp = lax.cond(jnp.any(samp), sampled, greedy, None)
+    return cache, t, a.astype(jnp.int32), lp
+
+
+def _greedy_logprobs(logits, tokens):
+    """``log_softmax(logits)`` at ``tokens``: what a greedy row's token scores (plain decoding's)."""
+    lg = logits.astype(jnp.float32)
+    return jnp.take_along_axis(lg, tokens[..., None], -1)[..., 0] - jax.nn.logsumexp(lg, -1)
 
 
 def _q_at(drafts, logq, a, like):
@@ -153,8 +166,9 @@ def _q_at(drafts, logq, a, like):
     return jnp.take_along_axis(q_pad, a[:, None, None], 1)[:, 0]
 
 
-def commit(st, t, a, k: int, capacity: int):
-    """Per row: how many slots to keep, which tokens to append (up to eos / budget), new state."""
+def commit(st, t, a, lp, k: int, capacity: int):
+    """Per row: how many slots to keep, which tokens (and their log-probs ``lp``) to append (up to
+    eos / budget), new state."""
     live = ~st["done"]
     c = jnp.where(live, a + 1, 0)
     big = jnp.int32(2**30)
@@ -175,11 +189,13 @@ def commit(st, t, a, k: int, capacity: int):
     col = jnp.where(j < cut[:, None], st["n_out"][:, None] + j, st["out"].shape[1])  # past the end: dropped
     rows = jnp.broadcast_to(jnp.arange(t.shape[0])[:, None], col.shape)
     out = st["out"].at[rows, col].set(t, mode="drop")
+    lps = st["lp"].at[rows, col].set(lp, mode="drop")
     last = jnp.take_along_axis(t, jnp.maximum(keep - 1, 0)[:, None], 1)[:, 0]
     n_live = jnp.sum(live.astype(jnp.int32))
     return keep, dict(
         st,
         out=out,
+        lp=lps,
         n_out=st["n_out"] + cut,
         done=st["done"] | (first_stop < big),
         last=jnp.where(keep > 0, last, st["last"]),
@@ -205,8 +221,8 @@ def loop(
     def body(carry):
         tcache, dcache, s = carry
         dcache, drafts, logq = propose(dcfg, k, wd, dparams, dcache, s, replicated)
-        tcache, t, a = verify(tcfg, k, wt, tparams, tcache, s, drafts, logq, replicated)
-        keep, s2 = commit(s, t, a, k, capacity)
+        tcache, t, a, lp = verify(tcfg, k, wt, tparams, tcache, s, drafts, logq, replicated)
+        keep, s2 = commit(s, t, a, lp, k, capacity)
         return rollback(tcache, s["idx"], keep, k), rollback(dcache, s["idx"], keep, k), s2
 
     return lax.while_loop(cond, body, (tcache, dcache, st))
@@ -219,7 +235,16 @@ def state_spec(batch: int, n_out: int, sharding) -> dict:
     sp = sampler_params.row_spec(row)  # the decode state's RowParams (penalties stay neutral)
     rows = {name: row() for name in ("last", "pos", "n_out", "budget")}
     scalars = {name: s(()) for name in ("idx", "rnd", "limit", "proposed", "accepted", "uneven")}
-    return dict(rows, **scalars, done=row(jnp.bool_), out=s((batch, n_out)), eos=s((MAX_EOS,)), sp=sp)
+    return dict(
+        rows,
+        **scalars,
+        done=row(jnp.bool_),
+        out=s((batch, n_out)),
+        lp=s((batch, n_out), jnp.float32),  # each token's log-prob (written when want)
+        want=s((), jnp.bool_),
+        eos=s((MAX_EOS,)),
+        sp=sp,
+    )
 
 
 def lower(target: GraphHost, draft: GraphHost, key: tuple):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,14 +21,14 @@ import numpy as np
 from aotlm.core import buckets as bk
 from aotlm.core import compile_cache, inputs, sampler_params, sharding
 from aotlm.core.contract import GraphHost
-from aotlm.generate import generation, params
+from aotlm.generate import generation, params, spec_listen
 from aotlm.generate import spec_graphs as sg
 from aotlm.generate.strategies import StrategyHost, positive
 
 SP_KEYS = sg.SP_KEYS
 # the sample() arguments a speculative request takes besides the sampling settings (SP_KEYS)
 CALL_KEYS = ("input_ids", "max_new_tokens", "sequence_length", "attention_mask", "start_ids", "eos_token_id",
-             "pad_token_id")  # fmt: skip
+             "pad_token_id", *spec_listen.KEYS)  # fmt: skip
 
 
 def lower(model: StrategyHost, key: tuple):
@@ -145,11 +146,12 @@ class SpeculativeGenerator:
         eos_token_id=None,
         pad_token_id=None,
         **sampling_kwargs,
-    ) -> np.ndarray:
+    ) -> np.ndarray | generation.GenerateOutput:
         """Greedy by default; ``do_sample=True`` with transformers' warpers (``temperature``,
         ``top_k``, ``top_p``, ...: ``SP_KEYS``) and ``seed`` (one value or one per row) samples
-        from the target's distribution."""
-        unknown = set(sampling_kwargs) - set(SP_KEYS)
+        from the target's distribution. ``return_dict``, ``streamer`` (one prompt),
+        ``stop_sequences`` and ``stopping_criteria`` as in ``sample()`` (``spec_listen``)."""
+        unknown = set(sampling_kwargs) - {*SP_KEYS, *spec_listen.KEYS}
         if unknown:
             raise ValueError(f"{sorted(unknown)} not supported with speculative decoding")
         t, d = self.target, self.draft
@@ -169,7 +171,9 @@ class SpeculativeGenerator:
         self, input_ids, max_new_tokens, sequence_length, attention_mask, start_ids, eos_token_id, pad, skw
     ):
         t, d, k = self.target, self.draft, self.k
+        t0 = time.perf_counter()
         ids, mask, n = t.prepare(input_ids, attention_mask, start_ids)
+        listen, want = spec_listen.split(skw, n, t.batch_size, t.cfg.vocab_size, "draft_model")
         req = begin(
             t,
             k,
@@ -181,6 +185,9 @@ class SpeculativeGenerator:
             eos_token_id,
             pad,
             skw,
+            listen=listen,
+            want=want,
+            t0=t0,
         )
         d.encode(ids, mask)
 
@@ -199,22 +206,45 @@ class SpeculativeGenerator:
 class Request:
     """One speculative request after its prompt is encoded: the prompt rows ``ids`` (``n`` real),
     the loop state on the device (``st``, first token chosen), the pad id, and ``skip``: the
-    columns of ``st["out"]`` before the generated tokens (the prompt, where proposals read it)."""
+    columns of ``st["out"]`` before the generated tokens (the prompt, where proposals read it);
+    ``k``, the slots ``s`` a request may fill, the eos ids, the host's rules (``listen``), whether
+    a ``GenerateOutput`` is wanted and the seconds to the first token."""
 
     ids: np.ndarray
     n: int
     pad: int
     st: dict
     skip: int
+    k: int
+    s: int
+    eos: np.ndarray
+    listen: spec_listen.Listen
+    want: bool
+    ttft: float
 
 
 def begin(
-    t, k: int, s: int, ids, mask, n: int, lengths: tuple, eos_token_id, pad, skw, history=False
+    t,
+    k: int,
+    s: int,
+    ids,
+    mask,
+    n: int,
+    lengths: tuple,
+    eos_token_id,
+    pad,
+    skw,
+    history=False,
+    listen: spec_listen.Listen | None = None,
+    want: bool = False,
+    t0: float | None = None,
 ) -> Request:
     """Check the request against ``s`` slots, encode the prompt in the target, pick the first token
     with its ``select`` graph (the token ``t.sample`` gives) and build the round loop's state.
     ``history``: ``st["out"]`` starts with the prompt (left padding as -1), its budgets counted
-    from there, so that proposals can read the whole sequence."""
+    from there, so that proposals can read the whole sequence. ``want``: every token's log-prob
+    is kept (``GenerateOutput``); ``t0``: when the call began (time to first token)."""
+    t0 = time.perf_counter() if t0 is None else t0
     b, plen = ids.shape
     budget = np.zeros(b, np.int32)  # per row; padding rows are done at once
     budget[:n] = t.token_budget(plen, n, *lengths)
@@ -232,12 +262,18 @@ def begin(
     sp = sampler_params.row_params(generation.sampling_params(cfg, n, b))
     logits, positions = t.encode(ids, mask)
     state = generation.initial_state(t, ids, mask, positions, n, np.full(b, plen + new - 1), cfg)
-    first = sharding.fetch(t.executable(("select",))(logits, t.put_tree(state)).tok).astype(np.int32)
+    state.want_logprobs = np.bool_(want)
+    chosen = t.executable(("select",))(logits, t.put_tree(state))
+    first = sharding.fetch(chosen.tok).astype(np.int32)
+    ttft = time.perf_counter() - t0
     skip = plen if history else 0
     out = np.zeros((b, s), np.int32)
     if history:
         out[:, :plen] = np.where(mask > 0, ids, -1)
     out[:, skip] = first
+    lp = np.zeros((b, s), np.float32)
+    if want:
+        lp[:, skip] = sharding.fetch(chosen.logp)[:, plen]
     done = np.isin(first, eos[eos >= 0]) | (budget <= 1)
     done[n:] = True
     st = {
@@ -253,26 +289,41 @@ def begin(
         "uneven": np.int32(0),
         "done": done,
         "out": out,
+        "lp": lp,
+        "want": np.bool_(want),
         "eos": eos.astype(np.int32),
         "sp": sp,
     }
-    return Request(ids, n, pad, t.put_tree(st), skip)
+    listen = listen or spec_listen.Listen()
+    return Request(ids, n, pad, t.put_tree(st), skip, k, s, eos[eos >= 0], listen, want, ttft)
 
 
-def rounds(t, req: Request, call) -> tuple[np.ndarray, dict]:
-    """Run ``call(idx, st) -> st`` (one graph call: rounds until a bucket edge or every row is
-    done) until every row is done; returns ``sample()``'s output (prompt + tokens, finished rows
-    padded) and the acceptance stats."""
+def rounds(t, req: Request, call) -> tuple[np.ndarray | generation.GenerateOutput, dict]:
+    """Run ``call(idx, st) -> st`` (one graph call: rounds until a bucket edge, the state's
+    ``limit`` or every row is done) until every row is done; returns ``sample()``'s output (prompt
+    + tokens, finished rows padded; a ``GenerateOutput`` when wanted) and the acceptance stats.
+    While the request's rules listen, a call gets ``LISTEN_ROUNDS`` rounds' slots and the rules
+    see its tokens (``spec_listen.check``)."""
     st, idx, calls = req.st, int(req.ids.shape[1]), 0
-    done = sharding.fetch(st["done"])
+    listen, b = req.listen, req.ids.shape[0]
+    seen, reason = np.full(b, req.skip, np.int64), np.zeros(b, np.int32)
+    if listen.streamer is not None:
+        listen.streamer.put(req.ids[: req.n])
+    st, done = _listened(t, req, st, seen, reason)
     while not done.all():
+        if listen.active:
+            st["limit"] = t.put(np.int32(min(req.s, idx + spec_listen.LISTEN_ROUNDS * (req.k + 1))))
         st = call(idx, st)
         calls += 1
-        new_idx, done = int(sharding.fetch(st["idx"])), sharding.fetch(st["done"])
+        new_idx = int(sharding.fetch(st["idx"]))
+        st, done = _listened(t, req, st, seen, reason)
         if new_idx == idx and not done.all():  # pragma: no cover - guarded by the length check
             raise RuntimeError(f"speculative decoding made no progress at slot {idx}")
         idx = new_idx
-    host = {key: sharding.fetch(st[key]) for key in ("out", "n_out", "rnd", "proposed", "accepted", "uneven")}
+    if listen.streamer is not None:
+        listen.streamer.end()
+    keys = ("out", "lp", "n_out", "rnd", "proposed", "accepted", "uneven")
+    host = {key: sharding.fetch(st[key]) for key in keys}
     proposed, accepted = int(host["proposed"]), int(host["accepted"])
     stats = {
         "rounds": int(host["rnd"]),
@@ -283,11 +334,58 @@ def rounds(t, req: Request, call) -> tuple[np.ndarray, dict]:
         "slots": idx - int(req.ids.shape[1]),
         "graph_calls": calls,
     }
+    return _result(req, host, reason), stats
+
+
+def _listened(t, req: Request, st: dict, seen, reason) -> tuple[dict, np.ndarray]:
+    """The host's rules over the tokens since the last look (rows they end go back to the
+    device cut); returns the state and which rows are done."""
+    if not req.listen.active:
+        return st, sharding.fetch(st["done"])
+    host = {key: np.array(sharding.fetch(st[key])) for key in ("out", "n_out", "budget", "done")}
+    if spec_listen.check(req.listen, host, seen, reason, req.ids, req.skip, req.eos):
+        st = dict(st, n_out=t.put(host["n_out"].astype(np.int32)), done=t.put(host["done"]))
+    return st, host["done"]
+
+
+def _result(req: Request, host: dict, reason: np.ndarray):
+    """``sample()``'s output from the loop's final state (numpy copies)."""
     n, skip = req.n, req.skip
     n_out = host["n_out"][:n] - skip
-    got = host["out"][:n, skip:]
-    gen = np.where(np.arange(got.shape[1])[None, :] < n_out[:, None], got, req.pad)[:, : int(n_out.max())]
-    return np.concatenate([req.ids[:n].astype(np.int64), gen.astype(np.int64)], axis=1), stats
+    width = int(n_out.max())
+    kept = np.arange(width)[None, :] < n_out[:, None]
+    gen = np.where(kept, host["out"][:n, skip : skip + width], req.pad).astype(np.int64)
+    sequences = np.concatenate([req.ids[:n].astype(np.int64), gen], axis=1)
+    if not req.want:
+        return sequences
+    return generation.GenerateOutput(
+        sequences=sequences,
+        logprobs=np.where(kept, host["lp"][:n, skip : skip + width], 0.0).astype(np.float32),
+        finish_reason=spec_listen.finish_reasons(reason[:n], gen, n_out, req.eos),
+        num_generated=n_out.astype(np.int64),
+        time_to_first_token=req.ttft,
+    )
+
+
+def applicable(call: dict, name: str) -> dict:
+    """``call`` without the settings left at their neutral values (a checkpoint's
+    ``generation_config.json`` often names ``repetition_penalty=1.0``...); any other setting the
+    rounds cannot apply is refused, named."""
+    own = {*CALL_KEYS, *SP_KEYS}
+    rest = {key: v for key, v in call.items() if key not in own}
+    bad = sorted(key for key, v in rest.items() if not _neutral(key, v))
+    if bad:
+        raise ValueError(f"{bad} not supported with {name}")
+    return {key: v for key, v in call.items() if key in own}
+
+
+def _neutral(key: str, value) -> bool:
+    if key not in sampler_params.GREEDY:
+        return False
+    try:
+        return bool(np.all(np.asarray(value) == sampler_params.GREEDY[key]))
+    except (TypeError, ValueError):
+        return False
 
 
 def sample_with_draft(target: StrategyHost, draft: StrategyHost | None, k, call: dict):
@@ -297,9 +395,6 @@ def sample_with_draft(target: StrategyHost, draft: StrategyHost | None, k, call:
     if k is None:
         raise ValueError("give speculation_length=k (>= 1) with draft_model")
     gen = SpeculativeGenerator(draft, target, k)
-    unsupported = sorted(set(call) - {*CALL_KEYS, *SP_KEYS})
-    if unsupported:
-        raise ValueError(f"{unsupported} not supported with draft_model")
-    out = gen.generate(**call)
+    out = gen.generate(**applicable(call, "draft_model"))
     target.last_speculative_stats = gen.stats
     return out

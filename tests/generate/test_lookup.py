@@ -166,3 +166,84 @@ def test_lookup_errors(model):
         ValueError, match=r"\+ prompt_lookup_num_tokens \(2\) - 1 = 65 exceeds n_positions=64"
     ):
         model.sample(np.ones((1, 20), np.int64), max_new_tokens=44, prompt_lookup_num_tokens=2)
+
+
+def _same_output(got, want):
+    np.testing.assert_array_equal(got.sequences, want.sequences)
+    assert got.finish_reason == want.finish_reason
+    np.testing.assert_array_equal(got.num_generated, want.num_generated)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=2e-4)
+    assert got.top_logprobs is None and 0 < got.time_to_first_token
+
+
+def test_lookup_return_dict_is_plain_decodings(model, llama_path):
+    ids, mask = _repeating(np.random.default_rng(1), [12, 7, 9], 101)
+    free = model.sample(ids, max_new_tokens=30, attention_mask=mask)
+    eos = int(free[1, ids.shape[1] + 6])  # row 1 ends early; the others may run to their length
+    kw = dict(max_new_tokens=[30, 30, 17], attention_mask=mask, eos_token_id=eos, pad_token_id=0)
+    want = model.sample(ids, return_dict=True, **kw)
+    assert {"eos", "length"} <= set(want.finish_reason), want.finish_reason
+    for k in (1, 3):
+        _same_output(model.sample(ids, return_dict=True, prompt_lookup_num_tokens=k, **kw), want)
+    # sampled rows: each token's log-prob is the target's processed distribution's (plain decoding's)
+    temp, k3 = 1.3, 5
+    got = model.sample(
+        ids[:1], max_new_tokens=20, do_sample=True, temperature=temp, top_k=k3, seed=3,
+        return_dict=True, prompt_lookup_num_tokens=3,
+    )  # fmt: skip
+    seq, n = got.sequences[0], int(got.num_generated[0])
+    assert n == 20 and got.finish_reason == ["length"]
+    with torch.no_grad():
+        logits = hf_model(llama_path)(torch.tensor(seq[None])).logits[0].double() / temp
+    scores = logits[12 - 1 : 12 - 1 + n]  # the scores each generated token was drawn from
+    cut = torch.topk(scores, k3, -1).values[:, -1:]
+    lp = torch.log_softmax(scores.masked_fill(scores < cut, -torch.inf), -1)
+    want_lp = lp.gather(1, torch.tensor(seq[12:, None])).numpy()[:, 0]
+    np.testing.assert_allclose(got.logprobs[0], want_lp, atol=2e-4)
+
+
+def test_lookup_stops_and_streams_as_plain_decoding(model):
+    ids, mask = _repeating(np.random.default_rng(2), [12, 7, 9], 101)
+    p = ids.shape[1]
+    free = model.sample(ids, max_new_tokens=30, attention_mask=mask)
+    stops = [free[0, p + 8 : p + 10].tolist(), [int(free[2, p + 13])]]
+    kw = dict(max_new_tokens=30, attention_mask=mask, return_dict=True, stop_sequences=stops)
+    want = model.sample(ids, **kw)
+    assert "stop_sequence" in want.finish_reason, want.finish_reason
+    _same_output(model.sample(ids, prompt_lookup_num_tokens=3, **kw), want)
+    # stopping criteria end a row at the token they see, as in plain decoding (one token a call there)
+    tok = int(free[1, p + 11])
+    ends = lambda seqs, scores: np.asarray(seqs)[:, -1] == tok  # noqa: E731
+    kw = dict(max_new_tokens=30, attention_mask=mask, return_dict=True, stopping_criteria=[ends])
+    want = model.sample(ids, **kw)
+    assert "stopping_criteria" in want.finish_reason, want.finish_reason
+    _same_output(model.sample(ids, prompt_lookup_num_tokens=3, **kw), want)
+    # a streamer (one prompt) gets the prompt, then the tokens as the rounds commit them
+    streams = []
+    for extra in ({}, {"prompt_lookup_num_tokens": 3}):
+        s = _Collect()
+        out = model.sample(ids[:1, -12:], max_new_tokens=24, streamer=s, **extra)
+        assert s.ended and s.puts[0].tolist() == ids[:1, -12:].tolist()
+        streams.append(np.concatenate([np.ravel(x) for x in s.puts[1:]]).tolist())
+        assert streams[-1] == out[0, 12:].tolist()
+        assert not extra or max(x.size for x in s.puts[1:]) > 1  # a round's tokens come together
+    assert streams[0] == streams[1]
+    with pytest.raises(
+        ValueError, match="a streamer follows one prompt with prompt_lookup_num_tokens, got 3"
+    ):
+        model.sample(
+            ids, attention_mask=mask, max_new_tokens=4, streamer=_Collect(), prompt_lookup_num_tokens=3
+        )
+
+
+class _Collect:
+    """A transformers BaseStreamer that keeps what it is given."""
+
+    def __init__(self):
+        self.puts, self.ended = [], False
+
+    def put(self, value):
+        self.puts.append(np.asarray(value))
+
+    def end(self):
+        self.ended = True

@@ -76,6 +76,23 @@ def test_speculative_greedy_equals_target_greedy(models):
     assert c["backend"] == 0 and c["tracing"] == 0
 
 
+def test_speculative_return_dict_and_stops_are_plain_decodings(models):
+    target, _, near = models
+    ids, mask = left_padded_batch(np.random.default_rng(7), [7, 3, 5], 101)
+    free = target.sample(ids, max_new_tokens=20, attention_mask=mask)
+    p = ids.shape[1]
+    kw = dict(max_new_tokens=20, attention_mask=mask, eos_token_id=int(free[0, p + 9]), pad_token_id=0)
+    kw.update(return_dict=True, stop_sequences=[free[1, p + 5 : p + 7].tolist()])
+    want = target.sample(ids, **kw)
+    assert {"eos", "stop_sequence"} <= set(want.finish_reason), want.finish_reason
+    got = target.sample(ids, draft_model=near, speculation_length=3, **kw)
+    np.testing.assert_array_equal(got.sequences, want.sequences)
+    assert got.finish_reason == want.finish_reason
+    np.testing.assert_array_equal(got.num_generated, want.num_generated)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=2e-4)
+    assert 0 < target.last_speculative_stats["acceptance"] < 1  # the near draft: kept and rejected rounds
+
+
 def test_speculative_errors(models, gpt2_path, llama_path, tmp_path):
     target, same, _ = models
     with pytest.raises(ValueError, match="speculation_length"):
