@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from aotlm.cli.lookup_flags import add_lookup_args, lookup_settings
 from aotlm.core import distributed, sampler_params
 from aotlm.core.spec import MODEL_KEYS
 from aotlm.generate.params import SAMPLING_FIELDS
@@ -280,6 +281,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
         metavar="IDS",
         help="token ids never generated: 13,198",
     )
+    add_lookup_args(p)
 
 
 def generation_settings(args, checkpoint, lengths: list[int], default_max: int, tokenizer=None) -> None:
@@ -320,6 +322,7 @@ def generation_settings(args, checkpoint, lengths: list[int], default_max: int, 
             args.max_new_tokens = default_max
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    args.gen.update(lookup_settings(args, args.gen))
 
 
 def model_kwargs(args) -> dict:

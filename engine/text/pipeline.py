@@ -22,6 +22,7 @@ from aotlm.api.arguments import check_names
 from aotlm.api.causal_lm import AutoModelForSampling
 from aotlm.generate import stopping
 from aotlm.generate.constraints import Constraint, Grammars
+from aotlm.generate.lookup import NAMES as LOOKUP
 from aotlm.generate.params import FIELDS
 from aotlm.generate.sampler import Sampler
 from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
@@ -91,7 +92,7 @@ def _sample_params(model) -> set[str]:
     """The keyword arguments ``model.sample`` takes (its signature plus GenerationConfig fields) less
     those the pipeline makes itself (the padded ids and their mask, the result's form)."""
     made = {"self", "input_ids", "generation_kwargs", "attention_mask", "return_dict"}
-    return (set(inspect.signature(model.sample).parameters) | FIELDS) - made
+    return (set(inspect.signature(model.sample).parameters) | FIELDS | set(LOOKUP)) - made
 
 
 class TextGenerationPipeline:
@@ -140,8 +141,10 @@ class TextGenerationPipeline:
         Other keywords: ``max_new_tokens``, the sampling parameters of ``sample()``, ``stop`` (or
         ``stop_sequence``: strings), ``num_return_sequences`` (with sampling: that many records per
         prompt, each copy its own seed), ``skip_special_tokens``, ``clean_up_tokenization_spaces``,
-        ``streamer``; transformers' prompt options ``prefix``, ``handle_long_generation``, ``truncation``,
-        ``padding``, ``tokenizer_encode_kwargs`` (:mod:`aotlm.text.preprocess`) and, for chats, ``documents``.
+        ``streamer``, prompt lookup decoding (``prompt_lookup_num_tokens``, ``max_matching_ngram_size``:
+        the same text in fewer target forwards where the answer quotes its input); transformers' prompt
+        options ``prefix``, ``handle_long_generation``, ``truncation``, ``padding``,
+        ``tokenizer_encode_kwargs`` (:mod:`aotlm.text.preprocess`) and, for chats, ``documents``.
         """
         length = kwargs.get("max_length")
         if isinstance(text_inputs, Iterator):  # a generator of prompts or of chats, as transformers takes

@@ -284,6 +284,24 @@ def test_a_stream_stops_at_a_stop_string_spelt_by_other_tokens(pipes):
     assert max(seen) > 0
 
 
+def test_prompt_lookup_gives_the_pipelines_text(pipes):
+    ours, ref = pipes
+    kw = dict(max_new_tokens=12)
+    assert ours(PROMPTS[:4], prompt_lookup_num_tokens=3, **kw) == ours(PROMPTS[:4], **kw)
+    lookup = dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=1)
+    assert ours(PROMPTS[2], **lookup, **kw) == ref(PROMPTS[2], do_sample=False, **lookup, **kw)
+    assert ours.model.last_speculative_stats["accepted"] > 0  # rounds took proposals
+    # a stop text, a stream and finish reasons as without lookup
+    (g,) = ours.generate([PROMPTS[2]], **kw)
+    stop = g.text[len(g.text) // 2 :][:2]
+    streamer = TextStreamer(ours.tokenizer, on_text=lambda _t: None)
+    (a,) = ours.generate([PROMPTS[2]], stop=[stop], streamer=streamer, **lookup, **kw)
+    (b,) = ours.generate([PROMPTS[2]], stop=[stop], **kw)
+    assert (a.text, a.tokens, a.finish_reason) == (b.text, b.tokens, b.finish_reason)
+    assert streamer.text == a.text and a.finish_reason == "stop_sequence"
+    assert ours.model.last_speculative_stats["rounds"] > 0
+
+
 def test_num_return_sequences_as_transformers(pipes):
     import transformers
 
