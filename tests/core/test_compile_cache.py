@@ -159,7 +159,7 @@ def test_source_hash_ignores_where_code_lives_but_not_what_it_does(tmp_path):
         text = text.replace("from aotlm.models import", "from aotlm.elsewhere.models import")
         text = text.replace("from aotlm import", "from aotlm.sub import")
         text = text.replace('"""', '"""Reworded. ', 1)
-        dest = tmp_path / f"pkg{i % 3}" / f.name
+        dest = tmp_path / f"pkg{i}" / f.name  # a folder each: two lookup.py files must not collide
         dest.parent.mkdir(exist_ok=True)
         dest.write_text(text + "\n\n# a trailing comment\n")
         moved.append(dest)
