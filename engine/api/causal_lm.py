@@ -102,6 +102,7 @@ class CausalLMForSampling(CompiledModel, Sampler):
 
     sample = extensions.routed(Sampler.sample)
     constrained_decoding = True  # sample(constraints=...): generation.run fills the masks
+    step_scores = True  # sample(output_scores=True): generation.run reads each step's scores
 
     def _run(self, *args, **kw) -> np.ndarray | generation.GenerateOutput:
         return generation.run(self, *args, **kw)

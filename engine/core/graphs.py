@@ -157,7 +157,20 @@ def end_reason(out, slot, first, stop, is_eos, last):
 
 def select_first(logits, state: DecodeState) -> DecodeState:
     """The first generated token (slot ``state.idx``) from the prefill logits."""
-    return emit(state, logits, state.idx)
+    return emit(scored(state, logits, state.idx), logits, state.idx)
+
+
+def scored(st: DecodeState, logits, slot) -> DecodeState:
+    """A state lowered with ``[B, V]`` scores (``state_spec(..., scores=True)``) gets the scores the
+    token of ``slot`` is chosen from, before ``emit`` records it; any other state is returned as is."""
+    if st.scores.shape[-1] == 1:
+        return st
+    if st.scores.shape != logits.shape:
+        raise ValueError(f"scores {st.scores.shape} lowered for logits {logits.shape}")
+    masked = mask_eos(logits, st.eos, slot, st.min_end)
+    sparse = (st.bias_ids, st.bias_val)
+    scores = sampling.processed_scores(masked, st.params, st.seen, st.out, slot - 1, st.allow, sparse)
+    return st.replace(scores=scores.astype(jnp.float32), raw=logits.astype(jnp.float32))
 
 
 def decode(cfg, width: int, params, cache, state, replicated=None, group: int = 0):
@@ -193,8 +206,8 @@ def decode(cfg, width: int, params, cache, state, replicated=None, group: int = 
         logits = decoder.logits(cfg, params, h[:, 0])
         if replicated is not None:
             logits = lax.with_sharding_constraint(logits, replicated)
-        st = emit(st.replace(pos=st.pos + 1, idx=idx + 1), logits, idx + 1, path)
-        return cache, st
+        st = scored(st.replace(pos=st.pos + 1, idx=idx + 1), logits, idx + 1)
+        return cache, emit(st, logits, idx + 1, path)
 
     if group == 0:
         return lax.while_loop(cond, step, (cache, state))
@@ -241,8 +254,9 @@ def sampler_fields(batch: int, n_slots: int, vocab: int, spec) -> dict:
     )
 
 
-def state_spec(batch: int, n_slots: int, vocab: int, sharding) -> DecodeState:
-    """Abstract generation state (shapes/dtypes/sharding) used to lower the graphs."""
+def state_spec(batch: int, n_slots: int, vocab: int, sharding, scores: bool = False) -> DecodeState:
+    """Abstract generation state (shapes/dtypes/sharding) used to lower the graphs; ``scores``:
+    with the ``[B, V]`` scores of each token (``DecodeState.scores``)."""
     s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
     row = lambda dt: s((batch,), dt)
     i32 = jnp.int32
@@ -255,4 +269,6 @@ def state_spec(batch: int, n_slots: int, vocab: int, sharding) -> DecodeState:
         min_end=row(i32),
         limit=s((), i32),
         want_logprobs=s((), jnp.bool_),
+        scores=s((batch, vocab if scores else 1), jnp.float32),
+        raw=s((batch, vocab if scores else 1), jnp.float32),
     )

@@ -60,7 +60,8 @@ def locked(method):
 
 
 # graph kinds this layer lowers itself; others come from ``_lower_extra`` (aotlm.generate)
-BASE_KINDS = ("prefill", "select", "decode", "score")
+# "select_scores" / "decode_scores": the same steps keeping each token's [B, V] scores (output_scores)
+BASE_KINDS = ("prefill", "select", "decode", "score", "select_scores", "decode_scores")
 
 
 class CompiledModel(SpecAttributes, WeightLoading, AdapterHost):
@@ -195,7 +196,8 @@ class CompiledModel(SpecAttributes, WeightLoading, AdapterHost):
     def _lower_graph(self, key: tuple):
         p, cache = self.abstract(self.params), self.cache_specs()
         b, rep = self.batch_size, self.replicated
-        state = graphs.state_spec(b, self.n_positions, self.cfg.vocab_size, rep)
+        scores = key[0].endswith("_scores")
+        state = graphs.state_spec(b, self.n_positions, self.cfg.vocab_size, rep, scores)
         logits = jax.ShapeDtypeStruct((b, self.cfg.vocab_size), jnp.float32, sharding=rep)
         if key[0] == "prefill":
             _, c, w = key
@@ -207,7 +209,7 @@ class CompiledModel(SpecAttributes, WeightLoading, AdapterHost):
             scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
             rows = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=rep)  # each row's adapter slot
             return fn.lower(p, cache, tok, tok, scalar, scalar, rows)
-        if key[0] == "select":
+        if key[0] in ("select", "select_scores"):
             # a fresh callable: jax reuses a function's traces across jit wrappers, and the trace
             # decides whether the sampler calls a kernel (AOTLM_KERNELS, the mesh)
             select = functools.partial(graphs.select_first)
@@ -215,7 +217,8 @@ class CompiledModel(SpecAttributes, WeightLoading, AdapterHost):
             return fn.lower(logits, state)
         _, w = key
         out = (self.shardings(cache), self.shardings(state))
-        decode = functools.partial(graphs.decode, self.cfg, w, replicated=rep, group=self.decode_group)
+        group = 0 if scores else self.decode_group  # scores: one step a call, read after each
+        decode = functools.partial(graphs.decode, self.cfg, w, replicated=rep, group=group)
         fn = jax.jit(decode, donate_argnums=(1, 2), out_shardings=out)
         return fn.lower(p, cache, state)
 

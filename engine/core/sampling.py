@@ -368,19 +368,33 @@ def select(
     return lax.cond(fast, lambda: none(argmax(logits)), full)
 
 
-def final_logprobs(scores, t, keep_k, keep_m, params):
-    """Log-probs ``[B,V]`` each row draws from (``sort_free_logprobs``), from ``warp``."""
-    samp = sampled_rows(params)
-    use_p = samp & (params.top_p < 1.0)
+def final_keep(t, keep_k, keep_m, params):
+    """The tokens every warper keeps ``[B,V]`` (``warp``'s masks and top-p)."""
+    use_p = sampled_rows(params) & (params.top_p < 1.0)
 
     def with_top_p():
         m = jnp.max(jnp.where(keep_k, t, NEG), -1, keepdims=True)
         q = jnp.where(keep_k, jnp.exp(t - m), 0.0)
         return keep_k & (~use_p[:, None] | top_p_mask(t, q, params.top_p * jnp.sum(q, -1)))
 
-    keep = lax.cond(jnp.any(use_p), with_top_p, lambda: keep_k) & keep_m
-    warped = jax.nn.log_softmax(jnp.where(keep, t, NEG), -1)
+    return lax.cond(jnp.any(use_p), with_top_p, lambda: keep_k) & keep_m
+
+
+def final_logprobs(scores, t, keep_k, keep_m, params):
+    """Log-probs ``[B,V]`` each row draws from (``sort_free_logprobs``), from ``warp``."""
+    samp = sampled_rows(params)
+    warped = jax.nn.log_softmax(jnp.where(final_keep(t, keep_k, keep_m, params), t, NEG), -1)
     return jnp.where(samp[:, None], warped, jax.nn.log_softmax(scores, -1))
+
+
+def processed_scores(logits, params, seen, out, slot, allow, sparse):
+    """transformers' ``output_scores`` for the token of slot ``slot + 1``: the scores after the
+    logits processors (as ``select`` applies them) and, in sampled rows, after the warpers
+    (temperature-scaled, the tokens they remove at ``-inf``), from ``logits`` with eos masked."""
+    scores = constrain(penalize(logits, params, seen, out, slot), allow, *sparse)
+    t, keep_k, keep_m = warp(scores, params)
+    warped = jnp.where(final_keep(t, keep_k, keep_m, params), t, NEG)
+    return jnp.where(sampled_rows(params)[:, None], warped, scores)
 
 
 def sort_free_logprobs(scores, params):

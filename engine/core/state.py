@@ -82,7 +82,10 @@ class DecodeState(SamplerState):
 
     Adds ``pos [B]`` (model position of ``tok``), ``end [B]`` (the slot a row ended at),
     ``min_end [B]`` (eos masked before this slot: ``min_new_tokens`` / ``min_length``),
-    ``limit []`` (the host's stop slot for this call) and ``want_logprobs []``.
+    ``limit []`` (the host's stop slot for this call), ``want_logprobs []``, and ``scores`` /
+    ``raw [B, V]``: the processed scores and the model's logits the newest token was chosen from
+    (transformers' ``output_scores`` / ``output_logits``), written only by the graphs lowered for
+    a ``[B, V]`` state (``select_scores``, ``decode_scores``); the others carry ``[B, 1]``.
     """
 
     pos: Array
@@ -90,6 +93,8 @@ class DecodeState(SamplerState):
     min_end: Array
     limit: Array
     want_logprobs: Array
+    scores: Array
+    raw: Array
 
 
 @_pytree

@@ -37,6 +37,9 @@ class GenerateOutput:
     ``b`` drew it from (after penalties and warpers; 0 after the row finished).
     ``num_generated[b]``: tokens row ``b`` generated, its stop token included.
     ``top_logprobs`` (when requested): ``(ids [B, new, n], logprobs [B, new, n])``.
+    ``scores`` / ``logits`` (``output_scores`` / ``output_logits``): one ``[B, V]`` array per
+    step, as transformers' ``generate`` returns them: the processed scores each token was chosen
+    from (warped in sampled rows), the model's logits.
     """
 
     sequences: np.ndarray
@@ -45,6 +48,8 @@ class GenerateOutput:
     num_generated: np.ndarray
     top_logprobs: tuple[np.ndarray, np.ndarray] | None = None
     time_to_first_token: float = 0.0  # seconds from the call to the first token on the host
+    scores: tuple[np.ndarray, ...] | None = None
+    logits: tuple[np.ndarray, ...] | None = None
 
 
 def per_row(value, name: str, n: int, dtype) -> np.ndarray:
@@ -144,9 +149,18 @@ def check_streamer(streamer) -> None:
 
 
 def initial_state(
-    model: GraphHost, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, n: int, last, cfg, lora=None
+    model: GraphHost,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    positions: np.ndarray,
+    n: int,
+    last,
+    cfg,
+    lora=None,
+    scores: bool = False,
 ) -> DecodeState:
-    """The host-side generation state for a prompt batch (see ``graphs.state_spec``).
+    """The host-side generation state for a prompt batch (see ``graphs.state_spec``; ``scores``:
+    for the graphs that keep each token's ``[B, V]`` scores).
 
     ``min_end``: eos is masked for tokens before this slot: ``min_new_tokens`` after the
     (padded) prompt, or ``min_length`` counted from slot 0 with the padding, as transformers.
@@ -186,6 +200,8 @@ def initial_state(
         eos=eos,
         pad=np.int32(pad),
         want_logprobs=np.bool_(False),
+        scores=np.zeros((b, v if scores else 1), np.float32),
+        raw=np.zeros((b, v if scores else 1), np.float32),
         params=sampler_params.row_params(sp),
         adapter=np.full(b, -1, np.int32) if lora is None else np.asarray(lora, np.int32),
     )
@@ -227,19 +243,22 @@ def run(
     want_dict: bool,
     matchers: dict | None = None,
     lora: np.ndarray | None = None,
+    scores: bool = False,
 ):
     """Prefill, first token, then decode calls (whole buckets, or chunks while someone listens).
 
     ``matchers`` (``{row: constraints.Matcher}``) constrain those rows to their grammars: the
     loop then runs one token per call and fills their masks before each. ``lora [B]``: each
-    row's adapter slot (``aotlm.core.lora_slots``), None: the base model.
+    row's adapter slot (``aotlm.core.lora_slots``), None: the base model. ``scores``: each token's
+    ``[B, V]`` scores and logits are read after it (the ``*_scores`` graphs, one token a call).
     """
     t_start = time.perf_counter()
     b, p_len = ids.shape
     last = p_len + np.concatenate([new, np.repeat(new[:1], b - n)]) - 1
     logits, positions = model.encode(ids, mask, lora)
-    state = initial_state(model, ids, mask, positions, n, last, cfg, lora)
+    state = initial_state(model, ids, mask, positions, n, last, cfg, lora, scores)
     state.want_logprobs = np.bool_(want_dict)
+    steps = _Steps(n, scores)
     matchers = matchers or {}
     ban = bans.build(cfg, ids, mask, model.cfg.vocab_size, state.eos)
     bias = sequence_bias.build(cfg, ids, mask, model.cfg.vocab_size, sampling.MAX_LOGIT_BIAS)
@@ -249,40 +268,32 @@ def run(
         ban.apply(allow, first=True)
     if bias is not None:
         state.bias_ids, state.bias_val = bias.arrays(b)
-    state = model.executable(("select",))(logits, model.put_tree(state))
+    state = model.executable(("select_scores",) if scores else ("select",))(logits, model.put_tree(state))
     fetch = sharding.fetch
     first_tok = fetch(state.tok)  # waits for prefill + first token (the decode waits anyway)
     ttft = time.perf_counter() - t_start
+    steps.take(state)
     if streamer is not None:
         streamer.put(ids[:n])
         streamer.put(first_tok[:n])
     refill = bool(matchers) or any(x is not None and x.dynamic for x in (ban, bias))  # follow every token
-    listening = streamer is not None or bool(criteria) or refill
+    listening = streamer is not None or bool(criteria) or refill or scores
     stop, idx, done = int(last.max()), p_len, fetch(state.done)
-    _advance(matchers, first_tok, np.zeros_like(done))
-    if bias is not None:
-        bias.advance(first_tok, np.zeros_like(done))
-    if ban is not None:
-        ban.advance(first_tok, np.zeros_like(done))
-        if ban.begin is not None and not refill:  # the first token's own bans end with it
-            allow[:] = constraints.ALL_ONES
-            ban.apply(allow, first=False)
-            state.allow = model.put(allow)
+    _after_first(model, state, allow, first_tok, matchers, ban, bias, refill)
     if criteria:
         done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     while idx < stop and not done[:n].all():  # padding rows never hold the loop
         limit = min(stop, idx + STREAM_CHUNK) if listening else stop
         state.limit = model.put(np.int32(limit))
         if refill:
-            constraints.fill_rows(allow, {r: m for r, m in matchers.items() if not done[r]})
-            if ban is not None:
-                ban.apply(allow, first=False, live=~done)
-            state.allow = model.put(allow)
-            if bias is not None and bias.dynamic:
-                state.bias_ids, state.bias_val = map(model.put, bias.arrays(b))
-        exe = model.executable(("decode", bk.decode_bucket(model.tg_buckets, idx)))
+            _refill(model, state, allow, matchers, ban, bias, done)
+        exe = model.executable(
+            ("decode_scores" if scores else "decode", bk.decode_bucket(model.tg_buckets, idx))
+        )
         model.cache, state = exe(model.params, model.cache, state)
         prev, was_done, idx, done = idx, done, int(fetch(state.idx)), fetch(state.done)
+        if idx > prev:
+            steps.take(state)
         if refill and idx > prev:
             _advance(matchers, fetch(state.tok), was_done)
             for x in (ban, bias):
@@ -294,7 +305,50 @@ def run(
             done = _stop_rows(model, state, criteria, ids, n, p_len, idx, done)
     if streamer is not None:
         streamer.end()
-    return _result(state, ids, n, p_len, idx - p_len + 1, cfg, want_dict, ttft)
+    out = _result(state, ids, n, p_len, idx - p_len + 1, cfg, want_dict, ttft)
+    if scores:
+        out.scores, out.logits = tuple(steps.scores), tuple(steps.logits)
+    return out
+
+
+def _after_first(
+    model, state: DecodeState, allow, first_tok, matchers: dict, ban, bias, refill: bool
+) -> None:
+    """Grammars, sequence biases and bans see the first token; the first token's own bans end
+    (``allow``: the host's mask, filled in place and sent)."""
+    none_done = np.zeros(first_tok.shape, bool)
+    _advance(matchers, first_tok, none_done)
+    if bias is not None:
+        bias.advance(first_tok, none_done)
+    if ban is not None:
+        ban.advance(first_tok, none_done)
+        if ban.begin is not None and not refill:
+            allow[:] = constraints.ALL_ONES
+            ban.apply(allow, first=False)
+            state.allow = model.put(allow)
+
+
+def _refill(model, state: DecodeState, allow, matchers: dict, ban, bias, done) -> None:
+    """Before a step that follows every token: the live rows' grammar masks and bans (``allow``:
+    the host's mask, filled in place and sent), the biases."""
+    constraints.fill_rows(allow, {r: m for r, m in matchers.items() if not done[r]})
+    if ban is not None:
+        ban.apply(allow, first=False, live=~done)
+    state.allow = model.put(allow)
+    if bias is not None and bias.dynamic:
+        state.bias_ids, state.bias_val = map(model.put, bias.arrays(done.shape[0]))
+
+
+class _Steps:
+    """Each step's ``[n, V]`` scores and logits, read from the state after the step (``on``)."""
+
+    def __init__(self, n: int, on: bool):
+        self.n, self.on, self.scores, self.logits = n, on, [], []
+
+    def take(self, state: DecodeState) -> None:
+        if self.on:
+            self.scores.append(np.array(sharding.fetch(state.scores)[: self.n]))
+            self.logits.append(np.array(sharding.fetch(state.raw)[: self.n]))
 
 
 def _result(state: DecodeState, ids, n: int, p_len: int, n_gen: int, cfg, want_dict: bool, ttft: float):

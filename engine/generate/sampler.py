@@ -60,6 +60,8 @@ class Sampler(SpecAttributes):
         stopping_criteria=None,
         stopping_criteria_list=None,
         return_dict: bool = False,
+        output_scores: bool = False,
+        output_logits: bool = False,
         constraints=None,
         adapter=None,
         **generation_kwargs,
@@ -86,6 +88,9 @@ class Sampler(SpecAttributes):
         ``aotlm.generate.constraints.Matcher`` or None per prompt (``Grammars.matcher``; the text
         pipeline's ``json_schema=`` builds them); those rows follow their grammars, one token
         per call. ``adapter``: a LoRA adapter's name (or None) for all, or one per prompt (``load_adapter``).
+        ``output_scores`` / ``output_logits`` (with ``return_dict``): each step's ``[batch, vocab]``
+        processed scores / logits in ``GenerateOutput.scores`` / ``.logits``, as transformers' generate
+        gives them (the loop then runs one token per call and reads them after each).
         """
         cfg = _base_config(generation_config, generation_kwargs) or self.default_generation
         if stopping_criteria is not None and stopping_criteria_list is not None:
@@ -104,25 +109,49 @@ class Sampler(SpecAttributes):
             sequence_length = cfg.max_length
         new = self.token_budget(ids.shape[1], n, cfg.max_new_tokens, sequence_length)
         cfg = cfg.replace(max_new_tokens=None, max_length=None)
-        generation.sampling_params(cfg, n, self.batch_size)  # validate before any device work
-        generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
-        if any(getattr(cfg, f) is not None for f in bans.FIELDS):
-            if not getattr(self, "constrained_decoding", False):
-                raise ValueError(f"{', '.join(bans.FIELDS)}: not supported by {type(self).__name__}")
-            bans.build(cfg, ids, mask, self.cfg.vocab_size, inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS))
-            sequence_bias.build(cfg, ids, mask, self.cfg.vocab_size, sampling.MAX_LOGIT_BIAS)
+        self._validate(cfg, ids, mask, n)
         want = bool(return_dict or cfg.top_logprobs)
         kw = {} if adapter is None else {"lora": self.adapter_rows(adapter, n)}  # each row's adapter slot
-        if constraints is None:
-            return self._run(ids, mask, n, new, cfg, streamer, criteria, want, **kw)
+        if output_scores or output_logits:
+            kw["scores"] = self._step_scores(return_dict)
+        if constraints is not None:
+            kw["matchers"] = self._matchers(constraints, n)
+        out = self._run(ids, mask, n, new, cfg, streamer, criteria, want, **kw)
+        return _outputs(out, output_scores, output_logits)
+
+    def _matchers(self, constraints, n: int) -> dict:
+        """``{row: Matcher}`` of the constrained rows (one entry or None per prompt), checked."""
         if not getattr(self, "constrained_decoding", False):
             raise ValueError(
                 f"constraints are not supported by {type(self).__name__}; use CausalLMForSampling"
             )
         if len(constraints) != n:
             raise ValueError(f"constraints: {len(constraints)} entries for {n} prompts; give one per prompt")
-        matchers = {i: m for i, m in enumerate(constraints) if m is not None}
-        return self._run(ids, mask, n, new, cfg, streamer, criteria, want, matchers, **kw)
+        return {i: m for i, m in enumerate(constraints) if m is not None}
+
+    def _validate(self, cfg: params.GenerationConfig, ids, mask, n: int) -> None:
+        """The settings checked before any device work: sampling values, stop sequences, bans."""
+        generation.sampling_params(cfg, n, self.batch_size)
+        generation.stop_array(cfg.stop_sequences, n, self.batch_size, self.cfg.vocab_size)
+        if any(getattr(cfg, f) is not None for f in bans.FIELDS):
+            if not getattr(self, "constrained_decoding", False):
+                raise ValueError(f"{', '.join(bans.FIELDS)}: not supported by {type(self).__name__}")
+            bans.build(cfg, ids, mask, self.cfg.vocab_size, inputs.eos_ids(cfg.eos_token_id, graphs.MAX_EOS))
+            sequence_bias.build(cfg, ids, mask, self.cfg.vocab_size, sampling.MAX_LOGIT_BIAS)
+
+    def _step_scores(self, return_dict: bool) -> bool:
+        """``output_scores`` / ``output_logits`` checked: they come in a ``GenerateOutput``, from
+        the decode loop of one compiled program (``step_scores``)."""
+        if not return_dict:
+            raise ValueError(
+                "output_scores / output_logits come in the GenerateOutput: pass return_dict=True"
+            )
+        if not getattr(self, "step_scores", False):
+            raise ValueError(
+                f"output_scores / output_logits are not supported by {type(self).__name__}; "
+                "use a model with pp_degree=1"
+            )
+        return True
 
     def _run(
         self,
@@ -168,6 +197,14 @@ class Sampler(SpecAttributes):
                 f"n_positions >= {p_len + top}"
             )
         return new.astype(np.int32)
+
+
+def _outputs(out, output_scores: bool, output_logits: bool):
+    """Only the per-step arrays asked for (transformers returns ``scores`` / ``logits`` apart)."""
+    if isinstance(out, generation.GenerateOutput):
+        out.scores = out.scores if output_scores else None
+        out.logits = out.logits if output_logits else None
+    return out
 
 
 def _base_config(generation_config, generation_kwargs: dict) -> params.GenerationConfig | None:

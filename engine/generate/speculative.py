@@ -380,6 +380,8 @@ def applicable(call: dict, name: str) -> dict:
 
 
 def _neutral(key: str, value) -> bool:
+    if value is False:  # a switch left off (output_scores=False...)
+        return True
     if key not in sampler_params.GREEDY:
         return False
     try:

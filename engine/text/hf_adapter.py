@@ -73,6 +73,7 @@ SUPPORTED = (
     "pad_token_id",
     "return_dict_in_generate",
     "output_scores",
+    "output_logits",
     "seed",
     "streamer",
     "stopping_criteria",
@@ -173,8 +174,10 @@ class HuggingFaceGenerationModelAdapter:
             out = beams.sequences
         else:
             beams = None
+            steps = _step_outputs(cfg)
+            call.update(steps)
             out = self._sample(ids, cfg, call, listeners, nrs, seed)
-        sequences = torch.from_numpy(np.ascontiguousarray(out).astype(np.int64))
+        sequences = torch.from_numpy(np.ascontiguousarray(getattr(out, "sequences", out)).astype(np.int64))
         if not cfg.return_dict_in_generate:
             return sequences
         # local: slow to import (~1-2 s): kept out of `import aotlm` until text is needed
@@ -183,7 +186,12 @@ class HuggingFaceGenerationModelAdapter:
         if beams is not None:
             scores = torch.from_numpy(np.array(beams.sequences_scores)) if cfg.output_scores else None
             return GenerateBeamDecoderOnlyOutput(sequences=sequences, sequences_scores=scores)
-        return GenerateDecoderOnlyOutput(sequences=sequences)
+        tensors = lambda xs: None if xs is None else tuple(torch.from_numpy(x) for x in xs)  # noqa: E731
+        if not steps:
+            return GenerateDecoderOnlyOutput(sequences=sequences)
+        return GenerateDecoderOnlyOutput(
+            sequences=sequences, scores=tensors(out.scores), logits=tensors(out.logits)
+        )
 
     def _assisted(self, cfg, assistant, nb: int) -> dict:
         """transformers' assisted generation as aotlm's speculative rounds: ``assistant_model`` (a
@@ -328,7 +336,7 @@ def _with_own_criteria(criteria, cfg, tokenizer):
     return [*(criteria if isinstance(criteria, list | tuple) else [criteria]), *own]
 
 
-_OUTPUTS = ("output_attentions", "output_hidden_states", "output_logits")
+_OUTPUTS = ("output_attentions", "output_hidden_states")
 
 
 def _check_outputs(cfg, nb: int) -> None:
@@ -338,12 +346,17 @@ def _check_outputs(cfg, nb: int) -> None:
     extras = [k for k in _OUTPUTS if getattr(cfg, k, None)]
     if extras:
         raise ValueError(
-            f"{extras[0]}=True is not supported by aotlm's generate adapter (the graphs return tokens "
-            "and scores only); pass return_dict_in_generate=False or drop it"
+            f"{extras[0]}=True is not supported by aotlm's generate adapter (the graphs return tokens, "
+            "scores and logits only); pass return_dict_in_generate=False or drop it"
         )
-    if cfg.output_scores and nb == 1:
-        raise ValueError(
-            "output_scores is supported with beam search only (sequences_scores); a greedy or sampled "
-            "step's scores stay in the graph: model.sample(..., return_dict=True) gives each chosen "
-            "token's log-probability (top_logprobs=k its k best alternatives)"
-        )
+    if cfg.output_logits and nb > 1:
+        raise ValueError("output_logits runs with greedy search or sampling, not beams; drop it")
+
+
+def _step_outputs(cfg) -> dict:
+    """``sample()``'s keywords for transformers' per-step ``scores`` / ``logits`` (greedy or sampled)."""
+    if not cfg.return_dict_in_generate or not (cfg.output_scores or cfg.output_logits):
+        return {}
+    return dict(
+        return_dict=True, output_scores=bool(cfg.output_scores), output_logits=bool(cfg.output_logits)
+    )

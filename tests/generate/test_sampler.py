@@ -161,3 +161,54 @@ def test_torch_habits_say_where_they_are():
     assert not hasattr(model, "to") and not hasattr(model, "cuda")
     with pytest.raises(AttributeError, match="'AutoModelForSampling' object has no attribute 'bogus'"):
         _ = model.bogus
+
+
+def _same_scores(got, want, n_gen):
+    """Per step, transformers' ``[B, V]`` arrays against aotlm's for the rows still generating."""
+    assert len(got) == len(want)
+    for t, (g, w) in enumerate(zip(got, want, strict=True)):
+        live = n_gen > t
+        w = np.asarray(w)[live]
+        assert (np.isneginf(g[live]) == np.isneginf(w)).all(), t  # the same tokens removed
+        np.testing.assert_allclose(np.where(np.isinf(w), 0, g[live]), np.where(np.isinf(w), 0, w), atol=1e-4)
+
+
+def test_output_scores_and_logits_are_transformers(model, prompts, gpt2_path):
+    import torch
+
+    ref = hf_model(gpt2_path)
+    free = model.sample(prompts, max_new_tokens=10)
+    eos = int(free[0, prompts.shape[1] + 5])  # row 0 would end after 6 tokens
+    kw = dict(
+        max_new_tokens=10, repetition_penalty=1.4, min_new_tokens=4, no_repeat_ngram_size=2, eos_token_id=eos
+    )
+    got = model.sample(prompts, return_dict=True, output_scores=True, output_logits=True, **kw)
+    mask = torch.ones(prompts.shape, dtype=torch.long)
+    with torch.no_grad():
+        want = ref.generate(
+            torch.tensor(prompts), do_sample=False, return_dict_in_generate=True, output_scores=True,
+            output_logits=True, pad_token_id=0, attention_mask=mask, **kw,
+        )  # fmt: skip
+    np.testing.assert_array_equal(got.sequences, want.sequences.numpy())
+    _same_scores(got.scores, want.scores, got.num_generated)
+    _same_scores(got.logits, want.logits, got.num_generated)
+    assert np.isneginf(got.scores[0]).any()  # min_new_tokens holds eos back: a processor in the scores
+    np.testing.assert_array_equal(got.sequences, model.sample(prompts, **kw))  # the same tokens as without
+    # sampled rows: after the warpers, each step's scores are transformers' warped scores of the prefix
+    temp, k = 1.3, 7
+    out = model.sample(
+        prompts, max_new_tokens=8, do_sample=True, temperature=temp, top_k=k, seed=5, return_dict=True,
+        output_scores=True,
+    )  # fmt: skip
+    assert out.logits is None and len(out.scores) == 8
+    warp = transformers.LogitsProcessorList(
+        [transformers.TemperatureLogitsWarper(temp), transformers.TopKLogitsWarper(k)]
+    )
+    seqs = torch.tensor(out.sequences)
+    with torch.no_grad():
+        logits = ref(seqs).logits
+    p = prompts.shape[1]
+    want = [warp(seqs[:, : p + t], logits[:, p + t - 1].clone()).numpy() for t in range(8)]
+    _same_scores(out.scores, want, out.num_generated)
+    with pytest.raises(ValueError, match="pass return_dict=True"):
+        model.sample(prompts, max_new_tokens=2, output_scores=True)

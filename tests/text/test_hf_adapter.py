@@ -66,6 +66,31 @@ def test_adapter_equals_generate(adapter, gpt2_path):
     assert type(greedy).__name__ == "GenerateDecoderOnlyOutput"
 
 
+def test_step_scores_and_transition_scores_are_transformers(adapter, gpt2_path):
+    ref = hf_model(gpt2_path)
+    ids, mask = left_padded_batch(np.random.default_rng(12), [6, 4], 101)
+    ids, mask = torch.tensor(ids), torch.tensor(mask)
+    kw = dict(
+        attention_mask=mask, pad_token_id=0, max_new_tokens=6, do_sample=False, repetition_penalty=1.3,
+        return_dict_in_generate=True, output_scores=True, output_logits=True,
+    )  # fmt: skip
+    got = adapter.generate(ids, **kw)
+    with torch.no_grad():
+        want = ref.generate(ids, **kw)
+    assert type(got).__name__ == type(want).__name__ and got.logits is not None
+    torch.testing.assert_close(got.sequences, want.sequences)
+    for name in ("scores", "logits"):
+        assert len(getattr(got, name)) == len(getattr(want, name)) == 6
+        for g, w in zip(getattr(got, name), getattr(want, name), strict=True):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=0)
+    # what users compute from them: each chosen token's log-probability
+    ours = ref.compute_transition_scores(got.sequences, got.scores, normalize_logits=True)
+    theirs = ref.compute_transition_scores(want.sequences, want.scores, normalize_logits=True)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+    only = adapter.generate(ids, **dict(kw, output_logits=False))
+    assert only.logits is None and len(only.scores) == 6
+
+
 def test_adapter_sampling_is_seeded(adapter):
     ids = torch.tensor([[3, 14, 15, 92]])
 
@@ -101,7 +126,6 @@ def test_adapter_batch_rule(adapter):
     [
         dict(output_attentions=True, return_dict_in_generate=True),  # the output would lack them
         dict(output_hidden_states=True, return_dict_in_generate=True),
-        dict(output_logits=True, return_dict_in_generate=True),
     ],
 )
 def test_arguments_that_change_the_output_are_refused_not_ignored(adapter, kw):
@@ -109,8 +133,8 @@ def test_arguments_that_change_the_output_are_refused_not_ignored(adapter, kw):
     name = next(iter(kw))
     with pytest.raises(ValueError, match=f"{name}=.* is not supported by aotlm's generate adapter"):
         adapter.generate(ids, max_new_tokens=2, **kw)
-    with pytest.raises(ValueError, match="output_scores is supported with beam search only"):
-        adapter.generate(ids, max_new_tokens=2, return_dict_in_generate=True, output_scores=True)
+    with pytest.raises(ValueError, match="output_logits runs with greedy search or sampling, not beams"):
+        adapter.generate(ids, max_new_tokens=2, num_beams=2, return_dict_in_generate=True, output_logits=True)
     beams = dict(num_beams=2, return_dict_in_generate=True, output_scores=True)
     out = adapter.generate(ids, max_new_tokens=2, **beams)
     assert out.sequences_scores.shape == (1,)
