@@ -34,7 +34,7 @@ from aotlm.cli.common import (
     setup_logging,
 )
 from aotlm.cli.templates import add_template_args, template_variables, use_template
-from aotlm.cli.text import needed_graphs
+from aotlm.cli.text import needed_graphs, prepare_graph
 from aotlm.models.checkpoint.resolve import default_model, validate_checkpoint
 from aotlm.serve.chat import render
 from aotlm.text import tokens as text
@@ -135,7 +135,8 @@ class ChatSession:
     def _generate(self):
         """Stream the answer to the conversation so far (compiling the graphs it needs first)."""
         prompt, add_special, n = self._prompt(self.new)
-        self._compile([k for k in needed_graphs(self.model, [n], self.new) if not self.model.is_compiled(k)])
+        needed = needed_graphs(self.model, [n], self.new, self.args.gen)
+        self._compile([k for k in needed if not self.model.is_compiled(k)])
         return self.pipe.generate(
             [prompt],
             max_new_tokens=self.new,
@@ -151,7 +152,7 @@ class ChatSession:
             return
         t0, before = time.perf_counter(), len(self.model.compile_report)
         for key in progress.bar(keys, "compiling buckets", len(keys), "graph"):
-            self.model.compile_graph(key)
+            prepare_graph(self.model, key)
         log.info("%s", graphs_ready(self.model, time.perf_counter() - t0, before))
 
     def answer(self, message: str) -> str:

@@ -30,6 +30,7 @@ from aotlm.cli.common import (
     setup_logging,
 )
 from aotlm.core import buckets as bk
+from aotlm.generate import lookup
 from aotlm.generate.constraints import Constraint, ConstraintError, from_response_format
 from aotlm.generate.constraints import check as check_constraint
 from aotlm.models.checkpoint.resolve import default_model, expand, shown, validate_checkpoint
@@ -211,12 +212,18 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def needed_graphs(model, lengths: list[int], max_new: int) -> list[tuple]:
-    """The graphs these prompts use (of ``model.graph_keys()``), compiled ahead of generation.
+def needed_graphs(model, lengths: list[int], max_new: int, gen: dict | None = None) -> list[tuple]:
+    """The graphs these prompts use (of ``model.graph_keys()``, and prompt lookup's rounds when
+    ``gen`` asks for them), compiled ahead of generation (``model.executable``).
 
     Not every bucket: a short prompt needs neither the larger context buckets nor the chunked
     prefill graphs, and skipping them makes a cold first run (the README's first command) faster.
     """
+    rounds = []
+    k = (gen or {}).get("prompt_lookup_num_tokens")
+    if k is not None and getattr(model, "strategies", None) is not None:  # pp models refuse lookup later
+        last = min(max(lengths) + max_new, model.n_positions)
+        rounds = lookup.graph_keys(model, k, gen.get("max_matching_ngram_size"), min(lengths), last)
     keys = {("select",)}
     for n in set(lengths):  # a batch is padded to the length of one of its prompts
         keys |= {
@@ -226,7 +233,16 @@ def needed_graphs(model, lengths: list[int], max_new: int) -> list[tuple]:
         keys.add(("decode", bk.decode_bucket(model.tg_buckets, slot)))
     staged = {"prefill": "pp_prefill", "decode": "pp_step"}  # pipeline stages: ("stage", s, *key)
     keys |= {(staged.get(k[0], k[0]), *k[1:]) for k in keys}
-    return [k for k in model.graph_keys() if k in keys or k[2:] in keys]
+    return [k for k in model.graph_keys() if k in keys or k[2:] in keys] + rounds
+
+
+def prepare_graph(model, key: tuple) -> None:
+    """Compile (or load) one of ``needed_graphs``: a bucket graph, or a prompt-lookup round's graph
+    (compiled on first use otherwise: not one of ``graph_keys()``)."""
+    if key[0] == "lookup":
+        model.executable(key)
+    else:
+        model.compile_graph(key)
 
 
 def record_constraints(args, records: list[dict]) -> list | None:
@@ -258,9 +274,9 @@ def _generate(args, files, tok, kw: dict, prompts: list[str], constraints=None):
     t_load, t0 = time.perf_counter() - t0, time.perf_counter()
     lengths = [len(r) for r in text.encode(tok, prompts)]
     for key in progress.bar(
-        needed_graphs(model, lengths, args.max_new_tokens), "compiling buckets", unit="graph"
+        needed_graphs(model, lengths, args.max_new_tokens, args.gen), "compiling buckets", unit="graph"
     ):
-        model.compile_graph(key)
+        prepare_graph(model, key)
     ready = graphs_ready(model, time.perf_counter() - t0)
     log.info("%s: weights loaded in %.2fs; %s", shown(files.checkpoint), t_load, ready)
     pipe = TextGenerationPipeline(model, tok, progress_bars=not args.quiet)

@@ -98,6 +98,14 @@ def loop(cfg, k: int, ngram: int, wt: int, capacity: int, params, cache, st, rep
     return lax.while_loop(cond, body, (cache, st))
 
 
+def graph_keys(model: StrategyHost, k: int, ngram: int | None, first: int, last: int) -> list[tuple]:
+    """The ``("lookup", k, Wt, ngram)`` graphs rounds may call for tokens at slots ``first..last - 1``
+    (a front end compiles them before it generates)."""
+    top, n = model.n_positions - 1, DEFAULT_NGRAM if ngram is None else ngram
+    widths = {bk.decode_bucket(model.tg_buckets, min(i + k, top)) for i in range(first, max(first + 1, last))}
+    return [("lookup", k, w, n) for w in sorted(widths)]
+
+
 def lower(model: StrategyHost, key: tuple):
     """Lower ``("lookup", k, Wt, ngram)`` for ``model``."""
     _, k, wt, ngram = key

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -65,3 +66,5 @@ def test_chat_with_prompt_lookup_streams_the_plain_answer(tmp_path_factory):
     looked = _cli(*base, "--prompt-lookup-num-tokens", "4", "def fibonacci(n):")
     assert plain.returncode == 0 and looked.returncode == 0, looked.stderr
     assert looked.stdout == plain.stdout and plain.stdout.strip()
+    ready = [int(re.search(r"aotlm: (\d+) graphs? ready", r.stderr).group(1)) for r in (plain, looked)]
+    assert ready[1] > ready[0], ready  # the rounds' graphs are made before the answer, not inside it
